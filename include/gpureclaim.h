@@ -1,0 +1,240 @@
+/*
+ * gpureclaim.h -- the one installed header of gpureclaim.
+ *
+ * gpureclaim is a CUDA allocation interposer. Preloaded in front of any program (LD_PRELOAD) or linked into it
+ * (-lgpureclaim, placed before -lcuda), it sees every device allocation the program makes, keeps an exact table
+ * of the live blocks per context and device, and gives cached and orphaned device memory back on request:
+ * through gpureclaim_release(), a signal (SIGUSR1 by default) or the `gpureclaim` command.
+ *
+ * Conventions
+ *  - Every function is safe to call from any thread, concurrently.
+ *  - Functions returning int return 0 (or a documented non-negative value) on success and a negative errno
+ *    value on failure: -EINVAL for a bad argument, -ENOTSUP when gpureclaim is disabled (GPURECLAIM_DISABLE=1),
+ *    -ENOMEM when memory ran out, -EIO for a file that could not be written.
+ *  - Structs that may grow start with `size_t size`: set it to sizeof the struct you pass. The library fills
+ *    min(size, its own sizeof) bytes, so a program built against an older header keeps working.
+ *  - gpureclaim never changes what a CUDA call returns, except for the out-of-memory retry (GPURECLAIM_OOM_RETRY)
+ *    and a free of a pointer that a release already freed (see gpureclaim_scope_end).
+ *
+ * Configuration is read once, from the environment; README.md lists every GPURECLAIM_* variable.
+ */
+#ifndef GPURECLAIM_H
+#define GPURECLAIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(GPURECLAIM_BUILDING)
+#define GPURECLAIM_API __attribute__((visibility("default")))
+#else
+#define GPURECLAIM_API
+#endif
+
+/* ------------------------------------------------------------------------------------------------------------
+ * Version
+ * ---------------------------------------------------------------------------------------------------------- */
+
+#define GPURECLAIM_VERSION_MAJOR 0
+#define GPURECLAIM_VERSION_MINOR 1
+#define GPURECLAIM_VERSION_PATCH 0
+#define GPURECLAIM_VERSION_STRING "0.1.0"
+
+/* The library's version, "MAJOR.MINOR.PATCH". Always works, also when disabled. */
+GPURECLAIM_API const char *gpureclaim_version(void);
+
+/* 1 when gpureclaim is interposing in this process, 0 when it is disabled (GPURECLAIM_DISABLE=1). */
+GPURECLAIM_API int gpureclaim_enabled(void);
+
+/* ------------------------------------------------------------------------------------------------------------
+ * Statistics
+ * ---------------------------------------------------------------------------------------------------------- */
+
+typedef struct gpureclaim_stats {
+  size_t size;                   /* caller: sizeof(gpureclaim_stats_t) */
+  uint64_t live_blocks;          /* device blocks live now: cuMemAlloc, pitch, managed, stream-ordered, VMM */
+  uint64_t live_bytes;           /* their bytes (VMM: physical bytes, until the handle is released and unmapped) */
+  uint64_t peak_bytes;           /* highest live_bytes seen */
+  uint64_t total_allocs;         /* successful allocations seen, every kind */
+  uint64_t total_frees;          /* frees of tracked blocks, every kind, including releases */
+  uint64_t pool_reserved_bytes;  /* stream-ordered pools: memory the pools hold (asked of the driver now) */
+  uint64_t pool_used_bytes;      /* ... of which handed out to the program */
+  uint64_t host_pinned_blocks;   /* pinned host memory (cuMemHostAlloc, cuMemAllocHost), not in live_bytes */
+  uint64_t host_pinned_bytes;
+  uint64_t va_reserved_bytes;    /* virtual address space reserved (cuMemAddressReserve): not memory */
+  uint64_t vmm_mapped_bytes;     /* bytes mapped with cuMemMap */
+  uint64_t orphan_blocks;        /* live blocks of ended scopes, waiting for a release */
+  uint64_t orphan_bytes;
+  uint64_t ctx_destroyed_blocks; /* blocks dropped because their context was destroyed (the driver freed them) */
+  uint64_t ctx_destroyed_bytes;
+  uint64_t untracked_frees;      /* frees of pointers gpureclaim never saw, passed to the driver unchanged */
+  uint64_t late_frees;           /* frees of pointers a release had already freed, swallowed */
+  uint64_t untracked_routes;     /* entry points handed out unwrapped (see README, "Limits") */
+  uint64_t releases;             /* releases run */
+  uint64_t released_bytes;       /* bytes they gave back, all categories */
+  uint64_t oom_retries;          /* allocations retried after an out-of-memory error */
+  uint64_t oom_retry_successes;  /* ... that then succeeded */
+  uint64_t table_bytes;          /* memory gpureclaim's block table uses now */
+  uint64_t contexts;             /* contexts seen and not destroyed */
+  uint64_t pools;                /* stream-ordered pools seen and not destroyed */
+} gpureclaim_stats_t;
+
+/* Totals for one device ordinal, or for all devices when device is -1. Pinned host memory belongs to no device
+ * and is counted under -1 only. Returns -EINVAL for a NULL out, a too small out->size or a device < -1. */
+GPURECLAIM_API int gpureclaim_stats(int device, gpureclaim_stats_t *out);
+
+/* ------------------------------------------------------------------------------------------------------------
+ * Blocks
+ * ---------------------------------------------------------------------------------------------------------- */
+
+typedef enum gpureclaim_kind {
+  GPURECLAIM_KIND_DEVICE = 1,      /* cuMemAlloc / cudaMalloc */
+  GPURECLAIM_KIND_PITCH = 2,       /* cuMemAllocPitch / cudaMallocPitch */
+  GPURECLAIM_KIND_MANAGED = 3,     /* cuMemAllocManaged / cudaMallocManaged */
+  GPURECLAIM_KIND_ASYNC = 4,       /* stream-ordered, from a pool: cuMemAllocAsync, cuMemAllocFromPoolAsync */
+  GPURECLAIM_KIND_VMM = 5,         /* physical memory of a cuMemCreate handle; address is the handle */
+  GPURECLAIM_KIND_VMM_MAPPING = 6, /* a cuMemMap mapping; not counted as memory (its handle is) */
+  GPURECLAIM_KIND_VA = 7,          /* a cuMemAddressReserve reservation; address space, not memory */
+  GPURECLAIM_KIND_HOST = 8         /* pinned host memory: cuMemHostAlloc, cuMemAllocHost */
+} gpureclaim_kind_t;
+
+typedef enum gpureclaim_block_state {
+  GPURECLAIM_BLOCK_LIVE = 1,       /* owned by the program or a framework */
+  GPURECLAIM_BLOCK_ORPHAN = 2,     /* its scope ended: the next release frees it */
+  GPURECLAIM_BLOCK_RELEASED = 3    /* a VMM handle released by the program but still mapped */
+} gpureclaim_block_state_t;
+
+typedef struct gpureclaim_block {
+  size_t size;              /* sizeof(gpureclaim_block_t) as the library knows it */
+  uint64_t address;         /* device pointer, host pointer, virtual address, or VMM handle (KIND_VMM) */
+  uint64_t bytes;
+  int kind;                 /* gpureclaim_kind_t */
+  int state;                /* gpureclaim_block_state_t */
+  int device;               /* device ordinal, -1 when none (pinned host memory) or unknown */
+  uint32_t thread_id;       /* Linux thread id of the allocating thread */
+  void *context;            /* CUcontext the block belongs to, NULL for pool and VMM memory */
+  void *pool;               /* CUmemoryPool of a stream-ordered block, else NULL */
+  uint64_t scope;           /* scope the block was allocated in, 0 for none */
+  uint64_t alloc_time_ms;   /* CLOCK_MONOTONIC milliseconds at allocation */
+  const void *caller;       /* return address of the allocation call (of the runtime call when there was one) */
+  const char *library;      /* file name of the library that made the call; valid during the callback only */
+  const char *api;          /* the call: "cudaMalloc", "cuMemAlloc_v2", ... */
+  const char *owner;        /* "pytorch", "cupy", "xla" when a framework allocator owns it, else NULL */
+  uint64_t handle;          /* KIND_VMM_MAPPING: the handle mapped there */
+} gpureclaim_block_t;
+
+/* Calls fn once for every block tracked now. Blocks allocated or freed while it runs may or may not be seen;
+ * every other block is seen exactly once. fn returns 0 to go on, anything else to stop (that value is then
+ * returned). fn may call CUDA and gpureclaim functions, but should not block for long: memory retired by the
+ * table is not reclaimed until it returns. */
+GPURECLAIM_API int gpureclaim_foreach_block(int (*fn)(const gpureclaim_block_t *block, void *arg), void *arg);
+
+/* Writes every live block and the per-context and per-device totals as one JSON document to path ("-" for
+ * stdout). The file is written to a temporary name in the same directory and renamed into place. */
+GPURECLAIM_API int gpureclaim_snapshot(const char *path);
+
+/* Writes the leak report (blocks never freed, grouped by calling library and return address, with totals per
+ * device) to path ("-" for stderr). With GPURECLAIM_LEAK_REPORT=1 it is also written at exit. json != 0 gives
+ * JSON instead of text. */
+GPURECLAIM_API int gpureclaim_leak_report(const char *path, int json);
+
+/* ------------------------------------------------------------------------------------------------------------
+ * Release
+ * ---------------------------------------------------------------------------------------------------------- */
+
+#define GPURECLAIM_CACHED 0x1u   /* pools trimmed, framework caches emptied, registered releasers called */
+#define GPURECLAIM_ORPHANED 0x2u /* blocks of ended scopes freed */
+#define GPURECLAIM_ALL 0x4u      /* every tracked block freed: only for programs that own all their memory */
+
+#define GPURECLAIM_MAX_DEVICES 16
+
+typedef enum gpureclaim_trigger {
+  GPURECLAIM_TRIGGER_API = 1,     /* gpureclaim_release() */
+  GPURECLAIM_TRIGGER_SIGNAL = 2,  /* the release signal (possibly sent by `gpureclaim release`) */
+  GPURECLAIM_TRIGGER_OOM = 3,     /* an allocation failed with out-of-memory and was retried */
+  GPURECLAIM_TRIGGER_COMMAND = 4, /* the `gpureclaim` command, over the control socket */
+  GPURECLAIM_TRIGGER_SCOPE = 5    /* gpureclaim_scope_end(..., GPURECLAIM_FREE_NOW) */
+} gpureclaim_trigger_t;
+
+typedef struct gpureclaim_device_report {
+  int device;                /* ordinal; -1 marks an unused entry */
+  uint64_t pool_bytes;       /* given back by trimming this device's pools */
+  uint64_t orphaned_bytes;
+  uint64_t orphaned_blocks;
+  uint64_t all_bytes;        /* GPURECLAIM_ALL */
+  uint64_t all_blocks;
+  uint64_t free_before;      /* cuMemGetInfo, before and after the release */
+  uint64_t free_after;
+  uint64_t total;
+} gpureclaim_device_report_t;
+
+typedef struct gpureclaim_report {
+  size_t size;               /* caller: sizeof(gpureclaim_report_t) */
+  uint64_t seq;              /* number of the release in this process, from 1 */
+  unsigned what;             /* categories released (after coalescing) */
+  int trigger;               /* gpureclaim_trigger_t */
+  uint64_t cached_bytes;     /* pool_bytes + framework_bytes + releaser_bytes */
+  uint64_t pool_bytes;
+  uint64_t framework_bytes;  /* PyTorch, CuPy: their reserved memory before minus after */
+  uint64_t releaser_bytes;   /* what registered releasers said they released */
+  uint64_t orphaned_bytes;
+  uint64_t orphaned_blocks;
+  uint64_t all_bytes;
+  uint64_t all_blocks;
+  uint64_t failed_blocks;    /* frees the driver refused; those blocks stay tracked */
+  uint64_t duration_ns;
+  int ndevices;              /* entries used in devices[] */
+  gpureclaim_device_report_t devices[GPURECLAIM_MAX_DEVICES];
+} gpureclaim_report_t;
+
+/* Releases the categories in what (GPURECLAIM_CACHED | GPURECLAIM_ORPHANED | GPURECLAIM_ALL) and fills out (may
+ * be NULL). Concurrent calls coalesce: a call that arrives while a release runs waits for it and then for one
+ * more release covering every request made meanwhile, and gets that one's report. Called from inside an
+ * intercepted allocation (a releaser that allocates, say), it returns -EDEADLK instead of running.
+ * Returns 0, -EINVAL for what == 0 or unknown bits, -ENOTSUP when disabled or before CUDA was initialised. */
+GPURECLAIM_API int gpureclaim_release(unsigned what, gpureclaim_report_t *out);
+
+/* GPURECLAIM_ALL for one context: frees every tracked block that belongs to ctx (a CUcontext). Pools and VMM
+ * memory belong to no context and are left alone. Returns -ENOENT for a context gpureclaim has not seen. */
+GPURECLAIM_API int gpureclaim_release_context(void *ctx, gpureclaim_report_t *out);
+
+/* A releaser frees memory a program caches itself (a C/C++ inference binary's pool) and returns the bytes it
+ * gave back. Every release with GPURECLAIM_CACHED calls it, on gpureclaim's worker thread or on the caller of
+ * gpureclaim_release(); an out-of-memory retry calls it on the allocating thread, so it must not take a lock
+ * that thread may hold while allocating. name is copied (at most 63 bytes kept). Returns a releaser id > 0,
+ * -EINVAL for a NULL name or fn, -ENOSPC when 64 releasers are registered. */
+GPURECLAIM_API int gpureclaim_register_releaser(const char *name, size_t (*fn)(void *arg), void *arg);
+/* Returns 0, or -ENOENT for an unknown id. When it returns, fn is not running and will not be called again. */
+GPURECLAIM_API int gpureclaim_unregister_releaser(int id);
+
+/* ------------------------------------------------------------------------------------------------------------
+ * Scopes: declaring memory abandoned
+ *
+ * gpureclaim_scope_begin() opens a scope on the calling thread: every block that thread allocates from then on
+ * (through any route) is tagged with it, until the scope ends. Scopes nest; a block takes the innermost one.
+ * gpureclaim_scope_end() ends a scope (from any thread): its blocks that are still live become orphans, freed
+ * by the next release with GPURECLAIM_ORPHANED, or at once with GPURECLAIM_FREE_NOW. Blocks that a framework's
+ * allocator made (attributed to PyTorch, CuPy or XLA) belong to the framework and never become orphans.
+ *
+ * A free of a pointer that a release already freed does not reach the driver while the driver has not handed
+ * that address out again: it returns CUDA_SUCCESS, is counted (late_frees) and warned about once. Once the
+ * address has been handed out again, the free is indistinguishable from a free of the new block and frees it:
+ * do not free memory you declared abandoned.
+ * ---------------------------------------------------------------------------------------------------------- */
+
+#define GPURECLAIM_FREE_NOW 0x1u
+
+/* Returns the new scope's id (never 0), or 0 when disabled or when 65,535 scopes hold live blocks at once. */
+GPURECLAIM_API uint64_t gpureclaim_scope_begin(void);
+/* Returns 0, -EINVAL for scope 0 or unknown flags, -ENOENT for a scope that does not exist or already ended. */
+GPURECLAIM_API int gpureclaim_scope_end(uint64_t scope, unsigned flags);
+/* The calling thread's innermost open scope, 0 for none. */
+GPURECLAIM_API uint64_t gpureclaim_scope_current(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GPURECLAIM_H */

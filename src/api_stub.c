@@ -1,0 +1,2 @@
+#include "gpureclaim.h"
+const char *gpureclaim_version(void) { return GPURECLAIM_VERSION_STRING; }

@@ -1,0 +1,93 @@
+/*
+ * simcuda.h -- test-only inspection and fault-injection interface of the CUDA simulator (tests/sim/).
+ *
+ * The simulator is a CPU-backed stand-in for libcuda.so.1 and libcudart.so.13 that gpureclaim cannot tell apart
+ * from the real ones on the paths it hooks. It is test infrastructure: never installed, never loaded by a user.
+ * These functions are exported by the simulated libcuda.so.1 only; tests reach them either by linking
+ * against it or with dlsym(dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD), "simcuda_...").
+ * Every call here bypasses gpureclaim (nothing hooks simcuda_*), so it reports the driver's own truth.
+ *
+ * Environment (read at cuInit):
+ *   SIMCUDA_DEVICES      number of devices, 1..8 (default 1)
+ *   SIMCUDA_DEVICE_MEM   capacity of each device, bytes with optional K/M/G/T suffix (default 80G)
+ *   SIMCUDA_TRACE        1: print every driver call to stderr
+ */
+#ifndef SIMCUDA_H
+#define SIMCUDA_H
+
+#include <cuda.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What the simulator holds, for one device (or all: device -1) and one context (or any: ctx NULL). */
+typedef struct simcuda_stats {
+  size_t size;                  /* caller: sizeof(simcuda_stats_t) */
+  uint64_t live_blocks;         /* cuMemAlloc/Pitch/Managed blocks + stream-ordered blocks handed out */
+  uint64_t live_bytes;          /* their requested sizes */
+  uint64_t pool_reserved_bytes; /* memory all pools hold (handed out or cached) */
+  uint64_t pool_used_bytes;     /* memory of pools handed out */
+  uint64_t vmm_handles;         /* cuMemCreate handles whose memory still exists (unreleased, or mapped) */
+  uint64_t vmm_phys_bytes;      /* their bytes */
+  uint64_t vmm_mappings;        /* live cuMemMap mappings */
+  uint64_t va_reserved_bytes;   /* cuMemAddressReserve ranges */
+  uint64_t host_blocks;         /* pinned host allocations */
+  uint64_t host_bytes;
+  uint64_t used_bytes;          /* counted against capacity: live (not pool) + pool reserved + vmm physical */
+  uint64_t capacity_bytes;      /* SIMCUDA_DEVICE_MEM (times devices for -1) */
+  uint64_t contexts;            /* live contexts (primary contexts that are active, created ones) */
+} simcuda_stats_t;
+
+/* Returns 0, CUDA_ERROR_INVALID_VALUE for a bad device/NULL out, CUDA_ERROR_INVALID_CONTEXT for an unknown ctx.
+ * Works before cuInit (everything zero, capacity from the environment). */
+CUresult simcuda_stats(int device, CUcontext ctx, simcuda_stats_t *out);
+
+typedef enum simcuda_kind {
+  SIMCUDA_DEVICE = 1,      /* cuMemAlloc */
+  SIMCUDA_PITCH = 2,       /* cuMemAllocPitch */
+  SIMCUDA_MANAGED = 3,     /* cuMemAllocManaged */
+  SIMCUDA_ASYNC = 4,       /* handed out by a pool */
+  SIMCUDA_VMM = 5,         /* a cuMemCreate handle whose memory exists; address = handle */
+  SIMCUDA_VMM_MAPPING = 6, /* a cuMemMap mapping; address = virtual address */
+  SIMCUDA_VA = 7,          /* a cuMemAddressReserve range */
+  SIMCUDA_HOST = 8         /* pinned host memory */
+} simcuda_kind_t;
+
+typedef struct simcuda_block {
+  uint64_t address; /* pointer, virtual address, or handle (SIMCUDA_VMM) */
+  uint64_t bytes;   /* requested size */
+  int kind;         /* simcuda_kind_t */
+  int device;       /* -1 for host memory */
+  CUcontext ctx;    /* context it belongs to; NULL for VMM and VA */
+  CUmemoryPool pool;/* SIMCUDA_ASYNC: its pool */
+  int released;     /* SIMCUDA_VMM: cuMemRelease was called, memory kept alive by mappings */
+} simcuda_block_t;
+
+/* Calls fn for every block the simulator holds (order unspecified); fn returns non-zero to stop.
+ * Returns 0 or fn's non-zero value. fn must not call the driver. */
+int simcuda_foreach_block(int (*fn)(const simcuda_block_t *b, void *arg), void *arg);
+
+/* Fault injection: the next `count` calls of the driver entry point named fn (exported name, e.g.
+ * "cuMemAlloc_v2", "cuMemFree_v2", "cuMemAllocAsync") return err without doing anything. count 0 clears it.
+ * fn NULL clears every injection. Returns 0, or -1 for an unknown name. */
+int simcuda_inject(const char *fn, CUresult err, int count);
+
+/* Number of calls made to the driver entry point with that exported name since start (every route). */
+uint64_t simcuda_calls(const char *fn);
+
+/* Every cuGetProcAddress[_v2] request seen, in order: calls fn(symbol, version, flags, arg) for each (the
+ * log keeps the first 8192). Returns the number of requests seen. */
+uint64_t simcuda_procaddr_requests(void (*fn)(const char *symbol, int version, uint64_t flags, void *arg),
+                                   void *arg);
+
+/* Sets the capacity of one device (or all: -1) at run time; allocations beyond it fail with
+ * CUDA_ERROR_OUT_OF_MEMORY. Existing memory is kept even when above the new capacity. */
+void simcuda_set_capacity(int device, uint64_t bytes);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SIMCUDA_H */
