@@ -1,0 +1,820 @@
+/*
+ * table.c -- the lock-free block table.
+ *
+ * Data structure
+ *   An open-addressing hash table with linear probing whose 40-byte slots hold the records themselves:
+ *     ctl   state (3 bits) | PENDING | MOVED | slot generation (11) | ctx id (12) | pool id (12) | scope (16) |
+ *           aux (8)                                   -- or, once MOVED: MOVED | FWD | DONE | WASEMPTY | fwd index
+ *     key   the block's address (or VMM handle)
+ *     w1    size (48) | kind (4) | device (7) | api (5)
+ *     w2    caller address (for mappings: the handle)
+ *     w3    allocation time in ms (42) | thread id (22)
+ *   The table is one "generation": an mmap()ed array of cap slots, cap any integer; the home slot of a key is
+ *   fastrange(hash(key space, key), cap). A generation is replaced by a new one (growth, shrink, or clearing
+ *   tombstones) through a cooperative migration; old generations are unmapped through epoch.c.
+ *
+ * Publishing a record (single writer per slot)
+ *   insert: CAS ctl EMPTY|DELETED -> BUSY (new slot generation), store the payload words with release
+ *   stores, CAS BUSY -> LIVE. Readers take a seqlock-style consistent copy: load ctl (acquire), load the payload
+ *   (acquire), reload ctl; equal values mean the copy belongs to one occupant. The payload of an occupant
+ *   never changes; only ctl's state/scope/aux do, by CAS, so a record has exactly one owner of each
+ *   transition: a free and a concurrent release race on one CAS and only one of them frees the block.
+ *
+ * Invariants (checked by gr_table_check() and the tests)
+ *   I1  Within a generation a slot never returns to EMPTY; so between a key's home slot and the slot that holds
+ *       it there is never an EMPTY slot, and a probe may stop at the first EMPTY.
+ *   I2  A present record's payload is immutable; ctl changes by CAS only; the slot generation changes exactly
+ *       when a new occupant takes the slot.
+ *   I3  At most one present record per (key space, key) is LIVE, ORPHAN or RELEASED: the driver never hands out
+ *       an address that is live, and a record leaves (CAS to DELETED) before the real free is called.
+ *   I4  A migrating slot is frozen (MOVED) exactly once; a frozen slot with FWD points to the copy of its
+ *       record in the next generation; DONE is set once that copy is published; the generation is finished
+ *       when every slot is DONE, and only then does the root move to the next generation.
+ *   I5  The number of records equals inserts minus deletes (sum of the per-thread counters of epoch.c).
+ *
+ * Migration (growth does not stop other threads)
+ *   A thread that fills the root generation G past 85% of its slots (counting tombstones), or finds it less
+ *   than 62.5% live, maps a generation N sized for 75% load and links it as G->next. From then on inserts go to
+ *   N, and every operation that sees G->next first helps: it claims a chunk of G's slots and migrates each:
+ *     empty/deleted/busy slot:  CAS ctl -> MOVED|DONE (an insert that owned a busy slot sees its publish CAS
+ *                               fail and inserts into N itself);
+ *     present record:           reserve a slot j in N holding a PENDING copy, CAS G's ctl -> MOVED|FWD|j
+ *                               (a concurrent change of the record makes the CAS fail: the copy is updated and
+ *                               the CAS retried), publish the copy (clear PENDING), set DONE.
+ *   Anyone meeting MOVED|FWD follows it (publishing the copy if needed), so a record is visible at every moment
+ *   in exactly one place. Lookups probe G, then N for records inserted there directly. A PENDING slot is invisible
+ *   to probes of N until its source confirms it. The thread whose DONE completes the count moves the root to N
+ *   and retires G. Operations never wait for one another: a stalled helper's slots can be migrated by anyone,
+ *   and the full scan that finishes a migration is done by whoever needs the next one.
+ *
+ * Memory ordering
+ *   Payload stores are release and payload loads acquire, so a reader that sees any word of a new occupant also
+ *   sees its BUSY ctl on the reload. The root and G->next are read with acquire (root: seq_cst, see epoch.c).
+ *
+ * Progress: lookup, update and take are lock-free; insert is lock-free (it may help a migration first).
+ * Memory: 40 bytes a slot at 62.5%..85% load, so at most 64 bytes per live record once the table is past its
+ * minimum size (1024 slots), plus a second generation while a migration runs.
+ */
+#include "table.h"
+
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+typedef struct slot {
+  _Atomic uint64_t ctl;
+  _Atomic uint64_t key;
+  _Atomic uint64_t w1;
+  _Atomic uint64_t w2;
+  _Atomic uint64_t w3;
+} slot_t;
+
+typedef struct gen {
+  uint64_t cap;
+  uint64_t grow_at;  /* used slots that trigger a migration */
+  size_t bytes;      /* mapped size */
+  _Atomic(struct gen *) next;
+  _Atomic uint64_t used;   /* slots ever taken (present + deleted + busy) */
+  _Atomic uint64_t cursor; /* next chunk to migrate */
+  _Atomic uint64_t done;   /* slots whose migration is finished */
+  slot_t slots[];
+} gen_t;
+
+/* ---- ctl encoding ---- */
+#define ST_MASK UINT64_C(7)
+#define F_PENDING (UINT64_C(1) << 3)
+#define F_MOVED (UINT64_C(1) << 4)
+#define F_FWD (UINT64_C(1) << 5)
+#define F_DONE (UINT64_C(1) << 6)
+#define F_WASEMPTY (UINT64_C(1) << 7)
+/* A forward names the slot generation of the occupant it froze and of its copy, so that a forward whose copy
+ * was deleted and whose slot was reused by another record is recognised as leading nowhere. */
+#define FWD_SRC_SHIFT 8
+#define FWD_DST_SHIFT 19
+#define FWD_IDX_SHIFT 30
+#define SGEN_SHIFT 5
+#define SGEN_MASK UINT64_C(0x7ff)
+#define CTX_SHIFT 16
+#define POOL_SHIFT 28
+#define SCOPE_SHIFT 40
+#define AUX_SHIFT 56
+#define META_MASK (~((SGEN_MASK << SGEN_SHIFT) | ST_MASK | F_PENDING | F_MOVED))
+
+#define MIN_CAP 1024u
+#define CHUNK 128u
+/* Loads, in 1/1000. Growth at 85% used, a new generation at 75%, shrink below 62.5% live. */
+#define GROW_PERMILLE 850u
+#define TARGET_PERMILLE 750u
+#define SHRINK_PERMILLE 625u
+
+static _Atomic(gen_t *) g_root;
+static _Atomic size_t g_bytes;
+static _Atomic uint64_t g_migrations;
+static _Thread_local unsigned t_ops;
+
+static inline unsigned ctl_state(uint64_t c) { return (unsigned)(c & ST_MASK); }
+static inline uint32_t ctl_sgen(uint64_t c) { return (uint32_t)((c >> SGEN_SHIFT) & SGEN_MASK); }
+static inline uint64_t ctl_with(uint64_t meta, unsigned st, uint32_t sgen) {
+  return (meta & META_MASK) | ((uint64_t)(sgen & SGEN_MASK) << SGEN_SHIFT) | st;
+}
+static inline bool st_present(unsigned st) { return (GR_PRESENT_MASK >> st) & 1; }
+static inline uint64_t fwd_ctl(uint32_t src, uint32_t dst, uint64_t j) {
+  return F_MOVED | F_FWD | ((uint64_t)(src & SGEN_MASK) << FWD_SRC_SHIFT) |
+         ((uint64_t)(dst & SGEN_MASK) << FWD_DST_SHIFT) | (j << FWD_IDX_SHIFT);
+}
+static inline uint32_t fwd_src(uint64_t c) { return (uint32_t)((c >> FWD_SRC_SHIFT) & SGEN_MASK); }
+static inline uint32_t fwd_dst(uint64_t c) { return (uint32_t)((c >> FWD_DST_SHIFT) & SGEN_MASK); }
+static inline uint64_t fwd_idx(uint64_t c) { return c >> FWD_IDX_SHIFT; }
+
+static inline uint64_t hash_key(unsigned ks, uint64_t key) {
+  uint64_t h = (key ^ ((uint64_t)ks << 61)) * UINT64_C(0x9E3779B97F4A7C15);
+  h ^= h >> 29;
+  h *= UINT64_C(0xBF58476D1CE4E5B9);
+  return h ^ (h >> 32);
+}
+static inline uint64_t home(const gen_t *g, uint64_t h) {
+  return (uint64_t)(((unsigned __int128)h * g->cap) >> 64);
+}
+static inline uint64_t nexti(const gen_t *g, uint64_t i) { return i + 1 == g->cap ? 0 : i + 1; }
+
+/* ---- packing ---- */
+static uint64_t meta_of(const gr_rec_t *r) {
+  return ((uint64_t)(r->ctx_id & 0xfff) << CTX_SHIFT) | ((uint64_t)(r->pool_id & 0xfff) << POOL_SHIFT) |
+         ((uint64_t)r->scope << SCOPE_SHIFT) | ((uint64_t)r->aux << AUX_SHIFT);
+}
+static void unpack(uint64_t c, uint64_t key, uint64_t w1, uint64_t w2, uint64_t w3, gr_rec_t *r) {
+  r->key = key;
+  r->state = (uint8_t)ctl_state(c);
+  r->ctx_id = (uint16_t)((c >> CTX_SHIFT) & 0xfff);
+  r->pool_id = (uint16_t)((c >> POOL_SHIFT) & 0xfff);
+  r->scope = (uint16_t)(c >> SCOPE_SHIFT);
+  r->aux = (uint8_t)(c >> AUX_SHIFT);
+  r->size = w1 & GR_SIZE_MAX;
+  r->kind = (uint8_t)((w1 >> 48) & 0xf);
+  r->device = (uint8_t)((w1 >> 52) & 0x7f);
+  r->api = (uint8_t)(w1 >> 59);
+  r->caller = w2;
+  r->time_ms = w3 >> 22;
+  r->tid = (uint32_t)(w3 & 0x3fffff);
+}
+static inline unsigned rec_ks(uint64_t w1) { return gr_kind_keyspace((unsigned)((w1 >> 48) & 0xf)); }
+
+/* Consistent copy of the occupant described by c; false if the slot changed meanwhile. */
+static bool read_slot(slot_t *s, uint64_t c, gr_rec_t *out, uint64_t *w1out) {
+  uint64_t key = atomic_load_explicit(&s->key, memory_order_acquire);
+  uint64_t w1 = atomic_load_explicit(&s->w1, memory_order_acquire);
+  uint64_t w2 = atomic_load_explicit(&s->w2, memory_order_acquire);
+  uint64_t w3 = atomic_load_explicit(&s->w3, memory_order_acquire);
+  if (atomic_load_explicit(&s->ctl, memory_order_acquire) != c)
+    return false;
+  if (out)
+    unpack(c, key, w1, w2, w3, out);
+  if (w1out)
+    *w1out = w1;
+  return true;
+}
+
+static void write_payload(slot_t *s, uint64_t key, uint64_t w1, uint64_t w2, uint64_t w3) {
+  atomic_store_explicit(&s->key, key, memory_order_release);
+  atomic_store_explicit(&s->w1, w1, memory_order_release);
+  atomic_store_explicit(&s->w2, w2, memory_order_release);
+  atomic_store_explicit(&s->w3, w3, memory_order_release);
+}
+
+/* ---- generations ---- */
+
+/* One retired minimum-size generation is kept for reuse: small tables that churn through ever-new addresses
+ * migrate often, and a fresh mapping costs page faults plus, when unmapped, TLB shootdowns on every CPU.
+ * It is dropped as soon as the table grows past the minimum, so large tables hold no spare memory. */
+static _Atomic(gen_t *) g_spare;
+
+static size_t gen_bytes(uint64_t cap) { return sizeof(gen_t) + cap * sizeof(slot_t); }
+
+static void unmap_now(gen_t *g) {
+  size_t bytes = g->bytes;
+  munmap(g, bytes);
+  atomic_fetch_sub_explicit(&g_bytes, bytes, memory_order_relaxed);
+}
+
+static void unmap_gen(void *p, size_t bytes) {
+  gen_t *g = p;
+  (void)bytes;
+  gen_t *root = atomic_load_explicit(&g_root, memory_order_acquire);
+  gen_t *expected = NULL;
+  if (g->cap == MIN_CAP && root && root->cap == MIN_CAP &&
+      atomic_compare_exchange_strong_explicit(&g_spare, &expected, g, memory_order_acq_rel, memory_order_relaxed))
+    return;
+  unmap_now(g);
+}
+
+static gen_t *new_gen(uint64_t cap) {
+  if (cap < MIN_CAP)
+    cap = MIN_CAP;
+  gen_t *spare = atomic_exchange_explicit(&g_spare, NULL, memory_order_acq_rel);
+  gen_t *g = NULL;
+  if (spare && cap == MIN_CAP) {
+    g = spare;
+    memset(g, 0, g->bytes); /* every slot EMPTY, counters 0 */
+    g->bytes = gen_bytes(MIN_CAP);
+  } else {
+    if (spare)
+      unmap_now(spare);
+    size_t bytes = gen_bytes(cap);
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+      return NULL;
+    g = p; /* mmap gives zeroes: every slot EMPTY, counters 0 */
+    g->bytes = bytes;
+    atomic_fetch_add_explicit(&g_bytes, bytes, memory_order_relaxed);
+  }
+  g->cap = cap;
+  g->grow_at = cap * GROW_PERMILLE / 1000;
+  atomic_fetch_add_explicit(&g_migrations, 1, memory_order_relaxed);
+  return g;
+}
+
+static inline gen_t *load_root(void) { return atomic_load_explicit(&g_root, memory_order_seq_cst); }
+
+int gr_table_init(void) {
+  if (load_root())
+    return 0;
+  gen_t *g = new_gen(MIN_CAP);
+  if (!g)
+    return -ENOMEM;
+  gen_t *expected = NULL;
+  if (!atomic_compare_exchange_strong_explicit(&g_root, &expected, g, memory_order_seq_cst,
+                                               memory_order_seq_cst)) {
+    atomic_fetch_sub_explicit(&g_migrations, 1, memory_order_relaxed);
+    unmap_now(g);
+  }
+  return 0;
+}
+
+/* ---- migration ---- */
+static void finish_migration(gen_t *g);
+static slot_t *chase(gen_t **g, slot_t *s, uint64_t *cp, uint32_t sg);
+
+/* Reserves a slot in n for a PENDING copy of a record; returns its index (and its slot generation in *sg),
+ * or n->cap when n is full or is itself being migrated (then this copy is not needed any more). */
+static uint64_t reserve_copy(gen_t *n, unsigned ks, uint64_t key, uint64_t meta, unsigned st, uint64_t w1,
+                             uint64_t w2, uint64_t w3, uint32_t *sg) {
+  uint64_t i = home(n, hash_key(ks, key));
+  for (uint64_t probes = 0; probes < n->cap; probes++, i = nexti(n, i)) {
+    slot_t *s = &n->slots[i];
+    uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
+    unsigned cst = ctl_state(c);
+    if (c & F_MOVED)
+      return n->cap;
+    if ((c & F_PENDING) || (cst != GR_ST_EMPTY && cst != GR_ST_DELETED))
+      continue;
+    uint64_t busy = ctl_with(0, GR_ST_BUSY, ctl_sgen(c) + 1);
+    if (!atomic_compare_exchange_strong_explicit(&s->ctl, &c, busy, memory_order_acq_rel,
+                                                 memory_order_relaxed)) {
+      if (c & F_MOVED)
+        return n->cap;
+      continue; /* taken meanwhile: probe on (I1 keeps the run intact) */
+    }
+    if (cst == GR_ST_EMPTY)
+      atomic_fetch_add_explicit(&n->used, 1, memory_order_relaxed);
+    write_payload(s, key, w1, w2, w3);
+    uint64_t pending = ctl_with(meta, st, ctl_sgen(busy)) | F_PENDING;
+    if (!atomic_compare_exchange_strong_explicit(&s->ctl, &busy, pending, memory_order_acq_rel,
+                                                 memory_order_relaxed))
+      return n->cap; /* frozen while busy: n's own migration has begun, so ours is over */
+    *sg = ctl_sgen(busy);
+    return i;
+  }
+  return n->cap;
+}
+
+static void cancel_copy(gen_t *n, uint64_t j) {
+  slot_t *s = &n->slots[j];
+  uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
+  if ((c & F_PENDING) && !(c & F_MOVED))
+    atomic_compare_exchange_strong_explicit(&s->ctl, &c, ctl_with(0, GR_ST_DELETED, ctl_sgen(c)),
+                                            memory_order_acq_rel, memory_order_relaxed);
+}
+
+static void count_done(gen_t *g, uint64_t k) {
+  if (atomic_fetch_add_explicit(&g->done, k, memory_order_acq_rel) + k == g->cap)
+    finish_migration(g);
+}
+
+/* Second half of moving a record: publish the copy, mark the source DONE. Idempotent. */
+static void complete_fwd(gen_t *g, slot_t *s, uint64_t c) {
+  gen_t *fg = g;
+  uint64_t cc = c;
+  (void)chase(&fg, s, &cc, fwd_src(c));
+  if (atomic_compare_exchange_strong_explicit(&s->ctl, &c, c | F_DONE, memory_order_acq_rel,
+                                              memory_order_relaxed))
+    count_done(g, 1);
+}
+
+static void migrate_slot(gen_t *g, gen_t *n, uint64_t i) {
+  slot_t *s = &g->slots[i];
+  for (;;) {
+    uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
+    if (c & F_MOVED) {
+      if ((c & F_FWD) && !(c & F_DONE))
+        complete_fwd(g, s, c);
+      return;
+    }
+    unsigned st = ctl_state(c);
+    if (!st_present(st) || (c & F_PENDING)) {
+      uint64_t frozen = F_MOVED | F_DONE | (st == GR_ST_EMPTY && !(c & F_PENDING) ? F_WASEMPTY : 0);
+      if (atomic_compare_exchange_strong_explicit(&s->ctl, &c, frozen, memory_order_acq_rel,
+                                                  memory_order_relaxed)) {
+        count_done(g, 1);
+        return;
+      }
+      continue;
+    }
+    uint64_t key = atomic_load_explicit(&s->key, memory_order_acquire);
+    uint64_t w1 = atomic_load_explicit(&s->w1, memory_order_acquire);
+    uint64_t w2 = atomic_load_explicit(&s->w2, memory_order_acquire);
+    uint64_t w3 = atomic_load_explicit(&s->w3, memory_order_acquire);
+    if (atomic_load_explicit(&s->ctl, memory_order_acquire) != c)
+      continue;
+    uint32_t occupant = ctl_sgen(c), dsg = 0;
+    uint64_t j = reserve_copy(n, rec_ks(w1), key, c, st, w1, w2, w3, &dsg);
+    if (j == n->cap)
+      return; /* n full (not with the sizing rules) or migrating: left for a later sweep, or already done */
+    slot_t *d = &n->slots[j];
+    uint64_t fwd = fwd_ctl(occupant, dsg, j);
+    for (;;) {
+      if (atomic_compare_exchange_strong_explicit(&s->ctl, &c, fwd, memory_order_acq_rel,
+                                                  memory_order_acquire)) {
+        complete_fwd(g, s, fwd);
+        return;
+      }
+      /* The source changed. Same occupant with a new state or scope: mirror it in the copy, which nobody
+       * else can see or touch until the source points at it, and try again. Otherwise start over. */
+      if ((c & (F_MOVED | F_PENDING)) || !st_present(ctl_state(c)) || ctl_sgen(c) != occupant)
+        break;
+      uint64_t dc = atomic_load_explicit(&d->ctl, memory_order_acquire);
+      if (!(dc & F_PENDING) || (dc & F_MOVED) ||
+          !atomic_compare_exchange_strong_explicit(&d->ctl, &dc, ctl_with(c, ctl_state(c), dsg) | F_PENDING,
+                                                   memory_order_acq_rel, memory_order_relaxed))
+        break;
+    }
+    cancel_copy(n, j);
+  }
+}
+
+/* Claims chunks until none are left. */
+static void help_migrate(gen_t *g) {
+  gen_t *n = atomic_load_explicit(&g->next, memory_order_acquire);
+  for (;;) {
+    uint64_t start = atomic_fetch_add_explicit(&g->cursor, CHUNK, memory_order_relaxed);
+    if (start >= g->cap)
+      return;
+    uint64_t end = start + CHUNK < g->cap ? start + CHUNK : g->cap;
+    for (uint64_t i = start; i < end; i++)
+      migrate_slot(g, n, i);
+  }
+}
+
+/* Makes sure g's migration is complete: helps with chunks, then sweeps for slots a stalled helper left. */
+static void complete_migration(gen_t *g) {
+  help_migrate(g);
+  if (atomic_load_explicit(&g->done, memory_order_acquire) == g->cap) {
+    finish_migration(g);
+    return;
+  }
+  gen_t *n = atomic_load_explicit(&g->next, memory_order_acquire);
+  for (uint64_t i = 0; i < g->cap; i++)
+    migrate_slot(g, n, i);
+  finish_migration(g);
+}
+
+static void finish_migration(gen_t *g) {
+  if (atomic_load_explicit(&g->done, memory_order_acquire) != g->cap)
+    return;
+  gen_t *n = atomic_load_explicit(&g->next, memory_order_acquire);
+  gen_t *expected = g;
+  if (atomic_compare_exchange_strong_explicit(&g_root, &expected, n, memory_order_seq_cst,
+                                              memory_order_seq_cst))
+    gr_epoch_retire(g, g->bytes, unmap_gen);
+}
+
+static uint64_t sized_cap(void) {
+  uint64_t live = (uint64_t)gr_epoch_live_sum();
+  /* Headroom for inserts made while the migration runs. */
+  uint64_t cap = (live + live / 32 + 32) * 1000 / TARGET_PERMILLE + 1;
+  return cap < MIN_CAP ? MIN_CAP : cap;
+}
+
+/* Starts a migration of g (the root) unless one runs; returns after helping. */
+static void start_migration(gen_t *g) {
+  gen_t *n = atomic_load_explicit(&g->next, memory_order_acquire);
+  if (!n) {
+    gen_t *fresh = new_gen(sized_cap());
+    if (!fresh)
+      return; /* no memory: the table keeps working at higher load */
+    gen_t *expected = NULL;
+    if (!atomic_compare_exchange_strong_explicit(&g->next, &expected, fresh, memory_order_acq_rel,
+                                                 memory_order_acquire)) {
+      atomic_fetch_sub_explicit(&g_migrations, 1, memory_order_relaxed);
+      unmap_now(fresh);
+    }
+  }
+  help_migrate(g);
+}
+
+/* Called when gen t (root or root's successor) needs a migration. */
+static void need_migration(gen_t *t) {
+  gen_t *root = load_root();
+  if (root != t) {
+    if (atomic_load_explicit(&root->next, memory_order_acquire) != t)
+      return; /* already moved on */
+    complete_migration(root);
+    if (load_root() != t)
+      return;
+  }
+  start_migration(t);
+}
+
+/* ---- probing ---- */
+
+/* From slot s of generation *g, whose ctl is *cp, follows forwards to the slot that holds the record that had
+ * slot generation sg at s, publishing confirmed copies on the way. Returns NULL when that record is gone;
+ * else the slot, with *g and *cp its generation and ctl. */
+static slot_t *chase(gen_t **g, slot_t *s, uint64_t *cp, uint32_t sg) {
+  uint64_t c = *cp;
+  for (;;) {
+    if (!(c & F_MOVED)) {
+      if (ctl_sgen(c) != sg)
+        return NULL;
+      *cp = c;
+      return s;
+    }
+    if (!(c & F_FWD) || fwd_src(c) != sg)
+      return NULL;
+    gen_t *n = atomic_load_explicit(&(*g)->next, memory_order_acquire);
+    s = &n->slots[fwd_idx(c)];
+    sg = fwd_dst(c);
+    *g = n;
+    c = atomic_load_explicit(&s->ctl, memory_order_acquire);
+    /* A confirmed copy changes only by being published, so this ends. */
+    while ((c & F_PENDING) && !(c & F_MOVED) && ctl_sgen(c) == sg &&
+           !atomic_compare_exchange_weak_explicit(&s->ctl, &c, c & ~F_PENDING, memory_order_acq_rel,
+                                                  memory_order_acquire))
+      ;
+    if ((c & F_PENDING) && !(c & F_MOVED) && ctl_sgen(c) == sg)
+      c &= ~F_PENDING;
+  }
+}
+
+typedef enum { FIND_OK, FIND_NONE } find_t;
+
+/* Finds the first record with (ks, key) and state in mask, starting at generation g. On success gp, ip
+ * name its slot, and cp and rec its consistent contents. */
+static find_t find(gen_t *g, unsigned ks, uint64_t key, unsigned mask, gen_t **gp, uint64_t *ip, uint64_t *cp,
+                   gr_rec_t *rec) {
+  uint64_t h = hash_key(ks, key);
+  for (; g; g = atomic_load_explicit(&g->next, memory_order_acquire)) {
+    uint64_t i = home(g, h);
+    for (uint64_t probes = 0; probes < g->cap; probes++, i = nexti(g, i)) {
+      slot_t *s = &g->slots[i];
+      uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
+    again:
+      if (c & F_MOVED) {
+        if (c & F_WASEMPTY)
+          break; /* end of the run in this generation */
+        if (!(c & F_FWD))
+          continue;
+        /* The source's payload stays intact after the freeze. */
+        if (atomic_load_explicit(&s->key, memory_order_acquire) != key ||
+            rec_ks(atomic_load_explicit(&s->w1, memory_order_acquire)) != ks)
+          continue;
+        gen_t *fg = g;
+        uint64_t dc = c;
+        slot_t *d = chase(&fg, s, &dc, fwd_src(c));
+        if (!d || (dc & F_PENDING) || !((mask >> ctl_state(dc)) & 1))
+          continue;
+        if (!read_slot(d, dc, rec, NULL)) {
+          c = atomic_load_explicit(&s->ctl, memory_order_acquire);
+          goto again;
+        }
+        *gp = fg;
+        *ip = (uint64_t)(d - fg->slots);
+        *cp = dc;
+        return FIND_OK;
+      }
+      unsigned st = ctl_state(c);
+      if (st == GR_ST_EMPTY)
+        break;
+      if ((c & F_PENDING) || !((mask >> st) & 1))
+        continue;
+      uint64_t w1;
+      if (!read_slot(s, c, rec, &w1)) {
+        c = atomic_load_explicit(&s->ctl, memory_order_acquire);
+        goto again;
+      }
+      if (rec->key != key || rec_ks(w1) != ks)
+        continue;
+      *gp = g;
+      *ip = i;
+      *cp = c;
+      return FIND_OK;
+    }
+  }
+  return FIND_NONE;
+}
+
+static inline void maybe_reclaim(void) {
+  if (__builtin_expect((++t_ops & 63) == 0, 0) && gr_epoch_pending())
+    gr_epoch_reclaim();
+}
+
+/* ---- public operations ---- */
+
+int gr_table_insert(const gr_rec_t *r) {
+  unsigned ks = gr_kind_keyspace(r->kind);
+  uint64_t h = hash_key(ks, r->key);
+  uint64_t w1 = (r->size & GR_SIZE_MAX) | ((uint64_t)(r->kind & 0xf) << 48) |
+                ((uint64_t)(r->device & 0x7f) << 52) | ((uint64_t)(r->api & 0x1f) << 59);
+  uint64_t w3 = (r->time_ms << 22) | (r->tid & 0x3fffff);
+  uint64_t meta = meta_of(r);
+  int rc = 0;
+  unsigned full_rounds = 0;
+  gr_epoch_enter();
+  for (;;) {
+    gen_t *g = load_root();
+    if (!g) {
+      rc = -ENOMEM;
+      break;
+    }
+    gen_t *t = atomic_load_explicit(&g->next, memory_order_acquire);
+    if (t)
+      help_migrate(g);
+    else
+      t = g;
+    uint64_t i = home(t, h);
+    bool restart = false, placed = false;
+    for (uint64_t probes = 0; probes < t->cap; probes++, i = nexti(t, i)) {
+      slot_t *s = &t->slots[i];
+      uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
+      if (c & F_MOVED) {
+        restart = true; /* t is being migrated: the root has moved on */
+        break;
+      }
+      unsigned st = ctl_state(c);
+      if ((c & F_PENDING) || (st != GR_ST_EMPTY && st != GR_ST_DELETED))
+        continue;
+      uint64_t busy = ctl_with(0, GR_ST_BUSY, ctl_sgen(c) + 1);
+      if (!atomic_compare_exchange_strong_explicit(&s->ctl, &c, busy, memory_order_acq_rel,
+                                                   memory_order_relaxed)) {
+        if (c & F_MOVED) {
+          restart = true;
+          break;
+        }
+        continue;
+      }
+      write_payload(s, r->key, w1, r->caller, w3);
+      uint64_t live = ctl_with(meta, r->state, ctl_sgen(busy));
+      if (!atomic_compare_exchange_strong_explicit(&s->ctl, &busy, live, memory_order_acq_rel,
+                                                   memory_order_relaxed)) {
+        restart = true; /* frozen while busy: the migration left it to us; insert into the next one */
+        break;
+      }
+      placed = true;
+      if (st == GR_ST_EMPTY &&
+          atomic_fetch_add_explicit(&t->used, 1, memory_order_relaxed) + 1 >= t->grow_at)
+        need_migration(t);
+      break;
+    }
+    if (placed)
+      break;
+    if (!restart) {
+      if (++full_rounds > 3) { /* full, and no memory could be mapped for a larger generation */
+        rc = -ENOMEM;
+        break;
+      }
+      need_migration(t); /* a full generation: grow it, then retry */
+    }
+  }
+  gr_epoch_exit();
+  if (rc == 0)
+    gr_epoch_count_live(1);
+  maybe_reclaim();
+  return rc;
+}
+
+int gr_table_update(unsigned ks, uint64_t key, unsigned state_mask, gr_edit_fn fn, void *arg, gr_rec_t *before) {
+  int rc = -ENOENT;
+  gr_epoch_enter();
+  gen_t *root = load_root();
+  if (root && atomic_load_explicit(&root->next, memory_order_acquire))
+    help_migrate(root);
+  for (;;) {
+    gen_t *g;
+    uint64_t i, c;
+    gr_rec_t cur;
+    if (!root || find(load_root(), ks, key, state_mask, &g, &i, &c, &cur) != FIND_OK)
+      break;
+    gr_rec_t want = cur;
+    if (!fn(&want, arg))
+      break;
+    uint64_t nc = ctl_with(meta_of(&want), want.state, ctl_sgen(c)) | (c & F_PENDING);
+    slot_t *s = &g->slots[i];
+    if (atomic_compare_exchange_strong_explicit(&s->ctl, &c, nc, memory_order_acq_rel, memory_order_relaxed)) {
+      if (before)
+        *before = cur;
+      if (want.state == GR_ST_DELETED && cur.state != GR_ST_DELETED)
+        gr_epoch_count_live(-1);
+      rc = 0;
+      break;
+    }
+    /* Changed, moved or gone: look it up again. */
+  }
+  gr_epoch_exit();
+  if (rc == 0 && (++t_ops & 255) == 0) {
+    gen_t *g = load_root();
+    if (g && g->cap > MIN_CAP && !atomic_load_explicit(&g->next, memory_order_acquire) &&
+        (uint64_t)gr_epoch_live_sum() * 1000 < g->cap * SHRINK_PERMILLE) {
+      gr_epoch_enter();
+      if (load_root() == g)
+        start_migration(g);
+      gr_epoch_exit();
+    }
+  }
+  maybe_reclaim();
+  return rc;
+}
+
+static bool edit_delete(gr_rec_t *r, void *arg) {
+  (void)arg;
+  r->state = GR_ST_DELETED;
+  return true;
+}
+
+int gr_table_take(unsigned ks, uint64_t key, unsigned state_mask, gr_rec_t *out) {
+  return gr_table_update(ks, key, state_mask, edit_delete, NULL, out);
+}
+
+int gr_table_lookup(unsigned ks, uint64_t key, unsigned state_mask, gr_rec_t *out) {
+  gr_epoch_enter();
+  gen_t *g;
+  uint64_t i, c;
+  gr_rec_t tmp;
+  gen_t *root = load_root();
+  int rc = root && find(root, ks, key, state_mask, &g, &i, &c, out ? out : &tmp) == FIND_OK ? 0 : -ENOENT;
+  gr_epoch_exit();
+  return rc;
+}
+
+/* Resolves ref to the slot holding its record now. */
+static slot_t *resolve(gr_ref_t *ref, uint64_t *cp) {
+  gen_t *g = ref->gen;
+  slot_t *s = &g->slots[ref->idx];
+  uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
+  s = chase(&g, s, &c, ref->slotgen);
+  if (!s)
+    return NULL;
+  ref->gen = g;
+  ref->idx = (uint64_t)(s - g->slots);
+  ref->slotgen = ctl_sgen(c);
+  *cp = c;
+  return s;
+}
+
+int gr_table_cas(gr_ref_t *ref, gr_rec_t *expect, const gr_rec_t *desired) {
+  for (;;) {
+    uint64_t c;
+    slot_t *s = resolve(ref, &c);
+    if (!s || !st_present(ctl_state(c)))
+      return -ENOENT;
+    gr_rec_t cur;
+    if (!read_slot(s, c, &cur, NULL))
+      continue;
+    if (cur.key != expect->key || cur.kind != expect->kind)
+      return -ENOENT;
+    if (cur.state != expect->state || cur.scope != expect->scope || cur.aux != expect->aux ||
+        (c & F_PENDING)) {
+      if (c & F_PENDING)
+        continue; /* not confirmed yet: look again */
+      *expect = cur;
+      return -EAGAIN;
+    }
+    gr_rec_t want = cur;
+    want.state = desired->state;
+    want.scope = desired->scope;
+    want.aux = desired->aux;
+    uint64_t nc = ctl_with(meta_of(&want), want.state, ctl_sgen(c));
+    if (atomic_compare_exchange_strong_explicit(&s->ctl, &c, nc, memory_order_acq_rel, memory_order_relaxed)) {
+      if (want.state == GR_ST_DELETED)
+        gr_epoch_count_live(-1);
+      return 0;
+    }
+  }
+}
+
+int gr_table_visit(gr_visit_fn fn, void *arg) {
+  int rc = 0;
+  gr_epoch_enter();
+  gen_t *g = load_root();
+  if (g && atomic_load_explicit(&g->next, memory_order_acquire)) {
+    complete_migration(g);
+    g = load_root();
+  }
+  for (uint64_t i = 0; g && i < g->cap && rc == 0; i++) {
+    slot_t *s = &g->slots[i];
+    gen_t *sg = g;
+    uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
+    if ((c & F_MOVED) && (c & F_FWD) && !(s = chase(&sg, s, &c, fwd_src(c))))
+      continue; /* moved on, then left */
+    if ((c & (F_MOVED | F_PENDING)) || !st_present(ctl_state(c)))
+      continue;
+    gr_rec_t r;
+    if (!read_slot(s, c, &r, NULL)) {
+      i--; /* changed while read: look again */
+      continue;
+    }
+    gr_ref_t ref = {.gen = sg, .idx = (uint64_t)(s - sg->slots), .slotgen = ctl_sgen(c)};
+    rc = fn(&ref, &r, arg);
+  }
+  gr_epoch_exit();
+  maybe_reclaim();
+  return rc;
+}
+
+size_t gr_table_bytes(void) { return atomic_load_explicit(&g_bytes, memory_order_relaxed); }
+
+uint64_t gr_table_capacity(void) {
+  gr_epoch_enter();
+  gen_t *g = load_root();
+  uint64_t cap = g ? g->cap : 0;
+  gr_epoch_exit();
+  return cap;
+}
+
+uint64_t gr_table_migrations(void) { return atomic_load_explicit(&g_migrations, memory_order_relaxed); }
+
+void gr_table_compact(void) {
+  gr_epoch_enter();
+  gen_t *g = load_root();
+  if (g) {
+    if (atomic_load_explicit(&g->next, memory_order_acquire))
+      complete_migration(g);
+    g = load_root();
+    start_migration(g);
+    complete_migration(g);
+  }
+  gr_epoch_exit();
+  gr_epoch_reclaim();
+}
+
+int gr_table_check(void) {
+  gen_t *g = load_root();
+  if (!g)
+    return 0;
+  if (atomic_load_explicit(&g->next, memory_order_acquire))
+    return -__LINE__; /* quiescent tables have no migration in progress */
+  uint64_t used = 0, present = 0;
+  for (uint64_t i = 0; i < g->cap; i++) {
+    slot_t *s = &g->slots[i];
+    uint64_t c = atomic_load_explicit(&s->ctl, memory_order_relaxed);
+    if (c & (F_MOVED | F_PENDING))
+      continue; /* leftovers of a cancelled copy are allowed, never visible */
+    unsigned st = ctl_state(c);
+    if (st == GR_ST_BUSY)
+      return -__LINE__;
+    if (st != GR_ST_EMPTY)
+      used++;
+    if (!st_present(st))
+      continue;
+    present++;
+    gr_rec_t r;
+    uint64_t w1;
+    read_slot(s, c, &r, &w1);
+    /* I1: no EMPTY between the home slot and the record. */
+    for (uint64_t j = home(g, hash_key(rec_ks(w1), r.key)); j != i; j = nexti(g, j))
+      if (ctl_state(atomic_load_explicit(&g->slots[j].ctl, memory_order_relaxed)) == GR_ST_EMPTY &&
+          !(atomic_load_explicit(&g->slots[j].ctl, memory_order_relaxed) & F_MOVED))
+        return -__LINE__;
+  }
+  if (used > atomic_load_explicit(&g->used, memory_order_relaxed))
+    return -__LINE__;
+  (void)present;
+  return 0;
+}
+
+void gr_table_atfork_child(void) {
+  /* Other threads are gone and cannot be inside the table: drop everything and start empty. */
+  gen_t *g = load_root();
+  atomic_store_explicit(&g_root, NULL, memory_order_seq_cst);
+  while (g) {
+    gen_t *n = atomic_load_explicit(&g->next, memory_order_relaxed);
+    unmap_now(g);
+    g = n;
+  }
+  gen_t *spare = atomic_exchange_explicit(&g_spare, NULL, memory_order_relaxed);
+  if (spare)
+    unmap_now(spare);
+  atomic_store_explicit(&g_migrations, 0, memory_order_relaxed);
+  gr_table_init();
+}

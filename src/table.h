@@ -1,0 +1,139 @@
+/*
+ * table.h -- the lock-free block table and its epoch-based reclamation (internal).
+ *
+ * The table maps (key space, key) to one record per live block. See table.c for the algorithm and its
+ * invariants, epoch.c for how retired memory is reclaimed.
+ */
+#ifndef GR_TABLE_H
+#define GR_TABLE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- epochs (epoch.c) ---- */
+
+/* A thread's registration: its announced epoch and the per-thread counters the table sums. Records are never
+ * freed; a thread that exits gives its record back for the next new thread. */
+typedef struct gr_thread_rec gr_thread_rec_t;
+
+void gr_epoch_enter(void);
+void gr_epoch_exit(void);
+/* Frees fn(p, bytes) once no critical section that may still see p remains. */
+void gr_epoch_retire(void *p, size_t bytes, void (*fn)(void *p, size_t bytes));
+/* Tries to advance the epoch and free what can be freed; never waits. Returns the number of items freed. */
+size_t gr_epoch_reclaim(void);
+/* Items retired and not yet freed. */
+size_t gr_epoch_pending(void);
+/* The calling thread's record (registering it on first use); NULL when memory ran out. */
+gr_thread_rec_t *gr_epoch_self(void);
+/* Adds d to the calling thread's live-record counter (single writer, no atomic read-modify-write). */
+void gr_epoch_count_live(int64_t d);
+/* Sum of every thread's live-record counter: the number of records in the table, give or take the
+ * operations in flight. */
+int64_t gr_epoch_live_sum(void);
+/* In the child after fork(): only the calling thread exists; forget every other thread's registration. */
+void gr_epoch_atfork_child(void);
+
+/* ---- records ---- */
+
+/* Record states. A slot holds EMPTY until first used, DELETED after its record left. */
+enum {
+  GR_ST_EMPTY = 0,
+  GR_ST_BUSY = 1,       /* an insert is writing it */
+  GR_ST_LIVE = 2,       /* owned by the program */
+  GR_ST_ORPHAN = 3,     /* its scope ended: a release may free it */
+  GR_ST_RELEASED = 4,   /* VMM handle released by the program, memory kept by mappings */
+  GR_ST_RECLAIMING = 5, /* a release claimed it and is freeing it */
+  GR_ST_RECLAIMED = 6,  /* a release freed it; kept so a late free of the address can be recognised */
+  GR_ST_DELETED = 7
+};
+#define GR_STMASK(s) (1u << (s))
+#define GR_PRESENT_MASK                                                                                    \
+  (GR_STMASK(GR_ST_LIVE) | GR_STMASK(GR_ST_ORPHAN) | GR_STMASK(GR_ST_RELEASED) |                          \
+   GR_STMASK(GR_ST_RECLAIMING) | GR_STMASK(GR_ST_RECLAIMED))
+
+/* Key spaces: addresses of the different kinds may coincide (a mapping starts where its reservation does). */
+enum { GR_KS_ADDR = 0, GR_KS_HANDLE = 1, GR_KS_MAPPING = 2, GR_KS_VA = 3 };
+
+#define GR_DEVICE_NONE 0x7f
+#define GR_SIZE_MAX ((UINT64_C(1) << 48) - 1)
+
+/* One record, unpacked. Packed into a 40-byte slot: see table.c. */
+typedef struct gr_rec {
+  uint64_t key;     /* address, or VMM handle */
+  uint64_t size;    /* bytes, < 2^48 */
+  uint64_t caller;  /* return address of the allocating call; for mappings, the handle mapped */
+  uint64_t time_ms; /* CLOCK_MONOTONIC milliseconds, < 2^42 */
+  uint32_t tid;     /* < 2^22 */
+  uint16_t ctx_id;  /* registry ids, < 4096; 0 = none */
+  uint16_t pool_id;
+  uint16_t scope;   /* scope slot, 0 = none */
+  uint8_t aux;      /* VMM handles: number of mappings */
+  uint8_t state;    /* GR_ST_* */
+  uint8_t kind;     /* gpureclaim_kind_t */
+  uint8_t device;   /* ordinal, GR_DEVICE_NONE for none */
+  uint8_t api;      /* which call made it (hooks.h: GR_API_*) */
+} gr_rec_t;
+
+static inline unsigned gr_kind_keyspace(unsigned kind) {
+  switch (kind) {
+  case 5: return GR_KS_HANDLE;  /* GPURECLAIM_KIND_VMM */
+  case 6: return GR_KS_MAPPING; /* GPURECLAIM_KIND_VMM_MAPPING */
+  case 7: return GR_KS_VA;      /* GPURECLAIM_KIND_VA */
+  default: return GR_KS_ADDR;
+  }
+}
+
+/* ---- the table (table.c) ---- */
+
+/* A position in the table, valid inside one epoch critical section. Forwarding across migrations is
+ * followed by the functions that take it. */
+typedef struct gr_ref {
+  void *gen;
+  uint64_t idx;
+  uint32_t slotgen;
+} gr_ref_t;
+
+int gr_table_init(void);
+/* Inserts a record (state LIVE or ORPHAN). Returns 0, or -ENOMEM when no memory could be mapped for growth. */
+int gr_table_insert(const gr_rec_t *r);
+
+/* Edits one record: called with a copy of the first record with this key space and key whose state is in
+ * state_mask; returns true after changing rec's state, aux or scope to apply the change (atomically, against
+ * the version it was shown), false to leave the record alone. On a conflicting concurrent change it is
+ * called again with the new version. */
+typedef bool (*gr_edit_fn)(gr_rec_t *rec, void *arg);
+/* Returns 0 after a change (before: the record as it was), -ENOENT when no record matched or fn declined. */
+int gr_table_update(unsigned ks, uint64_t key, unsigned state_mask, gr_edit_fn fn, void *arg, gr_rec_t *before);
+/* update() that moves the record to DELETED. */
+int gr_table_take(unsigned ks, uint64_t key, unsigned state_mask, gr_rec_t *out);
+/* Copies the first record with that key whose state is in state_mask. 0 or -ENOENT. */
+int gr_table_lookup(unsigned ks, uint64_t key, unsigned state_mask, gr_rec_t *out);
+
+/* Iteration. fn sees a consistent copy of every record present when the iteration started and still present
+ * when reached (each exactly once), and may be shown records added meanwhile. It may call gr_table_cas() with
+ * the ref. Return 0 to go on, non-zero to stop (returned by gr_table_visit). Runs inside a critical section. */
+typedef int (*gr_visit_fn)(gr_ref_t *ref, const gr_rec_t *rec, void *arg);
+int gr_table_visit(gr_visit_fn fn, void *arg);
+
+/* Moves the record at ref from *expect (state, scope, aux as last read) to desired's state, scope and aux.
+ * Returns 0; -EAGAIN when the record changed (then *expect holds its new version); -ENOENT when the record
+ * left. Must be called inside the critical section in which ref was obtained (or gr_epoch_enter()ed
+ * around both). */
+int gr_table_cas(gr_ref_t *ref, gr_rec_t *expect, const gr_rec_t *desired);
+
+/* Bytes of table memory mapped now (live generations and retired ones not yet reclaimed). */
+size_t gr_table_bytes(void);
+/* Slots in the current generation. */
+uint64_t gr_table_capacity(void);
+/* Number of generations created so far (tests). */
+uint64_t gr_table_migrations(void);
+/* Forces a migration to a table sized for the records present (tests, and after a large release). */
+void gr_table_compact(void);
+/* Checks the table's invariants, single-threaded (tests): returns 0 or a negative line number. */
+int gr_table_check(void);
+/* In the child after fork(): empties the table. */
+void gr_table_atfork_child(void);
+
+#endif /* GR_TABLE_H */

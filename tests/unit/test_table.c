@@ -1,0 +1,429 @@
+/* Unit tests of the block table (src/table.c) and its reclamation (src/epoch.c): the invariants stated in
+ * table.c's design comment. */
+#include "table.h"
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+static gr_rec_t rec(uint64_t key, uint64_t size) {
+  gr_rec_t r;
+  memset(&r, 0, sizeof r);
+  r.key = key;
+  r.size = size;
+  r.kind = 1; /* GPURECLAIM_KIND_DEVICE */
+  r.state = GR_ST_LIVE;
+  r.device = 0;
+  r.caller = 0x1234;
+  r.time_ms = 42;
+  r.tid = 7;
+  r.ctx_id = 3;
+  return r;
+}
+
+/* Addresses like the driver's: 512-byte aligned, clustered. */
+static uint64_t addr(uint64_t i) { return UINT64_C(0x200000000000) + i * 512; }
+
+static void settle(void) {
+  for (int i = 0; i < 4; i++)
+    gr_epoch_reclaim();
+}
+
+static void init(void) { cr_assert_eq(gr_table_init(), 0); }
+
+TestSuite(table, .init = init);
+
+Test(table, insert_lookup_take) {
+  gr_rec_t r = rec(addr(1), 4096), out;
+  r.scope = 9;
+  r.pool_id = 17;
+  r.aux = 3;
+  r.api = 21;
+  r.device = 5;
+  cr_assert_eq(gr_table_insert(&r), 0);
+  cr_assert_eq(gr_table_lookup(GR_KS_ADDR, addr(1), GR_PRESENT_MASK, &out), 0);
+  cr_assert_eq(out.key, addr(1));
+  cr_assert_eq(out.size, 4096);
+  cr_assert_eq(out.scope, 9);
+  cr_assert_eq(out.pool_id, 17);
+  cr_assert_eq(out.ctx_id, 3);
+  cr_assert_eq(out.aux, 3);
+  cr_assert_eq(out.api, 21);
+  cr_assert_eq(out.device, 5);
+  cr_assert_eq(out.caller, 0x1234);
+  cr_assert_eq(out.time_ms, 42);
+  cr_assert_eq(out.tid, 7);
+  cr_assert_eq(out.state, GR_ST_LIVE);
+  cr_assert_eq(gr_table_lookup(GR_KS_ADDR, addr(2), GR_PRESENT_MASK, &out), -ENOENT);
+  cr_assert_eq(gr_table_lookup(GR_KS_MAPPING, addr(1), GR_PRESENT_MASK, &out), -ENOENT, "key spaces are apart");
+  cr_assert_eq(gr_table_take(GR_KS_ADDR, addr(1), GR_STMASK(GR_ST_LIVE), &out), 0);
+  cr_assert_eq(out.size, 4096);
+  cr_assert_eq(gr_table_take(GR_KS_ADDR, addr(1), GR_STMASK(GR_ST_LIVE), &out), -ENOENT, "taken once only");
+  cr_assert_eq(gr_epoch_live_sum(), 0);
+  cr_assert_eq(gr_table_check(), 0);
+}
+
+Test(table, extreme_field_values_round_trip) {
+  gr_rec_t r = rec(UINT64_MAX - 511, GR_SIZE_MAX), out;
+  r.time_ms = (UINT64_C(1) << 42) - 1;
+  r.tid = (1u << 22) - 1;
+  r.ctx_id = 4095;
+  r.pool_id = 4095;
+  r.scope = 65535;
+  r.aux = 255;
+  r.device = GR_DEVICE_NONE;
+  r.kind = 8;
+  r.api = 31;
+  cr_assert_eq(gr_table_insert(&r), 0);
+  cr_assert_eq(gr_table_lookup(GR_KS_ADDR, r.key, GR_PRESENT_MASK, &out), 0);
+  cr_assert_eq(out.size, GR_SIZE_MAX);
+  cr_assert_eq(out.time_ms, r.time_ms);
+  cr_assert_eq(out.tid, r.tid);
+  cr_assert_eq(out.ctx_id, 4095);
+  cr_assert_eq(out.pool_id, 4095);
+  cr_assert_eq(out.scope, 65535);
+  cr_assert_eq(out.aux, 255);
+  cr_assert_eq(out.device, GR_DEVICE_NONE);
+  cr_assert_eq(out.kind, 8);
+  cr_assert_eq(out.api, 31);
+}
+
+Test(table, growth_keeps_every_record_and_the_memory_bound) {
+  const uint64_t n = 300000;
+  uint64_t cap0 = gr_table_capacity();
+  for (uint64_t i = 0; i < n; i++) {
+    gr_rec_t r = rec(addr(i), i + 1);
+    cr_assert_eq(gr_table_insert(&r), 0);
+    if (i + 1 == 1000 || i + 1 == 10000 || i + 1 == 100000 || i + 1 == n) {
+      settle();
+      double per = (double)gr_table_bytes() / (double)(i + 1);
+      cr_assert_leq(per, 64.0, "%.1f bytes per live block at %lu blocks", per, (unsigned long)(i + 1));
+    }
+  }
+  cr_assert_gt(gr_table_capacity(), cap0);
+  cr_assert_gt(gr_table_migrations(), 3);
+  cr_assert_eq(gr_table_check(), 0);
+  for (uint64_t i = 0; i < n; i++) {
+    gr_rec_t out;
+    cr_assert_eq(gr_table_lookup(GR_KS_ADDR, addr(i), GR_PRESENT_MASK, &out), 0, "record %lu lost", (unsigned long)i);
+    cr_assert_eq(out.size, i + 1);
+  }
+  cr_assert_eq(gr_epoch_live_sum(), (int64_t)n);
+}
+
+Test(table, shrinks_after_random_deletes) {
+  const uint64_t n = 200000, keep = 2000;
+  for (uint64_t i = 0; i < n; i++) {
+    gr_rec_t r = rec(addr(i), 64);
+    cr_assert_eq(gr_table_insert(&r), 0);
+  }
+  settle();
+  size_t big = gr_table_bytes();
+  /* Delete all but `keep` records, in a scattered order. */
+  uint64_t *order = malloc(n * sizeof *order);
+  for (uint64_t i = 0; i < n; i++)
+    order[i] = i;
+  srand(1);
+  for (uint64_t i = n - 1; i > 0; i--) {
+    uint64_t j = (uint64_t)rand() % (i + 1), t = order[i];
+    order[i] = order[j];
+    order[j] = t;
+  }
+  for (uint64_t i = keep; i < n; i++)
+    cr_assert_eq(gr_table_take(GR_KS_ADDR, addr(order[i]), GR_PRESENT_MASK, NULL), 0);
+  gr_table_compact(); /* deletes trigger shrinking every 256 ops; make the end state deterministic */
+  settle();
+  size_t small = gr_table_bytes();
+  cr_assert_lt(small * 20, big, "memory did not shrink: %zu -> %zu", big, small);
+  cr_assert_leq((double)small / keep, 64.0, "%zu bytes for %lu blocks", small, (unsigned long)keep);
+  for (uint64_t i = 0; i < keep; i++)
+    cr_assert_eq(gr_table_lookup(GR_KS_ADDR, addr(order[i]), GR_PRESENT_MASK, NULL), 0);
+  for (uint64_t i = keep; i < keep + 1000; i++)
+    cr_assert_eq(gr_table_lookup(GR_KS_ADDR, addr(order[i]), GR_PRESENT_MASK, NULL), -ENOENT);
+  cr_assert_eq(gr_table_check(), 0);
+  free(order);
+}
+
+Test(table, deleted_slots_are_reused_without_growth) {
+  /* CUDA hands freed addresses out again: a churn over a fixed set of addresses must reuse tombstones. */
+  for (uint64_t i = 0; i < 500; i++) {
+    gr_rec_t r = rec(addr(i), 1);
+    cr_assert_eq(gr_table_insert(&r), 0);
+  }
+  uint64_t mig = gr_table_migrations(), cap = gr_table_capacity();
+  for (int round = 0; round < 2000; round++)
+    for (uint64_t i = 0; i < 500; i += 7) {
+      cr_assert_eq(gr_table_take(GR_KS_ADDR, addr(i), GR_PRESENT_MASK, NULL), 0);
+      gr_rec_t r = rec(addr(i), (uint64_t)round + 2);
+      cr_assert_eq(gr_table_insert(&r), 0);
+    }
+  cr_assert_eq(gr_table_migrations(), mig, "address reuse caused a migration");
+  cr_assert_eq(gr_table_capacity(), cap);
+  gr_rec_t out;
+  cr_assert_eq(gr_table_lookup(GR_KS_ADDR, addr(7), GR_PRESENT_MASK, &out), 0);
+  cr_assert_eq(out.size, 2001);
+  cr_assert_eq(gr_table_check(), 0);
+}
+
+Test(table, tombstones_are_cleared_by_migration) {
+  /* Ever-new addresses leave tombstones; the table must migrate rather than fill up. */
+  for (uint64_t i = 0; i < 2000000; i++) {
+    gr_rec_t r = rec(addr(i), 1);
+    cr_assert_eq(gr_table_insert(&r), 0);
+    cr_assert_eq(gr_table_take(GR_KS_ADDR, addr(i), GR_PRESENT_MASK, NULL), 0);
+  }
+  settle();
+  cr_assert_leq(gr_table_capacity(), 4096, "capacity %lu for an empty table", (unsigned long)gr_table_capacity());
+  cr_assert_eq(gr_epoch_live_sum(), 0);
+  cr_assert_eq(gr_table_check(), 0);
+}
+
+static bool to_orphan(gr_rec_t *r, void *arg) {
+  (void)arg;
+  if (r->state != GR_ST_LIVE)
+    return false;
+  r->state = GR_ST_ORPHAN;
+  return true;
+}
+
+Test(table, update_and_state_masks) {
+  gr_rec_t r = rec(addr(3), 100), out;
+  cr_assert_eq(gr_table_insert(&r), 0);
+  cr_assert_eq(gr_table_update(GR_KS_ADDR, addr(3), GR_PRESENT_MASK, to_orphan, NULL, &out), 0);
+  cr_assert_eq(out.state, GR_ST_LIVE, "before-image");
+  cr_assert_eq(gr_table_lookup(GR_KS_ADDR, addr(3), GR_STMASK(GR_ST_LIVE), NULL), -ENOENT);
+  cr_assert_eq(gr_table_lookup(GR_KS_ADDR, addr(3), GR_STMASK(GR_ST_ORPHAN), &out), 0);
+  cr_assert_eq(out.size, 100);
+  cr_assert_eq(gr_table_update(GR_KS_ADDR, addr(3), GR_PRESENT_MASK, to_orphan, NULL, NULL), -ENOENT,
+               "edit declined");
+}
+
+Test(table, a_reclaimed_record_and_a_live_one_share_an_address) {
+  gr_rec_t r = rec(addr(5), 10), out;
+  r.state = GR_ST_RECLAIMED;
+  cr_assert_eq(gr_table_insert(&r), 0);
+  gr_rec_t l = rec(addr(5), 20);
+  cr_assert_eq(gr_table_insert(&l), 0);
+  cr_assert_eq(gr_table_lookup(GR_KS_ADDR, addr(5), GR_STMASK(GR_ST_LIVE), &out), 0);
+  cr_assert_eq(out.size, 20);
+  cr_assert_eq(gr_table_take(GR_KS_ADDR, addr(5), GR_STMASK(GR_ST_LIVE), &out), 0);
+  cr_assert_eq(gr_table_lookup(GR_KS_ADDR, addr(5), GR_STMASK(GR_ST_RECLAIMED), &out), 0);
+  cr_assert_eq(out.size, 10);
+}
+
+/* ---- iteration ---- */
+
+typedef struct {
+  uint64_t lo, hi;
+  unsigned *seen;
+  uint64_t others;
+} seen_t;
+
+static int count_seen(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
+  (void)ref;
+  seen_t *s = arg;
+  if (r->key >= addr(s->lo) && r->key < addr(s->hi))
+    s->seen[(r->key - addr(s->lo)) / 512]++;
+  else
+    s->others++;
+  return 0;
+}
+
+Test(table, visit_sees_each_record_once) {
+  for (uint64_t i = 0; i < 5000; i++) {
+    gr_rec_t r = rec(addr(i), 1);
+    cr_assert_eq(gr_table_insert(&r), 0);
+  }
+  seen_t s = {.lo = 0, .hi = 5000, .seen = calloc(5000, sizeof(unsigned))};
+  cr_assert_eq(gr_table_visit(count_seen, &s), 0);
+  for (int i = 0; i < 5000; i++)
+    cr_assert_eq(s.seen[i], 1, "record %d seen %u times", i, s.seen[i]);
+  free(s.seen);
+}
+
+static int stop_at_third(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
+  (void)ref;
+  (void)r;
+  return ++*(int *)arg == 3 ? 77 : 0;
+}
+
+Test(table, visit_stops_with_the_callbacks_value) {
+  for (uint64_t i = 0; i < 10; i++) {
+    gr_rec_t r = rec(addr(i), 1);
+    gr_table_insert(&r);
+  }
+  int n = 0;
+  cr_assert_eq(gr_table_visit(stop_at_third, &n), 77);
+  cr_assert_eq(n, 3);
+}
+
+typedef struct {
+  _Atomic int stop;
+  uint64_t base;
+} churn_t;
+
+static void *churner(void *arg) {
+  churn_t *c = arg;
+  uint64_t i = 0;
+  while (!atomic_load(&c->stop)) {
+    gr_rec_t r = rec(addr(c->base + (i % 20000)), 1);
+    gr_table_insert(&r);
+    if (i >= 10000)
+      gr_table_take(GR_KS_ADDR, addr(c->base + ((i - 10000) % 20000)), GR_PRESENT_MASK, NULL);
+    if (i % 50000 == 49999)
+      gr_table_compact(); /* force migrations while others iterate */
+    i++;
+  }
+  return NULL;
+}
+
+Test(table, iteration_during_churn_and_migrations, .timeout = 120) {
+  const uint64_t stable = 3000;
+  for (uint64_t i = 0; i < stable; i++) {
+    gr_rec_t r = rec(addr(i), 1);
+    cr_assert_eq(gr_table_insert(&r), 0);
+  }
+  churn_t c = {.base = 1000000};
+  pthread_t th[2];
+  churn_t c2 = {.base = 2000000};
+  pthread_create(&th[0], NULL, churner, &c);
+  pthread_create(&th[1], NULL, churner, &c2);
+  uint64_t mig0 = gr_table_migrations();
+  for (int round = 0; round < 200; round++) {
+    seen_t s = {.lo = 0, .hi = stable, .seen = calloc(stable, sizeof(unsigned))};
+    cr_assert_eq(gr_table_visit(count_seen, &s), 0);
+    for (uint64_t i = 0; i < stable; i++)
+      cr_assert_eq(s.seen[i], 1, "round %d: stable record %lu seen %u times", round, (unsigned long)i, s.seen[i]);
+    free(s.seen);
+  }
+  atomic_store(&c.stop, 1);
+  atomic_store(&c2.stop, 1);
+  pthread_join(th[0], NULL);
+  pthread_join(th[1], NULL);
+  cr_assert_gt(gr_table_migrations(), mig0, "the test must exercise migrations");
+  cr_assert_eq(gr_table_check(), 0);
+}
+
+/* ---- the free-versus-release claim race ---- */
+
+typedef struct {
+  _Atomic int go;
+  uint64_t key;
+  int won;
+} race_t;
+
+static void *freer(void *arg) {
+  race_t *r = arg;
+  while (!atomic_load(&r->go))
+    ;
+  r->won = gr_table_take(GR_KS_ADDR, r->key, GR_STMASK(GR_ST_LIVE) | GR_STMASK(GR_ST_ORPHAN), NULL) == 0;
+  return NULL;
+}
+
+typedef struct {
+  uint64_t key;
+  int won;
+} releaser_t;
+
+static int claim_orphan(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
+  releaser_t *rel = arg;
+  if (r->key != rel->key || r->state != GR_ST_ORPHAN)
+    return 0;
+  gr_rec_t expect = *r, want = *r;
+  want.state = GR_ST_RECLAIMING;
+  int rc;
+  while ((rc = gr_table_cas(ref, &expect, &want)) == -EAGAIN)
+    if (expect.state != GR_ST_ORPHAN)
+      return 0;
+  rel->won = rc == 0;
+  return 0;
+}
+
+Test(table, free_and_release_claim_a_block_once, .timeout = 120) {
+  for (int iter = 0; iter < 3000; iter++) {
+    uint64_t key = addr(100000 + (uint64_t)iter);
+    gr_rec_t r = rec(key, 1);
+    r.state = GR_ST_ORPHAN;
+    cr_assert_eq(gr_table_insert(&r), 0);
+    race_t fr = {.key = key};
+    pthread_t th;
+    pthread_create(&th, NULL, freer, &fr);
+    releaser_t rel = {.key = key};
+    atomic_store(&fr.go, 1);
+    gr_table_visit(claim_orphan, &rel);
+    pthread_join(th, NULL);
+    cr_assert_eq(fr.won + rel.won, 1, "iteration %d: free won %d, release won %d", iter, fr.won, rel.won);
+    if (iter % 500 == 0)
+      gr_table_compact();
+  }
+}
+
+/* ---- epochs ---- */
+
+static _Atomic int g_freed;
+static void count_free(void *p, size_t bytes) {
+  (void)bytes;
+  free(p);
+  atomic_fetch_add(&g_freed, 1);
+}
+
+typedef struct {
+  _Atomic int entered, leave;
+} reader_t;
+
+static void *reader(void *arg) {
+  reader_t *r = arg;
+  gr_epoch_enter();
+  atomic_store(&r->entered, 1);
+  while (!atomic_load(&r->leave))
+    ;
+  gr_epoch_exit();
+  return NULL;
+}
+
+static void *idle_thread(void *arg) {
+  gr_epoch_enter(); /* registers, then goes idle outside any critical section */
+  gr_epoch_exit();
+  while (!atomic_load((_Atomic int *)arg))
+    ;
+  return NULL;
+}
+
+Test(epoch, retired_memory_outlives_readers_but_not_idle_threads) {
+  _Atomic int idle_stop = 0;
+  pthread_t idle, rd;
+  pthread_create(&idle, NULL, idle_thread, &idle_stop);
+  reader_t r = {0};
+  pthread_create(&rd, NULL, reader, &r);
+  while (!atomic_load(&r.entered))
+    ;
+  gr_epoch_retire(malloc(16), 16, count_free);
+  for (int i = 0; i < 10; i++)
+    gr_epoch_reclaim();
+  cr_assert_eq(atomic_load(&g_freed), 0, "freed while a reader was inside");
+  atomic_store(&r.leave, 1);
+  pthread_join(rd, NULL);
+  for (int i = 0; i < 4; i++)
+    gr_epoch_reclaim();
+  cr_assert_eq(atomic_load(&g_freed), 1, "an idle thread held reclamation back");
+  cr_assert_eq(gr_epoch_pending(), 0);
+  atomic_store(&idle_stop, 1);
+  pthread_join(idle, NULL);
+}
+
+Test(epoch, nested_sections) {
+  gr_epoch_enter();
+  gr_epoch_enter();
+  gr_epoch_retire(malloc(8), 8, count_free);
+  gr_epoch_exit();
+  for (int i = 0; i < 4; i++)
+    gr_epoch_reclaim();
+  cr_assert_eq(atomic_load(&g_freed), 0, "the inner exit ended the outer section");
+  gr_epoch_exit();
+  for (int i = 0; i < 4; i++)
+    gr_epoch_reclaim();
+  cr_assert_eq(atomic_load(&g_freed), 1);
+}
