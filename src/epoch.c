@@ -81,7 +81,7 @@ static _Atomic size_t g_pending;
 static _Atomic int g_reclaiming;
 static _Atomic int64_t g_exited_live; /* live counts of threads that exited */
 
-static _Thread_local gr_thread_rec_t *t_rec;
+static GR_TLS_IE gr_thread_rec_t *t_rec;
 
 /* 1 when readers may use a plain store (membarrier registered), 0 until decided or when unavailable. */
 static _Atomic int g_asym;
@@ -158,7 +158,7 @@ gr_thread_rec_t *gr_epoch_self(void) {
 /* A thread that could not register (memory ran out) still works: while inside a critical section it is
  * counted in g_anon_inside, and any such thread blocks every epoch advance. Conservative, never unsafe. */
 static _Atomic unsigned g_anon_inside;
-static _Thread_local unsigned t_anon_depth;
+static GR_TLS_IE unsigned t_anon_depth;
 
 void gr_epoch_enter(void) {
   gr_thread_rec_t *r = gr_epoch_self();

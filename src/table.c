@@ -113,7 +113,7 @@ typedef struct gen {
 static _Atomic(gen_t *) g_root;
 static _Atomic size_t g_bytes;
 static _Atomic uint64_t g_migrations;
-static _Thread_local unsigned t_ops;
+static GR_TLS_IE unsigned t_ops;
 
 static inline unsigned ctl_state(uint64_t c) { return (unsigned)(c & ST_MASK); }
 static inline uint32_t ctl_sgen(uint64_t c) { return (uint32_t)((c >> SGEN_SHIFT) & SGEN_MASK); }
@@ -804,7 +804,7 @@ int gr_table_check(void) {
 }
 
 void gr_table_atfork_child(void) {
-  /* Other threads are gone and cannot be inside the table: drop everything and start empty. */
+  /* Other threads are gone and cannot be inside the table: drop everything. */
   gen_t *g = load_root();
   atomic_store_explicit(&g_root, NULL, memory_order_seq_cst);
   while (g) {
@@ -816,5 +816,5 @@ void gr_table_atfork_child(void) {
   if (spare)
     unmap_now(spare);
   atomic_store_explicit(&g_migrations, 0, memory_order_relaxed);
-  gr_table_init();
+  /* Nothing is mapped again until the child initialises CUDA (gr_core_start_slow). */
 }

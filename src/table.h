@@ -11,6 +11,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Thread-locals of a library loaded at start-up (preloaded or linked): the initial-exec model avoids a call
+ * to __tls_get_addr on every access. */
+#define GR_TLS_IE __thread __attribute__((tls_model("initial-exec")))
+
 /* ---- epochs (epoch.c) ---- */
 
 /* A thread's registration: its announced epoch and the per-thread counters the table sums. Records are never

@@ -1,2 +1,0 @@
-#include "gpureclaim.h"
-const char *gpureclaim_version(void) { return GPURECLAIM_VERSION_STRING; }

@@ -1,0 +1,139 @@
+/*
+ * control.c -- the control socket the gpureclaim command talks to (docs/PROTOCOL.md).
+ *
+ * A Unix stream socket in the private run directory, served by the worker thread one client at a time: one
+ * request line in, one JSON object out. Only a peer with the same effective uid is answered (SO_PEERCRED), on
+ * top of the directory's 0700 and the socket's 0600. A silent client is dropped after 5 seconds.
+ */
+#include "gpureclaim_internal.h"
+#include "json.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+static _Atomic int g_fd = -1;
+static char g_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+
+int gr_ctl_fd(void) { return atomic_load_explicit(&g_fd, memory_order_acquire); }
+
+int gr_ctl_open(void) {
+  const char *dir = gr_rep_rundir();
+  if (!dir)
+    return -ENOENT;
+  struct sockaddr_un sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sun_family = AF_UNIX;
+  if (snprintf(sa.sun_path, sizeof sa.sun_path, "%s/%d.sock", dir, (int)getpid()) >= (int)sizeof sa.sun_path) {
+    gr_warn("the run directory path is too long for a socket; the gpureclaim command will use the signal only");
+    return -ENAMETOOLONG;
+  }
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0)
+    return -errno;
+  unlink(sa.sun_path); /* a leftover of an earlier process with this pid */
+  if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || chmod(sa.sun_path, 0600) != 0 || listen(fd, 8) != 0) {
+    int e = errno;
+    gr_warn("cannot open the control socket %s: %s", sa.sun_path, strerror(e));
+    close(fd);
+    unlink(sa.sun_path);
+    return -e;
+  }
+  memcpy(g_path, sa.sun_path, sizeof g_path);
+  atomic_store_explicit(&g_fd, fd, memory_order_release);
+  return 0;
+}
+
+void gr_ctl_close(void) {
+  int fd = atomic_exchange_explicit(&g_fd, -1, memory_order_acq_rel);
+  if (fd >= 0) {
+    close(fd);
+    unlink(g_path);
+  }
+}
+
+void gr_ctl_forget(void) {
+  /* In a forked child: the socket is the parent's; close our copy, leave the file. */
+  int fd = atomic_exchange_explicit(&g_fd, -1, memory_order_acq_rel);
+  if (fd >= 0)
+    close(fd);
+}
+
+static void answer(int fd, const char *line) {
+  jbuf_t b;
+  jb_init(&b);
+  jb_obj(&b);
+  if (strcmp(line, "ping") == 0) {
+    jb_bool(&b, "ok", true);
+    jb_i64(&b, "pid", getpid());
+    jb_str(&b, "version", GPURECLAIM_VERSION_STRING);
+  } else if (strcmp(line, "stats") == 0) {
+    jb_bool(&b, "ok", true);
+    jb_i64(&b, "pid", getpid());
+    gr_rep_stats_json(&b);
+  } else if (strncmp(line, "release", 7) == 0 && (line[7] == ' ' || line[7] == '\0')) {
+    unsigned what = gr_opt()->on_signal;
+    const char *arg = line[7] ? line + 8 : "";
+    gpureclaim_report_t rep = {.size = sizeof rep};
+    int rc = *arg && gr_opt_parse_what(arg, &what) != 0 ? -EINVAL : gr_rel_run(what, GPURECLAIM_TRIGGER_COMMAND, &rep);
+    jb_bool(&b, "ok", rc == 0);
+    if (rc == 0) {
+      jb_key(&b, "report");
+      gr_rep_report_json(&b, &rep);
+    } else {
+      jb_str(&b, "error", rc == -EINVAL ? "bad release categories (expected cached, orphaned, all)" : strerror(-rc));
+    }
+  } else if (strcmp(line, "snapshot") == 0) {
+    jb_bool(&b, "ok", true);
+    jb_key(&b, "snapshot");
+    gr_rep_snapshot_json(&b);
+  } else if (strcmp(line, "leaks") == 0) {
+    jb_bool(&b, "ok", true);
+    jb_key(&b, "leaks");
+    gr_rep_leaks(&b, true);
+  } else {
+    jb_bool(&b, "ok", false);
+    char msg[320];
+    snprintf(msg, sizeof msg, "unknown request: %.255s", line);
+    jb_str(&b, "error", msg);
+  }
+  jb_obj_end(&b);
+  jb_raw(&b, "\n", 1);
+  jb_write_fd(&b, fd);
+  jb_free(&b);
+}
+
+void gr_ctl_serve_one(void) {
+  int lfd = gr_ctl_fd();
+  if (lfd < 0)
+    return;
+  int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+  if (fd < 0)
+    return;
+  struct ucred cred;
+  socklen_t len = sizeof cred;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != geteuid()) {
+    close(fd);
+    return;
+  }
+  struct timeval tv = {5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  char line[256];
+  size_t n = 0;
+  while (n < sizeof line - 1) {
+    ssize_t r = read(fd, line + n, 1);
+    if (r <= 0 || line[n] == '\n')
+      break;
+    n++;
+  }
+  while (n && (line[n - 1] == '\r' || line[n - 1] == '\n'))
+    n--;
+  line[n] = '\0';
+  answer(fd, line);
+  close(fd);
+}

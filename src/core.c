@@ -1,0 +1,119 @@
+/*
+ * core.c -- gpureclaim's life in a process.
+ *
+ * Nothing happens until the process initialises CUDA: the constructor only reads GPURECLAIM_DISABLE, and
+ * until the first cuInit (or the first allocation) seen through a hook, gpureclaim starts no thread, installs
+ * no handler, writes no file and allocates nothing (LD_PRELOAD reaches every child process a program starts).
+ * Then gr_core_start_slow() maps the table, installs the signal handler, starts the worker thread and writes
+ * the status file. After fork() the child starts over: empty table, no worker, no files, until it uses CUDA.
+ */
+#include "gpureclaim_internal.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+_Atomic int gr_core_state; /* 0 not started, 1 running, -1 disabled, 2 starting */
+GR_TLS gr_tls_t gr_tls;
+
+static GR_TLS int t_starting;
+static _Atomic int g_once_registered;
+static uint64_t g_start_realtime_ms;
+static _Atomic int g_exiting;
+
+__attribute__((constructor)) static void gr_core_ctor(void) {
+  if (gr_opt_disabled_early())
+    atomic_store_explicit(&gr_core_state, -1, memory_order_release);
+}
+
+uint32_t gr_core_tid(void) {
+  if (GR_UNLIKELY(!gr_tls.tid))
+    gr_tls.tid = (uint32_t)syscall(SYS_gettid) & 0x3fffff;
+  return gr_tls.tid;
+}
+
+uint64_t gr_core_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+uint64_t gr_core_start_time_ms(void) { return g_start_realtime_ms; }
+
+static void atfork_child(void) {
+  gr_tls.tid = 0;
+  gr_tls.last_ctx = NULL;
+  gr_tls.hook_depth = 0;
+  gr_tls.rt_depth = 0;
+  gr_epoch_atfork_child();
+  gr_table_atfork_child();
+  gr_stats_atfork_child();
+  gr_reg_atfork_child();
+  gr_scope_atfork_child();
+  gr_rel_atfork_child();
+  gr_sig_atfork_child();
+  gr_ctl_forget();
+  gr_rep_atfork_child();
+  int s = atomic_load_explicit(&gr_core_state, memory_order_relaxed);
+  if (s > 0)
+    atomic_store_explicit(&gr_core_state, 0, memory_order_release); /* start over on the child's first CUDA use */
+}
+
+static void core_exit(void) {
+  if (atomic_exchange_explicit(&g_exiting, 1, memory_order_acq_rel))
+    return;
+  if (atomic_load_explicit(&gr_core_state, memory_order_acquire) != 1)
+    return;
+  gr_rel_stop_worker();
+  if (gr_opt()->leak_report)
+    gr_rep_leaks_fd(2, false);
+  gr_ctl_close();
+  gr_rep_status_remove();
+}
+
+bool gr_core_start_slow(void) {
+  for (;;) {
+    int s = atomic_load_explicit(&gr_core_state, memory_order_acquire);
+    if (s == 1)
+      return true;
+    if (s < 0 || t_starting)
+      return false; /* disabled, or a CUDA call made while starting */
+    if (s == 0) {
+      int expected = 0;
+      if (atomic_compare_exchange_strong_explicit(&gr_core_state, &expected, 2, memory_order_acq_rel,
+                                                  memory_order_acquire))
+        break;
+      continue;
+    }
+    sched_yield(); /* another thread is starting it (once per process) */
+  }
+  t_starting = 1;
+  const gr_options_t *o = gr_opt();
+  if (o->disable || gr_real_resolve_drv() != 0 || gr_table_init() != 0) {
+    if (!o->disable)
+      gr_warn("cannot start (no usable libcuda.so.1, or no memory); running as a pass-through");
+    atomic_store_explicit(&gr_core_state, -1, memory_order_release);
+    t_starting = 0;
+    return false;
+  }
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  g_start_realtime_ms = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+  if (!atomic_exchange_explicit(&g_once_registered, 1, memory_order_acq_rel)) {
+    pthread_atfork(NULL, NULL, atfork_child);
+    atexit(core_exit);
+  }
+  atomic_store_explicit(&gr_core_state, 1, memory_order_release);
+  if (o->signal && gr_sig_install() != 0)
+    gr_warn("could not install the release signal handler");
+  if (gr_rel_start_worker() != 0)
+    gr_warn("could not start the worker thread: signals and the gpureclaim command will not reach this process");
+  if (o->status)
+    gr_rep_status_update();
+  gr_info("tracking CUDA allocations (signal %d, run directory %s)", o->signal, o->rundir);
+  t_starting = 0;
+  return true;
+}

@@ -1,0 +1,404 @@
+/*
+ * gpureclaim_internal.h -- declarations shared between gpureclaim's modules. Not installed.
+ *
+ * Module prefixes: gr_opt_ (options.c), gr_log_ (log.c), gr_real_ (real.c), gr_hook_ (hooks/), gr_reg_
+ * (registry.c), gr_stats_ (stats.c), gr_table_/gr_epoch_ (table.h), gr_scope_ (scope.c), gr_rel_ (release.c),
+ * gr_sig_ (signal.c), gr_py_ (releasers/python.c), gr_rep_ (report.c), gr_ctl_ (control.c), gr_core_
+ * (core.c: start-up, fork, exit).
+ */
+#ifndef GPURECLAIM_INTERNAL_H
+#define GPURECLAIM_INTERNAL_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+
+#include "gpureclaim.h"
+#include "table.h"
+
+#include <cuda.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define GR_EXPORT __attribute__((visibility("default")))
+#define GR_HIDDEN __attribute__((visibility("hidden")))
+#define GR_LIKELY(x) __builtin_expect(!!(x), 1)
+#define GR_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define GR_NOINLINE __attribute__((noinline))
+#define GR_COLD __attribute__((noinline, cold))
+#define GR_TLS __thread __attribute__((tls_model("initial-exec")))
+#define GR_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+/* Code that sanitizer runtimes reach before they are initialised: their start-up looks up real functions with
+ * dlsym, which is gpureclaim's override. It must not be instrumented. */
+#define GR_NO_SANITIZE __attribute__((no_sanitize("address", "undefined", "thread")))
+
+/* ------------------------------------------------------------------------------------------------------------
+ * options.c: the one table of GPURECLAIM_* options, read once
+ * ---------------------------------------------------------------------------------------------------------- */
+
+typedef struct gr_options {
+  bool disable;          /* GPURECLAIM_DISABLE */
+  int signal;            /* GPURECLAIM_SIGNAL: signal number, 0 = off */
+  unsigned on_signal;    /* GPURECLAIM_ON_SIGNAL: GPURECLAIM_CACHED | ... */
+  unsigned oom_retry;    /* GPURECLAIM_OOM_RETRY: retries after out-of-memory (0 = off) */
+  char log[4096];        /* GPURECLAIM_LOG: "" = stderr, else a path appended to */
+  char rundir[4096];     /* GPURECLAIM_RUNDIR (resolved default) */
+  bool leak_report;      /* GPURECLAIM_LEAK_REPORT */
+  bool backtrace;        /* GPURECLAIM_BACKTRACE */
+  bool python;           /* GPURECLAIM_PYTHON: framework caches through CPython (default on) */
+  bool status;           /* GPURECLAIM_STATUS: status file and control socket (default on) */
+  int verbose;           /* GPURECLAIM_VERBOSE: 0 warnings, 1 info, 2 debug */
+} gr_options_t;
+
+/* The options, parsed on first call (bad values warned about once, defaults used). Safe from any thread. */
+const gr_options_t *gr_opt(void);
+/* GPURECLAIM_DISABLE alone, read from environ without allocating (usable from the constructor). */
+bool gr_opt_disabled_early(void);
+/* Parsers shared with the command (tools/): return 0, or -EINVAL for a malformed value. */
+int gr_opt_parse_bool(const char *s, bool *out);
+int gr_opt_parse_signal(const char *s, int *out);
+int gr_opt_parse_what(const char *s, unsigned *out);
+int gr_opt_parse_uint(const char *s, unsigned long long max, unsigned long long *out);
+/* Name of a signal as GPURECLAIM_SIGNAL writes it ("USR1", "RTMIN+3"), "off" for 0. */
+const char *gr_opt_signal_name(int sig, char *buf, size_t len);
+/* "cached,orphaned" for a mask. */
+const char *gr_opt_what_name(unsigned what, char *buf, size_t len);
+/* Re-reads the environment (tests only). */
+void gr_opt_reload(void);
+
+/* ------------------------------------------------------------------------------------------------------------
+ * log.c: warnings on stderr, prefixed "gpureclaim[pid]: "; never allocates
+ * ---------------------------------------------------------------------------------------------------------- */
+
+void gr_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define gr_warn(...) gr_log(0, __VA_ARGS__)
+#define gr_info(...) gr_log(1, __VA_ARGS__)
+#define gr_debug(...) gr_log(2, __VA_ARGS__)
+/* Warns once per flag (a static _Atomic int owned by the caller). */
+#define gr_warn_once(flag, ...)                                                                            \
+  do {                                                                                                     \
+    static _Atomic int flag;                                                                               \
+    if (!atomic_exchange_explicit(&flag, 1, memory_order_relaxed))                                         \
+      gr_log(0, __VA_ARGS__);                                                                              \
+  } while (0)
+
+/* ------------------------------------------------------------------------------------------------------------
+ * real.c: the real entry points, resolved once
+ * ---------------------------------------------------------------------------------------------------------- */
+
+typedef struct gr_real_libc {
+  void *(*dlsym)(void *, const char *);
+  void *(*dlopen)(const char *, int);
+} gr_real_libc_t;
+
+/* libc's dlsym and dlopen (never the public names, which gpureclaim overrides). */
+const gr_real_libc_t *gr_real_libc(void);
+/* The process's libcuda.so.1 (the one already loaded, else loaded now); NULL if there is none. */
+void *gr_real_libcuda(void);
+/* A driver function by its exported name, from that libcuda; NULL if missing. Cached per name by callers. */
+void *gr_real_driver(const char *name);
+
+/* Driver functions gpureclaim itself calls (not through the program's routes), resolved at start-up. */
+typedef struct gr_drv {
+  CUresult (*cuCtxGetCurrent)(CUcontext *);
+  CUresult (*cuCtxGetDevice)(CUdevice *);
+  CUresult (*cuCtxPushCurrent)(CUcontext);
+  CUresult (*cuCtxPopCurrent)(CUcontext *);
+  CUresult (*cuCtxSynchronize)(void);
+  CUresult (*cuStreamGetCtx)(CUstream, CUcontext *);
+  CUresult (*cuDeviceGetCount)(int *);
+  CUresult (*cuDeviceGet)(CUdevice *, int);
+  CUresult (*cuDeviceGetMemPool)(CUmemoryPool *, CUdevice);
+  CUresult (*cuDeviceGetDefaultMemPool)(CUmemoryPool *, CUdevice);
+  CUresult (*cuDevicePrimaryCtxGetState)(CUdevice, unsigned *, int *);
+  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+  CUresult (*cuDevicePrimaryCtxRelease)(CUdevice);
+  CUresult (*cuMemGetInfo)(size_t *, size_t *);
+  CUresult (*cuMemPoolTrimTo)(CUmemoryPool, size_t);
+  CUresult (*cuMemPoolGetAttribute)(CUmemoryPool, CUmemPool_attribute, void *);
+  CUresult (*cuMemFree)(CUdeviceptr);
+  CUresult (*cuMemFreeHost)(void *);
+  CUresult (*cuMemRelease)(CUmemGenericAllocationHandle);
+  CUresult (*cuMemUnmap)(CUdeviceptr, size_t);
+  CUresult (*cuMemAddressFree)(CUdeviceptr, size_t);
+  CUresult (*cuGetErrorName)(CUresult, const char **);
+} gr_drv_t;
+
+/* The table above (every member may be NULL if the driver lacks it). Resolved by gr_core_start(). */
+extern gr_drv_t gr_drv;
+int gr_real_resolve_drv(void);
+
+/* ------------------------------------------------------------------------------------------------------------
+ * hooks/: interposition
+ * ---------------------------------------------------------------------------------------------------------- */
+
+/* Calls that make blocks (record api field): 0..15 driver, 16.. runtime. */
+enum {
+  GR_API_NONE = 0,
+  GR_API_cuMemAlloc = 1,
+  GR_API_cuMemAllocPitch,
+  GR_API_cuMemAllocManaged,
+  GR_API_cuMemAllocAsync,
+  GR_API_cuMemAllocFromPoolAsync,
+  GR_API_cuMemHostAlloc,
+  GR_API_cuMemAllocHost,
+  GR_API_cuMemCreate,
+  GR_API_cuMemMap,
+  GR_API_cuMemAddressReserve,
+  GR_API_cudaMalloc = 16,
+  GR_API_cudaMallocPitch,
+  GR_API_cudaMallocManaged,
+  GR_API_cudaMallocAsync,
+  GR_API_cudaMallocFromPoolAsync,
+  GR_API_cudaMallocHost,
+  GR_API_cudaHostAlloc,
+  GR_API_COUNT
+};
+const char *gr_api_name(unsigned api);
+/* Public view of a record (library resolved now). */
+void gr_block_from_rec(const gr_rec_t *r, gpureclaim_block_t *b);
+
+/* Per-thread hook state. */
+typedef struct gr_tls {
+  unsigned hook_depth;     /* > 0 while inside an intercepted allocation or free */
+  unsigned rt_depth;       /* > 0 while inside an intercepted runtime call */
+  uintptr_t rt_caller;     /* return address of the outermost runtime call */
+  unsigned rt_api;         /* GR_API_cuda* of that call */
+  unsigned in_dlsym;       /* recursion guard of the dlsym override */
+  uint32_t tid;            /* cached gettid(), 0 until known */
+  CUcontext last_ctx;      /* one-entry cache: context -> registry id, device */
+  uint16_t last_ctx_id;
+  uint8_t last_device;
+} gr_tls_t;
+extern GR_TLS gr_tls_t gr_tls;
+
+/* Entries handed out unwrapped because their ABI could not be proven (README, "Limits"). */
+extern _Atomic uint64_t gr_untracked_routes;
+
+/* driver.c: one entry per hooked variant (hooks/hooklist.h). */
+typedef struct gr_hook_info {
+  const char *symbol; /* exported name of the variant */
+  const char *base;   /* name asked of cuGetProcAddress */
+  int version;        /* first version returning this variant */
+  int ptsz;           /* per-thread default stream variant */
+  void *export_fn;    /* gpureclaim's exported definition */
+  void *pa_fn;        /* the wrapper cuGetProcAddress hands out */
+} gr_hook_info_t;
+extern const gr_hook_info_t gr_hooks[];
+extern _Atomic(void *) gr_pa_real[];
+int gr_hook_count(void);
+/* Index of an exported hook function, -1 if fn is not one. */
+int gr_hook_export_id(const void *fn);
+/* The libcuda function the exported hook id calls (resolved on first use), NULL if the driver lacks it. */
+void *gr_hook_export_real(int id);
+
+/* procaddr.c: wraps what cuGetProcAddress returns. Returns the pointer to hand to the caller. */
+void *gr_hook_procaddr_wrap(const char *symbol, void *real, int version, uint64_t flags);
+/* procaddr.c: our exported getter for a dlsym of "cuGetProcAddress[_v2]" that found libcuda's, else NULL. */
+void *gr_hook_getproc_for(const char *symbol, void *real);
+bool gr_hook_is_getproc_export(const void *fn);
+/* driver.c: the exported-route wrapper for an exported name, NULL if not hooked. */
+void *gr_hook_export_for(const char *exported_name);
+
+/* ------------------------------------------------------------------------------------------------------------
+ * registry.c: contexts, devices, pools, libraries
+ * ---------------------------------------------------------------------------------------------------------- */
+
+#define GR_MAX_CTX 4096
+#define GR_MAX_POOLS 4096
+#define GR_MAX_DEV 64
+
+/* Context -> id (1..4095), adding it; 0 when the registry is full. device: its ordinal, or -1 to look up. */
+uint16_t gr_reg_ctx(CUcontext ctx, int device);
+/* Context -> id without adding it; 0 if unknown. */
+uint16_t gr_reg_ctx_find(CUcontext ctx);
+/* The primary context of a device, as cuDevicePrimaryCtxRetain returned it. */
+void gr_reg_primary(int device, CUcontext ctx);
+uint16_t gr_reg_primary_id(int device);
+/* The device's primary context was reset or finally released: forget cached pools. */
+void gr_reg_device_reset(int device);
+CUcontext gr_reg_ctx_handle(uint16_t id);
+int gr_reg_ctx_device(uint16_t id); /* -1 unknown */
+bool gr_reg_ctx_alive(uint16_t id);
+void gr_reg_ctx_destroyed(uint16_t id);
+/* The calling thread's current context id and device (cached per thread). Returns false without one. */
+bool gr_reg_current(uint16_t *ctx_id, uint8_t *device, CUcontext *ctx);
+/* Context id and device of a stream (0 and special handles: the current context). */
+bool gr_reg_stream(CUstream s, uint16_t *ctx_id, uint8_t *device);
+
+uint16_t gr_reg_pool(CUmemoryPool pool, int device, bool is_default);
+CUmemoryPool gr_reg_pool_handle(uint16_t id);
+int gr_reg_pool_device(uint16_t id);
+void gr_reg_pool_destroyed(CUmemoryPool pool);
+/* The device's current pool (cuDeviceGetMemPool, cached; cuDeviceSetMemPool updates it). */
+uint16_t gr_reg_device_pool(int device);
+void gr_reg_device_set_pool(int device, CUmemoryPool pool);
+/* Calls fn for every live pool. */
+void gr_reg_foreach_pool(void (*fn)(uint16_t id, CUmemoryPool pool, int device, void *arg), void *arg);
+/* Calls fn for every live context. */
+void gr_reg_foreach_ctx(void (*fn)(uint16_t id, CUcontext ctx, int device, void *arg), void *arg);
+uint64_t gr_reg_ctx_count(void);
+uint64_t gr_reg_pool_count(void);
+
+/* Library of a code address: file name (basename; "?" unknown) and framework owner ("pytorch", "cupy",
+ * "xla" or NULL). Cached; slow path only (reports, scope ends). */
+typedef struct gr_lib {
+  const char *name;
+  const char *path;
+  const char *owner;
+} gr_lib_t;
+gr_lib_t gr_reg_library(uintptr_t pc);
+
+void gr_reg_atfork_child(void);
+
+/* ------------------------------------------------------------------------------------------------------------
+ * stats.c: counters
+ * ---------------------------------------------------------------------------------------------------------- */
+
+void gr_stats_alloc(const gr_rec_t *r);
+void gr_stats_free(const gr_rec_t *r);
+/* A block that left the table without a free: context destroyed (the driver freed it). */
+void gr_stats_ctx_destroyed(const gr_rec_t *r);
+void gr_stats_orphaned(const gr_rec_t *r, int delta);
+void gr_stats_untracked_free(void);
+void gr_stats_late_free(void);
+void gr_stats_mapped(const gr_rec_t *r, int delta);
+void gr_stats_release(uint64_t bytes);
+void gr_stats_oom_retry(bool succeeded);
+/* Fills out (size set by the caller) for device (-1 all). */
+int gr_stats_get(int device, gpureclaim_stats_t *out);
+void gr_stats_atfork_child(void);
+/* Whether a kind counts as device memory in live_bytes. */
+static inline bool gr_kind_is_device_memory(unsigned kind) {
+  return kind == GPURECLAIM_KIND_DEVICE || kind == GPURECLAIM_KIND_PITCH || kind == GPURECLAIM_KIND_MANAGED ||
+         kind == GPURECLAIM_KIND_ASYNC || kind == GPURECLAIM_KIND_VMM;
+}
+
+/* ------------------------------------------------------------------------------------------------------------
+ * track.c: what a hook does with a block
+ * ---------------------------------------------------------------------------------------------------------- */
+
+/* Fills the common fields of a new record: time, thread, caller (runtime attribution if inside a runtime
+ * call), scope of the calling thread. */
+void gr_track_fill(gr_rec_t *r, unsigned kind, uint64_t key, uint64_t size, unsigned driver_api, uintptr_t ra);
+/* Inserts r and counts it. */
+void gr_track_insert(gr_rec_t *r);
+/* Removes the block (ks, key) whose kind is in kind_mask before the real free. Returns:
+ *   1  removed, *out filled: call the real free, then gr_track_freed() or gr_track_restore();
+ *   0  not tracked: pass the free to the driver unchanged;
+ *  -1  a late free of a block a release already freed: return CUDA_SUCCESS without calling the driver. */
+int gr_track_take(unsigned ks, uint64_t key, unsigned kind_mask, gr_rec_t *out);
+void gr_track_freed(const gr_rec_t *r);
+void gr_track_restore(const gr_rec_t *r);
+/* Destroying a context frees its blocks: they are detached from the table before the driver call and either
+ * counted as destroyed (success) or put back (failure). */
+typedef struct gr_detached {
+  gr_rec_t *recs;
+  size_t n, cap;
+} gr_detached_t;
+void gr_track_ctx_detach(uint16_t ctx_id, gr_detached_t *d);
+void gr_track_ctx_commit(gr_detached_t *d, bool destroyed);
+
+/* ------------------------------------------------------------------------------------------------------------
+ * stacks.c: short backtraces per allocation (GPURECLAIM_BACKTRACE=1)
+ * ---------------------------------------------------------------------------------------------------------- */
+
+#define GR_STACK_MAX 16
+/* With backtraces on, returns a stack id (tagged, never a code address) for the calling allocation, whose
+ * first frame is the caller pc; otherwise, or when memory ran out, returns pc itself. */
+uint64_t gr_stack_capture(uintptr_t pc);
+/* The calling code address of a record's caller field (a pc, or a stack id). */
+uintptr_t gr_stack_pc(uint64_t caller);
+/* The frames of a caller field (1 frame when it is a pc). */
+int gr_stack_frames(uint64_t caller, uintptr_t *frames, int max);
+
+/* ------------------------------------------------------------------------------------------------------------
+ * core.c: start-up (when the process initialises CUDA), fork, exit
+ * ---------------------------------------------------------------------------------------------------------- */
+
+/* 0 before CUDA init, 1 running, -1 disabled. */
+extern _Atomic int gr_core_state;
+/* Starts gpureclaim's machinery (table, worker thread, signal handler, status file). Idempotent, cheap after
+ * the first call. Returns true when tracking is on. */
+bool gr_core_start_slow(void);
+static inline bool gr_core_active(void) {
+  int s = atomic_load_explicit(&gr_core_state, memory_order_acquire);
+  return GR_LIKELY(s == 1) || (s == 0 && gr_core_start_slow());
+}
+static inline bool gr_core_disabled(void) {
+  return atomic_load_explicit(&gr_core_state, memory_order_relaxed) < 0;
+}
+uint32_t gr_core_tid(void);
+uint64_t gr_core_now_ms(void);
+/* Process start time (ms, CLOCK_REALTIME) for status files. */
+uint64_t gr_core_start_time_ms(void);
+
+/* ------------------------------------------------------------------------------------------------------------
+ * scope.c
+ * ---------------------------------------------------------------------------------------------------------- */
+
+/* Scope slot (1..65535) of the calling thread's innermost open scope, 0 for none; takes a reference. */
+uint16_t gr_scope_tag(void);
+/* Drops the reference a record of scope slot s held. */
+void gr_scope_unref(uint16_t slot);
+uint64_t gr_scope_id(uint16_t slot);
+void gr_scope_atfork_child(void);
+
+/* ------------------------------------------------------------------------------------------------------------
+ * release.c / signal.c / report.c / control.c / releasers
+ * ---------------------------------------------------------------------------------------------------------- */
+
+/* Runs (or joins) a release; trigger is a gpureclaim_trigger_t. Returns 0 or -errno. */
+int gr_rel_run(unsigned what, int trigger, gpureclaim_report_t *out);
+/* What an out-of-memory failure may release on the allocating thread. Returns bytes given back. */
+uint64_t gr_rel_for_oom(void);
+/* Frees the blocks of scope slot s now (GPURECLAIM_FREE_NOW). */
+void gr_rel_free_scope_now(uint16_t slot, gpureclaim_report_t *rep);
+int gr_rel_start_worker(void);
+void gr_rel_stop_worker(void);
+/* A block was allocated at key: a tombstone of a reclaimed block at that address leaves. */
+void gr_rel_address_reused(uint64_t key);
+/* A RECLAIMED tombstone left the table another way (late free consumed it, its context went). */
+void gr_rel_tombstone_gone(void);
+void gr_rel_atfork_child(void);
+uint64_t gr_rel_count(void);
+
+int gr_sig_install(void);
+/* The descriptor the handler writes to; the worker polls it. -1 when the signal is off. */
+int gr_sig_fd(void);
+void gr_sig_check_replaced(void);
+void gr_sig_atfork_child(void);
+
+/* Framework caches through CPython; bytes given back. Never called from inside an allocation. */
+uint64_t gr_py_release(void);
+/* If the calling thread holds Python's GIL, gives it up and returns its thread state (else NULL). */
+void *gr_py_save_if_held(void);
+void gr_py_restore(void *state);
+
+void gr_rep_release(const gpureclaim_report_t *r);
+int gr_rep_status_update(void);
+void gr_rep_status_remove(void);
+struct jbuf;
+void gr_rep_report_json(struct jbuf *b, const gpureclaim_report_t *r);
+void gr_rep_stats_json(struct jbuf *b);
+int gr_rep_snapshot_json(struct jbuf *b);
+int gr_rep_leaks(struct jbuf *b, bool json);
+int gr_rep_snapshot_fd(int fd);
+int gr_rep_leaks_fd(int fd, bool json);
+int gr_rep_stats_fd(int fd);
+/* The private run directory (created 0700 if needed); NULL if unusable. */
+const char *gr_rep_rundir(void);
+
+int gr_ctl_open(void);
+/* In a forked child: close the parent's socket without removing it. */
+void gr_ctl_forget(void);
+void gr_rep_atfork_child(void);
+int gr_ctl_fd(void);
+void gr_ctl_serve_one(void);
+void gr_ctl_close(void);
+
+#endif /* GPURECLAIM_INTERNAL_H */

@@ -1,0 +1,625 @@
+/*
+ * driver.c -- the driver entry points gpureclaim wraps.
+ *
+ * Each hooked variant in hooklist.h gets two thin wrappers that share one body:
+ *   - the exported definition (a program linked with -lcuda, or a dlsym() of that name, reaches it), which
+ *     calls the function of that name in the process's libcuda;
+ *   - a static wrapper handed out by cuGetProcAddress (procaddr.c), which calls the pointer the driver returned
+ *     for that (symbol, version, flags).
+ * A body calls the real function first and records what it did only when it succeeded; it never changes the
+ * result, except for the out-of-memory retry (GPURECLAIM_OOM_RETRY) and a late free of a block a release
+ * already freed (gpureclaim.h, scopes).
+ */
+#include "gpureclaim_internal.h"
+#include "hooklist.h"
+
+#include <cudaTypedefs.h>
+#include <string.h>
+
+/* cuda.h maps these names to later versions; this file defines each version under its own name. */
+#undef cuCtxCreate
+#undef cuCtxDestroy
+#undef cuDevicePrimaryCtxRelease
+#undef cuDevicePrimaryCtxReset
+
+/* Real pointers: the export route resolves the symbol in libcuda once; the procaddr route keeps the pointer
+ * cuGetProcAddress returned (procaddr.c fills it). */
+static _Atomic(void *) g_ex_real[GR_H_COUNT];
+_Atomic(void *) gr_pa_real[GR_H_COUNT];
+
+static const char *const g_sym_names[GR_H_COUNT] = {
+#define NAME(sym, base, ver, ptsz, body, params, args) #sym,
+    GR_DRIVER_HOOKS(NAME)
+#undef NAME
+};
+
+GR_COLD static void *resolve_export(int id) {
+  void *p = gr_real_driver(g_sym_names[id]);
+  if (p)
+    atomic_store_explicit(&g_ex_real[id], p, memory_order_release);
+  else
+    gr_warn("the driver has no %s; the call fails with CUDA_ERROR_NOT_FOUND", g_sym_names[id]);
+  return p;
+}
+
+static inline void *ex_real(int id) {
+  void *p = atomic_load_explicit(&g_ex_real[id], memory_order_acquire);
+  return GR_LIKELY(p != NULL) ? p : resolve_export(id);
+}
+static inline void *pa_real(int id) { return atomic_load_explicit(&gr_pa_real[id], memory_order_acquire); }
+
+#define DEVICE_KINDS                                                                                       \
+  ((1u << GPURECLAIM_KIND_DEVICE) | (1u << GPURECLAIM_KIND_PITCH) | (1u << GPURECLAIM_KIND_MANAGED) |     \
+   (1u << GPURECLAIM_KIND_ASYNC))
+
+/* Retries an allocation that ran out of memory after releasing what is safe from this thread. */
+#define OOM_RETRY(rc, call)                                                                                \
+  do {                                                                                                     \
+    for (unsigned attempt_ = 0; (rc) == CUDA_ERROR_OUT_OF_MEMORY && attempt_ < gr_opt()->oom_retry;        \
+         attempt_++) {                                                                                     \
+      if (gr_rel_for_oom() == 0)                                                                           \
+        break;                                                                                             \
+      (rc) = (call);                                                                                       \
+      gr_stats_oom_retry((rc) == CUDA_SUCCESS);                                                            \
+    }                                                                                                      \
+  } while (0)
+
+/* ---- common tails ---- */
+
+static void track_in_current_ctx(unsigned kind, uint64_t key, uint64_t size, unsigned api, uintptr_t ra) {
+  gr_rec_t r;
+  gr_track_fill(&r, kind, key, size, api, ra);
+  uint16_t cid;
+  uint8_t dev;
+  CUcontext ctx;
+  if (gr_reg_current(&cid, &dev, &ctx)) {
+    r.ctx_id = cid;
+    r.device = kind == GPURECLAIM_KIND_HOST ? GR_DEVICE_NONE : dev;
+  }
+  gr_track_insert(&r);
+}
+
+/* A free: untrack first (CUDA reuses addresses), call the driver, put the record back if it refused. */
+#define FREE_BODY(ks, key, kinds, call)                                                                    \
+  do {                                                                                                     \
+    gr_rec_t rec_;                                                                                         \
+    int taken_ = gr_track_take((ks), (key), (kinds), &rec_);                                               \
+    if (taken_ < 0)                                                                                        \
+      return CUDA_SUCCESS; /* late free of a block a release freed: must not reach the driver */           \
+    gr_tls.hook_depth++;                                                                                   \
+    CUresult rc_ = (call);                                                                                 \
+    gr_tls.hook_depth--;                                                                                   \
+    if (taken_ > 0) {                                                                                      \
+      if (rc_ == CUDA_SUCCESS)                                                                             \
+        gr_track_freed(&rec_);                                                                             \
+      else                                                                                                 \
+        gr_track_restore(&rec_);                                                                           \
+    }                                                                                                      \
+    return rc_;                                                                                            \
+  } while (0)
+
+#define NEED_REAL(realp)                                                                                   \
+  do {                                                                                                     \
+    if (GR_UNLIKELY(!(realp)))                                                                             \
+      return CUDA_ERROR_NOT_FOUND;                                                                         \
+  } while (0)
+
+/* ---- bodies ---- */
+
+static CUresult b_init(void *realp, uintptr_t ra, unsigned int Flags) {
+  (void)ra;
+  NEED_REAL(realp);
+  CUresult rc = ((PFN_cuInit_v2000)realp)(Flags);
+  if (rc == CUDA_SUCCESS && atomic_load_explicit(&gr_core_state, memory_order_acquire) == 0)
+    gr_core_start_slow();
+  return rc;
+}
+
+static CUresult b_mem_alloc(void *realp, uintptr_t ra, CUdeviceptr *dptr, size_t bytesize) {
+  NEED_REAL(realp);
+  PFN_cuMemAlloc_v3020 real = (PFN_cuMemAlloc_v3020)realp;
+  if (!gr_core_active())
+    return real(dptr, bytesize);
+  gr_tls.hook_depth++;
+  CUresult rc = real(dptr, bytesize);
+  OOM_RETRY(rc, real(dptr, bytesize));
+  if (rc == CUDA_SUCCESS)
+    track_in_current_ctx(GPURECLAIM_KIND_DEVICE, *dptr, bytesize, GR_API_cuMemAlloc, ra);
+  gr_tls.hook_depth--;
+  return rc;
+}
+
+static CUresult b_mem_alloc_pitch(void *realp, uintptr_t ra, CUdeviceptr *dptr, size_t *pPitch,
+                                  size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes) {
+  NEED_REAL(realp);
+  PFN_cuMemAllocPitch_v3020 real = (PFN_cuMemAllocPitch_v3020)realp;
+  if (!gr_core_active())
+    return real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+  gr_tls.hook_depth++;
+  CUresult rc = real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+  OOM_RETRY(rc, real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes));
+  if (rc == CUDA_SUCCESS)
+    track_in_current_ctx(GPURECLAIM_KIND_PITCH, *dptr, (uint64_t)*pPitch * Height, GR_API_cuMemAllocPitch, ra);
+  gr_tls.hook_depth--;
+  return rc;
+}
+
+static CUresult b_mem_alloc_managed(void *realp, uintptr_t ra, CUdeviceptr *dptr, size_t bytesize,
+                                    unsigned int flags) {
+  NEED_REAL(realp);
+  PFN_cuMemAllocManaged_v6000 real = (PFN_cuMemAllocManaged_v6000)realp;
+  if (!gr_core_active())
+    return real(dptr, bytesize, flags);
+  gr_tls.hook_depth++;
+  CUresult rc = real(dptr, bytesize, flags);
+  OOM_RETRY(rc, real(dptr, bytesize, flags));
+  if (rc == CUDA_SUCCESS)
+    track_in_current_ctx(GPURECLAIM_KIND_MANAGED, *dptr, bytesize, GR_API_cuMemAllocManaged, ra);
+  gr_tls.hook_depth--;
+  return rc;
+}
+
+static CUresult b_mem_free(void *realp, uintptr_t ra, CUdeviceptr dptr) {
+  (void)ra;
+  NEED_REAL(realp);
+  PFN_cuMemFree_v3020 real = (PFN_cuMemFree_v3020)realp;
+  if (!dptr || !gr_core_active())
+    return real(dptr);
+  FREE_BODY(GR_KS_ADDR, dptr, DEVICE_KINDS, real(dptr));
+}
+
+static void track_async(CUdeviceptr p, size_t size, CUmemoryPool pool, CUstream s, uintptr_t ra, unsigned api) {
+  gr_rec_t r;
+  gr_track_fill(&r, GPURECLAIM_KIND_ASYNC, p, size, api, ra);
+  uint16_t cid = 0;
+  uint8_t dev = GR_DEVICE_NONE;
+  gr_reg_stream(s, &cid, &dev);
+  r.ctx_id = cid;
+  if (pool) {
+    r.pool_id = gr_reg_pool(pool, -1, false);
+    int pd = gr_reg_pool_device(r.pool_id);
+    r.device = pd >= 0 ? (uint8_t)pd : dev;
+  } else {
+    r.device = dev;
+    r.pool_id = dev != GR_DEVICE_NONE ? gr_reg_device_pool(dev) : 0;
+  }
+  gr_track_insert(&r);
+}
+
+static CUresult b_mem_alloc_async(void *realp, uintptr_t ra, CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+  NEED_REAL(realp);
+  PFN_cuMemAllocAsync_v11020 real = (PFN_cuMemAllocAsync_v11020)realp;
+  if (!gr_core_active())
+    return real(dptr, bytesize, hStream);
+  gr_tls.hook_depth++;
+  CUresult rc = real(dptr, bytesize, hStream);
+  OOM_RETRY(rc, real(dptr, bytesize, hStream));
+  if (rc == CUDA_SUCCESS)
+    track_async(*dptr, bytesize, NULL, hStream, ra, GR_API_cuMemAllocAsync);
+  gr_tls.hook_depth--;
+  return rc;
+}
+
+static CUresult b_mem_alloc_from_pool(void *realp, uintptr_t ra, CUdeviceptr *dptr, size_t bytesize,
+                                      CUmemoryPool pool, CUstream hStream) {
+  NEED_REAL(realp);
+  PFN_cuMemAllocFromPoolAsync_v11020 real = (PFN_cuMemAllocFromPoolAsync_v11020)realp;
+  if (!gr_core_active())
+    return real(dptr, bytesize, pool, hStream);
+  gr_tls.hook_depth++;
+  CUresult rc = real(dptr, bytesize, pool, hStream);
+  OOM_RETRY(rc, real(dptr, bytesize, pool, hStream));
+  if (rc == CUDA_SUCCESS)
+    track_async(*dptr, bytesize, pool, hStream, ra, GR_API_cuMemAllocFromPoolAsync);
+  gr_tls.hook_depth--;
+  return rc;
+}
+
+static CUresult b_mem_free_async(void *realp, uintptr_t ra, CUdeviceptr dptr, CUstream hStream) {
+  (void)ra;
+  NEED_REAL(realp);
+  PFN_cuMemFreeAsync_v11020 real = (PFN_cuMemFreeAsync_v11020)realp;
+  if (!dptr || !gr_core_active())
+    return real(dptr, hStream);
+  FREE_BODY(GR_KS_ADDR, dptr, DEVICE_KINDS, real(dptr, hStream));
+}
+
+static CUresult b_mem_host_alloc(void *realp, uintptr_t ra, void **pp, size_t bytesize, unsigned int Flags) {
+  NEED_REAL(realp);
+  PFN_cuMemHostAlloc_v2020 real = (PFN_cuMemHostAlloc_v2020)realp;
+  if (!gr_core_active())
+    return real(pp, bytesize, Flags);
+  gr_tls.hook_depth++;
+  CUresult rc = real(pp, bytesize, Flags);
+  if (rc == CUDA_SUCCESS)
+    track_in_current_ctx(GPURECLAIM_KIND_HOST, (uint64_t)(uintptr_t)*pp, bytesize, GR_API_cuMemHostAlloc, ra);
+  gr_tls.hook_depth--;
+  return rc;
+}
+
+static CUresult b_mem_alloc_host(void *realp, uintptr_t ra, void **pp, size_t bytesize) {
+  NEED_REAL(realp);
+  PFN_cuMemAllocHost_v3020 real = (PFN_cuMemAllocHost_v3020)realp;
+  if (!gr_core_active())
+    return real(pp, bytesize);
+  gr_tls.hook_depth++;
+  CUresult rc = real(pp, bytesize);
+  if (rc == CUDA_SUCCESS)
+    track_in_current_ctx(GPURECLAIM_KIND_HOST, (uint64_t)(uintptr_t)*pp, bytesize, GR_API_cuMemAllocHost, ra);
+  gr_tls.hook_depth--;
+  return rc;
+}
+
+static CUresult b_mem_free_host(void *realp, uintptr_t ra, void *p) {
+  (void)ra;
+  NEED_REAL(realp);
+  PFN_cuMemFreeHost_v2000 real = (PFN_cuMemFreeHost_v2000)realp;
+  if (!p || !gr_core_active())
+    return real(p);
+  FREE_BODY(GR_KS_ADDR, (uint64_t)(uintptr_t)p, 1u << GPURECLAIM_KIND_HOST, real(p));
+}
+
+/* ---- virtual memory management ---- */
+
+static CUresult b_mem_create(void *realp, uintptr_t ra, CUmemGenericAllocationHandle *handle, size_t size,
+                             const CUmemAllocationProp *prop, unsigned long long flags) {
+  NEED_REAL(realp);
+  PFN_cuMemCreate_v10020 real = (PFN_cuMemCreate_v10020)realp;
+  if (!gr_core_active())
+    return real(handle, size, prop, flags);
+  gr_tls.hook_depth++;
+  CUresult rc = real(handle, size, prop, flags);
+  OOM_RETRY(rc, real(handle, size, prop, flags));
+  if (rc == CUDA_SUCCESS) {
+    gr_rec_t r;
+    gr_track_fill(&r, GPURECLAIM_KIND_VMM, (uint64_t)*handle, size, GR_API_cuMemCreate, ra);
+    if (prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE && prop->location.id >= 0 &&
+        prop->location.id < GR_MAX_DEV)
+      r.device = (uint8_t)prop->location.id;
+    gr_track_insert(&r);
+  }
+  gr_tls.hook_depth--;
+  return rc;
+}
+
+/* The physical memory of a handle lives while the handle is unreleased or mapped. aux counts mappings. */
+static bool edit_release(gr_rec_t *r, void *arg) {
+  (void)arg;
+  if (r->state != GR_ST_LIVE && r->state != GR_ST_ORPHAN)
+    return false;
+  r->state = r->aux ? GR_ST_RELEASED : GR_ST_DELETED;
+  return true;
+}
+
+static bool edit_unrelease(gr_rec_t *r, void *arg) {
+  if (r->state != GR_ST_RELEASED)
+    return false;
+  r->state = *(uint8_t *)arg;
+  return true;
+}
+
+static CUresult b_mem_release(void *realp, uintptr_t ra, CUmemGenericAllocationHandle handle) {
+  (void)ra;
+  NEED_REAL(realp);
+  PFN_cuMemRelease_v10020 real = (PFN_cuMemRelease_v10020)realp;
+  if (!gr_core_active())
+    return real(handle);
+  gr_rec_t before;
+  bool known = gr_table_update(GR_KS_HANDLE, (uint64_t)handle, GR_STMASK(GR_ST_LIVE) | GR_STMASK(GR_ST_ORPHAN),
+                               edit_release, NULL, &before) == 0;
+  if (!known)
+    gr_stats_untracked_free();
+  CUresult rc = real(handle);
+  if (!known)
+    return rc;
+  bool deleted = before.aux == 0;
+  if (rc == CUDA_SUCCESS) {
+    if (deleted)
+      gr_track_freed(&before);
+  } else if (deleted) {
+    gr_track_restore(&before);
+  } else {
+    (void)gr_table_update(GR_KS_HANDLE, (uint64_t)handle, GR_STMASK(GR_ST_RELEASED), edit_unrelease,
+                          &before.state, NULL);
+  }
+  return rc;
+}
+
+static bool edit_map_count(gr_rec_t *r, void *arg) {
+  int d = *(int *)arg;
+  if (d > 0) {
+    if (r->aux == 255) {
+      gr_warn_once(w_sat, "a VMM handle is mapped more than 255 times; its memory is counted until release");
+      return false;
+    }
+    r->aux++;
+    return true;
+  }
+  if (r->aux == 0)
+    return false;
+  r->aux--;
+  if (r->aux == 0 && r->state == GR_ST_RELEASED)
+    r->state = GR_ST_DELETED; /* released and no longer mapped: the driver frees the memory now */
+  return true;
+}
+
+static CUresult b_mem_map(void *realp, uintptr_t ra, CUdeviceptr ptr, size_t size, size_t offset,
+                          CUmemGenericAllocationHandle handle, unsigned long long flags) {
+  NEED_REAL(realp);
+  PFN_cuMemMap_v10020 real = (PFN_cuMemMap_v10020)realp;
+  if (!gr_core_active())
+    return real(ptr, size, offset, handle, flags);
+  CUresult rc = real(ptr, size, offset, handle, flags);
+  if (rc != CUDA_SUCCESS)
+    return rc;
+  gr_rec_t h;
+  int one = 1;
+  bool known = gr_table_update(GR_KS_HANDLE, (uint64_t)handle, GR_PRESENT_MASK, edit_map_count, &one, &h) == 0;
+  gr_rec_t r;
+  gr_track_fill(&r, GPURECLAIM_KIND_VMM_MAPPING, ptr, size, GR_API_cuMemMap, ra);
+  r.caller = (uint64_t)handle; /* mappings keep their handle where others keep the caller */
+  r.device = known ? h.device : GR_DEVICE_NONE;
+  gr_track_insert(&r);
+  return rc;
+}
+
+static CUresult b_mem_unmap(void *realp, uintptr_t ra, CUdeviceptr ptr, size_t size) {
+  (void)ra;
+  NEED_REAL(realp);
+  PFN_cuMemUnmap_v10020 real = (PFN_cuMemUnmap_v10020)realp;
+  if (!gr_core_active())
+    return real(ptr, size);
+  /* The range covers whole mappings, possibly several adjacent ones. */
+  gr_rec_t maps[64];
+  unsigned n = 0;
+  for (uint64_t p = ptr; p < (uint64_t)ptr + size && n < GR_ARRAY_LEN(maps);) {
+    if (gr_track_take(GR_KS_MAPPING, p, 1u << GPURECLAIM_KIND_VMM_MAPPING, &maps[n]) <= 0 || maps[n].size == 0)
+      break;
+    p += maps[n++].size;
+  }
+  CUresult rc = real(ptr, size);
+  for (unsigned i = 0; i < n; i++) {
+    if (rc != CUDA_SUCCESS) {
+      gr_track_restore(&maps[i]);
+      continue;
+    }
+    gr_track_freed(&maps[i]);
+    gr_rec_t h;
+    int minus = -1;
+    if (gr_table_update(GR_KS_HANDLE, maps[i].caller, GR_PRESENT_MASK, edit_map_count, &minus, &h) == 0 &&
+        h.state == GR_ST_RELEASED && h.aux == 1)
+      gr_track_freed(&h); /* that was the last mapping of a released handle */
+  }
+  return rc;
+}
+
+static CUresult b_mem_address_reserve(void *realp, uintptr_t ra, CUdeviceptr *ptr, size_t size, size_t alignment,
+                                      CUdeviceptr addr, unsigned long long flags) {
+  NEED_REAL(realp);
+  PFN_cuMemAddressReserve_v10020 real = (PFN_cuMemAddressReserve_v10020)realp;
+  if (!gr_core_active())
+    return real(ptr, size, alignment, addr, flags);
+  CUresult rc = real(ptr, size, alignment, addr, flags);
+  if (rc == CUDA_SUCCESS) {
+    gr_rec_t r;
+    gr_track_fill(&r, GPURECLAIM_KIND_VA, *ptr, size, GR_API_cuMemAddressReserve, ra);
+    gr_track_insert(&r);
+  }
+  return rc;
+}
+
+static CUresult b_mem_address_free(void *realp, uintptr_t ra, CUdeviceptr ptr, size_t size) {
+  (void)ra;
+  NEED_REAL(realp);
+  PFN_cuMemAddressFree_v10020 real = (PFN_cuMemAddressFree_v10020)realp;
+  if (!gr_core_active())
+    return real(ptr, size);
+  FREE_BODY(GR_KS_VA, ptr, 1u << GPURECLAIM_KIND_VA, real(ptr, size));
+}
+
+/* ---- pools ---- */
+
+static CUresult b_pool_create(void *realp, uintptr_t ra, CUmemoryPool *pool, const CUmemPoolProps *poolProps) {
+  (void)ra;
+  NEED_REAL(realp);
+  CUresult rc = ((PFN_cuMemPoolCreate_v11020)realp)(pool, poolProps);
+  if (rc == CUDA_SUCCESS && gr_core_active()) {
+    int dev = poolProps && poolProps->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? poolProps->location.id : -1;
+    gr_reg_pool(*pool, dev, false);
+  }
+  return rc;
+}
+
+static CUresult b_pool_destroy(void *realp, uintptr_t ra, CUmemoryPool pool) {
+  (void)ra;
+  NEED_REAL(realp);
+  CUresult rc = ((PFN_cuMemPoolDestroy_v11020)realp)(pool);
+  if (rc == CUDA_SUCCESS && gr_core_active())
+    gr_reg_pool_destroyed(pool);
+  return rc;
+}
+
+static CUresult b_pool_trim(void *realp, uintptr_t ra, CUmemoryPool pool, size_t minBytesToKeep) {
+  (void)ra;
+  NEED_REAL(realp);
+  CUresult rc = ((PFN_cuMemPoolTrimTo_v11020)realp)(pool, minBytesToKeep);
+  if (rc == CUDA_SUCCESS && gr_core_active())
+    gr_reg_pool(pool, -1, false);
+  return rc;
+}
+
+static CUresult b_pool_set_attr(void *realp, uintptr_t ra, CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+  (void)ra;
+  NEED_REAL(realp);
+  CUresult rc = ((PFN_cuMemPoolSetAttribute_v11020)realp)(pool, attr, value);
+  if (rc == CUDA_SUCCESS && gr_core_active())
+    gr_reg_pool(pool, -1, false);
+  return rc;
+}
+
+static CUresult b_dev_default_pool(void *realp, uintptr_t ra, CUmemoryPool *pool_out, CUdevice dev) {
+  (void)ra;
+  NEED_REAL(realp);
+  CUresult rc = ((PFN_cuDeviceGetDefaultMemPool_v11020)realp)(pool_out, dev);
+  if (rc == CUDA_SUCCESS && gr_core_active())
+    gr_reg_pool(*pool_out, dev, true);
+  return rc;
+}
+
+static CUresult b_dev_get_pool(void *realp, uintptr_t ra, CUmemoryPool *pool, CUdevice dev) {
+  (void)ra;
+  NEED_REAL(realp);
+  CUresult rc = ((PFN_cuDeviceGetMemPool_v11020)realp)(pool, dev);
+  if (rc == CUDA_SUCCESS && gr_core_active())
+    gr_reg_pool(*pool, dev, false);
+  return rc;
+}
+
+static CUresult b_dev_set_pool(void *realp, uintptr_t ra, CUdevice dev, CUmemoryPool pool) {
+  (void)ra;
+  NEED_REAL(realp);
+  CUresult rc = ((PFN_cuDeviceSetMemPool_v11020)realp)(dev, pool);
+  if (rc == CUDA_SUCCESS && gr_core_active())
+    gr_reg_device_set_pool(dev, pool);
+  return rc;
+}
+
+/* ---- contexts ---- */
+
+static CUresult b_primary_retain(void *realp, uintptr_t ra, CUcontext *pctx, CUdevice dev) {
+  (void)ra;
+  NEED_REAL(realp);
+  CUresult rc = ((PFN_cuDevicePrimaryCtxRetain_v7000)realp)(pctx, dev);
+  if (rc == CUDA_SUCCESS && gr_core_active())
+    gr_reg_primary(dev, *pctx);
+  return rc;
+}
+
+static void created(CUresult rc, CUcontext *pctx, CUdevice dev) {
+  if (rc == CUDA_SUCCESS && pctx && gr_core_active())
+    gr_reg_ctx(*pctx, dev);
+}
+
+static CUresult b_ctx_create(void *realp, uintptr_t ra, CUcontext *pctx, unsigned int flags, CUdevice dev) {
+  (void)ra;
+  NEED_REAL(realp);
+  CUresult rc = ((PFN_cuCtxCreate_v3020)realp)(pctx, flags, dev);
+  created(rc, pctx, dev);
+  return rc;
+}
+
+static CUresult b_ctx_create_v3(void *realp, uintptr_t ra, CUcontext *pctx, CUexecAffinityParam *paramsArray,
+                                int numParams, unsigned int flags, CUdevice dev) {
+  (void)ra;
+  NEED_REAL(realp);
+  CUresult rc = ((PFN_cuCtxCreate_v11040)realp)(pctx, paramsArray, numParams, flags, dev);
+  created(rc, pctx, dev);
+  return rc;
+}
+
+static CUresult b_ctx_create_v4(void *realp, uintptr_t ra, CUcontext *pctx, CUctxCreateParams *ctxCreateParams,
+                                unsigned int flags, CUdevice dev) {
+  (void)ra;
+  NEED_REAL(realp);
+  CUresult rc = ((PFN_cuCtxCreate_v12050)realp)(pctx, ctxCreateParams, flags, dev);
+  created(rc, pctx, dev);
+  return rc;
+}
+
+/* Destroying a context frees its memory. Its records leave the table before the driver call (so an address
+ * the driver hands out again is never confused with them) and come back if the driver refuses. */
+static CUresult b_ctx_destroy(void *realp, uintptr_t ra, CUcontext ctx) {
+  (void)ra;
+  NEED_REAL(realp);
+  PFN_cuCtxDestroy_v4000 real = (PFN_cuCtxDestroy_v4000)realp;
+  if (!ctx || !gr_core_active())
+    return real(ctx);
+  uint16_t id = gr_reg_ctx_find(ctx);
+  gr_detached_t d = {0};
+  if (id)
+    gr_track_ctx_detach(id, &d);
+  CUresult rc = real(ctx);
+  if (id) {
+    gr_track_ctx_commit(&d, rc == CUDA_SUCCESS);
+    if (rc == CUDA_SUCCESS)
+      gr_reg_ctx_destroyed(id);
+  }
+  return rc;
+}
+
+static CUresult b_primary_reset(void *realp, uintptr_t ra, CUdevice dev) {
+  (void)ra;
+  NEED_REAL(realp);
+  PFN_cuDevicePrimaryCtxReset_v11000 real = (PFN_cuDevicePrimaryCtxReset_v11000)realp;
+  if (!gr_core_active())
+    return real(dev);
+  uint16_t id = gr_reg_primary_id(dev);
+  gr_detached_t d = {0};
+  if (id)
+    gr_track_ctx_detach(id, &d);
+  CUresult rc = real(dev);
+  if (id)
+    gr_track_ctx_commit(&d, rc == CUDA_SUCCESS);
+  if (rc == CUDA_SUCCESS)
+    gr_reg_device_reset(dev);
+  return rc;
+}
+
+/* Only the final release destroys the primary context; the driver's state says whether this was it. */
+static CUresult b_primary_release(void *realp, uintptr_t ra, CUdevice dev) {
+  (void)ra;
+  NEED_REAL(realp);
+  PFN_cuDevicePrimaryCtxRelease_v11000 real = (PFN_cuDevicePrimaryCtxRelease_v11000)realp;
+  if (!gr_core_active())
+    return real(dev);
+  CUresult rc = real(dev);
+  unsigned flags = 0;
+  int active = 1;
+  if (rc == CUDA_SUCCESS && gr_drv.cuDevicePrimaryCtxGetState &&
+      gr_drv.cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active) {
+    uint16_t id = gr_reg_primary_id(dev);
+    if (id) {
+      gr_detached_t d = {0};
+      gr_track_ctx_detach(id, &d);
+      gr_track_ctx_commit(&d, true);
+    }
+    gr_reg_device_reset(dev);
+  }
+  return rc;
+}
+
+/* ---- the wrappers ---- */
+
+#define DEFINE_WRAPPERS(sym, base, ver, ptsz, body, params, args)                                           \
+  GR_EXPORT CUresult CUDAAPI sym params;                                                                   \
+  GR_EXPORT CUresult CUDAAPI sym params {                                                                  \
+    return body(ex_real(GR_H_##sym), (uintptr_t)__builtin_return_address(0), GR_EXPAND args);              \
+  }                                                                                                        \
+  static CUresult CUDAAPI gr_pa_##sym params {                                                             \
+    return body(pa_real(GR_H_##sym), (uintptr_t)__builtin_return_address(0), GR_EXPAND args);              \
+  }
+GR_DRIVER_HOOKS(DEFINE_WRAPPERS)
+#undef DEFINE_WRAPPERS
+
+const gr_hook_info_t gr_hooks[GR_H_COUNT] = {
+#define INFO(sym, base, ver, ptsz, body, params, args) {#sym, base, ver, ptsz, (void *)sym, (void *)gr_pa_##sym},
+    GR_DRIVER_HOOKS(INFO)
+#undef INFO
+};
+
+void *gr_hook_export_for(const char *exported_name) {
+  for (int i = 0; i < GR_H_COUNT; i++)
+    if (strcmp(gr_hooks[i].symbol, exported_name) == 0)
+      return gr_hooks[i].export_fn;
+  return NULL;
+}
+
+int gr_hook_export_id(const void *fn) {
+  for (int i = 0; i < GR_H_COUNT; i++)
+    if (gr_hooks[i].export_fn == fn)
+      return i;
+  return -1;
+}
+
+void *gr_hook_export_real(int id) { return ex_real(id); }
+int gr_hook_count(void) { return GR_H_COUNT; }

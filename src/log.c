@@ -1,0 +1,29 @@
+/*
+ * log.c -- gpureclaim's messages: one line each on stderr, "gpureclaim[pid]: ...", written with a single
+ * write(2) from a stack buffer (no stdio locks, no allocation), so it is usable from any hook.
+ * Release reports (JSON lines) go to GPURECLAIM_LOG instead: see report.c.
+ */
+#include "gpureclaim_internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <unistd.h>
+
+void gr_log(int level, const char *fmt, ...) {
+  if (level > 0 && gr_opt()->verbose < level)
+    return;
+  int saved = errno;
+  char buf[1024];
+  int n = snprintf(buf, sizeof buf, "gpureclaim[%d]: ", (int)getpid());
+  va_list ap;
+  va_start(ap, fmt);
+  int m = vsnprintf(buf + n, sizeof buf - (size_t)n - 1, fmt, ap);
+  va_end(ap);
+  if (m < 0)
+    m = 0;
+  size_t len = (size_t)n + ((size_t)m < sizeof buf - (size_t)n - 1 ? (size_t)m : sizeof buf - (size_t)n - 2);
+  buf[len++] = '\n';
+  ssize_t w = write(STDERR_FILENO, buf, len);
+  (void)w;
+  errno = saved;
+}

@@ -1,0 +1,273 @@
+/*
+ * options.c -- the one table of GPURECLAIM_* options.
+ *
+ * Every option has a name, a default and a parser. Values are read once, on first use, straight from environ
+ * (no getenv, no allocation: this can run inside a preloaded library's early calls). A malformed value gets
+ * one warning naming the variable and the value, and the default is used: a typo never crashes a program.
+ */
+#include "gpureclaim_internal.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+extern char **environ;
+
+static const char *env_get(const char *name) {
+  size_t n = strlen(name);
+  for (char **e = environ; e && *e; e++)
+    if (strncmp(*e, name, n) == 0 && (*e)[n] == '=')
+      return *e + n + 1;
+  return NULL;
+}
+
+static bool streq_ci(const char *a, const char *b) {
+  for (; *a && *b; a++, b++) {
+    char x = *a >= 'A' && *a <= 'Z' ? (char)(*a + 32) : *a;
+    char y = *b >= 'A' && *b <= 'Z' ? (char)(*b + 32) : *b;
+    if (x != y)
+      return false;
+  }
+  return *a == *b;
+}
+
+int gr_opt_parse_bool(const char *s, bool *out) {
+  static const char *const yes[] = {"1", "yes", "on", "true"}, *const no[] = {"0", "no", "off", "false"};
+  for (size_t i = 0; i < 4; i++) {
+    if (streq_ci(s, yes[i])) {
+      *out = true;
+      return 0;
+    }
+    if (streq_ci(s, no[i])) {
+      *out = false;
+      return 0;
+    }
+  }
+  return -EINVAL;
+}
+
+int gr_opt_parse_uint(const char *s, unsigned long long max, unsigned long long *out) {
+  if (!s || !*s)
+    return -EINVAL;
+  unsigned long long v = 0;
+  for (const char *p = s; *p; p++) {
+    if (*p < '0' || *p > '9')
+      return -EINVAL;
+    if (v > (max - (unsigned long long)(*p - '0')) / 10)
+      return -EINVAL;
+    v = v * 10 + (unsigned long long)(*p - '0');
+  }
+  *out = v;
+  return 0;
+}
+
+int gr_opt_parse_signal(const char *s, int *out) {
+  if (streq_ci(s, "off") || streq_ci(s, "none") || streq_ci(s, "0")) {
+    *out = 0;
+    return 0;
+  }
+  if ((s[0] == 'S' || s[0] == 's') && (s[1] == 'I' || s[1] == 'i') && (s[2] == 'G' || s[2] == 'g'))
+    s += 3;
+  if (streq_ci(s, "USR1")) {
+    *out = SIGUSR1;
+    return 0;
+  }
+  if (streq_ci(s, "USR2")) {
+    *out = SIGUSR2;
+    return 0;
+  }
+  if (strncasecmp(s, "RTMIN", 5) == 0) {
+    unsigned long long n = 0;
+    if (s[5] == '\0')
+      n = 0;
+    else if (s[5] != '+' || gr_opt_parse_uint(s + 6, 1000, &n) != 0)
+      return -EINVAL;
+    if (SIGRTMIN + (int)n > SIGRTMAX)
+      return -EINVAL;
+    *out = SIGRTMIN + (int)n;
+    return 0;
+  }
+  return -EINVAL;
+}
+
+const char *gr_opt_signal_name(int sig, char *buf, size_t len) {
+  if (sig == 0)
+    snprintf(buf, len, "off");
+  else if (sig == SIGUSR1)
+    snprintf(buf, len, "USR1");
+  else if (sig == SIGUSR2)
+    snprintf(buf, len, "USR2");
+  else if (sig >= SIGRTMIN && sig <= SIGRTMAX)
+    snprintf(buf, len, sig == SIGRTMIN ? "RTMIN" : "RTMIN+%d", sig - SIGRTMIN);
+  else
+    snprintf(buf, len, "%d", sig);
+  return buf;
+}
+
+int gr_opt_parse_what(const char *s, unsigned *out) {
+  unsigned what = 0;
+  const char *p = s;
+  if (!*p)
+    return -EINVAL;
+  while (*p) {
+    const char *end = strchr(p, ',');
+    size_t n = end ? (size_t)(end - p) : strlen(p);
+    char word[16];
+    if (n == 0 || n >= sizeof word)
+      return -EINVAL;
+    memcpy(word, p, n);
+    word[n] = '\0';
+    if (streq_ci(word, "cached"))
+      what |= GPURECLAIM_CACHED;
+    else if (streq_ci(word, "orphaned") || streq_ci(word, "orphans"))
+      what |= GPURECLAIM_ORPHANED;
+    else if (streq_ci(word, "all"))
+      what |= GPURECLAIM_ALL;
+    else
+      return -EINVAL;
+    p += n;
+    if (*p == ',')
+      p++;
+    if (end && !*p)
+      return -EINVAL; /* trailing comma */
+  }
+  *out = what;
+  return 0;
+}
+
+const char *gr_opt_what_name(unsigned what, char *buf, size_t len) {
+  snprintf(buf, len, "%s%s%s%s", what & GPURECLAIM_CACHED ? "cached" : "",
+           (what & GPURECLAIM_CACHED) && (what & (GPURECLAIM_ORPHANED | GPURECLAIM_ALL)) ? "," : "",
+           what & GPURECLAIM_ORPHANED ? "orphaned" : "",
+           (what & GPURECLAIM_ALL) ? ((what & (GPURECLAIM_CACHED | GPURECLAIM_ORPHANED)) ? ",all" : "all") : "");
+  return buf;
+}
+
+/* ---- the table ---- */
+
+typedef int (*parse_fn)(const char *value, gr_options_t *o);
+
+static int p_disable(const char *v, gr_options_t *o) { return gr_opt_parse_bool(v, &o->disable); }
+static int p_signal(const char *v, gr_options_t *o) { return gr_opt_parse_signal(v, &o->signal); }
+static int p_on_signal(const char *v, gr_options_t *o) { return gr_opt_parse_what(v, &o->on_signal); }
+static int p_oom_retry(const char *v, gr_options_t *o) {
+  unsigned long long n;
+  int rc = gr_opt_parse_uint(v, 16, &n);
+  if (rc == 0)
+    o->oom_retry = (unsigned)n;
+  return rc;
+}
+static int p_path(const char *v, char *dst, size_t len) {
+  size_t n = strlen(v);
+  if (n == 0 || n >= len)
+    return -EINVAL;
+  memcpy(dst, v, n + 1);
+  return 0;
+}
+static int p_log(const char *v, gr_options_t *o) {
+  if (streq_ci(v, "stderr") || streq_ci(v, "-")) {
+    o->log[0] = '\0';
+    return 0;
+  }
+  return p_path(v, o->log, sizeof o->log);
+}
+static int p_rundir(const char *v, gr_options_t *o) {
+  if (v[0] != '/')
+    return -EINVAL; /* relative run directories would depend on each process's cwd */
+  return p_path(v, o->rundir, sizeof o->rundir);
+}
+static int p_leak(const char *v, gr_options_t *o) { return gr_opt_parse_bool(v, &o->leak_report); }
+static int p_bt(const char *v, gr_options_t *o) { return gr_opt_parse_bool(v, &o->backtrace); }
+static int p_python(const char *v, gr_options_t *o) { return gr_opt_parse_bool(v, &o->python); }
+static int p_status(const char *v, gr_options_t *o) { return gr_opt_parse_bool(v, &o->status); }
+static int p_verbose(const char *v, gr_options_t *o) {
+  unsigned long long n;
+  int rc = gr_opt_parse_uint(v, 2, &n);
+  if (rc == 0)
+    o->verbose = (int)n;
+  return rc;
+}
+
+static const struct {
+  const char *name;
+  const char *expected; /* for the warning */
+  parse_fn parse;
+} g_table[] = {
+    {"GPURECLAIM_DISABLE", "1/0/yes/no/on/off", p_disable},
+    {"GPURECLAIM_SIGNAL", "USR1, USR2, RTMIN+n or off", p_signal},
+    {"GPURECLAIM_ON_SIGNAL", "a list of cached, orphaned, all", p_on_signal},
+    {"GPURECLAIM_OOM_RETRY", "a number of retries from 0 to 16", p_oom_retry},
+    {"GPURECLAIM_LOG", "stderr or a file path", p_log},
+    {"GPURECLAIM_RUNDIR", "an absolute directory path", p_rundir},
+    {"GPURECLAIM_LEAK_REPORT", "1/0/yes/no/on/off", p_leak},
+    {"GPURECLAIM_BACKTRACE", "1/0/yes/no/on/off", p_bt},
+    {"GPURECLAIM_PYTHON", "1/0/yes/no/on/off", p_python},
+    {"GPURECLAIM_STATUS", "1/0/yes/no/on/off", p_status},
+    {"GPURECLAIM_VERBOSE", "0, 1 or 2", p_verbose},
+};
+
+static void defaults(gr_options_t *o) {
+  memset(o, 0, sizeof *o);
+  o->signal = SIGUSR1;
+  o->on_signal = GPURECLAIM_CACHED | GPURECLAIM_ORPHANED;
+  o->oom_retry = 1;
+  o->python = true;
+  o->status = true;
+  const char *xdg = env_get("XDG_RUNTIME_DIR");
+  if (xdg && xdg[0] == '/' && strlen(xdg) + sizeof "/gpureclaim" < sizeof o->rundir)
+    snprintf(o->rundir, sizeof o->rundir, "%s/gpureclaim", xdg);
+  else
+    snprintf(o->rundir, sizeof o->rundir, "/tmp/gpureclaim-%u", (unsigned)getuid());
+}
+
+static gr_options_t g_opts;
+static _Atomic int g_loaded; /* 0 no, 1 loading, 2 loaded */
+
+static void load(void) {
+  gr_options_t o;
+  defaults(&o);
+  for (size_t i = 0; i < GR_ARRAY_LEN(g_table); i++) {
+    const char *v = env_get(g_table[i].name);
+    if (!v)
+      continue;
+    gr_options_t trial = o;
+    if (g_table[i].parse(v, &trial) == 0)
+      o = trial;
+    else
+      gr_warn("%s=\"%.200s\" is not valid (expected %s); using the default", g_table[i].name, v,
+              g_table[i].expected);
+  }
+  g_opts = o;
+}
+
+const gr_options_t *gr_opt(void) {
+  if (GR_LIKELY(atomic_load_explicit(&g_loaded, memory_order_acquire) == 2))
+    return &g_opts;
+  int expected = 0;
+  if (atomic_compare_exchange_strong_explicit(&g_loaded, &expected, 1, memory_order_acq_rel,
+                                              memory_order_acquire)) {
+    load();
+    atomic_store_explicit(&g_loaded, 2, memory_order_release);
+  } else {
+    while (atomic_load_explicit(&g_loaded, memory_order_acquire) != 2)
+      sched_yield(); /* another thread parses (microseconds, once per process) */
+  }
+  return &g_opts;
+}
+
+bool gr_opt_disabled_early(void) {
+  const char *v = env_get("GPURECLAIM_DISABLE");
+  bool b = false;
+  return v && gr_opt_parse_bool(v, &b) == 0 && b;
+}
+
+void gr_opt_reload(void) {
+  load();
+  atomic_store_explicit(&g_loaded, 2, memory_order_release);
+}

@@ -1,0 +1,87 @@
+/*
+ * real.c -- the real entry points gpureclaim calls, resolved once.
+ *
+ * gpureclaim overrides dlsym and dlopen, so it must never call those public names itself (that would re-enter
+ * its own overrides). libc's versions are reached with dlvsym, which gpureclaim does not override: dlvsym
+ * with a version never matches gpureclaim's unversioned definitions.
+ */
+#include "gpureclaim_internal.h"
+
+#include <dlfcn.h>
+
+gr_drv_t gr_drv;
+
+GR_NO_SANITIZE static void *libc_sym(const char *name) {
+  static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"};
+  for (size_t i = 0; i < GR_ARRAY_LEN(versions); i++) {
+    void *p = dlvsym(RTLD_NEXT, name, versions[i]);
+    if (!p)
+      p = dlvsym(RTLD_DEFAULT, name, versions[i]);
+    if (p)
+      return p;
+  }
+  return NULL;
+}
+
+GR_NO_SANITIZE const gr_real_libc_t *gr_real_libc(void) {
+  static gr_real_libc_t real;
+  static _Atomic int state; /* 0 unresolved, 2 resolved */
+  if (GR_LIKELY(atomic_load_explicit(&state, memory_order_acquire) == 2))
+    return &real;
+  /* Racing first calls resolve the same values; the stores are idempotent. */
+  void *s = libc_sym("dlsym"), *o = libc_sym("dlopen");
+  __atomic_store_n((void **)&real.dlsym, s, __ATOMIC_RELAXED);
+  __atomic_store_n((void **)&real.dlopen, o, __ATOMIC_RELAXED);
+  atomic_store_explicit(&state, 2, memory_order_release);
+  return &real;
+}
+
+void *gr_real_libcuda(void) {
+  static _Atomic(void *) handle;
+  void *h = atomic_load_explicit(&handle, memory_order_acquire);
+  if (GR_LIKELY(h != NULL))
+    return h;
+  const gr_real_libc_t *r = gr_real_libc();
+  if (!r->dlopen)
+    return NULL;
+  h = r->dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (!h)
+    h = r->dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (h)
+    atomic_store_explicit(&handle, h, memory_order_release);
+  return h;
+}
+
+void *gr_real_driver(const char *name) {
+  void *h = gr_real_libcuda();
+  const gr_real_libc_t *r = gr_real_libc();
+  return h && r->dlsym ? r->dlsym(h, name) : NULL;
+}
+
+int gr_real_resolve_drv(void) {
+#define R(field, name) *(void **)&gr_drv.field = gr_real_driver(name)
+  R(cuCtxGetCurrent, "cuCtxGetCurrent");
+  R(cuCtxGetDevice, "cuCtxGetDevice");
+  R(cuCtxPushCurrent, "cuCtxPushCurrent_v2");
+  R(cuCtxPopCurrent, "cuCtxPopCurrent_v2");
+  R(cuCtxSynchronize, "cuCtxSynchronize");
+  R(cuStreamGetCtx, "cuStreamGetCtx");
+  R(cuDeviceGetCount, "cuDeviceGetCount");
+  R(cuDeviceGet, "cuDeviceGet");
+  R(cuDeviceGetMemPool, "cuDeviceGetMemPool");
+  R(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool");
+  R(cuDevicePrimaryCtxGetState, "cuDevicePrimaryCtxGetState");
+  R(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
+  R(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2");
+  R(cuMemGetInfo, "cuMemGetInfo_v2");
+  R(cuMemPoolTrimTo, "cuMemPoolTrimTo");
+  R(cuMemPoolGetAttribute, "cuMemPoolGetAttribute");
+  R(cuMemFree, "cuMemFree_v2");
+  R(cuMemFreeHost, "cuMemFreeHost");
+  R(cuMemRelease, "cuMemRelease");
+  R(cuMemUnmap, "cuMemUnmap");
+  R(cuMemAddressFree, "cuMemAddressFree");
+  R(cuGetErrorName, "cuGetErrorName");
+#undef R
+  return gr_drv.cuCtxGetCurrent && gr_drv.cuMemFree ? 0 : -1;
+}

@@ -1,0 +1,330 @@
+/*
+ * registry.c -- the contexts, pools and devices gpureclaim has seen, and which library a code address is in.
+ *
+ * Contexts and pools get small ids (1..4095) stored in each block record. Both registries are insert-only
+ * open-addressing arrays of atomic handles: an id, once given to a handle, stays with it, so a record can
+ * never name the wrong context (a handle the driver reuses after a destroy gets its old id back, and its
+ * old blocks were dropped at the destroy). Lookups are lock-free; inserts take one CAS.
+ * The library cache is used by reports and scope ends only (never inside an allocation) and takes a mutex.
+ */
+#include "gpureclaim_internal.h"
+
+#include <dlfcn.h>
+#include <link.h>
+#include <unistd.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define REG_CAP 4095
+
+typedef struct reg {
+  _Atomic(void *) handle[REG_CAP];
+  _Atomic int device[REG_CAP]; /* ordinal + 1; 0 unknown */
+  _Atomic int alive[REG_CAP];
+  _Atomic int flags[REG_CAP];
+  _Atomic uint64_t count;
+} reg_t;
+
+#define F_DEFAULT 1
+
+static reg_t g_ctx, g_pool;
+static _Atomic(void *) g_primary[GR_MAX_DEV];   /* CUcontext */
+static _Atomic int g_dev_pool[GR_MAX_DEV];      /* pool id + 0; 0 unknown */
+
+static inline size_t reg_home(const void *h) {
+  uint64_t x = (uint64_t)(uintptr_t)h * UINT64_C(0x9E3779B97F4A7C15);
+  return (size_t)((x >> 32) % REG_CAP);
+}
+
+static uint16_t reg_find(reg_t *r, void *h) {
+  if (!h)
+    return 0;
+  size_t i = reg_home(h);
+  for (size_t n = 0; n < REG_CAP; n++, i = i + 1 == REG_CAP ? 0 : i + 1) {
+    void *cur = atomic_load_explicit(&r->handle[i], memory_order_acquire);
+    if (cur == h)
+      return (uint16_t)(i + 1);
+    if (!cur)
+      return 0;
+  }
+  return 0;
+}
+
+static uint16_t reg_add(reg_t *r, void *h, int device, int flags) {
+  if (!h)
+    return 0;
+  size_t i = reg_home(h);
+  for (size_t n = 0; n < REG_CAP; n++, i = i + 1 == REG_CAP ? 0 : i + 1) {
+    void *cur = atomic_load_explicit(&r->handle[i], memory_order_acquire);
+    if (!cur) {
+      void *expected = NULL;
+      if (atomic_compare_exchange_strong_explicit(&r->handle[i], &expected, h, memory_order_acq_rel,
+                                                  memory_order_acquire))
+        cur = h;
+      else
+        cur = expected;
+    }
+    if (cur != h)
+      continue;
+    if (device >= 0)
+      atomic_store_explicit(&r->device[i], device + 1, memory_order_relaxed);
+    if (flags)
+      atomic_fetch_or_explicit(&r->flags[i], flags, memory_order_relaxed);
+    if (!atomic_exchange_explicit(&r->alive[i], 1, memory_order_acq_rel))
+      atomic_fetch_add_explicit(&r->count, 1, memory_order_relaxed);
+    return (uint16_t)(i + 1);
+  }
+  gr_warn_once(w_full, "more than %d contexts or pools seen; further ones are not attributed", REG_CAP);
+  return 0;
+}
+
+static void reg_dead(reg_t *r, uint16_t id) {
+  if (id && atomic_exchange_explicit(&r->alive[id - 1], 0, memory_order_acq_rel))
+    atomic_fetch_sub_explicit(&r->count, 1, memory_order_relaxed);
+}
+
+static int reg_device(reg_t *r, uint16_t id) {
+  return id ? atomic_load_explicit(&r->device[id - 1], memory_order_relaxed) - 1 : -1;
+}
+
+/* ---- contexts ---- */
+
+/* Device of a context that may not be current: push it, ask, pop. */
+GR_COLD static int ctx_device_slow(CUcontext ctx) {
+  CUcontext cur = NULL, popped = NULL;
+  CUdevice dev = -1;
+  if (!gr_drv.cuCtxGetDevice || !gr_drv.cuCtxGetCurrent)
+    return -1;
+  gr_drv.cuCtxGetCurrent(&cur);
+  if (cur == ctx)
+    return gr_drv.cuCtxGetDevice(&dev) == CUDA_SUCCESS ? dev : -1;
+  if (!gr_drv.cuCtxPushCurrent || gr_drv.cuCtxPushCurrent(ctx) != CUDA_SUCCESS)
+    return -1;
+  if (gr_drv.cuCtxGetDevice(&dev) != CUDA_SUCCESS)
+    dev = -1;
+  gr_drv.cuCtxPopCurrent(&popped);
+  return dev;
+}
+
+uint16_t gr_reg_ctx(CUcontext ctx, int device) {
+  uint16_t id = reg_add(&g_ctx, ctx, device, 0);
+  if (id && reg_device(&g_ctx, id) < 0) {
+    int d = ctx_device_slow(ctx);
+    if (d >= 0)
+      atomic_store_explicit(&g_ctx.device[id - 1], d + 1, memory_order_relaxed);
+  }
+  return id;
+}
+
+uint16_t gr_reg_ctx_find(CUcontext ctx) { return reg_find(&g_ctx, ctx); }
+CUcontext gr_reg_ctx_handle(uint16_t id) {
+  return id ? atomic_load_explicit(&g_ctx.handle[id - 1], memory_order_acquire) : NULL;
+}
+int gr_reg_ctx_device(uint16_t id) { return reg_device(&g_ctx, id); }
+bool gr_reg_ctx_alive(uint16_t id) { return id && atomic_load_explicit(&g_ctx.alive[id - 1], memory_order_acquire); }
+void gr_reg_ctx_destroyed(uint16_t id) {
+  reg_dead(&g_ctx, id);
+  if (gr_tls.last_ctx_id == id)
+    gr_tls.last_ctx = NULL;
+}
+uint64_t gr_reg_ctx_count(void) { return atomic_load_explicit(&g_ctx.count, memory_order_relaxed); }
+
+bool gr_reg_current(uint16_t *ctx_id, uint8_t *device, CUcontext *out) {
+  CUcontext ctx = NULL;
+  if (!gr_drv.cuCtxGetCurrent || gr_drv.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
+    return false;
+  *out = ctx;
+  if (GR_LIKELY(ctx == gr_tls.last_ctx && gr_reg_ctx_alive(gr_tls.last_ctx_id))) {
+    *ctx_id = gr_tls.last_ctx_id;
+    *device = gr_tls.last_device;
+    return true;
+  }
+  uint16_t id = reg_find(&g_ctx, ctx);
+  if (!id || !gr_reg_ctx_alive(id) || reg_device(&g_ctx, id) < 0) {
+    CUdevice dev = -1;
+    if (gr_drv.cuCtxGetDevice)
+      gr_drv.cuCtxGetDevice(&dev);
+    id = reg_add(&g_ctx, ctx, dev, 0);
+  }
+  int d = reg_device(&g_ctx, id);
+  *ctx_id = id;
+  *device = d >= 0 && d < GR_MAX_DEV ? (uint8_t)d : GR_DEVICE_NONE;
+  gr_tls.last_ctx = ctx;
+  gr_tls.last_ctx_id = id;
+  gr_tls.last_device = *device;
+  return true;
+}
+
+bool gr_reg_stream(CUstream s, uint16_t *ctx_id, uint8_t *device) {
+  CUcontext ctx = NULL;
+  if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
+    return gr_reg_current(ctx_id, device, &ctx);
+  if (!gr_drv.cuStreamGetCtx || gr_drv.cuStreamGetCtx(s, &ctx) != CUDA_SUCCESS || !ctx)
+    return gr_reg_current(ctx_id, device, &ctx);
+  if (ctx == gr_tls.last_ctx && gr_reg_ctx_alive(gr_tls.last_ctx_id)) {
+    *ctx_id = gr_tls.last_ctx_id;
+    *device = gr_tls.last_device;
+    return true;
+  }
+  uint16_t id = gr_reg_ctx(ctx, -1);
+  int d = reg_device(&g_ctx, id);
+  *ctx_id = id;
+  *device = d >= 0 && d < GR_MAX_DEV ? (uint8_t)d : GR_DEVICE_NONE;
+  return true;
+}
+
+void gr_reg_foreach_ctx(void (*fn)(uint16_t id, CUcontext ctx, int device, void *arg), void *arg) {
+  for (uint16_t i = 0; i < REG_CAP; i++)
+    if (atomic_load_explicit(&g_ctx.alive[i], memory_order_acquire))
+      fn((uint16_t)(i + 1), atomic_load_explicit(&g_ctx.handle[i], memory_order_acquire),
+         reg_device(&g_ctx, (uint16_t)(i + 1)), arg);
+}
+
+void gr_reg_primary(int device, CUcontext ctx) {
+  if (device < 0 || device >= GR_MAX_DEV)
+    return;
+  atomic_store_explicit(&g_primary[device], ctx, memory_order_release);
+  gr_reg_ctx(ctx, device);
+}
+
+uint16_t gr_reg_primary_id(int device) {
+  if (device < 0 || device >= GR_MAX_DEV)
+    return 0;
+  return reg_find(&g_ctx, atomic_load_explicit(&g_primary[device], memory_order_acquire));
+}
+
+void gr_reg_device_reset(int device) {
+  if (device < 0 || device >= GR_MAX_DEV)
+    return;
+  uint16_t id = gr_reg_primary_id(device);
+  if (id)
+    gr_reg_ctx_destroyed(id);
+  atomic_store_explicit(&g_dev_pool[device], 0, memory_order_relaxed);
+}
+
+/* ---- pools ---- */
+
+uint16_t gr_reg_pool(CUmemoryPool pool, int device, bool is_default) {
+  uint16_t id = reg_find(&g_pool, pool);
+  if (id && atomic_load_explicit(&g_pool.alive[id - 1], memory_order_acquire) && device < 0 && !is_default)
+    return id;
+  return reg_add(&g_pool, pool, device, is_default ? F_DEFAULT : 0);
+}
+
+CUmemoryPool gr_reg_pool_handle(uint16_t id) {
+  return id ? atomic_load_explicit(&g_pool.handle[id - 1], memory_order_acquire) : NULL;
+}
+int gr_reg_pool_device(uint16_t id) { return reg_device(&g_pool, id); }
+void gr_reg_pool_destroyed(CUmemoryPool pool) {
+  uint16_t id = reg_find(&g_pool, pool);
+  reg_dead(&g_pool, id);
+  for (int d = 0; d < GR_MAX_DEV; d++) {
+    int expected = id;
+    atomic_compare_exchange_strong_explicit(&g_dev_pool[d], &expected, 0, memory_order_relaxed,
+                                            memory_order_relaxed);
+  }
+}
+uint64_t gr_reg_pool_count(void) { return atomic_load_explicit(&g_pool.count, memory_order_relaxed); }
+
+uint16_t gr_reg_device_pool(int device) {
+  if (device < 0 || device >= GR_MAX_DEV)
+    return 0;
+  int id = atomic_load_explicit(&g_dev_pool[device], memory_order_relaxed);
+  if (GR_LIKELY(id))
+    return (uint16_t)id;
+  CUmemoryPool pool = NULL;
+  if (!gr_drv.cuDeviceGetMemPool || gr_drv.cuDeviceGetMemPool(&pool, device) != CUDA_SUCCESS || !pool)
+    return 0;
+  id = gr_reg_pool(pool, device, false);
+  atomic_store_explicit(&g_dev_pool[device], id, memory_order_relaxed);
+  return (uint16_t)id;
+}
+
+void gr_reg_device_set_pool(int device, CUmemoryPool pool) {
+  if (device < 0 || device >= GR_MAX_DEV)
+    return;
+  atomic_store_explicit(&g_dev_pool[device], gr_reg_pool(pool, device, false), memory_order_relaxed);
+}
+
+void gr_reg_foreach_pool(void (*fn)(uint16_t id, CUmemoryPool pool, int device, void *arg), void *arg) {
+  for (uint16_t i = 0; i < REG_CAP; i++)
+    if (atomic_load_explicit(&g_pool.alive[i], memory_order_acquire))
+      fn((uint16_t)(i + 1), atomic_load_explicit(&g_pool.handle[i], memory_order_acquire),
+         reg_device(&g_pool, (uint16_t)(i + 1)), arg);
+}
+
+/* ---- libraries ---- */
+
+typedef struct lib {
+  void *base;
+  char *path;
+  const char *name;
+  const char *owner;
+} lib_t;
+
+static pthread_mutex_t g_lib_lock = PTHREAD_MUTEX_INITIALIZER;
+static lib_t g_libs[512];
+static size_t g_nlibs;
+
+/* Framework allocators: blocks they made are theirs, never orphans (FINDINGS.md section 3). */
+static const char *owner_of(const char *path) {
+  static const struct {
+    const char *needle, *owner;
+  } map[] = {{"libc10_cuda", "pytorch"}, {"libtorch", "pytorch"}, {"/torch/", "pytorch"},
+             {"cupy", "cupy"},           {"xla", "xla"},         {"jaxlib", "xla"},
+             {"pjrt", "xla"},            {"/jax", "xla"}};
+  for (size_t i = 0; i < GR_ARRAY_LEN(map); i++)
+    if (strstr(path, map[i].needle))
+      return map[i].owner;
+  return NULL;
+}
+
+gr_lib_t gr_reg_library(uintptr_t pc) {
+  gr_lib_t out = {"?", "?", NULL};
+  Dl_info info;
+  struct link_map *lm = NULL;
+  if (!pc || !dladdr1((void *)pc, &info, (void **)&lm, RTLD_DL_LINKMAP) || !info.dli_fbase)
+    return out;
+  pthread_mutex_lock(&g_lib_lock);
+  for (size_t i = 0; i < g_nlibs; i++)
+    if (g_libs[i].base == info.dli_fbase) {
+      out = (gr_lib_t){g_libs[i].name, g_libs[i].path, g_libs[i].owner};
+      pthread_mutex_unlock(&g_lib_lock);
+      return out;
+    }
+  /* For the main program dladdr gives argv[0], which programs may change: ask the kernel instead. */
+  char exe[4096];
+  const char *path = info.dli_fname && *info.dli_fname ? info.dli_fname : "(main program)";
+  if (lm && lm->l_name && !lm->l_name[0]) {
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+      exe[n] = '\0';
+      path = exe;
+    }
+  }
+  if (g_nlibs < GR_ARRAY_LEN(g_libs)) {
+    char *copy = strdup(path);
+    if (copy) {
+      const char *slash = strrchr(copy, '/');
+      lib_t *l = &g_libs[g_nlibs++];
+      l->base = info.dli_fbase;
+      l->path = copy;
+      l->name = slash ? slash + 1 : copy;
+      l->owner = owner_of(copy);
+      out = (gr_lib_t){l->name, l->path, l->owner};
+    }
+  }
+  pthread_mutex_unlock(&g_lib_lock);
+  return out;
+}
+
+void gr_reg_atfork_child(void) {
+  /* Contexts and pools do not survive into a child: CUDA must be initialised again there. */
+  memset(&g_ctx, 0, sizeof g_ctx);
+  memset(&g_pool, 0, sizeof g_pool);
+  memset(g_primary, 0, sizeof g_primary);
+  memset(g_dev_pool, 0, sizeof g_dev_pool);
+  pthread_mutex_init(&g_lib_lock, NULL);
+  gr_tls.last_ctx = NULL;
+}

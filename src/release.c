@@ -1,0 +1,630 @@
+/*
+ * release.c -- the release engine: gives cached and orphaned device memory back.
+ *
+ * What a release does, in order (FINDINGS.md section 3 says what is safe):
+ *   1. framework caches, through the framework's own call (releasers/python.c), never by freeing their blocks;
+ *   2. orphans (blocks of ended scopes), or with GPURECLAIM_ALL every tracked block (of one context);
+ *   3. stream-ordered pools: synchronize every context, then cuMemPoolTrimTo(pool, 0) on every pool seen;
+ *   4. releasers the program registered.
+ * A block is freed only after its record moved ORPHAN/LIVE -> RECLAIMING by CAS, so a release and a
+ * concurrent free of the same block never both free it; it then stays RECLAIMED (a tombstone with its address)
+ * until the driver hands the address out again, so that a late free of it is recognised and swallowed.
+ *
+ * Who runs it: the caller of gpureclaim_release(), the worker thread (the signal, the control socket), or an
+ * allocation that ran out of memory (then only pools, orphans and releasers, on the allocating thread).
+ * Concurrent requests coalesce: while a release runs, later requests wait and are all served by one more
+ * release covering everything they asked for. A waiter that holds Python's GIL gives it up while it waits,
+ * since the running release may need it for step 1.
+ */
+#include "gpureclaim_internal.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- registered releasers ---- */
+
+#define MAX_RELEASERS 64
+
+typedef struct releaser {
+  _Atomic int state;   /* 0 free, 1 registered, 2 leaving */
+  _Atomic int running; /* a release is calling it now */
+  int id;
+  char name[64];
+  size_t (*fn)(void *);
+  void *arg;
+} releaser_t;
+
+static releaser_t g_rel[MAX_RELEASERS];
+static pthread_mutex_t g_rel_lock = PTHREAD_MUTEX_INITIALIZER;
+static int g_next_id;
+static GR_TLS int t_in_releaser; /* id of the releaser this thread is inside, 0 for none */
+
+GR_EXPORT int gpureclaim_register_releaser(const char *name, size_t (*fn)(void *arg), void *arg) {
+  if (!name || !fn)
+    return -EINVAL;
+  if (gr_core_disabled())
+    return -ENOTSUP;
+  pthread_mutex_lock(&g_rel_lock);
+  for (int i = 0; i < MAX_RELEASERS; i++) {
+    releaser_t *r = &g_rel[i];
+    if (atomic_load_explicit(&r->state, memory_order_acquire) != 0 ||
+        atomic_load_explicit(&r->running, memory_order_acquire))
+      continue;
+    snprintf(r->name, sizeof r->name, "%s", name);
+    r->fn = fn;
+    r->arg = arg;
+    r->id = ++g_next_id;
+    int id = r->id;
+    atomic_store_explicit(&r->state, 1, memory_order_release);
+    pthread_mutex_unlock(&g_rel_lock);
+    return id;
+  }
+  pthread_mutex_unlock(&g_rel_lock);
+  return -ENOSPC;
+}
+
+GR_EXPORT int gpureclaim_unregister_releaser(int id) {
+  if (id <= 0)
+    return -ENOENT;
+  pthread_mutex_lock(&g_rel_lock);
+  releaser_t *found = NULL;
+  for (int i = 0; i < MAX_RELEASERS; i++)
+    if (atomic_load_explicit(&g_rel[i].state, memory_order_acquire) == 1 && g_rel[i].id == id) {
+      found = &g_rel[i];
+      atomic_store_explicit(&found->state, 2, memory_order_release);
+      break;
+    }
+  pthread_mutex_unlock(&g_rel_lock);
+  if (!found)
+    return -ENOENT;
+  /* When this returns, fn is not running and will not run again (unless we are inside it ourselves). */
+  if (t_in_releaser != id)
+    while (atomic_load_explicit(&found->running, memory_order_acquire))
+      sched_yield();
+  atomic_store_explicit(&found->state, 0, memory_order_release);
+  return 0;
+}
+
+static uint64_t call_releasers(void) {
+  uint64_t total = 0;
+  for (int i = 0; i < MAX_RELEASERS; i++) {
+    releaser_t *r = &g_rel[i];
+    int idle = 0;
+    if (atomic_load_explicit(&r->state, memory_order_acquire) != 1 ||
+        !atomic_compare_exchange_strong_explicit(&r->running, &idle, 1, memory_order_acq_rel, memory_order_relaxed))
+      continue; /* not registered, or another release is calling it right now */
+    if (atomic_load_explicit(&r->state, memory_order_acquire) == 1) {
+      int outer = t_in_releaser;
+      t_in_releaser = r->id;
+      total += r->fn(r->arg);
+      t_in_releaser = outer;
+    }
+    atomic_store_explicit(&r->running, 0, memory_order_release);
+  }
+  return total;
+}
+
+/* ---- contexts for the driver calls a release makes ---- */
+
+typedef struct {
+  int device;
+  CUcontext found;
+} find_ctx_t;
+
+static void find_ctx(uint16_t id, CUcontext ctx, int device, void *arg) {
+  (void)id;
+  find_ctx_t *f = arg;
+  if (!f->found && device == f->device)
+    f->found = ctx;
+}
+
+static CUcontext ctx_for_device(int device) {
+  if (device < 0)
+    return NULL;
+  unsigned flags = 0;
+  int active = 0;
+  uint16_t id = gr_reg_primary_id(device);
+  if (id && gr_reg_ctx_alive(id) && gr_drv.cuDevicePrimaryCtxGetState &&
+      gr_drv.cuDevicePrimaryCtxGetState(device, &flags, &active) == CUDA_SUCCESS && active)
+    return gr_reg_ctx_handle(id);
+  find_ctx_t f = {device, NULL};
+  gr_reg_foreach_ctx(find_ctx, &f);
+  return f.found;
+}
+
+/* Makes ctx current for a while; returns whether it pushed (then pop()). */
+static bool push(CUcontext ctx) {
+  CUcontext cur = NULL;
+  if (!ctx || !gr_drv.cuCtxPushCurrent)
+    return false;
+  if (gr_drv.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == ctx)
+    return false;
+  return gr_drv.cuCtxPushCurrent(ctx) == CUDA_SUCCESS;
+}
+static void pop(bool pushed) {
+  CUcontext c;
+  if (pushed)
+    gr_drv.cuCtxPopCurrent(&c);
+}
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- the report ---- */
+
+static gpureclaim_device_report_t *dev_report(gpureclaim_report_t *rep, int device) {
+  if (device < 0)
+    return NULL;
+  for (int i = 0; i < rep->ndevices; i++)
+    if (rep->devices[i].device == device)
+      return &rep->devices[i];
+  if (rep->ndevices == GPURECLAIM_MAX_DEVICES)
+    return NULL;
+  gpureclaim_device_report_t *d = &rep->devices[rep->ndevices++];
+  memset(d, 0, sizeof *d);
+  d->device = device;
+  return d;
+}
+
+static void mem_info(gpureclaim_report_t *rep, bool after) {
+  int count = 0;
+  if (!gr_drv.cuDeviceGetCount || !gr_drv.cuMemGetInfo || gr_drv.cuDeviceGetCount(&count) != CUDA_SUCCESS)
+    return;
+  for (int d = 0; d < count && d < GPURECLAIM_MAX_DEVICES; d++) {
+    CUcontext ctx = ctx_for_device(d);
+    if (!ctx)
+      continue; /* gpureclaim has seen no context there: nothing of ours on that device */
+    bool pushed = push(ctx);
+    size_t free_b = 0, total = 0;
+    if (gr_drv.cuMemGetInfo(&free_b, &total) == CUDA_SUCCESS) {
+      gpureclaim_device_report_t *dr = dev_report(rep, d);
+      if (dr) {
+        if (after)
+          dr->free_after = free_b;
+        else
+          dr->free_before = free_b;
+        dr->total = total;
+      }
+    }
+    pop(pushed);
+  }
+}
+
+/* ---- freeing blocks ---- */
+
+enum { PASS_MAPPINGS, PASS_BLOCKS, PASS_VA };
+
+typedef struct free_job {
+  gpureclaim_report_t *rep;
+  unsigned states;   /* GR_STMASK of states to take */
+  int pass;
+  uint16_t scope;    /* 0: any */
+  uint16_t ctx_id;   /* 0: any */
+  bool only_ctx;
+  bool all;          /* GPURECLAIM_ALL (else orphans) */
+  uint16_t pools[64];/* pools that got stream-ordered blocks back */
+  unsigned npools;
+} free_job_t;
+
+static _Atomic uint64_t g_reclaimed; /* RECLAIMED tombstones in the table */
+#define MAX_RECLAIMED 65536
+
+static bool in_pass(const free_job_t *j, unsigned kind) {
+  switch (j->pass) {
+  case PASS_MAPPINGS: return kind == GPURECLAIM_KIND_VMM_MAPPING;
+  case PASS_VA: return kind == GPURECLAIM_KIND_VA;
+  default: return kind != GPURECLAIM_KIND_VMM_MAPPING && kind != GPURECLAIM_KIND_VA;
+  }
+}
+
+static CUresult driver_free(const gr_rec_t *r) {
+  CUcontext ctx = gr_reg_ctx_alive(r->ctx_id) ? gr_reg_ctx_handle(r->ctx_id) : NULL;
+  if (!ctx)
+    ctx = ctx_for_device(r->device == GR_DEVICE_NONE ? -1 : r->device);
+  bool pushed = push(ctx);
+  CUresult rc = CUDA_ERROR_NOT_SUPPORTED;
+  switch (r->kind) {
+  case GPURECLAIM_KIND_HOST:
+    rc = gr_drv.cuMemFreeHost ? gr_drv.cuMemFreeHost((void *)(uintptr_t)r->key) : rc;
+    break;
+  case GPURECLAIM_KIND_VMM:
+    rc = gr_drv.cuMemRelease ? gr_drv.cuMemRelease((CUmemGenericAllocationHandle)r->key) : rc;
+    break;
+  case GPURECLAIM_KIND_VMM_MAPPING:
+    rc = gr_drv.cuMemUnmap ? gr_drv.cuMemUnmap((CUdeviceptr)r->key, r->size) : rc;
+    break;
+  case GPURECLAIM_KIND_VA:
+    rc = gr_drv.cuMemAddressFree ? gr_drv.cuMemAddressFree((CUdeviceptr)r->key, r->size) : rc;
+    break;
+  default:
+    rc = gr_drv.cuMemFree((CUdeviceptr)r->key);
+  }
+  pop(pushed);
+  return rc;
+}
+
+static bool edit_unmapped(gr_rec_t *r, void *arg) {
+  (void)arg;
+  if (r->aux == 0)
+    return false;
+  r->aux--;
+  if (r->aux == 0 && r->state == GR_ST_RELEASED)
+    r->state = GR_ST_DELETED;
+  return true;
+}
+
+static int free_one(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
+  free_job_t *j = arg;
+  if (!((j->states >> r->state) & 1) || !in_pass(j, r->kind) || (j->scope && r->scope != j->scope) ||
+      (j->only_ctx && r->ctx_id != j->ctx_id))
+    return 0;
+  if (r->kind == GPURECLAIM_KIND_VMM && r->aux)
+    return 0; /* still mapped: the mapping pass (ALL) or the program unmaps it first */
+  gr_rec_t expect = *r, want = *r;
+  want.state = GR_ST_RECLAIMING;
+  int rc;
+  while ((rc = gr_table_cas(ref, &expect, &want)) == -EAGAIN) {
+    if (!((j->states >> expect.state) & 1))
+      return 0; /* freed, or changed state, meanwhile */
+    want = expect;
+    want.state = GR_ST_RECLAIMING;
+  }
+  if (rc != 0)
+    return 0;
+  CUresult fr = driver_free(&expect);
+  gr_rec_t cur = want;
+  if (fr != CUDA_SUCCESS) {
+    gr_rec_t back = cur;
+    back.state = expect.state;
+    (void)gr_table_cas(ref, &cur, &back);
+    j->rep->failed_blocks++;
+    gr_warn_once(w_fail, "the driver refused to free a block during a release (%d); it stays tracked", (int)fr);
+    return 0;
+  }
+  /* Remember the address until the driver hands it out again (late frees), within a bound. */
+  gr_rec_t done = cur;
+  done.state = atomic_load_explicit(&g_reclaimed, memory_order_relaxed) < MAX_RECLAIMED &&
+                       gr_kind_keyspace(expect.kind) == GR_KS_ADDR
+                   ? GR_ST_RECLAIMED
+                   : GR_ST_DELETED;
+  while (gr_table_cas(ref, &cur, &done) == -EAGAIN)
+    done.aux = cur.aux;
+  if (done.state == GR_ST_RECLAIMED)
+    atomic_fetch_add_explicit(&g_reclaimed, 1, memory_order_relaxed);
+  gr_stats_free(&expect);
+  gr_scope_unref(expect.scope);
+  if (expect.kind == GPURECLAIM_KIND_VMM_MAPPING) {
+    gr_rec_t h;
+    if (gr_table_update(GR_KS_HANDLE, expect.caller, GR_PRESENT_MASK, edit_unmapped, NULL, &h) == 0 &&
+        h.state == GR_ST_RELEASED && h.aux == 1)
+      gr_track_freed(&h);
+  }
+  if (expect.kind == GPURECLAIM_KIND_ASYNC && expect.pool_id && j->npools < GR_ARRAY_LEN(j->pools)) {
+    unsigned k = 0;
+    while (k < j->npools && j->pools[k] != expect.pool_id)
+      k++;
+    if (k == j->npools)
+      j->pools[j->npools++] = expect.pool_id;
+  }
+  bool counted = gr_kind_is_device_memory(expect.kind) || expect.kind == GPURECLAIM_KIND_HOST;
+  gpureclaim_device_report_t *dr = dev_report(j->rep, expect.device == GR_DEVICE_NONE ? -1 : expect.device);
+  if (j->all) {
+    j->rep->all_blocks++;
+    j->rep->all_bytes += counted ? expect.size : 0;
+    if (dr) {
+      dr->all_blocks++;
+      dr->all_bytes += counted ? expect.size : 0;
+    }
+  } else {
+    j->rep->orphaned_blocks++;
+    j->rep->orphaned_bytes += expect.size;
+    if (dr) {
+      dr->orphaned_blocks++;
+      dr->orphaned_bytes += expect.size;
+    }
+  }
+  return 0;
+}
+
+/* A RECLAIMED tombstone leaves when its address comes back from the driver (track.c calls this). */
+void gr_rel_address_reused(uint64_t key) {
+  if (GR_LIKELY(atomic_load_explicit(&g_reclaimed, memory_order_relaxed) == 0))
+    return;
+  gr_rec_t r;
+  if (gr_table_take(GR_KS_ADDR, key, GR_STMASK(GR_ST_RECLAIMED), &r) == 0)
+    atomic_fetch_sub_explicit(&g_reclaimed, 1, memory_order_relaxed);
+}
+
+void gr_rel_tombstone_gone(void) { atomic_fetch_sub_explicit(&g_reclaimed, 1, memory_order_relaxed); }
+
+/* ---- pools ---- */
+
+typedef struct {
+  gpureclaim_report_t *rep;
+  const uint16_t *only; /* NULL: every pool */
+  unsigned nonly;
+} trim_job_t;
+
+static void sync_ctx(uint16_t id, CUcontext ctx, int device, void *arg) {
+  (void)id;
+  (void)device;
+  (void)arg;
+  bool pushed = push(ctx);
+  if (gr_drv.cuCtxSynchronize)
+    gr_drv.cuCtxSynchronize();
+  pop(pushed);
+}
+
+static void trim_pool(uint16_t id, CUmemoryPool pool, int device, void *arg) {
+  trim_job_t *t = arg;
+  if (t->only) {
+    unsigned k = 0;
+    while (k < t->nonly && t->only[k] != id)
+      k++;
+    if (k == t->nonly)
+      return;
+  }
+  if (!gr_drv.cuMemPoolTrimTo || !gr_drv.cuMemPoolGetAttribute)
+    return;
+  bool pushed = push(ctx_for_device(device));
+  cuuint64_t before = 0, after = 0;
+  gr_drv.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &before);
+  if (gr_drv.cuMemPoolTrimTo(pool, 0) == CUDA_SUCCESS &&
+      gr_drv.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &after) == CUDA_SUCCESS &&
+      before > after) {
+    t->rep->pool_bytes += before - after;
+    gpureclaim_device_report_t *dr = dev_report(t->rep, device);
+    if (dr)
+      dr->pool_bytes += before - after;
+  }
+  pop(pushed);
+}
+
+/* ---- one release ---- */
+
+typedef struct {
+  unsigned what;
+  int trigger;
+  bool python;      /* step 1 allowed (not from inside an allocation) */
+  bool only_ctx;
+  uint16_t ctx_id;
+  uint16_t scope;
+} rel_args_t;
+
+static _Atomic uint64_t g_seq;
+
+static void do_release(const rel_args_t *a, gpureclaim_report_t *rep) {
+  memset(rep, 0, sizeof *rep);
+  rep->size = sizeof *rep;
+  rep->what = a->what;
+  rep->trigger = a->trigger;
+  rep->seq = atomic_fetch_add_explicit(&g_seq, 1, memory_order_relaxed) + 1;
+  uint64_t t0 = now_ns();
+  mem_info(rep, false);
+  if ((a->what & GPURECLAIM_CACHED) && a->python && gr_opt()->python)
+    rep->framework_bytes = gr_py_release();
+  free_job_t job;
+  memset(&job, 0, sizeof job);
+  job.rep = rep;
+  job.scope = a->scope;
+  job.only_ctx = a->only_ctx;
+  job.ctx_id = a->ctx_id;
+  if (a->what & GPURECLAIM_ALL) {
+    job.all = true;
+    job.states = GR_STMASK(GR_ST_LIVE) | GR_STMASK(GR_ST_ORPHAN);
+    for (job.pass = PASS_MAPPINGS; job.pass <= PASS_VA; job.pass++)
+      gr_table_visit(free_one, &job);
+  } else if (a->what & GPURECLAIM_ORPHANED) {
+    job.states = GR_STMASK(GR_ST_ORPHAN);
+    job.pass = PASS_BLOCKS;
+    gr_table_visit(free_one, &job);
+  }
+  if (a->what & GPURECLAIM_CACHED) {
+    gr_reg_foreach_ctx(sync_ctx, NULL);
+    trim_job_t t = {rep, NULL, 0};
+    gr_reg_foreach_pool(trim_pool, &t);
+    rep->releaser_bytes = call_releasers();
+  } else if (job.npools) {
+    /* Stream-ordered blocks went back to their pools: give those pools' free memory back too. */
+    gr_reg_foreach_ctx(sync_ctx, NULL);
+    trim_job_t t = {rep, job.pools, job.npools};
+    gr_reg_foreach_pool(trim_pool, &t);
+  }
+  rep->cached_bytes = rep->pool_bytes + rep->framework_bytes + rep->releaser_bytes;
+  mem_info(rep, true);
+  rep->duration_ns = now_ns() - t0;
+  gr_stats_release(rep->cached_bytes + rep->orphaned_bytes + rep->all_bytes);
+  gr_rep_release(rep);
+}
+
+/* ---- coalescing ---- */
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
+static bool g_running;
+static unsigned g_pending_what;
+static int g_pending_trigger;
+static uint64_t g_requested, g_served;
+static gpureclaim_report_t g_last;
+
+static void copy_report(gpureclaim_report_t *out, const gpureclaim_report_t *r) {
+  if (!out)
+    return;
+  size_t want = out->size, n = want < sizeof *r ? want : sizeof *r;
+  memcpy(out, r, n);
+  out->size = n;
+}
+
+int gr_rel_run(unsigned what, int trigger, gpureclaim_report_t *out) {
+  pthread_mutex_lock(&g_mu);
+  uint64_t ticket = ++g_requested;
+  g_pending_what |= what;
+  if (!g_pending_trigger)
+    g_pending_trigger = trigger;
+  void *gil = NULL;
+  while (g_served < ticket) {
+    if (!g_running) {
+      g_running = true;
+      rel_args_t a = {.what = g_pending_what, .trigger = g_pending_trigger, .python = true};
+      uint64_t covers = g_requested;
+      g_pending_what = 0;
+      g_pending_trigger = 0;
+      pthread_mutex_unlock(&g_mu);
+      if (gil) { /* we run the release ourselves: we may need the GIL back for step 1 */
+        gr_py_restore(gil);
+        gil = NULL;
+      }
+      gpureclaim_report_t rep;
+      do_release(&a, &rep);
+      pthread_mutex_lock(&g_mu);
+      g_last = rep;
+      g_served = covers;
+      g_running = false;
+      pthread_cond_broadcast(&g_cv);
+    } else {
+      if (!gil)
+        gil = gr_py_save_if_held();
+      pthread_cond_wait(&g_cv, &g_mu);
+    }
+  }
+  gpureclaim_report_t last = g_last;
+  pthread_mutex_unlock(&g_mu);
+  if (gil)
+    gr_py_restore(gil);
+  copy_report(out, &last);
+  return 0;
+}
+
+uint64_t gr_rel_count(void) { return atomic_load_explicit(&g_seq, memory_order_relaxed); }
+
+static int check_what(unsigned what) {
+  if (what == 0 || (what & ~(GPURECLAIM_CACHED | GPURECLAIM_ORPHANED | GPURECLAIM_ALL)))
+    return -EINVAL;
+  if (gr_core_disabled() || atomic_load_explicit(&gr_core_state, memory_order_acquire) != 1)
+    return -ENOTSUP;
+  if (gr_tls.hook_depth)
+    return -EDEADLK;
+  return 0;
+}
+
+GR_EXPORT int gpureclaim_release(unsigned what, gpureclaim_report_t *out) {
+  if (out && out->size < offsetof(gpureclaim_report_t, seq) + sizeof(uint64_t))
+    return -EINVAL;
+  int rc = check_what(what);
+  return rc ? rc : gr_rel_run(what, GPURECLAIM_TRIGGER_API, out);
+}
+
+GR_EXPORT int gpureclaim_release_context(void *ctx, gpureclaim_report_t *out) {
+  if (!ctx || (out && out->size < offsetof(gpureclaim_report_t, seq) + sizeof(uint64_t)))
+    return -EINVAL;
+  int rc = check_what(GPURECLAIM_ALL);
+  if (rc)
+    return rc;
+  uint16_t id = gr_reg_ctx_find((CUcontext)ctx);
+  if (!id || !gr_reg_ctx_alive(id))
+    return -ENOENT;
+  rel_args_t a = {.what = GPURECLAIM_ALL, .trigger = GPURECLAIM_TRIGGER_API, .only_ctx = true, .ctx_id = id};
+  gpureclaim_report_t rep;
+  do_release(&a, &rep);
+  copy_report(out, &rep);
+  return 0;
+}
+
+void gr_rel_free_scope_now(uint16_t slot, gpureclaim_report_t *out) {
+  rel_args_t a = {.what = GPURECLAIM_ORPHANED, .trigger = GPURECLAIM_TRIGGER_SCOPE, .scope = slot};
+  gpureclaim_report_t rep;
+  do_release(&a, &rep);
+  copy_report(out, &rep);
+}
+
+/* ---- out of memory ---- */
+
+static _Atomic int g_oom_busy;
+
+uint64_t gr_rel_for_oom(void) {
+  if (atomic_exchange_explicit(&g_oom_busy, 1, memory_order_acq_rel))
+    return 1; /* another allocation is releasing right now: worth one more try, never worth waiting */
+  rel_args_t a = {.what = GPURECLAIM_CACHED | GPURECLAIM_ORPHANED, .trigger = GPURECLAIM_TRIGGER_OOM};
+  gpureclaim_report_t rep;
+  do_release(&a, &rep);
+  atomic_store_explicit(&g_oom_busy, 0, memory_order_release);
+  return rep.cached_bytes + rep.orphaned_bytes;
+}
+
+/* ---- the worker thread ---- */
+
+static _Atomic int g_worker_up;
+
+static void *worker(void *arg) {
+  (void)arg;
+  prctl(PR_SET_NAME, "gpureclaim", 0, 0, 0);
+  for (;;) {
+    struct pollfd fds[2] = {{.fd = gr_sig_fd(), .events = POLLIN}, {.fd = gr_ctl_fd(), .events = POLLIN}};
+    int n = poll(fds, 2, 2000);
+    if (!atomic_load_explicit(&g_worker_up, memory_order_acquire))
+      break; /* the process forked or is exiting */
+    if (n > 0 && (fds[0].revents & POLLIN)) {
+      uint64_t count;
+      while (read(fds[0].fd, &count, sizeof count) > 0) /* coalesce a storm into one release */
+        ;
+      gr_rel_run(gr_opt()->on_signal, GPURECLAIM_TRIGGER_SIGNAL, NULL);
+    }
+    if (n > 0 && (fds[1].revents & POLLIN))
+      gr_ctl_serve_one();
+    gr_sig_check_replaced();
+  }
+  return NULL;
+}
+
+int gr_rel_start_worker(void) {
+  if (atomic_exchange_explicit(&g_worker_up, 1, memory_order_acq_rel))
+    return 0;
+  if (gr_opt()->status)
+    gr_ctl_open();
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old); /* the worker inherits a mask that blocks every signal */
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  pthread_t th;
+  int rc = pthread_create(&th, &attr, worker, NULL);
+  pthread_attr_destroy(&attr);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (rc != 0) {
+    atomic_store_explicit(&g_worker_up, 0, memory_order_release);
+    return -rc;
+  }
+  return 0;
+}
+
+void gr_rel_stop_worker(void) { atomic_store_explicit(&g_worker_up, 0, memory_order_release); }
+
+void gr_rel_atfork_child(void) {
+  /* The worker did not survive the fork; locks may have been held by threads that did not either. */
+  atomic_store_explicit(&g_worker_up, 0, memory_order_relaxed);
+  pthread_mutex_init(&g_mu, NULL);
+  pthread_cond_init(&g_cv, NULL);
+  pthread_mutex_init(&g_rel_lock, NULL);
+  g_running = false;
+  g_pending_what = 0;
+  g_pending_trigger = 0;
+  g_requested = g_served = 0;
+  atomic_store_explicit(&g_oom_busy, 0, memory_order_relaxed);
+  atomic_store_explicit(&g_seq, 0, memory_order_relaxed);
+  atomic_store_explicit(&g_reclaimed, 0, memory_order_relaxed);
+  for (int i = 0; i < MAX_RELEASERS; i++)
+    atomic_store_explicit(&g_rel[i].running, 0, memory_order_relaxed);
+}

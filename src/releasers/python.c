@@ -1,0 +1,151 @@
+/*
+ * python.c -- framework caches, released through the frameworks' own calls via the CPython C API.
+ *
+ * Only when the process runs CPython (its symbols are visible) and the interpreter is up and not finalizing;
+ * only for frameworks that are imported and initialised; never by freeing their blocks (FINDINGS.md
+ * section 3: freeing behind a framework's back is a use-after-free):
+ *   PyTorch: torch.cuda.empty_cache(), after clearing its cuBLAS workspaces (which go back to its cache);
+ *   CuPy: the default memory pool's and pinned memory pool's free_all_blocks();
+ *   any module that defines a callable __gpureclaim_release__() returning the bytes it freed.
+ * The bytes a framework gave back are what its own counter says (torch.cuda.memory_reserved, the pool's
+ * total_bytes) before minus after. gpureclaim declares the few C API functions it calls itself and finds
+ * them with dlsym: it does not link against libpython.
+ */
+#include "gpureclaim_internal.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+
+typedef void PyObject;
+typedef int PyGILState_STATE;
+#define Py_file_input 257
+
+static struct {
+  int (*IsInitialized)(void);
+  int (*IsFinalizing)(void);
+  PyGILState_STATE (*GILState_Ensure)(void);
+  void (*GILState_Release)(PyGILState_STATE);
+  int (*GILState_Check)(void);
+  void *(*Eval_SaveThread)(void);
+  void (*Eval_RestoreThread)(void *);
+  PyObject *(*Dict_New)(void);
+  PyObject *(*Dict_GetItemString)(PyObject *, const char *);
+  PyObject *(*Run_StringFlags)(const char *, int, PyObject *, PyObject *, void *);
+  PyObject *(*Object_CallNoArgs)(PyObject *);
+  PyObject *(*Object_CallObject)(PyObject *, PyObject *);
+  unsigned long long (*Long_AsUnsignedLongLong)(PyObject *);
+  void (*DecRef)(PyObject *);
+  PyObject *(*Err_Occurred)(void);
+  void (*Err_Clear)(void);
+  void (*Err_Print)(void);
+} py;
+
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static bool g_have;
+
+static void resolve(void) {
+  void *(*sym)(void *, const char *) = gr_real_libc()->dlsym;
+#define R(field, name) *(void **)&py.field = sym(RTLD_DEFAULT, name)
+  R(IsInitialized, "Py_IsInitialized");
+  R(IsFinalizing, "Py_IsFinalizing");
+  if (!py.IsFinalizing)
+    R(IsFinalizing, "_Py_IsFinalizing");
+  R(GILState_Ensure, "PyGILState_Ensure");
+  R(GILState_Release, "PyGILState_Release");
+  R(GILState_Check, "PyGILState_Check");
+  R(Eval_SaveThread, "PyEval_SaveThread");
+  R(Eval_RestoreThread, "PyEval_RestoreThread");
+  R(Dict_New, "PyDict_New");
+  R(Dict_GetItemString, "PyDict_GetItemString");
+  R(Run_StringFlags, "PyRun_StringFlags");
+  R(Object_CallObject, "PyObject_CallObject");
+  R(Long_AsUnsignedLongLong, "PyLong_AsUnsignedLongLong");
+  R(DecRef, "Py_DecRef");
+  R(Err_Occurred, "PyErr_Occurred");
+  R(Err_Clear, "PyErr_Clear");
+  R(Err_Print, "PyErr_Print");
+#undef R
+  g_have = py.IsInitialized && py.GILState_Ensure && py.GILState_Release && py.GILState_Check &&
+           py.Eval_SaveThread && py.Eval_RestoreThread && py.Dict_New && py.Dict_GetItemString &&
+           py.Run_StringFlags && py.Object_CallObject && py.Long_AsUnsignedLongLong && py.DecRef &&
+           py.Err_Occurred && py.Err_Clear;
+}
+
+static bool python_up(void) {
+  pthread_once(&g_once, resolve);
+  return g_have && py.IsInitialized() && !(py.IsFinalizing && py.IsFinalizing());
+}
+
+/* The release, in Python: it runs in the program's interpreter, on gpureclaim's thread, holding the GIL. */
+static const char g_code[] =
+    "def _gpureclaim_release():\n"
+    "    import sys\n"
+    "    freed = 0\n"
+    "    t = sys.modules.get('torch')\n"
+    "    c = getattr(t, 'cuda', None) if t is not None else None\n"
+    "    if c is not None and c.is_initialized():\n"
+    "        n = c.device_count()\n"
+    "        before = sum(c.memory_reserved(d) for d in range(n))\n"
+    "        clear = getattr(getattr(t, '_C', None), '_cuda_clearCublasWorkspaces', None)\n"
+    "        if clear is not None:\n"
+    "            clear()\n"
+    "        c.empty_cache()\n"
+    "        freed += max(0, before - sum(c.memory_reserved(d) for d in range(n)))\n"
+    "    cp = sys.modules.get('cupy')\n"
+    "    if cp is not None and hasattr(cp, 'get_default_memory_pool'):\n"
+    "        pool = cp.get_default_memory_pool()\n"
+    "        before = pool.total_bytes()\n"
+    "        pool.free_all_blocks()\n"
+    "        freed += max(0, before - pool.total_bytes())\n"
+    "        cp.get_default_pinned_memory_pool().free_all_blocks()\n"
+    "    for m in list(sys.modules.values()):\n"
+    "        f = getattr(m, '__dict__', {}).get('__gpureclaim_release__')\n"
+    "        if callable(f):\n"
+    "            freed += int(f() or 0)\n"
+    "    return freed\n";
+
+static PyObject *g_fn; /* the compiled function, kept for the process's life */
+
+uint64_t gr_py_release(void) {
+  if (!python_up())
+    return 0;
+  PyGILState_STATE st = py.GILState_Ensure();
+  uint64_t freed = 0;
+  if (!g_fn) {
+    PyObject *globals = py.Dict_New();
+    PyObject *r = globals ? py.Run_StringFlags(g_code, Py_file_input, globals, globals, NULL) : NULL;
+    if (r) {
+      py.DecRef(r);
+      g_fn = py.Dict_GetItemString(globals, "_gpureclaim_release"); /* borrowed; globals stay alive */
+    } else if (globals) {
+      py.DecRef(globals);
+    }
+  }
+  if (g_fn) {
+    PyObject *r = py.Object_CallObject(g_fn, NULL);
+    if (r) {
+      freed = py.Long_AsUnsignedLongLong(r);
+      py.DecRef(r);
+    }
+  }
+  if (py.Err_Occurred()) {
+    gr_warn_once(w_py, "a framework's release call raised an exception (shown below); it is skipped");
+    if (py.Err_Print)
+      py.Err_Print();
+    py.Err_Clear();
+    freed = freed == (uint64_t)-1 ? 0 : freed;
+  }
+  py.GILState_Release(st);
+  return freed;
+}
+
+void *gr_py_save_if_held(void) {
+  if (!python_up() || !py.GILState_Check())
+    return NULL;
+  return py.Eval_SaveThread();
+}
+
+void gr_py_restore(void *state) {
+  if (state)
+    py.Eval_RestoreThread(state);
+}

@@ -1,0 +1,596 @@
+/*
+ * report.c -- what gpureclaim writes: release reports (JSON lines to GPURECLAIM_LOG), the per-process status
+ * file, snapshots and leak reports. Formats: docs/PROTOCOL.md.
+ *
+ * Files go to a private run directory (mode 0700, owned by the user); one that exists with other owners or
+ * wider permissions is refused with one warning. Files are written to a temporary name and renamed, so a
+ * reader never sees half a file. Nothing here runs inside an allocation.
+ */
+#include "gpureclaim_internal.h"
+#include "json.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *const g_kind_names[] = {"?", "device", "pitch", "managed", "async", "vmm", "vmm_mapping", "va", "host"};
+static const char *kind_name(unsigned k) { return k < GR_ARRAY_LEN(g_kind_names) ? g_kind_names[k] : "?"; }
+static const char *const g_triggers[] = {"?", "api", "signal", "oom", "command", "scope"};
+
+static uint64_t realtime_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* ---- the run directory ---- */
+
+static pthread_once_t g_rundir_once = PTHREAD_ONCE_INIT;
+static const char *g_rundir; /* NULL when unusable */
+
+static void open_rundir(void) {
+  const char *dir = gr_opt()->rundir;
+  if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+    gr_warn("cannot create the run directory %s: %s; no status file (gpureclaim ps will not list this process)",
+            dir, strerror(errno));
+    return;
+  }
+  struct stat st;
+  if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077)) {
+    gr_warn("the run directory %s is not a directory private to this user (mode 0700); refusing to use it", dir);
+    return;
+  }
+  g_rundir = dir;
+}
+
+const char *gr_rep_rundir(void) {
+  pthread_once(&g_rundir_once, open_rundir);
+  return g_rundir;
+}
+
+/* Writes b to path through a temporary file in the same directory. */
+static int write_atomically(const char *path, const jbuf_t *b, mode_t mode) {
+  char tmp[4200];
+  if (snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid()) >= (int)sizeof tmp)
+    return -ENAMETOOLONG;
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode);
+  if (fd < 0)
+    return -errno;
+  int rc = jb_write_fd(b, fd);
+  if (close(fd) != 0 && rc == 0)
+    rc = -errno;
+  if (rc == 0 && rename(tmp, path) != 0)
+    rc = -errno;
+  if (rc != 0)
+    unlink(tmp);
+  return rc;
+}
+
+/* ---- pieces ---- */
+
+void gr_rep_report_json(jbuf_t *b, const gpureclaim_report_t *r) {
+  char what[64];
+  jb_obj(b);
+  jb_u64(b, "seq", r->seq);
+  jb_str(b, "trigger", r->trigger > 0 && r->trigger < (int)GR_ARRAY_LEN(g_triggers) ? g_triggers[r->trigger] : "?");
+  jb_str(b, "what", gr_opt_what_name(r->what, what, sizeof what));
+  jb_u64(b, "cached_bytes", r->cached_bytes);
+  jb_u64(b, "pool_bytes", r->pool_bytes);
+  jb_u64(b, "framework_bytes", r->framework_bytes);
+  jb_u64(b, "releaser_bytes", r->releaser_bytes);
+  jb_u64(b, "orphaned_bytes", r->orphaned_bytes);
+  jb_u64(b, "orphaned_blocks", r->orphaned_blocks);
+  jb_u64(b, "all_bytes", r->all_bytes);
+  jb_u64(b, "all_blocks", r->all_blocks);
+  jb_u64(b, "failed_blocks", r->failed_blocks);
+  jb_f64(b, "ms", (double)r->duration_ns / 1e6);
+  jb_arr(b, "devices");
+  for (int i = 0; i < r->ndevices && i < GPURECLAIM_MAX_DEVICES; i++) {
+    const gpureclaim_device_report_t *d = &r->devices[i];
+    jb_key(b, NULL);
+    jb_obj(b);
+    jb_i64(b, "device", d->device);
+    jb_u64(b, "pool_bytes", d->pool_bytes);
+    jb_u64(b, "orphaned_bytes", d->orphaned_bytes);
+    jb_u64(b, "orphaned_blocks", d->orphaned_blocks);
+    jb_u64(b, "all_bytes", d->all_bytes);
+    jb_u64(b, "all_blocks", d->all_blocks);
+    jb_u64(b, "free_before", d->free_before);
+    jb_u64(b, "free_after", d->free_after);
+    jb_u64(b, "total", d->total);
+    jb_obj_end(b);
+  }
+  jb_arr_end(b);
+  jb_obj_end(b);
+}
+
+static void stats_fields(jbuf_t *b, const gpureclaim_stats_t *s) {
+#define F(name) jb_u64(b, #name, s->name)
+  F(live_blocks); F(live_bytes); F(peak_bytes); F(total_allocs); F(total_frees); F(pool_reserved_bytes);
+  F(pool_used_bytes); F(host_pinned_blocks); F(host_pinned_bytes); F(va_reserved_bytes); F(vmm_mapped_bytes);
+  F(orphan_blocks); F(orphan_bytes); F(ctx_destroyed_blocks); F(ctx_destroyed_bytes); F(untracked_frees);
+  F(late_frees); F(untracked_routes); F(releases); F(released_bytes); F(oom_retries); F(oom_retry_successes);
+  F(table_bytes); F(contexts); F(pools);
+#undef F
+}
+
+static void device_stats(jbuf_t *b) {
+  jb_arr(b, "devices");
+  for (int d = 0; d < GR_MAX_DEV; d++) {
+    gpureclaim_stats_t s = {.size = sizeof s};
+    if (gr_stats_get(d, &s) != 0 || (!s.total_allocs && !s.pool_reserved_bytes && !s.live_blocks))
+      continue;
+    jb_key(b, NULL);
+    jb_obj(b);
+    jb_i64(b, "device", d);
+    stats_fields(b, &s);
+    jb_obj_end(b);
+  }
+  jb_arr_end(b);
+}
+
+static void pool_json(uint16_t id, CUmemoryPool pool, int device, void *arg) {
+  (void)id;
+  jbuf_t *b = arg;
+  cuuint64_t reserved = 0, used = 0;
+  if (gr_drv.cuMemPoolGetAttribute) {
+    gr_drv.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved);
+    gr_drv.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used);
+  }
+  jb_key(b, NULL);
+  jb_obj(b);
+  jb_hex(b, "pool", (uint64_t)(uintptr_t)pool);
+  jb_i64(b, "device", device);
+  jb_u64(b, "reserved_bytes", reserved);
+  jb_u64(b, "used_bytes", used);
+  jb_obj_end(b);
+}
+
+void gr_rep_stats_json(jbuf_t *b) {
+  gpureclaim_stats_t s = {.size = sizeof s};
+  gr_stats_get(-1, &s);
+  jb_key(b, "total");
+  jb_obj(b);
+  stats_fields(b, &s);
+  jb_obj_end(b);
+  device_stats(b);
+  jb_arr(b, "pools");
+  gr_reg_foreach_pool(pool_json, b);
+  jb_arr_end(b);
+}
+
+/* ---- the status file ---- */
+
+static void read_file(const char *path, char *buf, size_t len, size_t *got) {
+  *got = 0;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return;
+  ssize_t n;
+  while (*got < len - 1 && (n = read(fd, buf + *got, len - 1 - *got)) > 0)
+    *got += (size_t)n;
+  close(fd);
+  buf[*got] = '\0';
+}
+
+static uint64_t start_ticks(void) {
+  char buf[1024];
+  size_t n;
+  read_file("/proc/self/stat", buf, sizeof buf, &n);
+  const char *p = strrchr(buf, ')');
+  if (!p)
+    return 0;
+  /* Field 3 follows ") "; start time is field 22. */
+  for (int field = 2; field < 22 && p; field++)
+    p = strchr(p + 1, ' ');
+  return p ? strtoull(p + 1, NULL, 10) : 0;
+}
+
+static _Atomic uint64_t g_status_releases;
+static gpureclaim_report_t g_last_report;
+static bool g_have_last;
+static pthread_mutex_t g_status_lock = PTHREAD_MUTEX_INITIALIZER;
+
+int gr_rep_status_update(void) {
+  const gr_options_t *o = gr_opt();
+  const char *dir = o->status ? gr_rep_rundir() : NULL;
+  if (!dir)
+    return -ENOENT;
+  char path[4200], sock[4200], exe[4096] = "", cmd[4096];
+  snprintf(path, sizeof path, "%s/%d.json", dir, (int)getpid());
+  snprintf(sock, sizeof sock, "%s/%d.sock", dir, (int)getpid());
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  exe[n > 0 ? n : 0] = '\0';
+  size_t got;
+  read_file("/proc/self/cmdline", cmd, sizeof cmd, &got);
+  for (size_t i = 0; got && i < got - 1; i++)
+    if (cmd[i] == '\0')
+      cmd[i] = ' ';
+  char sig[16], what[64];
+  jbuf_t b;
+  jb_init(&b);
+  jb_obj(&b);
+  jb_i64(&b, "pid", getpid());
+  jb_u64(&b, "uid", geteuid());
+  jb_str(&b, "version", GPURECLAIM_VERSION_STRING);
+  jb_str(&b, "exe", exe);
+  jb_str(&b, "cmdline", cmd);
+  jb_u64(&b, "start_ticks", start_ticks());
+  jb_u64(&b, "started_ms", gr_core_start_time_ms());
+  jb_u64(&b, "updated_ms", realtime_ms());
+  jb_str(&b, "signal", gr_opt_signal_name(o->signal, sig, sizeof sig));
+  jb_str(&b, "on_signal", gr_opt_what_name(o->on_signal, what, sizeof what));
+  if (gr_ctl_fd() >= 0)
+    jb_str(&b, "socket", sock);
+  else
+    jb_null(&b, "socket");
+  pthread_mutex_lock(&g_status_lock);
+  jb_u64(&b, "releases", atomic_load_explicit(&g_status_releases, memory_order_relaxed));
+  if (g_have_last) {
+    jb_key(&b, "last_release");
+    gr_rep_report_json(&b, &g_last_report);
+  } else {
+    jb_null(&b, "last_release");
+  }
+  pthread_mutex_unlock(&g_status_lock);
+  jb_obj_end(&b);
+  jb_raw(&b, "\n", 1);
+  int rc = write_atomically(path, &b, 0600);
+  jb_free(&b);
+  return rc;
+}
+
+void gr_rep_atfork_child(void) {
+  pthread_mutex_init(&g_status_lock, NULL);
+  atomic_store_explicit(&g_status_releases, 0, memory_order_relaxed);
+  g_have_last = false;
+}
+
+void gr_rep_status_remove(void) {
+  const char *dir = g_rundir;
+  if (!dir)
+    return;
+  char path[4200];
+  snprintf(path, sizeof path, "%s/%d.json", dir, (int)getpid());
+  unlink(path);
+}
+
+/* ---- release reports ---- */
+
+void gr_rep_release(const gpureclaim_report_t *r) {
+  jbuf_t b;
+  jb_init(&b);
+  jb_obj(&b);
+  jb_str(&b, "event", "release");
+  jb_i64(&b, "pid", getpid());
+  jb_key(&b, "report");
+  gr_rep_report_json(&b, r);
+  jb_obj_end(&b);
+  jb_raw(&b, "\n", 1);
+  const char *log = gr_opt()->log;
+  if (log[0]) {
+    int fd = open(log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      jb_write_fd(&b, fd); /* one write of a short line: appends stay whole */
+      close(fd);
+    } else {
+      gr_warn_once(w_log, "cannot open GPURECLAIM_LOG=%s: %s; reports go to stderr", log, strerror(errno));
+      jb_write_fd(&b, STDERR_FILENO);
+    }
+  } else {
+    jb_write_fd(&b, STDERR_FILENO);
+  }
+  jb_free(&b);
+  pthread_mutex_lock(&g_status_lock);
+  g_last_report = *r;
+  g_have_last = true;
+  atomic_fetch_add_explicit(&g_status_releases, 1, memory_order_relaxed);
+  pthread_mutex_unlock(&g_status_lock);
+  if (gr_opt()->status)
+    gr_rep_status_update();
+}
+
+/* ---- snapshots ---- */
+
+typedef struct {
+  jbuf_t *b;
+  uint64_t ctx_blocks[GR_MAX_CTX], ctx_bytes[GR_MAX_CTX];
+} snap_t;
+
+static void block_json(jbuf_t *b, const gpureclaim_block_t *x) {
+  static const char *const states[] = {"?", "live", "orphan", "released"};
+  jb_key(b, NULL);
+  jb_obj(b);
+  jb_hex(b, "address", x->address);
+  jb_u64(b, "bytes", x->bytes);
+  jb_str(b, "kind", kind_name((unsigned)x->kind));
+  jb_str(b, "state", x->state >= 1 && x->state <= 3 ? states[x->state] : "?");
+  jb_i64(b, "device", x->device);
+  if (x->context)
+    jb_hex(b, "context", (uint64_t)(uintptr_t)x->context);
+  else
+    jb_null(b, "context");
+  if (x->pool)
+    jb_hex(b, "pool", (uint64_t)(uintptr_t)x->pool);
+  else
+    jb_null(b, "pool");
+  jb_u64(b, "scope", x->scope);
+  jb_u64(b, "thread", x->thread_id);
+  jb_u64(b, "time_ms", x->alloc_time_ms);
+  jb_hex(b, "caller", (uint64_t)(uintptr_t)x->caller);
+  jb_str(b, "library", x->library);
+  jb_str(b, "api", x->api);
+  jb_str(b, "owner", x->owner);
+  if (x->kind == GPURECLAIM_KIND_VMM_MAPPING)
+    jb_hex(b, "handle", x->handle);
+  jb_obj_end(b);
+}
+
+static int snap_block(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
+  (void)ref;
+  if (r->state != GR_ST_LIVE && r->state != GR_ST_ORPHAN && r->state != GR_ST_RELEASED)
+    return 0;
+  snap_t *s = arg;
+  gpureclaim_block_t x;
+  gr_block_from_rec(r, &x);
+  block_json(s->b, &x);
+  if (r->ctx_id && r->ctx_id < GR_MAX_CTX && gr_kind_is_device_memory(r->kind)) {
+    s->ctx_blocks[r->ctx_id]++;
+    s->ctx_bytes[r->ctx_id] += r->size;
+  }
+  return 0;
+}
+
+int gr_rep_snapshot_json(jbuf_t *b) {
+  snap_t *s = calloc(1, sizeof *s);
+  if (!s)
+    return -ENOMEM;
+  s->b = b;
+  jb_obj(b);
+  jb_i64(b, "pid", getpid());
+  jb_str(b, "version", GPURECLAIM_VERSION_STRING);
+  jb_u64(b, "time_ms", realtime_ms());
+  gr_rep_stats_json(b);
+  jb_arr(b, "blocks");
+  if (atomic_load_explicit(&gr_core_state, memory_order_acquire) == 1)
+    gr_table_visit(snap_block, s);
+  jb_arr_end(b);
+  jb_arr(b, "contexts");
+  for (uint16_t id = 1; id < GR_MAX_CTX; id++) {
+    if (!s->ctx_blocks[id] && !gr_reg_ctx_alive(id))
+      continue;
+    jb_key(b, NULL);
+    jb_obj(b);
+    jb_hex(b, "context", (uint64_t)(uintptr_t)gr_reg_ctx_handle(id));
+    jb_i64(b, "device", gr_reg_ctx_device(id));
+    jb_u64(b, "blocks", s->ctx_blocks[id]);
+    jb_u64(b, "bytes", s->ctx_bytes[id]);
+    jb_obj_end(b);
+  }
+  jb_arr_end(b);
+  jb_obj_end(b);
+  free(s);
+  return jb_failed(b) ? -ENOMEM : 0;
+}
+
+/* ---- leak reports ---- */
+
+typedef struct leak_group {
+  uint64_t caller; /* as recorded: a pc, or a stack id (stacks.c) */
+  uintptr_t pc;
+  unsigned kind;
+  uint64_t blocks, bytes;
+} leak_group_t;
+
+typedef struct {
+  leak_group_t *g;
+  size_t n, cap;
+  uint64_t dev_blocks[GR_MAX_DEV + 1], dev_bytes[GR_MAX_DEV + 1];
+  uint64_t blocks, bytes;
+} leaks_t;
+
+static int leak_block(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
+  (void)ref;
+  leaks_t *l = arg;
+  if ((r->state != GR_ST_LIVE && r->state != GR_ST_ORPHAN && r->state != GR_ST_RELEASED) ||
+      r->kind == GPURECLAIM_KIND_VMM_MAPPING || r->kind == GPURECLAIM_KIND_VA)
+    return 0;
+  size_t i;
+  for (i = 0; i < l->n; i++)
+    if (l->g[i].caller == r->caller && l->g[i].kind == r->kind)
+      break;
+  if (i == l->n) {
+    if (l->n == l->cap) {
+      size_t cap = l->cap ? l->cap * 2 : 32;
+      leak_group_t *p = realloc(l->g, cap * sizeof *p);
+      if (!p)
+        return 0;
+      l->g = p;
+      l->cap = cap;
+    }
+    l->g[l->n++] = (leak_group_t){r->caller, gr_stack_pc(r->caller), r->kind, 0, 0};
+  }
+  l->g[i].blocks++;
+  l->g[i].bytes += r->size;
+  int d = r->device < GR_MAX_DEV ? r->device : GR_MAX_DEV;
+  l->dev_blocks[d]++;
+  l->dev_bytes[d] += r->size;
+  l->blocks++;
+  l->bytes += r->size;
+  return 0;
+}
+
+static int by_bytes(const void *a, const void *b) {
+  const leak_group_t *x = a, *y = b;
+  return x->bytes < y->bytes ? 1 : x->bytes > y->bytes ? -1 : 0;
+}
+
+static void symbolize(uintptr_t pc, char *buf, size_t len) {
+  Dl_info info;
+  if (pc && dladdr((void *)pc, &info) && info.dli_sname)
+    snprintf(buf, len, "%s+0x%lx", info.dli_sname, (unsigned long)(pc - (uintptr_t)info.dli_saddr));
+  else
+    buf[0] = '\0';
+}
+
+static void human(uint64_t v, char *buf, size_t len) {
+  static const char *const u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double x = (double)v;
+  int i = 0;
+  while (x >= 1024 && i < 4) {
+    x /= 1024;
+    i++;
+  }
+  snprintf(buf, len, i ? "%.1f %s" : "%.0f %s", x, u[i]);
+}
+
+int gr_rep_leaks(jbuf_t *b, bool json) {
+  leaks_t *l = calloc(1, sizeof *l);
+  if (!l)
+    return -ENOMEM;
+  if (atomic_load_explicit(&gr_core_state, memory_order_acquire) == 1)
+    gr_table_visit(leak_block, l);
+  qsort(l->g, l->n, sizeof *l->g, by_bytes);
+  char sym[256], hb[32];
+  if (json) {
+    jb_obj(b);
+    jb_i64(b, "pid", getpid());
+    jb_u64(b, "blocks", l->blocks);
+    jb_u64(b, "bytes", l->bytes);
+    jb_arr(b, "devices");
+    for (int d = 0; d <= GR_MAX_DEV; d++)
+      if (l->dev_blocks[d]) {
+        jb_key(b, NULL);
+        jb_obj(b);
+        jb_i64(b, "device", d == GR_MAX_DEV ? -1 : d);
+        jb_u64(b, "blocks", l->dev_blocks[d]);
+        jb_u64(b, "bytes", l->dev_bytes[d]);
+        jb_obj_end(b);
+      }
+    jb_arr_end(b);
+    jb_arr(b, "groups");
+    for (size_t i = 0; i < l->n; i++) {
+      leak_group_t *g = &l->g[i];
+      jb_key(b, NULL);
+      jb_obj(b);
+      jb_str(b, "library", gr_reg_library(g->pc).name);
+      jb_hex(b, "caller", g->pc);
+      symbolize(g->pc, sym, sizeof sym);
+      jb_str(b, "symbol", sym[0] ? sym : NULL);
+      jb_str(b, "kind", kind_name(g->kind));
+      jb_u64(b, "blocks", g->blocks);
+      jb_u64(b, "bytes", g->bytes);
+      jb_arr(b, "frames");
+      uintptr_t frames[GR_STACK_MAX];
+      int nf = gr_stack_frames(g->caller, frames, GR_STACK_MAX);
+      for (int f = 0; f < nf; f++)
+        jb_hex(b, NULL, frames[f]);
+      jb_arr_end(b);
+      jb_obj_end(b);
+    }
+    jb_arr_end(b);
+    jb_obj_end(b);
+  } else {
+    human(l->bytes, hb, sizeof hb);
+    jb_printf(b, "=================================================================\n");
+    jb_printf(b, "gpureclaim[%d]: %llu blocks (%s) were never freed\n", (int)getpid(), (unsigned long long)l->blocks, hb);
+    for (int d = 0; d <= GR_MAX_DEV; d++)
+      if (l->dev_blocks[d]) {
+        human(l->dev_bytes[d], hb, sizeof hb);
+        if (d == GR_MAX_DEV)
+          jb_printf(b, "Host (pinned): %llu blocks, %s\n", (unsigned long long)l->dev_blocks[d], hb);
+        else
+          jb_printf(b, "Device %d: %llu blocks, %s\n", d, (unsigned long long)l->dev_blocks[d], hb);
+      }
+    for (size_t i = 0; i < l->n; i++) {
+      leak_group_t *g = &l->g[i];
+      gr_lib_t lib = gr_reg_library(g->pc);
+      human(g->bytes, hb, sizeof hb);
+      symbolize(g->pc, sym, sizeof sym);
+      jb_printf(b, "\n%llu block%s, %s (%s) allocated by %s at %#lx%s%s%s\n", (unsigned long long)g->blocks,
+                g->blocks == 1 ? "" : "s", hb, kind_name(g->kind), lib.name, (unsigned long)g->pc, sym[0] ? " (" : "",
+                sym, sym[0] ? ")" : "");
+      uintptr_t frames[GR_STACK_MAX];
+      int nf = gr_stack_frames(g->caller, frames, GR_STACK_MAX);
+      for (int f = 0; f < nf; f++) {
+        symbolize(frames[f], sym, sizeof sym);
+        jb_printf(b, "    #%d %#lx in %s (%s)\n", f, (unsigned long)frames[f], sym[0] ? sym : "??",
+                  gr_reg_library(frames[f]).name);
+      }
+    }
+    if (!l->n)
+      jb_printf(b, "(every block was freed)\n");
+  }
+  free(l->g);
+  free(l);
+  return jb_failed(b) ? -ENOMEM : 0;
+}
+
+/* ---- to descriptors and files ---- */
+
+int gr_rep_snapshot_fd(int fd) {
+  jbuf_t b;
+  jb_init(&b);
+  int rc = gr_rep_snapshot_json(&b);
+  if (rc == 0)
+    rc = jb_write_fd(&b, fd);
+  jb_free(&b);
+  return rc;
+}
+
+int gr_rep_leaks_fd(int fd, bool json) {
+  jbuf_t b;
+  jb_init(&b);
+  int rc = gr_rep_leaks(&b, json);
+  if (rc == 0)
+    rc = jb_write_fd(&b, fd);
+  jb_free(&b);
+  return rc;
+}
+
+int gr_rep_stats_fd(int fd) {
+  jbuf_t b;
+  jb_init(&b);
+  jb_obj(&b);
+  gr_rep_stats_json(&b);
+  jb_obj_end(&b);
+  int rc = jb_write_fd(&b, fd);
+  jb_free(&b);
+  return rc;
+}
+
+static int to_path(const char *path, int std_fd, int (*fill)(jbuf_t *, bool), bool arg) {
+  if (!path || !*path)
+    return -EINVAL;
+  if (gr_core_disabled())
+    return -ENOTSUP;
+  jbuf_t b;
+  jb_init(&b);
+  int rc = fill(&b, arg);
+  if (rc == 0)
+    rc = strcmp(path, "-") == 0 ? jb_write_fd(&b, std_fd) : write_atomically(path, &b, 0644);
+  jb_free(&b);
+  if (rc < 0 && rc != -ENOMEM)
+    rc = -EIO; /* the header's promise: a file that could not be written */
+  return rc;
+}
+
+static int fill_snapshot(jbuf_t *b, bool unused) {
+  (void)unused;
+  int rc = gr_rep_snapshot_json(b);
+  jb_raw(b, "\n", 1);
+  return rc;
+}
+
+GR_EXPORT int gpureclaim_snapshot(const char *path) { return to_path(path, STDOUT_FILENO, fill_snapshot, false); }
+
+GR_EXPORT int gpureclaim_leak_report(const char *path, int json) {
+  return to_path(path, STDERR_FILENO, gr_rep_leaks, json != 0);
+}

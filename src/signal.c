@@ -1,0 +1,90 @@
+/*
+ * signal.c -- the release signal (SIGUSR1 by default, GPURECLAIM_SIGNAL).
+ *
+ * Installed with sigaction when the process initialises CUDA, chained to the handler installed before (a JVM,
+ * Python's faulthandler.register). The handler is async-signal-safe: it writes to an eventfd and calls the
+ * previous handler; the worker thread, which blocks every signal, does the release. If the program later
+ * installs its own handler for the signal, gpureclaim says so once and does not fight it (the command's
+ * control socket still reaches the process). A previous action of SIG_DFL (terminate) or SIG_IGN is not
+ * chained: a process under gpureclaim survives the signal.
+ */
+#include "gpureclaim_internal.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+static int g_sig;
+static struct sigaction g_prev;
+static _Atomic int g_fd = -1;
+static _Atomic int g_installed;
+
+static void handler(int sig, siginfo_t *info, void *uc) {
+  int saved = errno;
+  int fd = atomic_load_explicit(&g_fd, memory_order_relaxed);
+  if (fd >= 0) {
+    uint64_t one = 1;
+    ssize_t w = write(fd, &one, sizeof one); /* EAGAIN at a saturated counter is fine: a release is due */
+    (void)w;
+  }
+  if (g_prev.sa_flags & SA_SIGINFO) {
+    if (g_prev.sa_sigaction)
+      g_prev.sa_sigaction(sig, info, uc);
+  } else if (g_prev.sa_handler != SIG_DFL && g_prev.sa_handler != SIG_IGN && g_prev.sa_handler) {
+    g_prev.sa_handler(sig);
+  }
+  errno = saved;
+}
+
+int gr_sig_install(void) {
+  int sig = gr_opt()->signal;
+  if (!sig || atomic_load_explicit(&g_installed, memory_order_acquire))
+    return 0;
+  int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (fd < 0)
+    return -errno;
+  atomic_store_explicit(&g_fd, fd, memory_order_release);
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = handler;
+  sa.sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;
+  sigemptyset(&sa.sa_mask);
+  g_sig = sig;
+  if (sigaction(sig, &sa, &g_prev) != 0) {
+    int e = errno;
+    atomic_store_explicit(&g_fd, -1, memory_order_release);
+    close(fd);
+    return -e;
+  }
+  atomic_store_explicit(&g_installed, 1, memory_order_release);
+  return 0;
+}
+
+int gr_sig_fd(void) { return atomic_load_explicit(&g_fd, memory_order_acquire); }
+
+void gr_sig_check_replaced(void) {
+  if (!atomic_load_explicit(&g_installed, memory_order_acquire))
+    return;
+  struct sigaction cur;
+  if (sigaction(g_sig, NULL, &cur) != 0 || ((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == handler))
+    return;
+  char name[16];
+  gr_warn_once(w_replaced,
+               "the program installed its own SIG%s handler; gpureclaim leaves it alone: releases by signal no "
+               "longer reach this process (the gpureclaim command still does, through its control socket; or "
+               "choose another signal with GPURECLAIM_SIGNAL)",
+               gr_opt_signal_name(g_sig, name, sizeof name));
+}
+
+void gr_sig_atfork_child(void) {
+  /* A child that never uses CUDA carries no gpureclaim handler: give the signal back to what was there. */
+  struct sigaction cur;
+  if (atomic_exchange_explicit(&g_installed, 0, memory_order_acq_rel) && sigaction(g_sig, NULL, &cur) == 0 &&
+      (cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == handler)
+    sigaction(g_sig, &g_prev, NULL); /* only ours: a handler the program installed since stays */
+  int fd = atomic_exchange_explicit(&g_fd, -1, memory_order_acq_rel);
+  if (fd >= 0)
+    close(fd);
+}

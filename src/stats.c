@@ -1,0 +1,317 @@
+/*
+ * stats.c -- counters behind gpureclaim_stats().
+ *
+ * Counts (allocations, frees, pinned and address-space bytes) live in per-thread shards written with plain
+ * stores by their owner only, so an allocation adds no shared read-modify-write for them; a read sums the
+ * shards. Shards of exited threads are folded into a global one and reused. Live device bytes need a peak,
+ * so they are one atomic per device (and one for the process once a second device is used: a process on a
+ * single device gets its overall peak from that device's).
+ */
+#include "gpureclaim_internal.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Per-kind counts; totals are their sums, so an allocation or a free touches one count of its own kind. */
+enum { C_DEV_ALLOCS, C_DEV_FREES, C_HOST_IN, C_HOST_OUT, C_HOST_BYTES_IN, C_HOST_BYTES_OUT, C_VA_IN, C_VA_OUT,
+       C_VA_ALLOCS, C_VA_FREES, C_MAP_IN, C_MAP_OUT, C_MAP_ALLOCS, C_MAP_FREES, C_N };
+
+#define NDEV (GR_MAX_DEV + 1) /* last slot: no device */
+
+typedef struct shard {
+  _Atomic uint64_t c[NDEV][C_N];
+  struct shard *next;
+  _Atomic int owned;
+} shard_t;
+
+typedef struct dev_atomics {
+  _Atomic uint64_t live_bytes, peak, orphan_blocks, orphan_bytes, ctxd_blocks, ctxd_bytes, ctxd_host;
+} __attribute__((aligned(64))) dev_atomics_t;
+
+static dev_atomics_t g_dev[NDEV];
+static _Atomic(shard_t *) g_shards;
+static shard_t g_exited; /* counts of threads that exited */
+static _Atomic int g_used_devices_mask_set;
+static _Atomic uint64_t g_devmask; /* devices seen, first 64 */
+static _Atomic uint64_t g_total_live, g_total_peak;
+static _Atomic uint64_t g_untracked_frees, g_late_frees, g_releases, g_released_bytes, g_oom_retries, g_oom_ok;
+
+static GR_TLS shard_t *t_shard;
+static pthread_key_t g_key;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+static void fold(void *arg) {
+  shard_t *s = arg;
+  if (!s)
+    return;
+  for (int d = 0; d < NDEV; d++)
+    for (int c = 0; c < C_N; c++) {
+      uint64_t v = atomic_load_explicit(&s->c[d][c], memory_order_relaxed);
+      if (v) {
+        atomic_fetch_add_explicit(&g_exited.c[d][c], v, memory_order_relaxed);
+        atomic_store_explicit(&s->c[d][c], 0, memory_order_relaxed);
+      }
+    }
+  if (t_shard == s)
+    t_shard = NULL;
+  atomic_store_explicit(&s->owned, 0, memory_order_release);
+}
+
+static void make_key(void) { (void)pthread_key_create(&g_key, fold); }
+
+GR_COLD static shard_t *new_shard(void) {
+  shard_t *s;
+  for (s = atomic_load_explicit(&g_shards, memory_order_acquire); s; s = s->next) {
+    int expected = 0;
+    if (atomic_compare_exchange_strong_explicit(&s->owned, &expected, 1, memory_order_acq_rel, memory_order_relaxed))
+      break;
+  }
+  if (!s) {
+    s = calloc(1, sizeof *s);
+    if (!s)
+      return NULL;
+    atomic_init(&s->owned, 1);
+    shard_t *head = atomic_load_explicit(&g_shards, memory_order_relaxed);
+    do
+      s->next = head;
+    while (!atomic_compare_exchange_weak_explicit(&g_shards, &head, s, memory_order_release, memory_order_relaxed));
+  }
+  pthread_once(&g_once, make_key);
+  (void)pthread_setspecific(g_key, s);
+  t_shard = s;
+  return s;
+}
+
+static inline void add(int dev, int c, uint64_t v) {
+  shard_t *s = t_shard;
+  if (GR_UNLIKELY(!s) && !(s = new_shard())) {
+    atomic_fetch_add_explicit(&g_exited.c[dev][c], v, memory_order_relaxed);
+    return;
+  }
+  atomic_store_explicit(&s->c[dev][c], atomic_load_explicit(&s->c[dev][c], memory_order_relaxed) + v,
+                        memory_order_relaxed);
+}
+
+static inline int dev_index(uint8_t device) { return device < GR_MAX_DEV ? device : GR_MAX_DEV; }
+
+static inline void max_into(_Atomic uint64_t *peak, uint64_t v) {
+  uint64_t p = atomic_load_explicit(peak, memory_order_relaxed);
+  while (v > p && !atomic_compare_exchange_weak_explicit(peak, &p, v, memory_order_relaxed, memory_order_relaxed))
+    ;
+}
+
+static void live_add(int d, uint64_t bytes) {
+  uint64_t v = atomic_fetch_add_explicit(&g_dev[d].live_bytes, bytes, memory_order_relaxed) + bytes;
+  max_into(&g_dev[d].peak, v);
+  uint64_t bit = d < GR_MAX_DEV ? UINT64_C(1) << d : 0;
+  uint64_t mask = atomic_load_explicit(&g_devmask, memory_order_relaxed);
+  if (GR_UNLIKELY(bit && !(mask & bit))) {
+    mask = atomic_fetch_or_explicit(&g_devmask, bit, memory_order_relaxed) | bit;
+    if (mask & (mask - 1) && !atomic_exchange_explicit(&g_used_devices_mask_set, 1, memory_order_relaxed)) {
+      /* A second device: from now on keep an exact process total (it starts as the sum of the devices). */
+      uint64_t sum = 0;
+      for (int i = 0; i < NDEV; i++)
+        if (i != d)
+          sum += atomic_load_explicit(&g_dev[i].live_bytes, memory_order_relaxed);
+      atomic_fetch_add_explicit(&g_total_live, sum, memory_order_relaxed);
+    }
+  }
+  if (atomic_load_explicit(&g_used_devices_mask_set, memory_order_relaxed))
+    max_into(&g_total_peak, atomic_fetch_add_explicit(&g_total_live, bytes, memory_order_relaxed) + bytes);
+}
+
+static void live_sub(int d, uint64_t bytes) {
+  atomic_fetch_sub_explicit(&g_dev[d].live_bytes, bytes, memory_order_relaxed);
+  if (atomic_load_explicit(&g_used_devices_mask_set, memory_order_relaxed))
+    atomic_fetch_sub_explicit(&g_total_live, bytes, memory_order_relaxed);
+}
+
+void gr_stats_alloc(const gr_rec_t *r) {
+  int d = dev_index(r->device);
+  switch (r->kind) {
+  case GPURECLAIM_KIND_HOST:
+    add(d, C_HOST_IN, 1);
+    add(d, C_HOST_BYTES_IN, r->size);
+    break;
+  case GPURECLAIM_KIND_VA:
+    add(d, C_VA_ALLOCS, 1);
+    add(d, C_VA_IN, r->size);
+    break;
+  case GPURECLAIM_KIND_VMM_MAPPING:
+    add(d, C_MAP_ALLOCS, 1);
+    add(d, C_MAP_IN, r->size);
+    break;
+  default:
+    add(d, C_DEV_ALLOCS, 1);
+    live_add(d, r->size);
+  }
+}
+
+static void gone(const gr_rec_t *r, bool counted_as_free) {
+  int d = dev_index(r->device);
+  if (GR_UNLIKELY(r->state == GR_ST_ORPHAN || r->state == GR_ST_RECLAIMING))
+    gr_stats_orphaned(r, -1);
+  switch (r->kind) {
+  case GPURECLAIM_KIND_HOST:
+    add(d, C_HOST_OUT, 1); /* a pinned block leaves only by a free or with its context */
+    add(d, C_HOST_BYTES_OUT, r->size);
+    break;
+  case GPURECLAIM_KIND_VA:
+    add(d, C_VA_FREES, 1);
+    add(d, C_VA_OUT, r->size);
+    break;
+  case GPURECLAIM_KIND_VMM_MAPPING:
+    add(d, C_MAP_FREES, 1);
+    add(d, C_MAP_OUT, r->size);
+    break;
+  default:
+    if (counted_as_free)
+      add(d, C_DEV_FREES, 1);
+    live_sub(d, r->size);
+  }
+}
+
+void gr_stats_free(const gr_rec_t *r) { gone(r, true); }
+
+void gr_stats_ctx_destroyed(const gr_rec_t *r) {
+  gone(r, false);
+  if (r->kind == GPURECLAIM_KIND_HOST) /* left with its context: not a free */
+    atomic_fetch_add_explicit(&g_dev[dev_index(r->device)].ctxd_host, 1, memory_order_relaxed);
+  if (gr_kind_is_device_memory(r->kind)) {
+    int d = dev_index(r->device);
+    atomic_fetch_add_explicit(&g_dev[d].ctxd_blocks, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&g_dev[d].ctxd_bytes, r->size, memory_order_relaxed);
+  }
+}
+
+void gr_stats_orphaned(const gr_rec_t *r, int delta) {
+  if (!gr_kind_is_device_memory(r->kind) && r->kind != GPURECLAIM_KIND_HOST)
+    return;
+  int d = dev_index(r->device);
+  if (delta > 0) {
+    atomic_fetch_add_explicit(&g_dev[d].orphan_blocks, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&g_dev[d].orphan_bytes, r->size, memory_order_relaxed);
+  } else {
+    atomic_fetch_sub_explicit(&g_dev[d].orphan_blocks, 1, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&g_dev[d].orphan_bytes, r->size, memory_order_relaxed);
+  }
+}
+
+void gr_stats_untracked_free(void) { atomic_fetch_add_explicit(&g_untracked_frees, 1, memory_order_relaxed); }
+void gr_stats_late_free(void) { atomic_fetch_add_explicit(&g_late_frees, 1, memory_order_relaxed); }
+void gr_stats_release(uint64_t bytes) {
+  atomic_fetch_add_explicit(&g_releases, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&g_released_bytes, bytes, memory_order_relaxed);
+}
+void gr_stats_oom_retry(bool ok) {
+  atomic_fetch_add_explicit(&g_oom_retries, 1, memory_order_relaxed);
+  if (ok)
+    atomic_fetch_add_explicit(&g_oom_ok, 1, memory_order_relaxed);
+}
+
+/* ---- reading ---- */
+
+static uint64_t sum(int d, int c) {
+  uint64_t v = atomic_load_explicit(&g_exited.c[d][c], memory_order_relaxed);
+  for (shard_t *s = atomic_load_explicit(&g_shards, memory_order_acquire); s; s = s->next)
+    v += atomic_load_explicit(&s->c[d][c], memory_order_relaxed);
+  return v;
+}
+
+typedef struct pool_sum {
+  int device;
+  uint64_t reserved, used;
+} pool_sum_t;
+
+static void add_pool(uint16_t id, CUmemoryPool pool, int device, void *arg) {
+  (void)id;
+  pool_sum_t *ps = arg;
+  if (ps->device >= 0 && device != ps->device)
+    return;
+  cuuint64_t v = 0;
+  if (gr_drv.cuMemPoolGetAttribute &&
+      gr_drv.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v) == CUDA_SUCCESS)
+    ps->reserved += v;
+  v = 0;
+  if (gr_drv.cuMemPoolGetAttribute &&
+      gr_drv.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &v) == CUDA_SUCCESS)
+    ps->used += v;
+}
+
+int gr_stats_get(int device, gpureclaim_stats_t *out) {
+  gpureclaim_stats_t s;
+  memset(&s, 0, sizeof s);
+  s.size = sizeof s;
+  int lo = device < 0 ? 0 : device, hi = device < 0 ? NDEV - 1 : device;
+  for (int d = lo; d <= hi; d++) {
+    uint64_t allocs = sum(d, C_DEV_ALLOCS), frees = sum(d, C_DEV_FREES);
+    uint64_t ctxd = atomic_load_explicit(&g_dev[d].ctxd_blocks, memory_order_relaxed);
+    s.live_blocks += allocs - frees - ctxd;
+    s.live_bytes += atomic_load_explicit(&g_dev[d].live_bytes, memory_order_relaxed);
+    s.total_allocs += allocs + sum(d, C_HOST_IN) + sum(d, C_VA_ALLOCS) + sum(d, C_MAP_ALLOCS);
+    s.total_frees += frees + sum(d, C_VA_FREES) + sum(d, C_MAP_FREES) + sum(d, C_HOST_OUT) -
+                     atomic_load_explicit(&g_dev[d].ctxd_host, memory_order_relaxed);
+    s.va_reserved_bytes += sum(d, C_VA_IN) - sum(d, C_VA_OUT);
+    s.vmm_mapped_bytes += sum(d, C_MAP_IN) - sum(d, C_MAP_OUT);
+    s.orphan_blocks += atomic_load_explicit(&g_dev[d].orphan_blocks, memory_order_relaxed);
+    s.orphan_bytes += atomic_load_explicit(&g_dev[d].orphan_bytes, memory_order_relaxed);
+    s.ctx_destroyed_blocks += ctxd;
+    s.ctx_destroyed_bytes += atomic_load_explicit(&g_dev[d].ctxd_bytes, memory_order_relaxed);
+  }
+  if (device < 0) {
+    s.host_pinned_blocks = sum(GR_MAX_DEV, C_HOST_IN) - sum(GR_MAX_DEV, C_HOST_OUT);
+    s.host_pinned_bytes = sum(GR_MAX_DEV, C_HOST_BYTES_IN) - sum(GR_MAX_DEV, C_HOST_BYTES_OUT);
+    if (atomic_load_explicit(&g_used_devices_mask_set, memory_order_relaxed))
+      s.peak_bytes = atomic_load_explicit(&g_total_peak, memory_order_relaxed);
+    else
+      for (int d = 0; d < NDEV; d++)
+        s.peak_bytes += atomic_load_explicit(&g_dev[d].peak, memory_order_relaxed);
+    s.untracked_frees = atomic_load_explicit(&g_untracked_frees, memory_order_relaxed);
+    s.late_frees = atomic_load_explicit(&g_late_frees, memory_order_relaxed);
+    s.releases = atomic_load_explicit(&g_releases, memory_order_relaxed);
+    s.released_bytes = atomic_load_explicit(&g_released_bytes, memory_order_relaxed);
+    s.oom_retries = atomic_load_explicit(&g_oom_retries, memory_order_relaxed);
+    s.oom_retry_successes = atomic_load_explicit(&g_oom_ok, memory_order_relaxed);
+    s.untracked_routes = atomic_load_explicit(&gr_untracked_routes, memory_order_relaxed);
+    s.table_bytes = gr_table_bytes();
+    s.contexts = gr_reg_ctx_count();
+    s.pools = gr_reg_pool_count();
+  } else {
+    s.peak_bytes = atomic_load_explicit(&g_dev[device].peak, memory_order_relaxed);
+  }
+  pool_sum_t ps = {device, 0, 0};
+  if (atomic_load_explicit(&gr_core_state, memory_order_acquire) == 1)
+    gr_reg_foreach_pool(add_pool, &ps);
+  s.pool_reserved_bytes = ps.reserved;
+  s.pool_used_bytes = ps.used;
+  /* Sums of relaxed counters can be read mid-update; never report a transient underflow. */
+  if ((int64_t)s.live_blocks < 0)
+    s.live_blocks = 0;
+  size_t n = out->size < sizeof s ? out->size : sizeof s;
+  size_t keep = out->size;
+  memcpy(out, &s, n);
+  out->size = keep < sizeof s ? keep : sizeof s;
+  return 0;
+}
+
+void gr_stats_atfork_child(void) {
+  memset(g_dev, 0, sizeof g_dev);
+  for (shard_t *s = atomic_load_explicit(&g_shards, memory_order_relaxed); s; s = s->next) {
+    memset((void *)s->c, 0, sizeof s->c);
+    if (s != t_shard)
+      atomic_store_explicit(&s->owned, 0, memory_order_relaxed);
+  }
+  memset((void *)g_exited.c, 0, sizeof g_exited.c);
+  atomic_store(&g_devmask, 0);
+  atomic_store(&g_used_devices_mask_set, 0);
+  atomic_store(&g_total_live, 0);
+  atomic_store(&g_total_peak, 0);
+  atomic_store(&g_untracked_frees, 0);
+  atomic_store(&g_late_frees, 0);
+  atomic_store(&g_releases, 0);
+  atomic_store(&g_released_bytes, 0);
+  atomic_store(&g_oom_retries, 0);
+  atomic_store(&g_oom_ok, 0);
+}
