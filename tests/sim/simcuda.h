@@ -87,6 +87,14 @@ uint64_t simcuda_procaddr_requests(void (*fn)(const char *symbol, int version, u
  * CUDA_ERROR_OUT_OF_MEMORY. Existing memory is kept even when above the new capacity. */
 void simcuda_set_capacity(int device, uint64_t bytes);
 
+/* Where a device's simulated memory lives: its arena's base and size. Returns 1 when the arena sits at its
+ * fixed hint address (the same call sequence then gives the same addresses in every process), 0 when the
+ * kernel placed it elsewhere, -1 before cuInit or for a bad device.
+ * Notes on the figures above: pool_reserved_bytes/pool_used_bytes count whole chunks (requests rounded to
+ * the simulator's size classes: 512 B steps up to 4 KiB, then 8 steps per power of two), live_bytes the
+ * requested sizes; VA reservations belong to no device and are counted for device -1 only. */
+int simcuda_arena(int device, uint64_t *base, uint64_t *size);
+
 #ifdef __cplusplus
 }
 #endif

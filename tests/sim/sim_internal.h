@@ -1,0 +1,70 @@
+/*
+ * sim_internal.h -- data structures shared by the simulated driver's translation units (never exported).
+ *
+ * The simulator keeps its bookkeeping out of the simulated device memory, so a program that scribbles over
+ * its own buffers cannot corrupt the allocator, and everything here is O(1) or O(log n) so that an
+ * alloc+free pair stays far below the cost gpureclaim adds on top of it.
+ */
+#ifndef SIM_INTERNAL_H
+#define SIM_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- u64 -> pointer hash map (open addressing, linear probing, backward-shift deletion).
+ * Key 0 marks an empty slot: every key used (addresses, handles, object pointers) is non-zero. */
+typedef struct simmap {
+  uint64_t *keys;
+  void **vals;
+  size_t cap; /* power of two, or 0 before the first insert */
+  size_t n;
+} simmap_t;
+
+void *simmap_get(const simmap_t *m, uint64_t key);
+/* Inserts or replaces; returns 0, or -1 when memory is exhausted (map unchanged). */
+int simmap_put(simmap_t *m, uint64_t key, void *val);
+/* Removes the key; returns its value or NULL. */
+void *simmap_del(simmap_t *m, uint64_t key);
+void simmap_free(simmap_t *m);
+
+/* ---- free-extent manager: hands out [start, start+len) ranges of an address window with alignment and
+ * coalesces them on return. Extents are binned by floor(log2(len)); neighbours are found through two maps. */
+typedef struct simext {
+  uint64_t start, len;
+  struct simext *prev, *next;
+  int bin;
+} simext_t;
+
+typedef struct simextmgr {
+  simmap_t by_start, by_end;
+  simext_t *bins[64];
+  uint64_t nonempty; /* bit b: bins[b] non-empty */
+  uint64_t free_bytes;
+} simextmgr_t;
+
+int simext_init(simextmgr_t *m, uint64_t start, uint64_t len);
+/* Returns the start of a range of len bytes aligned to align (a power of two), or 0 when none fits. */
+uint64_t simext_alloc(simextmgr_t *m, uint64_t len, uint64_t align);
+/* Takes exactly [start, start+len) when it is free; returns 0 on success, -1 otherwise. */
+int simext_alloc_at(simextmgr_t *m, uint64_t start, uint64_t len);
+/* Returns a range; returns 0, or -1 when bookkeeping memory is exhausted (the range is then lost). */
+int simext_free(simextmgr_t *m, uint64_t start, uint64_t len);
+
+/* ---- hierarchical bitmap with predecessor search: which 512-byte units start a carved chunk, so an
+ * interior device pointer finds its chunk in a handful of word operations. Levels live in MAP_NORESERVE
+ * mappings: only the pages touched are committed. */
+#define SIMBITS_MAXLVL 8
+typedef struct simbits {
+  uint64_t *lvl[SIMBITS_MAXLVL];
+  size_t words[SIMBITS_MAXLVL];
+  int nlvl;
+  uint64_t nbits;
+} simbits_t;
+
+int simbits_init(simbits_t *b, uint64_t nbits);
+void simbits_set(simbits_t *b, uint64_t i);
+void simbits_clear(simbits_t *b, uint64_t i);
+/* Largest set index <= i, or -1. */
+int64_t simbits_pred(const simbits_t *b, uint64_t i);
+
+#endif /* SIM_INTERNAL_H */

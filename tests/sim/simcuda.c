@@ -1,0 +1,2470 @@
+/*
+ * simcuda.c -- the simulated CUDA driver (libcuda.so.1): devices backed by host memory.
+ *
+ * Shape of the implementation:
+ *  - every exported entry point is a thin wrapper: count the call, apply an injected fault, call a static
+ *    implementation, trace the result. Internal code only ever calls the static implementations, never an
+ *    exported name, because gpureclaim preloads definitions of the same names and a real libcuda never
+ *    binds to those (the library is also linked with -Bsymbolic-functions);
+ *  - one mutex serialises the state, as the real driver does;
+ *  - device memory of each device is carved from one MAP_NORESERVE arena placed at a fixed hint address, so
+ *    the same call sequence yields the same addresses in two processes. Chunks are rounded to size classes
+ *    (8 per power of two), freed chunks wait in per-class LIFO caches and are reused at once; only when the
+ *    arena's address space runs out are the caches flushed back into coalesced free extents.
+ */
+#define _GNU_SOURCE
+/* Makes cuda.h declare every ABI version of each entry point (cuMemAlloc and cuMemAlloc_v2, the _ptsz and
+ * _ptds variants ...) with no renaming macro left behind, so each definition below is checked against the
+ * real prototype of exactly the symbol it defines. */
+#define __CUDA_API_VERSION_INTERNAL 1
+#include "simcuda.h"
+
+#include "sim_internal.h"
+
+#include <ctype.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define SIM_EXPORT __attribute__((visibility("default")))
+#define SIM_API SIM_EXPORT CUresult CUDAAPI
+
+#define SIM_DRIVER_VERSION 13000
+#define SIM_MAX_DEV 8
+#define SIM_GRAN (2ULL << 20) /* VMM granularity, and the alignment of chunks of 2 MiB and more */
+#define SIM_NCLASS 288
+#define SIM_MAX_ALLOC (1ULL << 46)
+#define CTX_STACK_MAX 32
+#define PA_LOG_MAX 8192
+
+/* ------------------------------------------------------------------------------- entry-point registry */
+
+#define SIM_ENTRY_POINTS(X)                                                                                   \
+  X(cuInit) X(cuDriverGetVersion) X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetName) X(cuDeviceTotalMem)   \
+  X(cuDeviceTotalMem_v2) X(cuDeviceGetAttribute) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)     \
+  X(cuDevicePrimaryCtxRelease_v2) X(cuDevicePrimaryCtxReset) X(cuDevicePrimaryCtxReset_v2)                    \
+  X(cuDevicePrimaryCtxGetState) X(cuCtxCreate) X(cuCtxCreate_v2) X(cuCtxCreate_v3) X(cuCtxCreate_v4)          \
+  X(cuCtxDestroy) X(cuCtxDestroy_v2) X(cuCtxPushCurrent) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent)            \
+  X(cuCtxPopCurrent_v2) X(cuCtxGetCurrent) X(cuCtxSetCurrent) X(cuCtxGetDevice) X(cuCtxGetDevice_v2)          \
+  X(cuCtxSynchronize) X(cuCtxSynchronize_v2) X(cuMemAlloc) X(cuMemAlloc_v2) X(cuMemAllocPitch)                \
+  X(cuMemAllocPitch_v2) X(cuMemAllocManaged) X(cuMemFree) X(cuMemFree_v2) X(cuMemGetInfo) X(cuMemGetInfo_v2)  \
+  X(cuMemGetAddressRange) X(cuMemGetAddressRange_v2) X(cuMemHostAlloc) X(cuMemAllocHost)                      \
+  X(cuMemAllocHost_v2) X(cuMemFreeHost) X(cuMemcpyHtoD) X(cuMemcpyHtoD_v2) X(cuMemcpyHtoD_v2_ptds)            \
+  X(cuMemcpyDtoH) X(cuMemcpyDtoH_v2) X(cuMemcpyDtoH_v2_ptds) X(cuMemcpyDtoD) X(cuMemcpyDtoD_v2)               \
+  X(cuMemcpyDtoD_v2_ptds) X(cuMemsetD8) X(cuMemsetD8_v2) X(cuMemsetD8_v2_ptds) X(cuStreamCreate)              \
+  X(cuStreamDestroy) X(cuStreamDestroy_v2) X(cuStreamSynchronize) X(cuStreamSynchronize_ptsz)                 \
+  X(cuStreamGetCtx) X(cuStreamGetCtx_ptsz) X(cuStreamGetCtx_v2) X(cuStreamGetCtx_v2_ptsz) X(cuMemAllocAsync)  \
+  X(cuMemAllocAsync_ptsz) X(cuMemFreeAsync) X(cuMemFreeAsync_ptsz) X(cuMemAllocFromPoolAsync)                 \
+  X(cuMemAllocFromPoolAsync_ptsz) X(cuMemPoolCreate) X(cuMemPoolDestroy) X(cuMemPoolTrimTo)                   \
+  X(cuMemPoolSetAttribute) X(cuMemPoolGetAttribute) X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool)        \
+  X(cuDeviceSetMemPool) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap) \
+  X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAllocationGranularity) X(cuGetErrorName) X(cuGetErrorString)      \
+  X(cuGetProcAddress) X(cuGetProcAddress_v2)
+
+enum {
+#define X(n) SIMFN_##n,
+  SIM_ENTRY_POINTS(X)
+#undef X
+  SIMFN_COUNT
+};
+
+static const char *const g_fn_names[SIMFN_COUNT] = {
+#define X(n) #n,
+    SIM_ENTRY_POINTS(X)
+#undef X
+};
+
+static _Atomic uint64_t g_calls[SIMFN_COUNT];
+static _Atomic int g_inj_count[SIMFN_COUNT];
+static CUresult g_inj_err[SIMFN_COUNT]; /* guarded by g_inj_lock */
+static pthread_mutex_t g_inj_lock = PTHREAD_MUTEX_INITIALIZER;
+static int g_trace; /* set once by the constructor, before any thread can call in */
+
+static int fn_id(const char *name) {
+  if (!name) return -1;
+  for (int i = 0; i < SIMFN_COUNT; i++)
+    if (strcmp(g_fn_names[i], name) == 0) return i;
+  return -1;
+}
+
+static int take_injection(int id, CUresult *r) {
+  int hit = 0;
+  pthread_mutex_lock(&g_inj_lock);
+  int n = atomic_load_explicit(&g_inj_count[id], memory_order_relaxed);
+  if (n > 0) {
+    atomic_store_explicit(&g_inj_count[id], n - 1, memory_order_relaxed);
+    *r = g_inj_err[id];
+    hit = 1;
+  }
+  pthread_mutex_unlock(&g_inj_lock);
+  return hit;
+}
+
+static const char *err_name(CUresult e);
+
+static void trace_call(int id, CUresult r) {
+  const char *n = err_name(r);
+  fprintf(stderr, "[simcuda %d] %s -> %d (%s)\n", (int)getpid(), g_fn_names[id], (int)r, n ? n : "?");
+}
+
+/* Counts the call and applies an injected fault; non-zero when the call must return *r at once. */
+static inline int sim_enter(int id, CUresult *r) {
+  atomic_fetch_add_explicit(&g_calls[id], 1, memory_order_relaxed);
+  if (atomic_load_explicit(&g_inj_count[id], memory_order_relaxed) > 0) return take_injection(id, r);
+  return 0;
+}
+
+static inline CUresult sim_leave(int id, CUresult r) {
+  if (g_trace) trace_call(id, r);
+  return r;
+}
+
+#define ENTER(name)                                                                                           \
+  CUresult sim_inj_;                                                                                          \
+  if (sim_enter(SIMFN_##name, &sim_inj_)) return sim_leave(SIMFN_##name, sim_inj_)
+#define LEAVE(name, expr) return sim_leave(SIMFN_##name, (expr))
+
+/* ---------------------------------------------------------------------------------------- state types */
+
+enum { ST_LIVE = 1, ST_ARENA_CACHED = 2, ST_POOL_CACHED = 3 };
+
+typedef struct blk {
+  uint64_t addr;
+  uint64_t rounded; /* chunk (size-class) bytes; mapping length for host blocks */
+  uint64_t bytes;   /* requested */
+  struct blk *next, *prev; /* owner context's live list, or a cache's LIFO (next only) */
+  struct CUctx_st *ctx;
+  struct CUmemPoolHandle_st *pool;
+  uint16_t cls;
+  uint8_t kind;  /* simcuda_kind_t */
+  uint8_t state; /* ST_* */
+  int8_t device;
+  uint8_t dirty; /* written through cuMemcpy/cuMemset: pages are committed */
+} blk_t;
+
+struct CUctx_st {
+  int device;
+  int primary;
+  int alive;
+  int refcount; /* primary only */
+  unsigned flags;
+  blk_t *blocks;
+  struct CUstream_st *streams;
+  uint64_t live_blocks, live_bytes, plain_bytes, pool_used, host_blocks, host_bytes;
+  struct CUctx_st *all_next; /* every context ever made: handles stay unique and dereferenceable */
+};
+
+struct CUstream_st {
+  struct CUctx_st *ctx;
+  unsigned flags;
+  struct CUstream_st *next, *prev;
+};
+
+struct CUmemPoolHandle_st {
+  int device;
+  int is_default;
+  int alive;
+  int reuse[3]; /* REUSE_FOLLOW_EVENT_DEPENDENCIES, _ALLOW_OPPORTUNISTIC, _ALLOW_INTERNAL_DEPENDENCIES */
+  uint64_t threshold, reserved, reserved_high, used, used_high, max_size;
+  blk_t *cache[SIM_NCLASS];
+  struct CUmemPoolHandle_st *dev_next; /* the device's pools, for release at synchronization */
+};
+
+typedef struct arena {
+  uint64_t base, size;
+  int hinted;
+  simextmgr_t ext;
+  simbits_t starts; /* 512-byte units that begin a carved chunk */
+  blk_t *cache[SIM_NCLASS];
+} arena_t;
+
+typedef struct simdev {
+  uint64_t capacity;
+  arena_t ar;
+  struct CUctx_st primary;
+  struct CUmemPoolHandle_st defpool;
+  struct CUmemPoolHandle_st *curpool;
+  struct CUmemPoolHandle_st *pools; /* list through dev_next, default pool included */
+  uint64_t live_blocks, live_bytes, plain_bytes, pool_reserved, pool_used;
+  uint64_t vmm_handles, vmm_phys, vmm_mappings, host_blocks, host_bytes, contexts;
+} simdev_t;
+
+typedef struct vmm_handle {
+  uint64_t handle, size;
+  int device;
+  int released;
+  int nmaps;
+} vmm_handle_t;
+
+typedef struct vmm_map {
+  uint64_t va, size;
+  vmm_handle_t *h;
+  int prot; /* CU_MEM_ACCESS_FLAGS_PROT_* */
+  struct vmm_map *next; /* sorted by va within the reservation */
+} vmm_map_t;
+
+typedef struct va_res {
+  uint64_t va, size;
+  vmm_map_t *maps;
+  struct va_res *next;
+} va_res_t;
+
+typedef struct pa_log {
+  char symbol[64];
+  int version;
+  uint64_t flags;
+} pa_log_t;
+
+static struct {
+  pthread_mutex_t lock;
+  atomic_int initialized;
+  int ndev;
+  simdev_t dev[SIM_MAX_DEV];
+  simmap_t blocks;  /* chunk base or host address -> blk_t (live and cached chunks) */
+  simmap_t ctxs;    /* valid context handles */
+  simmap_t streams; /* live streams */
+  simmap_t pools;   /* live pools (default pools included) */
+  simmap_t vmm;     /* handle -> vmm_handle_t */
+  va_res_t *res;    /* address reservations */
+  uint64_t va_base, va_size, va_reserved;
+  simextmgr_t va_ext;
+  uint64_t vmm_seq;
+  struct CUctx_st *all_ctx;
+  struct CUmemPoolHandle_st *all_pools; /* destroyed pools stay reachable (blocks may point to them) */
+  blk_t *rec_free;
+  blk_t *slabs;
+  pa_log_t *pa_log;
+  uint64_t pa_count;
+  uint64_t cap_override[SIM_MAX_DEV];
+  int cap_overridden[SIM_MAX_DEV];
+  int cap_all_overridden;
+  uint64_t cap_all;
+} g = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static __thread struct {
+  int n;
+  struct CUctx_st *s[CTX_STACK_MAX];
+} t_ctx;
+
+#define LOCK() pthread_mutex_lock(&g.lock)
+#define UNLOCK() pthread_mutex_unlock(&g.lock)
+
+static inline int inited(void) { return atomic_load_explicit(&g.initialized, memory_order_acquire); }
+
+/* ------------------------------------------------------------------------------------------- errors */
+
+#define SIM_ERRORS(E)                                                                                         \
+  E(CUDA_SUCCESS, "no error")                                                                                 \
+  E(CUDA_ERROR_INVALID_VALUE, "invalid argument")                                                             \
+  E(CUDA_ERROR_OUT_OF_MEMORY, "out of memory")                                                                \
+  E(CUDA_ERROR_NOT_INITIALIZED, "initialization error")                                                       \
+  E(CUDA_ERROR_DEINITIALIZED, "driver shutting down")                                                         \
+  E(CUDA_ERROR_PROFILER_DISABLED, "profiler disabled while using external profiling tool")                    \
+  E(CUDA_ERROR_STUB_LIBRARY, "CUDA driver is a stub library")                                                 \
+  E(CUDA_ERROR_DEVICE_UNAVAILABLE, "CUDA-capable device(s) is/are busy or unavailable")                       \
+  E(CUDA_ERROR_NO_DEVICE, "no CUDA-capable device is detected")                                               \
+  E(CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal")                                                      \
+  E(CUDA_ERROR_DEVICE_NOT_LICENSED, "device doesn't have valid Grid license")                                 \
+  E(CUDA_ERROR_INVALID_IMAGE, "device kernel image is invalid")                                               \
+  E(CUDA_ERROR_INVALID_CONTEXT, "invalid device context")                                                     \
+  E(CUDA_ERROR_CONTEXT_ALREADY_CURRENT, "context already current")                                            \
+  E(CUDA_ERROR_MAP_FAILED, "mapping of buffer object failed")                                                 \
+  E(CUDA_ERROR_UNMAP_FAILED, "unmapping of buffer object failed")                                             \
+  E(CUDA_ERROR_ALREADY_MAPPED, "resource already mapped")                                                     \
+  E(CUDA_ERROR_NOT_MAPPED, "resource not mapped")                                                             \
+  E(CUDA_ERROR_CONTEXT_ALREADY_IN_USE, "exclusive-thread device already in use by a different thread")        \
+  E(CUDA_ERROR_INVALID_SOURCE, "device kernel image is invalid")                                              \
+  E(CUDA_ERROR_FILE_NOT_FOUND, "file not found")                                                              \
+  E(CUDA_ERROR_INVALID_HANDLE, "invalid resource handle")                                                     \
+  E(CUDA_ERROR_ILLEGAL_STATE, "the operation cannot be performed in the present state")                       \
+  E(CUDA_ERROR_NOT_FOUND, "named symbol not found")                                                           \
+  E(CUDA_ERROR_NOT_READY, "device not ready")                                                                 \
+  E(CUDA_ERROR_ILLEGAL_ADDRESS, "an illegal memory access was encountered")                                   \
+  E(CUDA_ERROR_LAUNCH_FAILED, "unspecified launch failure")                                                   \
+  E(CUDA_ERROR_CONTEXT_IS_DESTROYED, "context is destroyed")                                                  \
+  E(CUDA_ERROR_NOT_PERMITTED, "operation not permitted")                                                      \
+  E(CUDA_ERROR_NOT_SUPPORTED, "operation not supported")                                                      \
+  E(CUDA_ERROR_SYSTEM_NOT_READY, "system not yet initialized")                                                \
+  E(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "operation not permitted when stream is capturing")                \
+  E(CUDA_ERROR_TIMEOUT, "timeout occurred")                                                                   \
+  E(CUDA_ERROR_UNKNOWN, "unknown error")
+
+static const struct {
+  CUresult code;
+  const char *name, *text;
+} g_errors[] = {
+#define E(c, s) {c, #c, s},
+    SIM_ERRORS(E)
+#undef E
+};
+
+static const char *err_name(CUresult e) {
+  for (size_t i = 0; i < sizeof g_errors / sizeof g_errors[0]; i++)
+    if (g_errors[i].code == e) return g_errors[i].name;
+  return NULL;
+}
+
+static const char *err_text(CUresult e) {
+  for (size_t i = 0; i < sizeof g_errors / sizeof g_errors[0]; i++)
+    if (g_errors[i].code == e) return g_errors[i].text;
+  return NULL;
+}
+
+/* ------------------------------------------------------------------------------------ env and setup */
+
+/* "80G", "512M", "1073741824", "1.5G" -> bytes (binary units); 0 when unparsable. */
+static uint64_t parse_bytes(const char *s) {
+  if (!s || !*s) return 0;
+  char *end;
+  double v = strtod(s, &end);
+  if (end == s || v < 0) return 0;
+  while (*end == ' ') end++;
+  double mul = 1;
+  switch (toupper((unsigned char)*end)) {
+  case 'K': mul = 1024.0; end++; break;
+  case 'M': mul = 1024.0 * 1024; end++; break;
+  case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
+  case 'T': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
+  default: break;
+  }
+  if (toupper((unsigned char)*end) == 'I') end++;
+  if (toupper((unsigned char)*end) == 'B') end++;
+  if (*end) return 0;
+  double b = v * mul;
+  if (b >= 18446744073709551615.0) return UINT64_MAX;
+  return (uint64_t)b;
+}
+
+static int env_devices(void) {
+  const char *s = getenv("SIMCUDA_DEVICES");
+  if (!s || !*s) return 1;
+  char *end;
+  long n = strtol(s, &end, 10);
+  if (*end || n < 0) {
+    fprintf(stderr, "simcuda: ignoring SIMCUDA_DEVICES=%s (want 0..%d)\n", s, SIM_MAX_DEV);
+    return 1;
+  }
+  if (n > SIM_MAX_DEV) {
+    fprintf(stderr, "simcuda: SIMCUDA_DEVICES=%s capped at %d\n", s, SIM_MAX_DEV);
+    return SIM_MAX_DEV;
+  }
+  return (int)n;
+}
+
+static uint64_t env_capacity(void) {
+  const char *s = getenv("SIMCUDA_DEVICE_MEM");
+  uint64_t def = 80ULL << 30;
+  if (!s || !*s) return def;
+  uint64_t v = parse_bytes(s);
+  if (!v) {
+    fprintf(stderr, "simcuda: ignoring SIMCUDA_DEVICE_MEM=%s\n", s);
+    return def;
+  }
+  return v;
+}
+
+static uint64_t capacity_for(int d, uint64_t env_cap) {
+  if (g.cap_overridden[d]) return g.cap_override[d];
+  if (g.cap_all_overridden) return g.cap_all;
+  return env_cap;
+}
+
+/* Address windows. Each device's arena sits at a fixed hint so runs are reproducible. The hints keep
+ * clear of Criterion's sandbox arena (BoxFort maps it at random in [0x2000'0000'0000, 0x6000'0000'0000)),
+ * of ASan's allocator (0x6000'0000'0000 + 4 TiB) and of the libraries near the stack. Under
+ * ThreadSanitizer only the low 512 GiB are application memory there, so use that. */
+#if defined(__SANITIZE_THREAD__)
+#define ARENA_HINT0 0x1000000000ULL
+#define ARENA_SPAN 0x6000000000ULL
+#define VA_HINT 0x7000000000ULL
+#define VA_SIZE 0x1000000000ULL
+#else
+#define ARENA_HINT0 0x680000000000ULL
+#define ARENA_SPAN 0x80000000000ULL /* 8 TiB: 1 TiB per device */
+#define VA_HINT 0x700000000000ULL
+#define VA_SIZE 0x40000000000ULL
+#endif
+
+static void *map_window(uint64_t hint, uint64_t *size, int prot, int *hinted) {
+  uint64_t sz = *size;
+  while (sz >= (1ULL << 30)) {
+    void *p = mmap((void *)hint, sz, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p != MAP_FAILED) {
+      *size = sz;
+      *hinted = (uint64_t)p == hint;
+      return p;
+    }
+    sz /= 2; /* strict overcommit or a crowded address space: settle for less */
+  }
+  return NULL;
+}
+
+static int pool_init(struct CUmemPoolHandle_st *p, int device, int is_default) {
+  memset(p, 0, sizeof *p);
+  p->device = device;
+  p->is_default = is_default;
+  p->alive = 1;
+  p->reuse[0] = p->reuse[1] = p->reuse[2] = 1;
+  return simmap_put(&g.pools, (uint64_t)(uintptr_t)p, p);
+}
+
+static CUresult setup_locked(void) {
+  int n = env_devices();
+  if (n == 0) return CUDA_ERROR_NO_DEVICE;
+  uint64_t env_cap = env_capacity();
+  uint64_t span = ARENA_SPAN / (uint64_t)(n > 1 ? n : 1);
+  span &= ~(SIM_GRAN - 1);
+  if (span > (1ULL << 40)) span = 1ULL << 40;
+  for (int d = 0; d < n; d++) {
+    simdev_t *dv = &g.dev[d];
+    dv->capacity = capacity_for(d, env_cap);
+    uint64_t sz = span;
+    int hinted = 0;
+    void *p = map_window(ARENA_HINT0 + (uint64_t)d * span, &sz, PROT_READ | PROT_WRITE, &hinted);
+    if (!p) return CUDA_ERROR_OUT_OF_MEMORY;
+    dv->ar.base = (uint64_t)(uintptr_t)p;
+    dv->ar.size = sz;
+    dv->ar.hinted = hinted;
+    if (simext_init(&dv->ar.ext, dv->ar.base, sz) != 0 || simbits_init(&dv->ar.starts, sz >> 9) != 0)
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    dv->primary.device = d;
+    dv->primary.primary = 1;
+    if (simmap_put(&g.ctxs, (uint64_t)(uintptr_t)&dv->primary, &dv->primary) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (pool_init(&dv->defpool, d, 1) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    dv->curpool = &dv->defpool;
+    dv->pools = &dv->defpool;
+  }
+  uint64_t vsz = VA_SIZE;
+  int vh = 0;
+  void *va = map_window(VA_HINT, &vsz, PROT_NONE, &vh);
+  if (!va) return CUDA_ERROR_OUT_OF_MEMORY;
+  g.va_base = (uint64_t)(uintptr_t)va;
+  g.va_size = vsz;
+  if (simext_init(&g.va_ext, g.va_base, vsz) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  g.ndev = n;
+  return CUDA_SUCCESS;
+}
+
+/* Keeps the mutex consistent across fork(): a child never inherits it locked by a vanished thread. */
+static void atfork_prepare(void) { LOCK(); }
+static void atfork_parent(void) { UNLOCK(); }
+static void atfork_child(void) { pthread_mutex_init(&g.lock, NULL); }
+
+__attribute__((constructor)) static void sim_ctor(void) {
+  const char *t = getenv("SIMCUDA_TRACE");
+  g_trace = t && *t && strcmp(t, "0") != 0;
+  pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+}
+
+/* --------------------------------------------------------------------------------------- size classes */
+
+/* Rounds to 512 bytes up to 4 KiB, then to 8 steps per power of two (at most 12.5% slack). */
+static inline int size_class(uint64_t s, unsigned *cls, uint64_t *rounded) {
+  if (s == 0 || s > SIM_MAX_ALLOC) return 0;
+  if (s <= 4096) {
+    uint64_t r = (s + 511) & ~511ULL;
+    *rounded = r;
+    *cls = (unsigned)(r / 512 - 1);
+    return 1;
+  }
+  int q = 63 - __builtin_clzll(s);
+  uint64_t step = 1ULL << (q - 3);
+  uint64_t r = (s + step - 1) & ~(step - 1);
+  int q2 = 63 - __builtin_clzll(r);
+  unsigned m = (unsigned)((r >> (q2 - 3)) & 7);
+  *rounded = r;
+  *cls = 8u + (unsigned)(q2 - 12) * 8u + m - 1u;
+  return 1;
+}
+
+/* ------------------------------------------------------------------------------------------ records */
+
+static blk_t *rec_new(void) {
+  blk_t *b = g.rec_free;
+  if (b) {
+    g.rec_free = b->next;
+  } else {
+    /* Records come in slabs that are never returned; slot 0 chains the slabs so they stay reachable. */
+    enum { SLAB = 1024 };
+    blk_t *s = calloc(SLAB, sizeof *s);
+    if (!s) return NULL;
+    s[0].next = g.slabs;
+    g.slabs = s;
+    for (int i = 2; i < SLAB; i++) {
+      s[i].next = g.rec_free;
+      g.rec_free = &s[i];
+    }
+    b = &s[1];
+  }
+  memset(b, 0, sizeof *b);
+  return b;
+}
+
+static void rec_free(blk_t *b) {
+  b->state = 0;
+  b->next = g.rec_free;
+  g.rec_free = b;
+}
+
+/* ------------------------------------------------------------------------------------------ arena */
+
+static inline uint64_t dev_used(const simdev_t *d) { return d->plain_bytes + d->pool_reserved + d->vmm_phys; }
+
+/* Would `add` more bytes exceed the device's capacity? */
+static inline int over_capacity(const simdev_t *d, uint64_t add) {
+  uint64_t u = dev_used(d);
+  return add > d->capacity || u > d->capacity - add;
+}
+
+static void release_pages(blk_t *b) {
+  if (b->dirty) {
+    madvise((void *)(uintptr_t)b->addr, b->rounded, MADV_DONTNEED);
+    b->dirty = 0;
+  }
+}
+
+/* Gives every cached chunk back to the free extents, coalescing them; used when address space runs out. */
+static void arena_flush(arena_t *a) {
+  for (int c = 0; c < SIM_NCLASS; c++) {
+    blk_t *b = a->cache[c];
+    a->cache[c] = NULL;
+    while (b) {
+      blk_t *nx = b->next;
+      release_pages(b);
+      simbits_clear(&a->starts, (b->addr - a->base) >> 9);
+      simmap_del(&g.blocks, b->addr);
+      simext_free(&a->ext, b->addr, b->rounded);
+      rec_free(b);
+      b = nx;
+    }
+  }
+}
+
+/* A chunk of `bytes` (rounded to its class) from the arena's cache, or freshly carved. */
+static CUresult arena_get(simdev_t *d, uint64_t bytes, blk_t **out) {
+  unsigned cls;
+  uint64_t rounded;
+  if (!size_class(bytes, &cls, &rounded)) return CUDA_ERROR_OUT_OF_MEMORY;
+  arena_t *a = &d->ar;
+  blk_t *b = a->cache[cls];
+  if (b) {
+    a->cache[cls] = b->next;
+    *out = b;
+    return CUDA_SUCCESS;
+  }
+  uint64_t align = rounded >= SIM_GRAN ? SIM_GRAN : 512;
+  uint64_t addr = simext_alloc(&a->ext, rounded, align);
+  if (!addr) {
+    arena_flush(a);
+    addr = simext_alloc(&a->ext, rounded, align);
+    if (!addr) return CUDA_ERROR_OUT_OF_MEMORY; /* the arena's address space is exhausted */
+  }
+  b = rec_new();
+  if (!b || simmap_put(&g.blocks, addr, b) != 0) {
+    if (b) rec_free(b);
+    simext_free(&a->ext, addr, rounded);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  b->addr = addr;
+  b->rounded = rounded;
+  b->cls = (uint16_t)cls;
+  b->device = (int8_t)(d - g.dev);
+  simbits_set(&a->starts, (addr - a->base) >> 9);
+  *out = b;
+  return CUDA_SUCCESS;
+}
+
+/* Puts a chunk back in the arena's cache: its address is the first one reused for the same class. */
+static void arena_put(simdev_t *d, blk_t *b) {
+  if (b->rounded >= (1ULL << 20)) release_pages(b);
+  b->state = ST_ARENA_CACHED;
+  b->ctx = NULL;
+  b->pool = NULL;
+  b->prev = NULL;
+  b->next = d->ar.cache[b->cls];
+  d->ar.cache[b->cls] = b;
+}
+
+static inline void ctx_link(struct CUctx_st *c, blk_t *b) {
+  b->prev = NULL;
+  b->next = c->blocks;
+  if (c->blocks) c->blocks->prev = b;
+  c->blocks = b;
+}
+
+static inline void ctx_unlink(struct CUctx_st *c, blk_t *b) {
+  if (b->prev) b->prev->next = b->next;
+  else c->blocks = b->next;
+  if (b->next) b->next->prev = b->prev;
+  b->next = b->prev = NULL;
+}
+
+/* ------------------------------------------------------------------------------------- context state */
+
+static inline struct CUctx_st *tls_top(void) { return t_ctx.n ? t_ctx.s[t_ctx.n - 1] : NULL; }
+
+/* The calling thread's usable current context (caller holds the lock). */
+static inline CUresult cur_ctx(struct CUctx_st **out) {
+  struct CUctx_st *c = tls_top();
+  if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+  if (!c->alive) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  *out = c;
+  return CUDA_SUCCESS;
+}
+
+static struct CUctx_st *ctx_lookup(CUcontext h) {
+  return h ? simmap_get(&g.ctxs, (uint64_t)(uintptr_t)h) : NULL;
+}
+
+static inline int dev_ok(CUdevice d) { return d >= 0 && d < g.ndev; }
+
+/* ------------------------------------------------------------------------------------- plain blocks */
+
+static CUresult plain_alloc_locked(struct CUctx_st *c, uint64_t bytes, int kind, CUdeviceptr *out) {
+  simdev_t *d = &g.dev[c->device];
+  if (over_capacity(d, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
+  blk_t *b;
+  CUresult r = arena_get(d, bytes, &b);
+  if (r != CUDA_SUCCESS) return r;
+  b->state = ST_LIVE;
+  b->kind = (uint8_t)kind;
+  b->bytes = bytes;
+  b->ctx = c;
+  ctx_link(c, b);
+  d->live_blocks++;
+  d->live_bytes += bytes;
+  d->plain_bytes += bytes;
+  c->live_blocks++;
+  c->live_bytes += bytes;
+  c->plain_bytes += bytes;
+  *out = (CUdeviceptr)b->addr;
+  return CUDA_SUCCESS;
+}
+
+static void plain_free_locked(blk_t *b) {
+  simdev_t *d = &g.dev[b->device];
+  struct CUctx_st *c = b->ctx;
+  ctx_unlink(c, b);
+  d->live_blocks--;
+  d->live_bytes -= b->bytes;
+  d->plain_bytes -= b->bytes;
+  c->live_blocks--;
+  c->live_bytes -= b->bytes;
+  c->plain_bytes -= b->bytes;
+  arena_put(d, b);
+}
+
+static inline int is_device_kind(int k) {
+  return k == SIMCUDA_DEVICE || k == SIMCUDA_PITCH || k == SIMCUDA_MANAGED || k == SIMCUDA_ASYNC;
+}
+
+/* ------------------------------------------------------------------------------------------- pools */
+
+static void pool_release_chunk(struct CUmemPoolHandle_st *p, blk_t *b) {
+  simdev_t *d = &g.dev[p->device];
+  p->reserved -= b->rounded;
+  d->pool_reserved -= b->rounded;
+  arena_put(d, b);
+}
+
+/* Releases cached (unused) chunks, largest classes first, until the pool reserves at most `keep`. */
+static void pool_trim_locked(struct CUmemPoolHandle_st *p, uint64_t keep) {
+  for (int c = SIM_NCLASS - 1; c >= 0 && p->reserved > keep; c--) {
+    while (p->reserved > keep && p->cache[c]) {
+      blk_t *b = p->cache[c];
+      p->cache[c] = b->next;
+      pool_release_chunk(p, b);
+    }
+  }
+}
+
+static CUresult pool_alloc_locked(struct CUmemPoolHandle_st *p, struct CUctx_st *c, uint64_t bytes,
+                                  CUdeviceptr *out) {
+  unsigned cls;
+  uint64_t rounded;
+  if (!size_class(bytes, &cls, &rounded)) return CUDA_ERROR_OUT_OF_MEMORY;
+  simdev_t *d = &g.dev[p->device];
+  blk_t *b = p->cache[cls];
+  if (b) {
+    p->cache[cls] = b->next;
+  } else {
+    /* A real pool suballocates what it holds: before failing, give back what it caches and retry. */
+    if ((p->max_size && p->reserved + rounded > p->max_size) || over_capacity(d, rounded)) pool_trim_locked(p, 0);
+    if (p->max_size && p->reserved + rounded > p->max_size) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (over_capacity(d, rounded)) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = arena_get(d, bytes, &b);
+    if (r != CUDA_SUCCESS) return r;
+    p->reserved += rounded;
+    d->pool_reserved += rounded;
+    if (p->reserved > p->reserved_high) p->reserved_high = p->reserved;
+  }
+  b->state = ST_LIVE;
+  b->kind = SIMCUDA_ASYNC;
+  b->bytes = bytes;
+  b->ctx = c;
+  b->pool = p;
+  ctx_link(c, b);
+  p->used += rounded;
+  if (p->used > p->used_high) p->used_high = p->used;
+  d->live_blocks++;
+  d->live_bytes += bytes;
+  d->pool_used += rounded;
+  c->live_blocks++;
+  c->live_bytes += bytes;
+  c->pool_used += rounded;
+  *out = (CUdeviceptr)b->addr;
+  return CUDA_SUCCESS;
+}
+
+/* Returns a stream-ordered block to its pool (cached, still reserved), or to the arena when the pool is gone. */
+static void pool_free_locked(blk_t *b) {
+  struct CUmemPoolHandle_st *p = b->pool;
+  simdev_t *d = &g.dev[p->device];
+  struct CUctx_st *c = b->ctx;
+  ctx_unlink(c, b);
+  p->used -= b->rounded;
+  d->live_blocks--;
+  d->live_bytes -= b->bytes;
+  d->pool_used -= b->rounded;
+  c->live_blocks--;
+  c->live_bytes -= b->bytes;
+  c->pool_used -= b->rounded;
+  if (!p->alive) {
+    pool_release_chunk(p, b);
+    return;
+  }
+  b->state = ST_POOL_CACHED;
+  b->ctx = NULL;
+  b->prev = NULL;
+  b->next = p->cache[b->cls];
+  p->cache[b->cls] = b;
+}
+
+/* What a synchronization does to pools: memory above each pool's release threshold goes back. */
+static void sync_device_locked(int device) {
+  for (struct CUmemPoolHandle_st *p = g.dev[device].pools; p; p = p->dev_next)
+    if (p->alive && p->reserved > p->threshold) pool_trim_locked(p, p->threshold);
+}
+
+static struct CUmemPoolHandle_st *pool_lookup(CUmemoryPool h) {
+  return h ? simmap_get(&g.pools, (uint64_t)(uintptr_t)h) : NULL;
+}
+
+/* ------------------------------------------------------------------------------------------ host */
+
+static CUresult host_alloc_locked(struct CUctx_st *c, uint64_t bytes, void **out) {
+  long pg = sysconf(_SC_PAGESIZE);
+  uint64_t len = (bytes + (uint64_t)pg - 1) & ~((uint64_t)pg - 1);
+  if (len < bytes) return CUDA_ERROR_OUT_OF_MEMORY;
+  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  blk_t *b = rec_new();
+  if (!b || simmap_put(&g.blocks, (uint64_t)(uintptr_t)p, b) != 0) {
+    if (b) rec_free(b);
+    munmap(p, len);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  b->addr = (uint64_t)(uintptr_t)p;
+  b->rounded = len;
+  b->bytes = bytes;
+  b->kind = SIMCUDA_HOST;
+  b->state = ST_LIVE;
+  b->device = (int8_t)c->device;
+  b->ctx = c;
+  ctx_link(c, b);
+  simdev_t *d = &g.dev[c->device];
+  d->host_blocks++;
+  d->host_bytes += bytes;
+  c->host_blocks++;
+  c->host_bytes += bytes;
+  *out = p;
+  return CUDA_SUCCESS;
+}
+
+static void host_free_locked(blk_t *b) {
+  struct CUctx_st *c = b->ctx;
+  simdev_t *d = &g.dev[c->device];
+  ctx_unlink(c, b);
+  d->host_blocks--;
+  d->host_bytes -= b->bytes;
+  c->host_blocks--;
+  c->host_bytes -= b->bytes;
+  simmap_del(&g.blocks, b->addr);
+  munmap((void *)(uintptr_t)b->addr, b->rounded);
+  rec_free(b);
+}
+
+/* ------------------------------------------------------------------------------------- ctx teardown */
+
+/* Frees everything a context owns, as destroying, resetting or finally releasing it does. */
+static void ctx_teardown_locked(struct CUctx_st *c) {
+  while (c->blocks) {
+    blk_t *b = c->blocks;
+    if (b->kind == SIMCUDA_ASYNC) pool_free_locked(b);
+    else if (b->kind == SIMCUDA_HOST) host_free_locked(b);
+    else plain_free_locked(b);
+  }
+  while (c->streams) {
+    struct CUstream_st *s = c->streams;
+    c->streams = s->next;
+    simmap_del(&g.streams, (uint64_t)(uintptr_t)s);
+    free(s);
+  }
+  if (c->alive) g.dev[c->device].contexts--;
+  c->alive = 0;
+}
+
+/* ------------------------------------------------------------------------------------------ streams */
+
+static inline int special_stream(CUstream h) { return h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD; }
+
+/* The context a stream works in: the current one for the legacy and per-thread default streams. */
+static CUresult stream_ctx_locked(CUstream h, struct CUctx_st **out) {
+  if (special_stream(h)) return cur_ctx(out);
+  struct CUstream_st *s = simmap_get(&g.streams, (uint64_t)(uintptr_t)h);
+  if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  if (!s->ctx->alive) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  *out = s->ctx;
+  return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------------------- address validation */
+
+static simdev_t *arena_of(uint64_t a) {
+  for (int d = 0; d < g.ndev; d++)
+    if (a - g.dev[d].ar.base < g.dev[d].ar.size) return &g.dev[d];
+  return NULL;
+}
+
+/* The live device block that contains address a (interior pointers included), or NULL. */
+static blk_t *chunk_at(uint64_t a) {
+  simdev_t *d = arena_of(a);
+  if (!d) return NULL;
+  int64_t j = simbits_pred(&d->ar.starts, (a - d->ar.base) >> 9);
+  if (j < 0) return NULL;
+  blk_t *b = simmap_get(&g.blocks, d->ar.base + (uint64_t)j * 512);
+  if (!b || b->state != ST_LIVE || a >= b->addr + b->bytes) return NULL;
+  return b;
+}
+
+static va_res_t *res_at(uint64_t a) {
+  for (va_res_t *r = g.res; r; r = r->next)
+    if (a - r->va < r->size) return r;
+  return NULL;
+}
+
+/* Is [a, a+n) covered by adjacent VMM mappings granting at least `prot`? Reports the first mapping. */
+static int vmm_range_ok(uint64_t a, uint64_t n, int prot, uint64_t *base, uint64_t *size) {
+  va_res_t *r = res_at(a);
+  if (!r) return 0;
+  vmm_map_t *m = r->maps;
+  while (m && m->va + m->size <= a) m = m->next;
+  if (!m || m->va > a) return 0;
+  if (base) *base = m->va;
+  if (size) *size = m->size;
+  uint64_t end = a + n;
+  for (;;) {
+    if ((m->prot & prot) != prot) return 0;
+    uint64_t at = m->va + m->size;
+    if (at >= end) return 1;
+    m = m->next;
+    if (!m || m->va != at) return 0;
+  }
+}
+
+/* Validates a device range for a copy or set; marks arena chunks written to. */
+static CUresult dev_range_locked(uint64_t a, uint64_t n, int write) {
+  if (a + n < a) return CUDA_ERROR_INVALID_VALUE;
+  blk_t *b = chunk_at(a);
+  if (b) {
+    if (a + n > b->addr + b->bytes) return CUDA_ERROR_INVALID_VALUE;
+    if (write) b->dirty = 1;
+    return CUDA_SUCCESS;
+  }
+  if (vmm_range_ok(a, n, write ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_READ, NULL, NULL))
+    return CUDA_SUCCESS;
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ===================================================================================== entry points */
+
+/* ---- initialization and version */
+
+static CUresult impl_init(unsigned flags) {
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (inited()) return CUDA_SUCCESS;
+  LOCK();
+  CUresult r = CUDA_SUCCESS;
+  if (!inited()) {
+    r = setup_locked();
+    if (r == CUDA_SUCCESS) atomic_store_explicit(&g.initialized, 1, memory_order_release);
+  }
+  UNLOCK();
+  return r;
+}
+
+SIM_API cuInit(unsigned int Flags) {
+  ENTER(cuInit);
+  LEAVE(cuInit, impl_init(Flags));
+}
+
+SIM_API cuDriverGetVersion(int *driverVersion) {
+  ENTER(cuDriverGetVersion);
+  if (!driverVersion) LEAVE(cuDriverGetVersion, CUDA_ERROR_INVALID_VALUE);
+  *driverVersion = SIM_DRIVER_VERSION;
+  LEAVE(cuDriverGetVersion, CUDA_SUCCESS);
+}
+
+/* ---- devices */
+
+static CUresult impl_device_get(CUdevice *device, int ordinal) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!device) return CUDA_ERROR_INVALID_VALUE;
+  if (!dev_ok(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
+  *device = ordinal;
+  return CUDA_SUCCESS;
+}
+
+SIM_API cuDeviceGet(CUdevice *device, int ordinal) {
+  ENTER(cuDeviceGet);
+  LEAVE(cuDeviceGet, impl_device_get(device, ordinal));
+}
+
+SIM_API cuDeviceGetCount(int *count) {
+  ENTER(cuDeviceGetCount);
+  if (!inited()) LEAVE(cuDeviceGetCount, CUDA_ERROR_NOT_INITIALIZED);
+  if (!count) LEAVE(cuDeviceGetCount, CUDA_ERROR_INVALID_VALUE);
+  *count = g.ndev;
+  LEAVE(cuDeviceGetCount, CUDA_SUCCESS);
+}
+
+SIM_API cuDeviceGetName(char *name, int len, CUdevice dev) {
+  ENTER(cuDeviceGetName);
+  if (!inited()) LEAVE(cuDeviceGetName, CUDA_ERROR_NOT_INITIALIZED);
+  if (!name || len <= 0) LEAVE(cuDeviceGetName, CUDA_ERROR_INVALID_VALUE);
+  if (!dev_ok(dev)) LEAVE(cuDeviceGetName, CUDA_ERROR_INVALID_DEVICE);
+  snprintf(name, (size_t)len, "NVIDIA H100 80GB HBM3 (simcuda)");
+  LEAVE(cuDeviceGetName, CUDA_SUCCESS);
+}
+
+static CUresult impl_total_mem(uint64_t *bytes, CUdevice dev) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!bytes) return CUDA_ERROR_INVALID_VALUE;
+  if (!dev_ok(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  LOCK();
+  *bytes = g.dev[dev].capacity;
+  UNLOCK();
+  return CUDA_SUCCESS;
+}
+
+SIM_API cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
+  ENTER(cuDeviceTotalMem_v2);
+  uint64_t v;
+  CUresult r = impl_total_mem(bytes ? &v : NULL, dev);
+  if (r == CUDA_SUCCESS) *bytes = (size_t)v;
+  LEAVE(cuDeviceTotalMem_v2, r);
+}
+
+SIM_API cuDeviceTotalMem(unsigned int *bytes, CUdevice dev) {
+  ENTER(cuDeviceTotalMem);
+  uint64_t v;
+  CUresult r = impl_total_mem(bytes ? &v : NULL, dev);
+  if (r == CUDA_SUCCESS) *bytes = v > UINT_MAX ? UINT_MAX : (unsigned int)v; /* the 32-bit ABI saturates */
+  LEAVE(cuDeviceTotalMem, r);
+}
+
+SIM_API cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev) {
+  ENTER(cuDeviceGetAttribute);
+  if (!inited()) LEAVE(cuDeviceGetAttribute, CUDA_ERROR_NOT_INITIALIZED);
+  if (!pi || (int)attrib <= 0 || attrib >= CU_DEVICE_ATTRIBUTE_MAX) LEAVE(cuDeviceGetAttribute, CUDA_ERROR_INVALID_VALUE);
+  if (!dev_ok(dev)) LEAVE(cuDeviceGetAttribute, CUDA_ERROR_INVALID_DEVICE);
+  int v = 0;
+  switch (attrib) {
+  case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: v = 9; break;
+  case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: v = 0; break;
+  case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: v = 132; break;
+  case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: v = 1024; break;
+  case CU_DEVICE_ATTRIBUTE_WARP_SIZE: v = 32; break;
+  case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: v = 0x18 + dev; break;
+  case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: v = 5120; break;
+  case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY:
+  case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
+  case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY:
+  case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS:
+  case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+  case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: v = 1; break;
+  default: v = 0; break;
+  }
+  *pi = v;
+  LEAVE(cuDeviceGetAttribute, CUDA_SUCCESS);
+}
+
+/* ---- primary contexts */
+
+static CUresult impl_primary_retain(CUcontext *pctx, CUdevice dev) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+  if (!dev_ok(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  LOCK();
+  struct CUctx_st *p = &g.dev[dev].primary;
+  if (!p->alive) {
+    p->alive = 1;
+    g.dev[dev].contexts++;
+  }
+  p->refcount++;
+  UNLOCK();
+  *pctx = p;
+  return CUDA_SUCCESS;
+}
+
+SIM_API cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+  ENTER(cuDevicePrimaryCtxRetain);
+  LEAVE(cuDevicePrimaryCtxRetain, impl_primary_retain(pctx, dev));
+}
+
+static CUresult impl_primary_release(CUdevice dev) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!dev_ok(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  CUresult r = CUDA_SUCCESS;
+  LOCK();
+  struct CUctx_st *p = &g.dev[dev].primary;
+  if (p->refcount <= 0) {
+    r = CUDA_ERROR_INVALID_CONTEXT;
+  } else if (--p->refcount == 0) {
+    ctx_teardown_locked(p); /* the final release destroys it, whatever thread it is current to */
+  }
+  UNLOCK();
+  return r;
+}
+
+SIM_API cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  ENTER(cuDevicePrimaryCtxRelease_v2);
+  LEAVE(cuDevicePrimaryCtxRelease_v2, impl_primary_release(dev));
+}
+
+SIM_API cuDevicePrimaryCtxRelease(CUdevice dev) {
+  ENTER(cuDevicePrimaryCtxRelease);
+  LEAVE(cuDevicePrimaryCtxRelease, impl_primary_release(dev));
+}
+
+static CUresult impl_primary_reset(CUdevice dev) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!dev_ok(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  LOCK();
+  /* Frees everything but keeps the retain count: holders still release, a retain re-activates it. */
+  ctx_teardown_locked(&g.dev[dev].primary);
+  UNLOCK();
+  return CUDA_SUCCESS;
+}
+
+SIM_API cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+  ENTER(cuDevicePrimaryCtxReset_v2);
+  LEAVE(cuDevicePrimaryCtxReset_v2, impl_primary_reset(dev));
+}
+
+SIM_API cuDevicePrimaryCtxReset(CUdevice dev) {
+  ENTER(cuDevicePrimaryCtxReset);
+  LEAVE(cuDevicePrimaryCtxReset, impl_primary_reset(dev));
+}
+
+SIM_API cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active) {
+  ENTER(cuDevicePrimaryCtxGetState);
+  if (!inited()) LEAVE(cuDevicePrimaryCtxGetState, CUDA_ERROR_NOT_INITIALIZED);
+  if (!flags || !active) LEAVE(cuDevicePrimaryCtxGetState, CUDA_ERROR_INVALID_VALUE);
+  if (!dev_ok(dev)) LEAVE(cuDevicePrimaryCtxGetState, CUDA_ERROR_INVALID_DEVICE);
+  LOCK();
+  *flags = g.dev[dev].primary.flags;
+  *active = g.dev[dev].primary.alive;
+  UNLOCK();
+  LEAVE(cuDevicePrimaryCtxGetState, CUDA_SUCCESS);
+}
+
+/* ---- explicit contexts and the per-thread stack */
+
+static CUresult impl_ctx_create(CUcontext *pctx, unsigned flags, CUdevice dev) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+  if (!dev_ok(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  if (t_ctx.n == CTX_STACK_MAX) return CUDA_ERROR_OUT_OF_MEMORY;
+  struct CUctx_st *c = calloc(1, sizeof *c);
+  if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
+  c->device = dev;
+  c->flags = flags;
+  c->alive = 1;
+  LOCK();
+  if (simmap_put(&g.ctxs, (uint64_t)(uintptr_t)c, c) != 0) {
+    UNLOCK();
+    free(c);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  c->all_next = g.all_ctx;
+  g.all_ctx = c;
+  g.dev[dev].contexts++;
+  UNLOCK();
+  t_ctx.s[t_ctx.n++] = c; /* a new context is pushed current on the calling thread */
+  *pctx = c;
+  return CUDA_SUCCESS;
+}
+
+SIM_API cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+  ENTER(cuCtxCreate);
+  LEAVE(cuCtxCreate, impl_ctx_create(pctx, flags, dev));
+}
+
+SIM_API cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+  ENTER(cuCtxCreate_v2);
+  LEAVE(cuCtxCreate_v2, impl_ctx_create(pctx, flags, dev));
+}
+
+SIM_API cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams, unsigned int flags,
+                       CUdevice dev) {
+  ENTER(cuCtxCreate_v3);
+  if (numParams < 0 || (numParams > 0 && !paramsArray)) LEAVE(cuCtxCreate_v3, CUDA_ERROR_INVALID_VALUE);
+  LEAVE(cuCtxCreate_v3, impl_ctx_create(pctx, flags, dev));
+}
+
+SIM_API cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags, CUdevice dev) {
+  ENTER(cuCtxCreate_v4);
+  LEAVE(cuCtxCreate_v4, impl_ctx_create(pctx, flags, dev));
+}
+
+static CUresult impl_ctx_destroy(CUcontext h) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!h) return CUDA_ERROR_INVALID_VALUE;
+  LOCK();
+  struct CUctx_st *c = ctx_lookup(h);
+  if (!c || c->primary) {
+    UNLOCK();
+    return CUDA_ERROR_INVALID_CONTEXT;
+  }
+  ctx_teardown_locked(c);
+  simmap_del(&g.ctxs, (uint64_t)(uintptr_t)c);
+  UNLOCK();
+  if (tls_top() == c) t_ctx.n--; /* popped when current to the calling thread */
+  return CUDA_SUCCESS;
+}
+
+SIM_API cuCtxDestroy_v2(CUcontext ctx) {
+  ENTER(cuCtxDestroy_v2);
+  LEAVE(cuCtxDestroy_v2, impl_ctx_destroy(ctx));
+}
+
+SIM_API cuCtxDestroy(CUcontext ctx) {
+  ENTER(cuCtxDestroy);
+  LEAVE(cuCtxDestroy, impl_ctx_destroy(ctx));
+}
+
+static CUresult impl_ctx_push(CUcontext h) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!h) return CUDA_ERROR_INVALID_VALUE;
+  LOCK();
+  struct CUctx_st *c = ctx_lookup(h);
+  UNLOCK();
+  if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+  if (t_ctx.n == CTX_STACK_MAX) return CUDA_ERROR_OUT_OF_MEMORY;
+  t_ctx.s[t_ctx.n++] = c;
+  return CUDA_SUCCESS;
+}
+
+SIM_API cuCtxPushCurrent_v2(CUcontext ctx) {
+  ENTER(cuCtxPushCurrent_v2);
+  LEAVE(cuCtxPushCurrent_v2, impl_ctx_push(ctx));
+}
+
+SIM_API cuCtxPushCurrent(CUcontext ctx) {
+  ENTER(cuCtxPushCurrent);
+  LEAVE(cuCtxPushCurrent, impl_ctx_push(ctx));
+}
+
+static CUresult impl_ctx_pop(CUcontext *pctx) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (t_ctx.n == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  struct CUctx_st *c = t_ctx.s[--t_ctx.n];
+  if (pctx) *pctx = c;
+  return CUDA_SUCCESS;
+}
+
+SIM_API cuCtxPopCurrent_v2(CUcontext *pctx) {
+  ENTER(cuCtxPopCurrent_v2);
+  LEAVE(cuCtxPopCurrent_v2, impl_ctx_pop(pctx));
+}
+
+SIM_API cuCtxPopCurrent(CUcontext *pctx) {
+  ENTER(cuCtxPopCurrent);
+  LEAVE(cuCtxPopCurrent, impl_ctx_pop(pctx));
+}
+
+SIM_API cuCtxGetCurrent(CUcontext *pctx) {
+  ENTER(cuCtxGetCurrent);
+  if (!inited()) LEAVE(cuCtxGetCurrent, CUDA_ERROR_NOT_INITIALIZED);
+  if (!pctx) LEAVE(cuCtxGetCurrent, CUDA_ERROR_INVALID_VALUE);
+  *pctx = tls_top();
+  LEAVE(cuCtxGetCurrent, CUDA_SUCCESS);
+}
+
+static CUresult impl_ctx_set(CUcontext h) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!h) {
+    if (t_ctx.n) t_ctx.n--; /* NULL pops the top, a no-op on an empty stack */
+    return CUDA_SUCCESS;
+  }
+  LOCK();
+  struct CUctx_st *c = ctx_lookup(h);
+  UNLOCK();
+  if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+  if (t_ctx.n) t_ctx.s[t_ctx.n - 1] = c;
+  else t_ctx.s[t_ctx.n++] = c;
+  return CUDA_SUCCESS;
+}
+
+SIM_API cuCtxSetCurrent(CUcontext ctx) {
+  ENTER(cuCtxSetCurrent);
+  LEAVE(cuCtxSetCurrent, impl_ctx_set(ctx));
+}
+
+/* Resolves an explicit context argument, NULL meaning the current one. */
+static CUresult ctx_arg_locked(CUcontext h, struct CUctx_st **out) {
+  if (!h) return cur_ctx(out);
+  struct CUctx_st *c = ctx_lookup(h);
+  if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+  if (!c->alive) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  *out = c;
+  return CUDA_SUCCESS;
+}
+
+static CUresult impl_ctx_get_device(CUdevice *device, CUcontext h) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!device) return CUDA_ERROR_INVALID_VALUE;
+  struct CUctx_st *c;
+  LOCK();
+  CUresult r = ctx_arg_locked(h, &c);
+  UNLOCK();
+  if (r == CUDA_SUCCESS) *device = c->device;
+  return r;
+}
+
+SIM_API cuCtxGetDevice(CUdevice *device) {
+  ENTER(cuCtxGetDevice);
+  LEAVE(cuCtxGetDevice, impl_ctx_get_device(device, NULL));
+}
+
+SIM_API cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx) {
+  ENTER(cuCtxGetDevice_v2);
+  LEAVE(cuCtxGetDevice_v2, impl_ctx_get_device(device, ctx));
+}
+
+static CUresult impl_ctx_sync(CUcontext h) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  struct CUctx_st *c;
+  LOCK();
+  CUresult r = ctx_arg_locked(h, &c);
+  if (r == CUDA_SUCCESS) sync_device_locked(c->device);
+  UNLOCK();
+  return r;
+}
+
+SIM_API cuCtxSynchronize(void) {
+  ENTER(cuCtxSynchronize);
+  LEAVE(cuCtxSynchronize, impl_ctx_sync(NULL));
+}
+
+SIM_API cuCtxSynchronize_v2(CUcontext ctx) {
+  ENTER(cuCtxSynchronize_v2);
+  LEAVE(cuCtxSynchronize_v2, impl_ctx_sync(ctx));
+}
+
+/* ---- plain device memory */
+
+static CUresult impl_alloc(CUdeviceptr *dptr, uint64_t bytes, int kind) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  LOCK();
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  if (r == CUDA_SUCCESS) {
+    if (!dptr || bytes == 0) r = CUDA_ERROR_INVALID_VALUE;
+    else r = plain_alloc_locked(c, bytes, kind, dptr);
+  }
+  UNLOCK();
+  return r;
+}
+
+SIM_API cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
+  ENTER(cuMemAlloc_v2);
+  LEAVE(cuMemAlloc_v2, impl_alloc(dptr, bytesize, SIMCUDA_DEVICE));
+}
+
+/* The 32-bit ABIs cannot carry the 64-bit addresses the simulator hands out. */
+SIM_API cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize) {
+  ENTER(cuMemAlloc);
+  LEAVE(cuMemAlloc, inited() ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_NOT_INITIALIZED);
+}
+
+SIM_API cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
+                           unsigned int ElementSizeBytes) {
+  ENTER(cuMemAllocPitch_v2);
+  if (!inited()) LEAVE(cuMemAllocPitch_v2, CUDA_ERROR_NOT_INITIALIZED);
+  if (!dptr || !pPitch || !WidthInBytes || !Height ||
+      (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16))
+    LEAVE(cuMemAllocPitch_v2, CUDA_ERROR_INVALID_VALUE);
+  uint64_t pitch = ((uint64_t)WidthInBytes + 511) & ~511ULL;
+  if (pitch < WidthInBytes || Height > SIM_MAX_ALLOC / pitch) LEAVE(cuMemAllocPitch_v2, CUDA_ERROR_OUT_OF_MEMORY);
+  CUdeviceptr p;
+  CUresult r = impl_alloc(&p, pitch * Height, SIMCUDA_PITCH);
+  if (r == CUDA_SUCCESS) {
+    *dptr = p;
+    *pPitch = (size_t)pitch;
+  }
+  LEAVE(cuMemAllocPitch_v2, r);
+}
+
+SIM_API cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsigned int WidthInBytes, unsigned int Height,
+                        unsigned int ElementSizeBytes) {
+  ENTER(cuMemAllocPitch);
+  LEAVE(cuMemAllocPitch, inited() ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_NOT_INITIALIZED);
+}
+
+SIM_API cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
+  ENTER(cuMemAllocManaged);
+  if (!inited()) LEAVE(cuMemAllocManaged, CUDA_ERROR_NOT_INITIALIZED);
+  if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST) LEAVE(cuMemAllocManaged, CUDA_ERROR_INVALID_VALUE);
+  LEAVE(cuMemAllocManaged, impl_alloc(dptr, bytesize, SIMCUDA_MANAGED));
+}
+
+static CUresult impl_free(CUdeviceptr dptr) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (dptr == 0) return CUDA_SUCCESS; /* the real driver has free(NULL) semantics here */
+  LOCK();
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  if (r == CUDA_SUCCESS) {
+    blk_t *b = simmap_get(&g.blocks, (uint64_t)dptr);
+    if (!b || b->state != ST_LIVE || !is_device_kind(b->kind)) {
+      r = CUDA_ERROR_INVALID_VALUE;
+    } else if (b->kind == SIMCUDA_ASYNC) {
+      int dev = b->device;
+      pool_free_locked(b);
+      sync_device_locked(dev); /* cuMemFree of a stream-ordered block synchronizes the device */
+    } else {
+      plain_free_locked(b);
+    }
+  }
+  UNLOCK();
+  return r;
+}
+
+SIM_API cuMemFree_v2(CUdeviceptr dptr) {
+  ENTER(cuMemFree_v2);
+  LEAVE(cuMemFree_v2, impl_free(dptr));
+}
+
+SIM_API cuMemFree(CUdeviceptr_v1 dptr) {
+  ENTER(cuMemFree);
+  LEAVE(cuMemFree, inited() ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_NOT_INITIALIZED);
+}
+
+static CUresult impl_mem_info(uint64_t *fr, uint64_t *total) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  LOCK();
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  if (r == CUDA_SUCCESS) {
+    if (!fr || !total) {
+      r = CUDA_ERROR_INVALID_VALUE;
+    } else {
+      simdev_t *d = &g.dev[c->device];
+      uint64_t u = dev_used(d);
+      *total = d->capacity;
+      *fr = u >= d->capacity ? 0 : d->capacity - u;
+    }
+  }
+  UNLOCK();
+  return r;
+}
+
+SIM_API cuMemGetInfo_v2(size_t *free, size_t *total) {
+  ENTER(cuMemGetInfo_v2);
+  uint64_t f, t;
+  CUresult r = impl_mem_info(free ? &f : NULL, total ? &t : NULL);
+  if (r == CUDA_SUCCESS) {
+    *free = (size_t)f;
+    *total = (size_t)t;
+  }
+  LEAVE(cuMemGetInfo_v2, r);
+}
+
+SIM_API cuMemGetInfo(unsigned int *free, unsigned int *total) {
+  ENTER(cuMemGetInfo);
+  uint64_t f, t;
+  CUresult r = impl_mem_info(free ? &f : NULL, total ? &t : NULL);
+  if (r == CUDA_SUCCESS) {
+    *free = f > UINT_MAX ? UINT_MAX : (unsigned int)f;
+    *total = t > UINT_MAX ? UINT_MAX : (unsigned int)t;
+  }
+  LEAVE(cuMemGetInfo, r);
+}
+
+SIM_API cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr) {
+  ENTER(cuMemGetAddressRange_v2);
+  if (!inited()) LEAVE(cuMemGetAddressRange_v2, CUDA_ERROR_NOT_INITIALIZED);
+  LOCK();
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  uint64_t base = 0, size = 0;
+  if (r == CUDA_SUCCESS) {
+    blk_t *b = chunk_at((uint64_t)dptr);
+    if (b) {
+      base = b->addr;
+      size = b->bytes;
+    } else if (!vmm_range_ok((uint64_t)dptr, 1, CU_MEM_ACCESS_FLAGS_PROT_NONE, &base, &size)) {
+      r = CUDA_ERROR_NOT_FOUND;
+    }
+  }
+  UNLOCK();
+  if (r == CUDA_SUCCESS) {
+    if (pbase) *pbase = (CUdeviceptr)base;
+    if (psize) *psize = (size_t)size;
+  }
+  LEAVE(cuMemGetAddressRange_v2, r);
+}
+
+SIM_API cuMemGetAddressRange(CUdeviceptr_v1 *pbase, unsigned int *psize, CUdeviceptr_v1 dptr) {
+  ENTER(cuMemGetAddressRange);
+  LEAVE(cuMemGetAddressRange, inited() ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_NOT_INITIALIZED);
+}
+
+/* ---- pinned host memory */
+
+static CUresult impl_host_alloc(void **pp, uint64_t bytes, unsigned flags) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  LOCK();
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  if (r == CUDA_SUCCESS) {
+    if (!pp || bytes == 0 ||
+        (flags & ~(unsigned)(CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED)))
+      r = CUDA_ERROR_INVALID_VALUE;
+    else
+      r = host_alloc_locked(c, bytes, pp);
+  }
+  UNLOCK();
+  return r;
+}
+
+SIM_API cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags) {
+  ENTER(cuMemHostAlloc);
+  LEAVE(cuMemHostAlloc, impl_host_alloc(pp, bytesize, Flags));
+}
+
+SIM_API cuMemAllocHost_v2(void **pp, size_t bytesize) {
+  ENTER(cuMemAllocHost_v2);
+  LEAVE(cuMemAllocHost_v2, impl_host_alloc(pp, bytesize, 0));
+}
+
+SIM_API cuMemAllocHost(void **pp, unsigned int bytesize) {
+  ENTER(cuMemAllocHost);
+  LEAVE(cuMemAllocHost, impl_host_alloc(pp, bytesize, 0));
+}
+
+SIM_API cuMemFreeHost(void *p) {
+  ENTER(cuMemFreeHost);
+  if (!inited()) LEAVE(cuMemFreeHost, CUDA_ERROR_NOT_INITIALIZED);
+  if (!p) LEAVE(cuMemFreeHost, CUDA_SUCCESS);
+  LOCK();
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  if (r == CUDA_SUCCESS) {
+    blk_t *b = simmap_get(&g.blocks, (uint64_t)(uintptr_t)p);
+    if (!b || b->state != ST_LIVE || b->kind != SIMCUDA_HOST) r = CUDA_ERROR_INVALID_VALUE;
+    else host_free_locked(b);
+  }
+  UNLOCK();
+  LEAVE(cuMemFreeHost, r);
+}
+
+/* ---- copies and sets (streams are synchronous: the work is done before returning) */
+
+enum { CP_HTOD, CP_DTOH, CP_DTOD };
+
+static CUresult impl_copy(int dir, uint64_t dst, uint64_t src, uint64_t n) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  LOCK();
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  if (r == CUDA_SUCCESS && n) {
+    if (!dst || !src) r = CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS && dir != CP_DTOH) r = dev_range_locked(dst, n, 1);
+    if (r == CUDA_SUCCESS && dir != CP_HTOD) r = dev_range_locked(src, n, 0);
+    if (r == CUDA_SUCCESS) memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+  }
+  UNLOCK();
+  return r;
+}
+
+SIM_API cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount) {
+  ENTER(cuMemcpyHtoD_v2);
+  LEAVE(cuMemcpyHtoD_v2, impl_copy(CP_HTOD, dstDevice, (uint64_t)(uintptr_t)srcHost, ByteCount));
+}
+
+SIM_API cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount) {
+  ENTER(cuMemcpyHtoD_v2_ptds);
+  LEAVE(cuMemcpyHtoD_v2_ptds, impl_copy(CP_HTOD, dstDevice, (uint64_t)(uintptr_t)srcHost, ByteCount));
+}
+
+SIM_API cuMemcpyHtoD(CUdeviceptr_v1 dstDevice, const void *srcHost, unsigned int ByteCount) {
+  ENTER(cuMemcpyHtoD);
+  LEAVE(cuMemcpyHtoD, inited() ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_NOT_INITIALIZED);
+}
+
+SIM_API cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
+  ENTER(cuMemcpyDtoH_v2);
+  LEAVE(cuMemcpyDtoH_v2, impl_copy(CP_DTOH, (uint64_t)(uintptr_t)dstHost, srcDevice, ByteCount));
+}
+
+SIM_API cuMemcpyDtoH_v2_ptds(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
+  ENTER(cuMemcpyDtoH_v2_ptds);
+  LEAVE(cuMemcpyDtoH_v2_ptds, impl_copy(CP_DTOH, (uint64_t)(uintptr_t)dstHost, srcDevice, ByteCount));
+}
+
+SIM_API cuMemcpyDtoH(void *dstHost, CUdeviceptr_v1 srcDevice, unsigned int ByteCount) {
+  ENTER(cuMemcpyDtoH);
+  LEAVE(cuMemcpyDtoH, inited() ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_NOT_INITIALIZED);
+}
+
+SIM_API cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount) {
+  ENTER(cuMemcpyDtoD_v2);
+  LEAVE(cuMemcpyDtoD_v2, impl_copy(CP_DTOD, dstDevice, srcDevice, ByteCount));
+}
+
+SIM_API cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount) {
+  ENTER(cuMemcpyDtoD_v2_ptds);
+  LEAVE(cuMemcpyDtoD_v2_ptds, impl_copy(CP_DTOD, dstDevice, srcDevice, ByteCount));
+}
+
+SIM_API cuMemcpyDtoD(CUdeviceptr_v1 dstDevice, CUdeviceptr_v1 srcDevice, unsigned int ByteCount) {
+  ENTER(cuMemcpyDtoD);
+  LEAVE(cuMemcpyDtoD, inited() ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_NOT_INITIALIZED);
+}
+
+static CUresult impl_memset(uint64_t dst, unsigned char v, uint64_t n) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  LOCK();
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  if (r == CUDA_SUCCESS && n) {
+    r = dev_range_locked(dst, n, 1);
+    if (r == CUDA_SUCCESS) memset((void *)(uintptr_t)dst, v, n);
+  }
+  UNLOCK();
+  return r;
+}
+
+SIM_API cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N) {
+  ENTER(cuMemsetD8_v2);
+  LEAVE(cuMemsetD8_v2, impl_memset(dstDevice, uc, N));
+}
+
+SIM_API cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, size_t N) {
+  ENTER(cuMemsetD8_v2_ptds);
+  LEAVE(cuMemsetD8_v2_ptds, impl_memset(dstDevice, uc, N));
+}
+
+SIM_API cuMemsetD8(CUdeviceptr_v1 dstDevice, unsigned char uc, unsigned int N) {
+  ENTER(cuMemsetD8);
+  LEAVE(cuMemsetD8, inited() ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_NOT_INITIALIZED);
+}
+
+/* ---- streams */
+
+SIM_API cuStreamCreate(CUstream *phStream, unsigned int Flags) {
+  ENTER(cuStreamCreate);
+  if (!inited()) LEAVE(cuStreamCreate, CUDA_ERROR_NOT_INITIALIZED);
+  LOCK();
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  if (r == CUDA_SUCCESS && (!phStream || (Flags & ~(unsigned)CU_STREAM_NON_BLOCKING))) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) {
+    struct CUstream_st *s = calloc(1, sizeof *s);
+    if (!s || simmap_put(&g.streams, (uint64_t)(uintptr_t)s, s) != 0) {
+      free(s);
+      r = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+      s->ctx = c;
+      s->flags = Flags;
+      s->next = c->streams;
+      if (c->streams) c->streams->prev = s;
+      c->streams = s;
+      *phStream = s;
+    }
+  }
+  UNLOCK();
+  LEAVE(cuStreamCreate, r);
+}
+
+static CUresult impl_stream_destroy(CUstream h) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (special_stream(h)) return CUDA_ERROR_INVALID_HANDLE;
+  LOCK();
+  struct CUstream_st *s = simmap_del(&g.streams, (uint64_t)(uintptr_t)h);
+  if (s) {
+    struct CUctx_st *c = s->ctx;
+    if (s->prev) s->prev->next = s->next;
+    else c->streams = s->next;
+    if (s->next) s->next->prev = s->prev;
+    free(s);
+  }
+  UNLOCK();
+  return s ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+SIM_API cuStreamDestroy_v2(CUstream hStream) {
+  ENTER(cuStreamDestroy_v2);
+  LEAVE(cuStreamDestroy_v2, impl_stream_destroy(hStream));
+}
+
+SIM_API cuStreamDestroy(CUstream hStream) {
+  ENTER(cuStreamDestroy);
+  LEAVE(cuStreamDestroy, impl_stream_destroy(hStream));
+}
+
+static CUresult impl_stream_sync(CUstream h) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  LOCK();
+  struct CUctx_st *c;
+  CUresult r = stream_ctx_locked(h, &c);
+  if (r == CUDA_SUCCESS) sync_device_locked(c->device);
+  UNLOCK();
+  return r;
+}
+
+SIM_API cuStreamSynchronize(CUstream hStream) {
+  ENTER(cuStreamSynchronize);
+  LEAVE(cuStreamSynchronize, impl_stream_sync(hStream));
+}
+
+SIM_API cuStreamSynchronize_ptsz(CUstream hStream) {
+  ENTER(cuStreamSynchronize_ptsz);
+  LEAVE(cuStreamSynchronize_ptsz, impl_stream_sync(hStream));
+}
+
+static CUresult impl_stream_get_ctx(CUstream h, CUcontext *pctx) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+  LOCK();
+  struct CUctx_st *c;
+  CUresult r = stream_ctx_locked(h, &c);
+  UNLOCK();
+  if (r == CUDA_SUCCESS) *pctx = c;
+  return r;
+}
+
+SIM_API cuStreamGetCtx(CUstream hStream, CUcontext *pctx) {
+  ENTER(cuStreamGetCtx);
+  LEAVE(cuStreamGetCtx, impl_stream_get_ctx(hStream, pctx));
+}
+
+SIM_API cuStreamGetCtx_ptsz(CUstream hStream, CUcontext *pctx) {
+  ENTER(cuStreamGetCtx_ptsz);
+  LEAVE(cuStreamGetCtx_ptsz, impl_stream_get_ctx(hStream, pctx));
+}
+
+SIM_API cuStreamGetCtx_v2(CUstream hStream, CUcontext *pCtx, CUgreenCtx *pGreenCtx) {
+  ENTER(cuStreamGetCtx_v2);
+  CUresult r = impl_stream_get_ctx(hStream, pCtx);
+  if (r == CUDA_SUCCESS && pGreenCtx) *pGreenCtx = NULL; /* no green contexts in the simulator */
+  LEAVE(cuStreamGetCtx_v2, r);
+}
+
+SIM_API cuStreamGetCtx_v2_ptsz(CUstream hStream, CUcontext *pCtx, CUgreenCtx *pGreenCtx) {
+  ENTER(cuStreamGetCtx_v2_ptsz);
+  CUresult r = impl_stream_get_ctx(hStream, pCtx);
+  if (r == CUDA_SUCCESS && pGreenCtx) *pGreenCtx = NULL;
+  LEAVE(cuStreamGetCtx_v2_ptsz, r);
+}
+
+/* ---- stream-ordered allocation */
+
+static CUresult impl_alloc_async(CUdeviceptr *dptr, uint64_t bytes, CUmemoryPool hpool, int from_pool, CUstream h) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!dptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  LOCK();
+  struct CUctx_st *c;
+  CUresult r = stream_ctx_locked(h, &c);
+  if (r == CUDA_SUCCESS) {
+    struct CUmemPoolHandle_st *p = from_pool ? pool_lookup(hpool) : g.dev[c->device].curpool;
+    if (!p) r = CUDA_ERROR_INVALID_VALUE;
+    else r = pool_alloc_locked(p, c, bytes, dptr);
+  }
+  UNLOCK();
+  return r;
+}
+
+SIM_API cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+  ENTER(cuMemAllocAsync);
+  LEAVE(cuMemAllocAsync, impl_alloc_async(dptr, bytesize, NULL, 0, hStream));
+}
+
+SIM_API cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+  ENTER(cuMemAllocAsync_ptsz);
+  LEAVE(cuMemAllocAsync_ptsz, impl_alloc_async(dptr, bytesize, NULL, 0, hStream));
+}
+
+SIM_API cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
+  ENTER(cuMemAllocFromPoolAsync);
+  LEAVE(cuMemAllocFromPoolAsync, impl_alloc_async(dptr, bytesize, pool, 1, hStream));
+}
+
+SIM_API cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
+  ENTER(cuMemAllocFromPoolAsync_ptsz);
+  LEAVE(cuMemAllocFromPoolAsync_ptsz, impl_alloc_async(dptr, bytesize, pool, 1, hStream));
+}
+
+static CUresult impl_free_async(CUdeviceptr dptr, CUstream h) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!dptr) return CUDA_ERROR_INVALID_VALUE;
+  LOCK();
+  struct CUctx_st *c;
+  CUresult r = stream_ctx_locked(h, &c);
+  if (r == CUDA_SUCCESS) {
+    blk_t *b = simmap_get(&g.blocks, (uint64_t)dptr);
+    if (!b || b->state != ST_LIVE || !is_device_kind(b->kind)) r = CUDA_ERROR_INVALID_VALUE;
+    else if (b->kind == SIMCUDA_ASYNC) pool_free_locked(b);
+    else plain_free_locked(b); /* a cuMemAlloc block may be freed stream-ordered too */
+  }
+  UNLOCK();
+  return r;
+}
+
+SIM_API cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
+  ENTER(cuMemFreeAsync);
+  LEAVE(cuMemFreeAsync, impl_free_async(dptr, hStream));
+}
+
+SIM_API cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
+  ENTER(cuMemFreeAsync_ptsz);
+  LEAVE(cuMemFreeAsync_ptsz, impl_free_async(dptr, hStream));
+}
+
+/* ---- memory pools */
+
+SIM_API cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps) {
+  ENTER(cuMemPoolCreate);
+  if (!inited()) LEAVE(cuMemPoolCreate, CUDA_ERROR_NOT_INITIALIZED);
+  if (!pool || !poolProps || poolProps->allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
+      poolProps->location.type != CU_MEM_LOCATION_TYPE_DEVICE || !dev_ok(poolProps->location.id))
+    LEAVE(cuMemPoolCreate, CUDA_ERROR_INVALID_VALUE);
+  struct CUmemPoolHandle_st *p = malloc(sizeof *p);
+  if (!p) LEAVE(cuMemPoolCreate, CUDA_ERROR_OUT_OF_MEMORY);
+  LOCK();
+  if (pool_init(p, poolProps->location.id, 0) != 0) {
+    UNLOCK();
+    free(p);
+    LEAVE(cuMemPoolCreate, CUDA_ERROR_OUT_OF_MEMORY);
+  }
+  p->max_size = poolProps->maxSize;
+  simdev_t *d = &g.dev[p->device];
+  p->dev_next = d->pools;
+  d->pools = p;
+  UNLOCK();
+  *pool = p;
+  LEAVE(cuMemPoolCreate, CUDA_SUCCESS);
+}
+
+SIM_API cuMemPoolDestroy(CUmemoryPool pool) {
+  ENTER(cuMemPoolDestroy);
+  if (!inited()) LEAVE(cuMemPoolDestroy, CUDA_ERROR_NOT_INITIALIZED);
+  LOCK();
+  struct CUmemPoolHandle_st *p = pool_lookup(pool);
+  CUresult r = CUDA_SUCCESS;
+  if (!p || p->is_default) {
+    r = CUDA_ERROR_INVALID_VALUE;
+  } else {
+    simdev_t *d = &g.dev[p->device];
+    if (d->curpool == p) d->curpool = &d->defpool; /* the device falls back to its default pool */
+    pool_trim_locked(p, 0);
+    p->alive = 0; /* blocks still out return their memory as they are freed */
+    simmap_del(&g.pools, (uint64_t)(uintptr_t)p);
+    struct CUmemPoolHandle_st **pp = &d->pools;
+    while (*pp != p) pp = &(*pp)->dev_next;
+    *pp = p->dev_next;
+    p->dev_next = g.all_pools;
+    g.all_pools = p;
+  }
+  UNLOCK();
+  LEAVE(cuMemPoolDestroy, r);
+}
+
+SIM_API cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
+  ENTER(cuMemPoolTrimTo);
+  if (!inited()) LEAVE(cuMemPoolTrimTo, CUDA_ERROR_NOT_INITIALIZED);
+  LOCK();
+  struct CUmemPoolHandle_st *p = pool_lookup(pool);
+  if (p) pool_trim_locked(p, minBytesToKeep);
+  UNLOCK();
+  LEAVE(cuMemPoolTrimTo, p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE);
+}
+
+SIM_API cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+  ENTER(cuMemPoolSetAttribute);
+  if (!inited()) LEAVE(cuMemPoolSetAttribute, CUDA_ERROR_NOT_INITIALIZED);
+  if (!value) LEAVE(cuMemPoolSetAttribute, CUDA_ERROR_INVALID_VALUE);
+  LOCK();
+  struct CUmemPoolHandle_st *p = pool_lookup(pool);
+  CUresult r = p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  if (p) {
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+      p->reuse[attr - CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES] = *(const int *)value != 0;
+      break;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: p->threshold = *(const cuuint64_t *)value; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: /* only a reset (to the current value) is allowed */
+      if (*(const cuuint64_t *)value != 0) r = CUDA_ERROR_INVALID_VALUE;
+      else p->reserved_high = p->reserved;
+      break;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+      if (*(const cuuint64_t *)value != 0) r = CUDA_ERROR_INVALID_VALUE;
+      else p->used_high = p->used;
+      break;
+    default: r = CUDA_ERROR_INVALID_VALUE; break;
+    }
+  }
+  UNLOCK();
+  LEAVE(cuMemPoolSetAttribute, r);
+}
+
+SIM_API cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+  ENTER(cuMemPoolGetAttribute);
+  if (!inited()) LEAVE(cuMemPoolGetAttribute, CUDA_ERROR_NOT_INITIALIZED);
+  if (!value) LEAVE(cuMemPoolGetAttribute, CUDA_ERROR_INVALID_VALUE);
+  LOCK();
+  struct CUmemPoolHandle_st *p = pool_lookup(pool);
+  CUresult r = p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  if (p) {
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+      *(int *)value = p->reuse[attr - CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES];
+      break;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: *(cuuint64_t *)value = p->threshold; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: *(cuuint64_t *)value = p->reserved; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: *(cuuint64_t *)value = p->reserved_high; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *(cuuint64_t *)value = p->used; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH: *(cuuint64_t *)value = p->used_high; break;
+    default: r = CUDA_ERROR_INVALID_VALUE; break;
+    }
+  }
+  UNLOCK();
+  LEAVE(cuMemPoolGetAttribute, r);
+}
+
+SIM_API cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev) {
+  ENTER(cuDeviceGetDefaultMemPool);
+  if (!inited()) LEAVE(cuDeviceGetDefaultMemPool, CUDA_ERROR_NOT_INITIALIZED);
+  if (!pool_out) LEAVE(cuDeviceGetDefaultMemPool, CUDA_ERROR_INVALID_VALUE);
+  if (!dev_ok(dev)) LEAVE(cuDeviceGetDefaultMemPool, CUDA_ERROR_INVALID_DEVICE);
+  *pool_out = &g.dev[dev].defpool;
+  LEAVE(cuDeviceGetDefaultMemPool, CUDA_SUCCESS);
+}
+
+SIM_API cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
+  ENTER(cuDeviceGetMemPool);
+  if (!inited()) LEAVE(cuDeviceGetMemPool, CUDA_ERROR_NOT_INITIALIZED);
+  if (!pool) LEAVE(cuDeviceGetMemPool, CUDA_ERROR_INVALID_VALUE);
+  if (!dev_ok(dev)) LEAVE(cuDeviceGetMemPool, CUDA_ERROR_INVALID_DEVICE);
+  LOCK();
+  *pool = g.dev[dev].curpool;
+  UNLOCK();
+  LEAVE(cuDeviceGetMemPool, CUDA_SUCCESS);
+}
+
+SIM_API cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
+  ENTER(cuDeviceSetMemPool);
+  if (!inited()) LEAVE(cuDeviceSetMemPool, CUDA_ERROR_NOT_INITIALIZED);
+  if (!dev_ok(dev)) LEAVE(cuDeviceSetMemPool, CUDA_ERROR_INVALID_DEVICE);
+  LOCK();
+  struct CUmemPoolHandle_st *p = pool_lookup(pool);
+  CUresult r = (!p || p->device != dev) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+  if (r == CUDA_SUCCESS) g.dev[dev].curpool = p;
+  UNLOCK();
+  LEAVE(cuDeviceSetMemPool, r);
+}
+
+/* ---- virtual memory management */
+
+static CUresult check_alloc_prop(const CUmemAllocationProp *prop) {
+  if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (!dev_ok(prop->location.id)) return CUDA_ERROR_INVALID_DEVICE;
+  return CUDA_SUCCESS;
+}
+
+SIM_API cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                      CUmemAllocationGranularity_flags option) {
+  ENTER(cuMemGetAllocationGranularity);
+  if (!inited()) LEAVE(cuMemGetAllocationGranularity, CUDA_ERROR_NOT_INITIALIZED);
+  if (!granularity || (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+    LEAVE(cuMemGetAllocationGranularity, CUDA_ERROR_INVALID_VALUE);
+  CUresult r = check_alloc_prop(prop);
+  if (r == CUDA_SUCCESS) *granularity = (size_t)SIM_GRAN;
+  LEAVE(cuMemGetAllocationGranularity, r);
+}
+
+SIM_API cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                    unsigned long long flags) {
+  ENTER(cuMemCreate);
+  if (!inited()) LEAVE(cuMemCreate, CUDA_ERROR_NOT_INITIALIZED);
+  if (!handle || size == 0 || size % SIM_GRAN || flags != 0) LEAVE(cuMemCreate, CUDA_ERROR_INVALID_VALUE);
+  CUresult r = check_alloc_prop(prop);
+  if (r != CUDA_SUCCESS) LEAVE(cuMemCreate, r);
+  vmm_handle_t *h = calloc(1, sizeof *h);
+  if (!h) LEAVE(cuMemCreate, CUDA_ERROR_OUT_OF_MEMORY);
+  LOCK();
+  simdev_t *d = &g.dev[prop->location.id];
+  if (over_capacity(d, size)) {
+    r = CUDA_ERROR_OUT_OF_MEMORY;
+  } else {
+    /* Opaque but reproducible: the same call sequence gives the same handles. */
+    h->handle = 0x5e00000000000000ULL | ((g.vmm_seq + 1) << 8) | (uint64_t)prop->location.id;
+    h->size = size;
+    h->device = prop->location.id;
+    if (simmap_put(&g.vmm, h->handle, h) != 0) {
+      r = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+      g.vmm_seq++;
+      d->vmm_handles++;
+      d->vmm_phys += size;
+      *handle = h->handle;
+    }
+  }
+  UNLOCK();
+  if (r != CUDA_SUCCESS) free(h);
+  LEAVE(cuMemCreate, r);
+}
+
+static void vmm_handle_drop_locked(vmm_handle_t *h) {
+  simdev_t *d = &g.dev[h->device];
+  d->vmm_handles--;
+  d->vmm_phys -= h->size;
+  simmap_del(&g.vmm, h->handle);
+  free(h);
+}
+
+SIM_API cuMemRelease(CUmemGenericAllocationHandle handle) {
+  ENTER(cuMemRelease);
+  if (!inited()) LEAVE(cuMemRelease, CUDA_ERROR_NOT_INITIALIZED);
+  LOCK();
+  vmm_handle_t *h = handle ? simmap_get(&g.vmm, handle) : NULL;
+  CUresult r = (!h || h->released) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+  if (r == CUDA_SUCCESS) {
+    h->released = 1;
+    if (h->nmaps == 0) vmm_handle_drop_locked(h); /* otherwise the mappings keep the memory alive */
+  }
+  UNLOCK();
+  LEAVE(cuMemRelease, r);
+}
+
+SIM_API cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                            unsigned long long flags) {
+  ENTER(cuMemAddressReserve);
+  if (!inited()) LEAVE(cuMemAddressReserve, CUDA_ERROR_NOT_INITIALIZED);
+  if (!ptr || size == 0 || size % SIM_GRAN || flags != 0 || (alignment & (alignment - 1)))
+    LEAVE(cuMemAddressReserve, CUDA_ERROR_INVALID_VALUE);
+  uint64_t align = alignment < SIM_GRAN ? SIM_GRAN : alignment;
+  va_res_t *res = calloc(1, sizeof *res);
+  if (!res) LEAVE(cuMemAddressReserve, CUDA_ERROR_OUT_OF_MEMORY);
+  LOCK();
+  uint64_t va = 0;
+  /* The fixed address is a hint, honoured when that range is free. */
+  if (addr && addr % align == 0 && simext_alloc_at(&g.va_ext, addr, size) == 0) va = addr;
+  if (!va) va = simext_alloc(&g.va_ext, size, align);
+  if (va) {
+    res->va = va;
+    res->size = size;
+    res->next = g.res;
+    g.res = res;
+    g.va_reserved += size;
+    *ptr = (CUdeviceptr)va;
+  }
+  UNLOCK();
+  if (!va) free(res);
+  LEAVE(cuMemAddressReserve, va ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY);
+}
+
+SIM_API cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+  ENTER(cuMemAddressFree);
+  if (!inited()) LEAVE(cuMemAddressFree, CUDA_ERROR_NOT_INITIALIZED);
+  LOCK();
+  va_res_t **rp = &g.res;
+  while (*rp && (*rp)->va != (uint64_t)ptr) rp = &(*rp)->next;
+  va_res_t *res = *rp;
+  CUresult r = (!res || res->size != size || res->maps) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+  if (r == CUDA_SUCCESS) {
+    *rp = res->next;
+    g.va_reserved -= size;
+    simext_free(&g.va_ext, res->va, res->size);
+    free(res);
+  }
+  UNLOCK();
+  LEAVE(cuMemAddressFree, r);
+}
+
+SIM_API cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                 unsigned long long flags) {
+  ENTER(cuMemMap);
+  if (!inited()) LEAVE(cuMemMap, CUDA_ERROR_NOT_INITIALIZED);
+  uint64_t va = (uint64_t)ptr;
+  if (!va || size == 0 || size % SIM_GRAN || va % SIM_GRAN || offset != 0 || flags != 0)
+    LEAVE(cuMemMap, CUDA_ERROR_INVALID_VALUE);
+  vmm_map_t *m = calloc(1, sizeof *m);
+  if (!m) LEAVE(cuMemMap, CUDA_ERROR_OUT_OF_MEMORY);
+  LOCK();
+  CUresult r = CUDA_SUCCESS;
+  vmm_handle_t *h = handle ? simmap_get(&g.vmm, handle) : NULL;
+  va_res_t *res = res_at(va);
+  if (!h || h->released || size > h->size || !res || va + size > res->va + res->size) r = CUDA_ERROR_INVALID_VALUE;
+  vmm_map_t **mp = res ? &res->maps : NULL;
+  if (r == CUDA_SUCCESS) {
+    while (*mp && (*mp)->va + (*mp)->size <= va) mp = &(*mp)->next;
+    if (*mp && (*mp)->va < va + size) r = CUDA_ERROR_INVALID_VALUE; /* overlaps a live mapping */
+  }
+  if (r == CUDA_SUCCESS) {
+    m->va = va;
+    m->size = size;
+    m->h = h;
+    m->prot = CU_MEM_ACCESS_FLAGS_PROT_NONE; /* inaccessible until cuMemSetAccess, as on the device */
+    m->next = *mp;
+    *mp = m;
+    h->nmaps++;
+    g.dev[h->device].vmm_mappings++;
+  }
+  UNLOCK();
+  if (r != CUDA_SUCCESS) free(m);
+  LEAVE(cuMemMap, r);
+}
+
+SIM_API cuMemUnmap(CUdeviceptr ptr, size_t size) {
+  ENTER(cuMemUnmap);
+  if (!inited()) LEAVE(cuMemUnmap, CUDA_ERROR_NOT_INITIALIZED);
+  uint64_t va = (uint64_t)ptr, end = va + size;
+  if (!va || size == 0 || end < va) LEAVE(cuMemUnmap, CUDA_ERROR_INVALID_VALUE);
+  LOCK();
+  CUresult r = CUDA_SUCCESS;
+  va_res_t *res = res_at(va);
+  vmm_map_t **mp = res ? &res->maps : NULL;
+  if (!res) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) {
+    while (*mp && (*mp)->va < va) mp = &(*mp)->next;
+    /* The range must consist of whole, adjacent mappings. */
+    uint64_t at = va;
+    vmm_map_t *m = *mp;
+    while (m && m->va == at && at < end) {
+      at += m->size;
+      m = m->next;
+    }
+    if (at != end) r = CUDA_ERROR_INVALID_VALUE;
+  }
+  if (r == CUDA_SUCCESS) {
+    while (*mp && (*mp)->va < end) {
+      vmm_map_t *m = *mp;
+      *mp = m->next;
+      madvise((void *)(uintptr_t)m->va, m->size, MADV_DONTNEED);
+      mprotect((void *)(uintptr_t)m->va, m->size, PROT_NONE);
+      vmm_handle_t *h = m->h;
+      g.dev[h->device].vmm_mappings--;
+      if (--h->nmaps == 0 && h->released) vmm_handle_drop_locked(h);
+      free(m);
+    }
+  }
+  UNLOCK();
+  LEAVE(cuMemUnmap, r);
+}
+
+SIM_API cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
+  ENTER(cuMemSetAccess);
+  if (!inited()) LEAVE(cuMemSetAccess, CUDA_ERROR_NOT_INITIALIZED);
+  uint64_t va = (uint64_t)ptr;
+  if (!va || size == 0 || !desc || count == 0) LEAVE(cuMemSetAccess, CUDA_ERROR_INVALID_VALUE);
+  int prot = 0;
+  for (size_t i = 0; i < count; i++) {
+    if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE) LEAVE(cuMemSetAccess, CUDA_ERROR_INVALID_VALUE);
+    if (!dev_ok(desc[i].location.id)) LEAVE(cuMemSetAccess, CUDA_ERROR_INVALID_DEVICE);
+    int f = (int)desc[i].flags;
+    if (f != CU_MEM_ACCESS_FLAGS_PROT_NONE && f != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+        f != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+      LEAVE(cuMemSetAccess, CUDA_ERROR_INVALID_VALUE);
+    prot |= f; /* one CPU view stands for every device: grant the widest access asked for */
+  }
+  LOCK();
+  CUresult r = vmm_range_ok(va, size, CU_MEM_ACCESS_FLAGS_PROT_NONE, NULL, NULL) ? CUDA_SUCCESS
+                                                                                 : CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) {
+    int mp = prot == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE
+             : prot == CU_MEM_ACCESS_FLAGS_PROT_READ    ? PROT_READ
+                                                        : PROT_NONE;
+    if (mprotect((void *)(uintptr_t)va, size, mp) != 0) r = CUDA_ERROR_INVALID_VALUE;
+    for (vmm_map_t *m = res_at(va)->maps; r == CUDA_SUCCESS && m; m = m->next)
+      if (m->va < va + size && va < m->va + m->size) m->prot = prot; /* access is tracked per mapping */
+  }
+  UNLOCK();
+  LEAVE(cuMemSetAccess, r);
+}
+
+/* ---- error strings */
+
+SIM_API cuGetErrorName(CUresult error, const char **pStr) {
+  ENTER(cuGetErrorName);
+  if (!pStr) LEAVE(cuGetErrorName, CUDA_ERROR_INVALID_VALUE);
+  const char *s = err_name(error);
+  *pStr = s; /* NULL for an unknown code, as the real driver does */
+  LEAVE(cuGetErrorName, s ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE);
+}
+
+SIM_API cuGetErrorString(CUresult error, const char **pStr) {
+  ENTER(cuGetErrorString);
+  if (!pStr) LEAVE(cuGetErrorString, CUDA_ERROR_INVALID_VALUE);
+  const char *s = err_text(error);
+  *pStr = s;
+  LEAVE(cuGetErrorString, s ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE);
+}
+
+/* ---- cuGetProcAddress */
+
+/* One row per ABI: the base name, the CUDA version that introduced this ABI, whether it is the per-thread
+ * default stream variant, and the exported function itself (bound locally: -Bsymbolic-functions). */
+static const struct pa_entry {
+  const char *base;
+  int version;
+  int per_thread;
+  void *fn;
+} g_pa_table[] = {
+#define PA(base, ver, pt, fn) {base, ver, pt, (void *)&fn},
+    PA("cuInit", 2000, 0, cuInit)
+    PA("cuDriverGetVersion", 2020, 0, cuDriverGetVersion)
+    PA("cuDeviceGet", 2000, 0, cuDeviceGet)
+    PA("cuDeviceGetCount", 2000, 0, cuDeviceGetCount)
+    PA("cuDeviceGetName", 2000, 0, cuDeviceGetName)
+    PA("cuDeviceTotalMem", 2000, 0, cuDeviceTotalMem)
+    PA("cuDeviceTotalMem", 3020, 0, cuDeviceTotalMem_v2)
+    PA("cuDeviceGetAttribute", 2000, 0, cuDeviceGetAttribute)
+    PA("cuDevicePrimaryCtxRetain", 7000, 0, cuDevicePrimaryCtxRetain)
+    PA("cuDevicePrimaryCtxRelease", 7000, 0, cuDevicePrimaryCtxRelease)
+    PA("cuDevicePrimaryCtxRelease", 11000, 0, cuDevicePrimaryCtxRelease_v2)
+    PA("cuDevicePrimaryCtxReset", 7000, 0, cuDevicePrimaryCtxReset)
+    PA("cuDevicePrimaryCtxReset", 11000, 0, cuDevicePrimaryCtxReset_v2)
+    PA("cuDevicePrimaryCtxGetState", 7000, 0, cuDevicePrimaryCtxGetState)
+    PA("cuCtxCreate", 2000, 0, cuCtxCreate)
+    PA("cuCtxCreate", 3020, 0, cuCtxCreate_v2)
+    PA("cuCtxCreate", 11040, 0, cuCtxCreate_v3)
+    PA("cuCtxCreate", 12050, 0, cuCtxCreate_v4)
+    PA("cuCtxDestroy", 2000, 0, cuCtxDestroy)
+    PA("cuCtxDestroy", 4000, 0, cuCtxDestroy_v2)
+    PA("cuCtxPushCurrent", 2000, 0, cuCtxPushCurrent)
+    PA("cuCtxPushCurrent", 4000, 0, cuCtxPushCurrent_v2)
+    PA("cuCtxPopCurrent", 2000, 0, cuCtxPopCurrent)
+    PA("cuCtxPopCurrent", 4000, 0, cuCtxPopCurrent_v2)
+    PA("cuCtxGetCurrent", 4000, 0, cuCtxGetCurrent)
+    PA("cuCtxSetCurrent", 4000, 0, cuCtxSetCurrent)
+    PA("cuCtxGetDevice", 2000, 0, cuCtxGetDevice)
+    PA("cuCtxGetDevice", 13000, 0, cuCtxGetDevice_v2)
+    PA("cuCtxSynchronize", 2000, 0, cuCtxSynchronize)
+    PA("cuCtxSynchronize", 13000, 0, cuCtxSynchronize_v2)
+    PA("cuMemAlloc", 2000, 0, cuMemAlloc)
+    PA("cuMemAlloc", 3020, 0, cuMemAlloc_v2)
+    PA("cuMemAllocPitch", 2000, 0, cuMemAllocPitch)
+    PA("cuMemAllocPitch", 3020, 0, cuMemAllocPitch_v2)
+    PA("cuMemAllocManaged", 6000, 0, cuMemAllocManaged)
+    PA("cuMemFree", 2000, 0, cuMemFree)
+    PA("cuMemFree", 3020, 0, cuMemFree_v2)
+    PA("cuMemGetInfo", 2000, 0, cuMemGetInfo)
+    PA("cuMemGetInfo", 3020, 0, cuMemGetInfo_v2)
+    PA("cuMemGetAddressRange", 2000, 0, cuMemGetAddressRange)
+    PA("cuMemGetAddressRange", 3020, 0, cuMemGetAddressRange_v2)
+    PA("cuMemHostAlloc", 2020, 0, cuMemHostAlloc)
+    PA("cuMemAllocHost", 2000, 0, cuMemAllocHost)
+    PA("cuMemAllocHost", 3020, 0, cuMemAllocHost_v2)
+    PA("cuMemFreeHost", 2000, 0, cuMemFreeHost)
+    PA("cuMemcpyHtoD", 2000, 0, cuMemcpyHtoD)
+    PA("cuMemcpyHtoD", 3020, 0, cuMemcpyHtoD_v2)
+    PA("cuMemcpyHtoD", 7000, 1, cuMemcpyHtoD_v2_ptds)
+    PA("cuMemcpyDtoH", 2000, 0, cuMemcpyDtoH)
+    PA("cuMemcpyDtoH", 3020, 0, cuMemcpyDtoH_v2)
+    PA("cuMemcpyDtoH", 7000, 1, cuMemcpyDtoH_v2_ptds)
+    PA("cuMemcpyDtoD", 2000, 0, cuMemcpyDtoD)
+    PA("cuMemcpyDtoD", 3020, 0, cuMemcpyDtoD_v2)
+    PA("cuMemcpyDtoD", 7000, 1, cuMemcpyDtoD_v2_ptds)
+    PA("cuMemsetD8", 2000, 0, cuMemsetD8)
+    PA("cuMemsetD8", 3020, 0, cuMemsetD8_v2)
+    PA("cuMemsetD8", 7000, 1, cuMemsetD8_v2_ptds)
+    PA("cuStreamCreate", 2000, 0, cuStreamCreate)
+    PA("cuStreamDestroy", 2000, 0, cuStreamDestroy)
+    PA("cuStreamDestroy", 4000, 0, cuStreamDestroy_v2)
+    PA("cuStreamSynchronize", 2000, 0, cuStreamSynchronize)
+    PA("cuStreamSynchronize", 7000, 1, cuStreamSynchronize_ptsz)
+    PA("cuStreamGetCtx", 9020, 0, cuStreamGetCtx)
+    PA("cuStreamGetCtx", 9020, 1, cuStreamGetCtx_ptsz)
+    PA("cuStreamGetCtx", 12050, 0, cuStreamGetCtx_v2)
+    PA("cuStreamGetCtx", 12050, 1, cuStreamGetCtx_v2_ptsz)
+    PA("cuMemAllocAsync", 11020, 0, cuMemAllocAsync)
+    PA("cuMemAllocAsync", 11020, 1, cuMemAllocAsync_ptsz)
+    PA("cuMemFreeAsync", 11020, 0, cuMemFreeAsync)
+    PA("cuMemFreeAsync", 11020, 1, cuMemFreeAsync_ptsz)
+    PA("cuMemAllocFromPoolAsync", 11020, 0, cuMemAllocFromPoolAsync)
+    PA("cuMemAllocFromPoolAsync", 11020, 1, cuMemAllocFromPoolAsync_ptsz)
+    PA("cuMemPoolCreate", 11020, 0, cuMemPoolCreate)
+    PA("cuMemPoolDestroy", 11020, 0, cuMemPoolDestroy)
+    PA("cuMemPoolTrimTo", 11020, 0, cuMemPoolTrimTo)
+    PA("cuMemPoolSetAttribute", 11020, 0, cuMemPoolSetAttribute)
+    PA("cuMemPoolGetAttribute", 11020, 0, cuMemPoolGetAttribute)
+    PA("cuDeviceGetDefaultMemPool", 11020, 0, cuDeviceGetDefaultMemPool)
+    PA("cuDeviceGetMemPool", 11020, 0, cuDeviceGetMemPool)
+    PA("cuDeviceSetMemPool", 11020, 0, cuDeviceSetMemPool)
+    PA("cuMemAddressReserve", 10020, 0, cuMemAddressReserve)
+    PA("cuMemAddressFree", 10020, 0, cuMemAddressFree)
+    PA("cuMemCreate", 10020, 0, cuMemCreate)
+    PA("cuMemRelease", 10020, 0, cuMemRelease)
+    PA("cuMemMap", 10020, 0, cuMemMap)
+    PA("cuMemUnmap", 10020, 0, cuMemUnmap)
+    PA("cuMemSetAccess", 10020, 0, cuMemSetAccess)
+    PA("cuMemGetAllocationGranularity", 10020, 0, cuMemGetAllocationGranularity)
+    PA("cuGetErrorName", 6000, 0, cuGetErrorName)
+    PA("cuGetErrorString", 6000, 0, cuGetErrorString)
+    PA("cuGetProcAddress", 11030, 0, cuGetProcAddress)
+    PA("cuGetProcAddress", 12000, 0, cuGetProcAddress_v2)
+#undef PA
+};
+
+static void pa_log_locked(const char *symbol, int version, cuuint64_t flags) {
+  if (g.pa_count < PA_LOG_MAX) {
+    if (!g.pa_log) g.pa_log = calloc(PA_LOG_MAX, sizeof *g.pa_log);
+    if (g.pa_log) {
+      pa_log_t *e = &g.pa_log[g.pa_count];
+      snprintf(e->symbol, sizeof e->symbol, "%s", symbol ? symbol : "(null)");
+      e->version = version;
+      e->flags = flags;
+    }
+  }
+  g.pa_count++;
+}
+
+static CUresult impl_procaddr(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                              CUdriverProcAddressQueryResult *status) {
+  LOCK();
+  pa_log_locked(symbol, version, flags);
+  UNLOCK();
+  if (!symbol || !pfn || (flags & ~3ULL) || flags == 3) return CUDA_ERROR_INVALID_VALUE;
+  if (version > SIM_DRIVER_VERSION) return CUDA_ERROR_INVALID_VALUE; /* newer than this driver */
+  int per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
+  const struct pa_entry *best = NULL, *best_pt = NULL;
+  int known = 0;
+  for (size_t i = 0; i < sizeof g_pa_table / sizeof g_pa_table[0]; i++) {
+    const struct pa_entry *e = &g_pa_table[i];
+    if (strcmp(e->base, symbol) != 0) continue;
+    known = 1;
+    if (e->version > version) continue;
+    if (e->per_thread) {
+      if (per_thread && (!best_pt || e->version > best_pt->version)) best_pt = e;
+    } else if (!best || e->version > best->version) {
+      best = e;
+    }
+  }
+  /* The per-thread flag falls back to the legacy function when no per-thread variant exists. */
+  const struct pa_entry *hit = best_pt ? best_pt : best;
+  if (!hit) {
+    *pfn = NULL;
+    if (status) *status = known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return CUDA_ERROR_NOT_FOUND;
+  }
+  *pfn = hit->fn;
+  if (status) *status = CU_GET_PROC_ADDRESS_SUCCESS;
+  return CUDA_SUCCESS;
+}
+
+SIM_API cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                            CUdriverProcAddressQueryResult *symbolStatus) {
+  ENTER(cuGetProcAddress_v2);
+  LEAVE(cuGetProcAddress_v2, impl_procaddr(symbol, pfn, cudaVersion, flags, symbolStatus));
+}
+
+SIM_API cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
+  ENTER(cuGetProcAddress);
+  LEAVE(cuGetProcAddress, impl_procaddr(symbol, pfn, cudaVersion, flags, NULL));
+}
+
+/* ================================================================================== inspection (simcuda_*) */
+
+static void add_dev_stats(simcuda_stats_t *o, const simdev_t *d) {
+  o->live_blocks += d->live_blocks;
+  o->live_bytes += d->live_bytes;
+  o->pool_reserved_bytes += d->pool_reserved;
+  o->pool_used_bytes += d->pool_used;
+  o->vmm_handles += d->vmm_handles;
+  o->vmm_phys_bytes += d->vmm_phys;
+  o->vmm_mappings += d->vmm_mappings;
+  o->host_blocks += d->host_blocks;
+  o->host_bytes += d->host_bytes;
+  o->used_bytes += dev_used(d);
+  o->capacity_bytes += d->capacity;
+  o->contexts += d->contexts;
+}
+
+SIM_EXPORT CUresult simcuda_stats(int device, CUcontext ctx, simcuda_stats_t *out) {
+  if (!out || out->size < sizeof(simcuda_stats_t)) return CUDA_ERROR_INVALID_VALUE;
+  simcuda_stats_t o;
+  memset(&o, 0, sizeof o);
+  o.size = sizeof o;
+  CUresult r = CUDA_SUCCESS;
+  LOCK();
+  if (!inited()) {
+    int n = env_devices();
+    uint64_t cap = env_capacity();
+    if (device < -1 || device >= n) r = CUDA_ERROR_INVALID_VALUE;
+    else if (ctx) r = CUDA_ERROR_INVALID_CONTEXT;
+    else
+      for (int d = 0; d < n; d++)
+        if (device == -1 || device == d) o.capacity_bytes += capacity_for(d, cap);
+  } else if (device < -1 || device >= g.ndev) {
+    r = CUDA_ERROR_INVALID_VALUE;
+  } else if (ctx) {
+    struct CUctx_st *c = ctx_lookup(ctx);
+    if (!c) {
+      r = CUDA_ERROR_INVALID_CONTEXT;
+    } else {
+      o.capacity_bytes = g.dev[device == -1 ? c->device : device].capacity;
+      if (device == -1 || device == c->device) {
+        o.live_blocks = c->live_blocks;
+        o.live_bytes = c->live_bytes;
+        o.pool_used_bytes = c->pool_used;
+        o.host_blocks = c->host_blocks;
+        o.host_bytes = c->host_bytes;
+        o.used_bytes = c->plain_bytes;
+        o.contexts = c->alive ? 1 : 0;
+      }
+    }
+  } else {
+    for (int d = 0; d < g.ndev; d++)
+      if (device == -1 || device == d) add_dev_stats(&o, &g.dev[d]);
+    if (device == -1) o.va_reserved_bytes = g.va_reserved; /* reservations belong to no device */
+  }
+  UNLOCK();
+  if (r == CUDA_SUCCESS) *out = o;
+  return r;
+}
+
+SIM_EXPORT int simcuda_foreach_block(int (*fn)(const simcuda_block_t *b, void *arg), void *arg) {
+  if (!fn) return 0;
+  /* Snapshot under the lock, call back outside it, so fn may use the simulator. */
+  size_t n = 0, cap = 0;
+  simcuda_block_t *v = NULL;
+#define PUSH(...)                                                                                             \
+  do {                                                                                                        \
+    if (n == cap) {                                                                                           \
+      size_t nc = cap ? cap * 2 : 64;                                                                         \
+      simcuda_block_t *nv = realloc(v, nc * sizeof *v);                                                       \
+      if (!nv) goto snapshot_done;                                                                            \
+      v = nv;                                                                                                 \
+      cap = nc;                                                                                               \
+    }                                                                                                         \
+    v[n++] = (simcuda_block_t){__VA_ARGS__};                                                                  \
+  } while (0)
+  LOCK();
+  for (size_t i = 0; i < g.blocks.cap; i++) {
+    blk_t *b = g.blocks.keys[i] ? g.blocks.vals[i] : NULL;
+    if (!b || b->state != ST_LIVE) continue;
+    PUSH(.address = b->addr, .bytes = b->bytes, .kind = b->kind, .device = b->kind == SIMCUDA_HOST ? -1 : b->device,
+         .ctx = b->ctx, .pool = b->pool, .released = 0);
+  }
+  for (size_t i = 0; i < g.vmm.cap; i++) {
+    vmm_handle_t *h = g.vmm.keys[i] ? g.vmm.vals[i] : NULL;
+    if (!h) continue;
+    PUSH(.address = h->handle, .bytes = h->size, .kind = SIMCUDA_VMM, .device = h->device, .ctx = NULL, .pool = NULL,
+         .released = h->released);
+  }
+  for (va_res_t *r = g.res; r; r = r->next) {
+    PUSH(.address = r->va, .bytes = r->size, .kind = SIMCUDA_VA, .device = -1, .ctx = NULL, .pool = NULL,
+         .released = 0);
+    for (vmm_map_t *m = r->maps; m; m = m->next)
+      PUSH(.address = m->va, .bytes = m->size, .kind = SIMCUDA_VMM_MAPPING, .device = m->h->device, .ctx = NULL,
+           .pool = NULL, .released = 0);
+  }
+snapshot_done:
+  UNLOCK();
+#undef PUSH
+  int rc = 0;
+  for (size_t i = 0; i < n && rc == 0; i++) rc = fn(&v[i], arg);
+  free(v);
+  return rc;
+}
+
+SIM_EXPORT int simcuda_inject(const char *fn, CUresult err, int count) {
+  pthread_mutex_lock(&g_inj_lock);
+  int rc = 0;
+  if (!fn) {
+    for (int i = 0; i < SIMFN_COUNT; i++) atomic_store_explicit(&g_inj_count[i], 0, memory_order_relaxed);
+  } else {
+    int id = fn_id(fn);
+    if (id < 0) {
+      rc = -1;
+    } else {
+      g_inj_err[id] = err;
+      atomic_store_explicit(&g_inj_count[id], count > 0 ? count : 0, memory_order_relaxed);
+    }
+  }
+  pthread_mutex_unlock(&g_inj_lock);
+  return rc;
+}
+
+SIM_EXPORT uint64_t simcuda_calls(const char *fn) {
+  int id = fn_id(fn);
+  return id < 0 ? 0 : atomic_load_explicit(&g_calls[id], memory_order_relaxed);
+}
+
+SIM_EXPORT uint64_t simcuda_procaddr_requests(void (*fn)(const char *symbol, int version, uint64_t flags, void *arg),
+                                              void *arg) {
+  LOCK();
+  uint64_t total = g.pa_count;
+  size_t n = (size_t)(total < PA_LOG_MAX ? total : PA_LOG_MAX);
+  pa_log_t *copy = NULL;
+  if (fn && n && g.pa_log) {
+    copy = malloc(n * sizeof *copy);
+    if (copy) memcpy(copy, g.pa_log, n * sizeof *copy);
+  }
+  UNLOCK();
+  if (copy)
+    for (size_t i = 0; i < n; i++) fn(copy[i].symbol, copy[i].version, copy[i].flags, arg);
+  free(copy);
+  return total;
+}
+
+SIM_EXPORT void simcuda_set_capacity(int device, uint64_t bytes) {
+  LOCK();
+  if (device == -1) {
+    g.cap_all_overridden = 1;
+    g.cap_all = bytes;
+    memset(g.cap_overridden, 0, sizeof g.cap_overridden);
+    for (int d = 0; d < g.ndev; d++) g.dev[d].capacity = bytes;
+  } else if (device >= 0 && device < SIM_MAX_DEV) {
+    g.cap_overridden[device] = 1;
+    g.cap_override[device] = bytes;
+    if (device < g.ndev) g.dev[device].capacity = bytes;
+  }
+  UNLOCK();
+}
+
+SIM_EXPORT int simcuda_arena(int device, uint64_t *base, uint64_t *size) {
+  int hinted = -1;
+  LOCK();
+  if (inited() && device >= 0 && device < g.ndev) {
+    if (base) *base = g.dev[device].ar.base;
+    if (size) *size = g.dev[device].ar.size;
+    hinted = g.dev[device].ar.hinted;
+  }
+  UNLOCK();
+  return hinted;
+}

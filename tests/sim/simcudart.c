@@ -1,0 +1,648 @@
+/*
+ * simcudart.c -- the simulated CUDA runtime (libcudart.so.13 and libcudart_static.a from this one source).
+ *
+ * It reaches the driver exactly like the real CUDA 13 runtime, because that route is what gpureclaim has to
+ * intercept: it imports no cu* symbol; it dlopen()s libcuda.so.1, dlsym()s only "cuGetProcAddress_v2", asks
+ * that for "cuGetProcAddress" at 11030 and 12000, and resolves every other entry point once, at init,
+ * through the 12000 function: at version 13000 with flags 0, the stream-ordered and copy functions a second
+ * time with the per-thread default stream flag, and a few old ABIs on purpose.
+ */
+#define _GNU_SOURCE
+/* Declares both the plain and the _ptsz/_ptds runtime entry points with no renaming macro. */
+#define __CUDA_API_VERSION_INTERNAL 1
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime_api.h>
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define RT_API __attribute__((visibility("default"))) cudaError_t CUDARTAPI
+#define RT_MAX_DEV 64
+
+/* ------------------------------------------------------------------------------------ driver table */
+
+static struct drv {
+  PFN_cuGetProcAddress_v11030 gpa_v11030; /* fetched like the real runtime does, not used afterwards */
+  PFN_cuGetProcAddress_v12000 gpa;
+  PFN_cuInit_v2000 init;
+  PFN_cuDriverGetVersion_v2020 driverGetVersion;
+  PFN_cuDeviceGet_v2000 deviceGet;
+  PFN_cuDeviceGetCount_v2000 deviceGetCount;
+  PFN_cuDevicePrimaryCtxRetain_v7000 primaryRetain;
+  PFN_cuDevicePrimaryCtxRelease_v7000 primaryRelease; /* old ABIs, asked for on purpose */
+  PFN_cuDevicePrimaryCtxReset_v7000 primaryReset;
+  PFN_cuCtxCreate_v3020 ctxCreate;
+  PFN_cuCtxGetCurrent_v4000 ctxGetCurrent;
+  PFN_cuCtxSetCurrent_v4000 ctxSetCurrent;
+  PFN_cuCtxGetDevice_v13000 ctxGetDevice;
+  PFN_cuCtxSynchronize_v13000 ctxSynchronize;
+  PFN_cuMemAlloc_v3020 memAlloc;
+  PFN_cuMemFree_v3020 memFree;
+  PFN_cuMemAllocPitch_v3020 memAllocPitch;
+  PFN_cuMemAllocManaged_v6000 memAllocManaged;
+  PFN_cuMemHostAlloc_v2020 memHostAlloc;
+  PFN_cuMemFreeHost_v2000 memFreeHost;
+  PFN_cuMemGetInfo_v3020 memGetInfo;
+  PFN_cuMemGetAddressRange_v3020 memGetAddressRange;
+  PFN_cuMemcpyHtoD_v3020 memcpyHtoD;
+  PFN_cuMemcpyDtoH_v3020 memcpyDtoH;
+  PFN_cuMemcpyDtoD_v3020 memcpyDtoD;
+  PFN_cuMemsetD8_v3020 memsetD8;
+  PFN_cuMemcpyHtoD_v7000_ptds memcpyHtoD_ptds;
+  PFN_cuMemcpyDtoH_v7000_ptds memcpyDtoH_ptds;
+  PFN_cuMemcpyDtoD_v7000_ptds memcpyDtoD_ptds;
+  PFN_cuMemsetD8_v7000_ptds memsetD8_ptds;
+  PFN_cuStreamCreate_v2000 streamCreate;
+  PFN_cuStreamDestroy_v4000 streamDestroy;
+  PFN_cuStreamSynchronize_v2000 streamSynchronize;
+  PFN_cuStreamSynchronize_v7000_ptsz streamSynchronize_ptsz;
+  PFN_cuStreamGetCtx_v12050 streamGetCtx;
+  PFN_cuStreamGetCtx_v12050_ptsz streamGetCtx_ptsz;
+  PFN_cuMemAllocAsync_v11020 memAllocAsync;
+  PFN_cuMemAllocAsync_v11020_ptsz memAllocAsync_ptsz;
+  PFN_cuMemFreeAsync_v11020 memFreeAsync;
+  PFN_cuMemFreeAsync_v11020_ptsz memFreeAsync_ptsz;
+  PFN_cuMemAllocFromPoolAsync_v11020 memAllocFromPoolAsync;
+  PFN_cuMemAllocFromPoolAsync_v11020_ptsz memAllocFromPoolAsync_ptsz;
+  PFN_cuMemPoolCreate_v11020 memPoolCreate;
+  PFN_cuMemPoolDestroy_v11020 memPoolDestroy;
+  PFN_cuMemPoolTrimTo_v11020 memPoolTrimTo;
+  PFN_cuMemPoolSetAttribute_v11020 memPoolSetAttribute;
+  PFN_cuMemPoolGetAttribute_v11020 memPoolGetAttribute;
+  PFN_cuDeviceGetDefaultMemPool_v11020 deviceGetDefaultMemPool;
+  PFN_cuDeviceGetMemPool_v11020 deviceGetMemPool;
+  PFN_cuDeviceSetMemPool_v11020 deviceSetMemPool;
+} D;
+
+#define PT ((int)CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
+static const struct {
+  const char *name;
+  int version;
+  int flags;
+  size_t off;
+} k_syms[] = {
+#define S(name, ver, flags, field) {name, ver, flags, offsetof(struct drv, field)},
+    S("cuInit", 13000, 0, init)
+    S("cuDriverGetVersion", 13000, 0, driverGetVersion)
+    S("cuDeviceGet", 13000, 0, deviceGet)
+    S("cuDeviceGetCount", 13000, 0, deviceGetCount)
+    S("cuDevicePrimaryCtxRetain", 13000, 0, primaryRetain)
+    S("cuDevicePrimaryCtxRelease", 7000, 0, primaryRelease)
+    S("cuDevicePrimaryCtxReset", 7000, 0, primaryReset)
+    S("cuCtxCreate", 3020, 0, ctxCreate)
+    S("cuCtxGetCurrent", 13000, 0, ctxGetCurrent)
+    S("cuCtxSetCurrent", 13000, 0, ctxSetCurrent)
+    S("cuCtxGetDevice", 13000, 0, ctxGetDevice)
+    S("cuCtxSynchronize", 13000, 0, ctxSynchronize)
+    S("cuMemAlloc", 13000, 0, memAlloc)
+    S("cuMemFree", 13000, 0, memFree)
+    S("cuMemAllocPitch", 13000, 0, memAllocPitch)
+    S("cuMemAllocManaged", 13000, 0, memAllocManaged)
+    S("cuMemHostAlloc", 13000, 0, memHostAlloc)
+    S("cuMemFreeHost", 13000, 0, memFreeHost)
+    S("cuMemGetInfo", 13000, 0, memGetInfo)
+    S("cuMemGetAddressRange", 13000, 0, memGetAddressRange)
+    S("cuMemcpyHtoD", 13000, 0, memcpyHtoD)
+    S("cuMemcpyDtoH", 13000, 0, memcpyDtoH)
+    S("cuMemcpyDtoD", 13000, 0, memcpyDtoD)
+    S("cuMemsetD8", 13000, 0, memsetD8)
+    S("cuMemcpyHtoD", 13000, PT, memcpyHtoD_ptds)
+    S("cuMemcpyDtoH", 13000, PT, memcpyDtoH_ptds)
+    S("cuMemcpyDtoD", 13000, PT, memcpyDtoD_ptds)
+    S("cuMemsetD8", 13000, PT, memsetD8_ptds)
+    S("cuStreamCreate", 13000, 0, streamCreate)
+    S("cuStreamDestroy", 13000, 0, streamDestroy)
+    S("cuStreamSynchronize", 13000, 0, streamSynchronize)
+    S("cuStreamSynchronize", 13000, PT, streamSynchronize_ptsz)
+    S("cuStreamGetCtx", 13000, 0, streamGetCtx)
+    S("cuStreamGetCtx", 13000, PT, streamGetCtx_ptsz)
+    S("cuMemAllocAsync", 13000, 0, memAllocAsync)
+    S("cuMemAllocAsync", 13000, PT, memAllocAsync_ptsz)
+    S("cuMemFreeAsync", 13000, 0, memFreeAsync)
+    S("cuMemFreeAsync", 13000, PT, memFreeAsync_ptsz)
+    S("cuMemAllocFromPoolAsync", 13000, 0, memAllocFromPoolAsync)
+    S("cuMemAllocFromPoolAsync", 13000, PT, memAllocFromPoolAsync_ptsz)
+    S("cuMemPoolCreate", 13000, 0, memPoolCreate)
+    S("cuMemPoolDestroy", 13000, 0, memPoolDestroy)
+    S("cuMemPoolTrimTo", 13000, 0, memPoolTrimTo)
+    S("cuMemPoolSetAttribute", 13000, 0, memPoolSetAttribute)
+    S("cuMemPoolGetAttribute", 13000, 0, memPoolGetAttribute)
+    S("cuDeviceGetDefaultMemPool", 13000, 0, deviceGetDefaultMemPool)
+    S("cuDeviceGetMemPool", 13000, 0, deviceGetMemPool)
+    S("cuDeviceSetMemPool", 13000, 0, deviceSetMemPool)
+#undef S
+};
+
+/* ----------------------------------------------------------------------------------------- state */
+
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static cudaError_t g_load_err; /* written once under g_once */
+static int g_ndev;
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static CUcontext g_pctx[RT_MAX_DEV]; /* primary context handles (stable across resets) */
+static int g_retained[RT_MAX_DEV];   /* the runtime holds a retain on that primary context */
+
+static __thread int t_dev;           /* cudaSetDevice's choice; device 0 until then */
+static __thread cudaError_t t_err;   /* last error, kept until cudaGetLastError reads it */
+
+static cudaError_t map_err(CUresult r) {
+  switch (r) {
+  case CUDA_SUCCESS: return cudaSuccess;
+  case CUDA_ERROR_INVALID_VALUE: return cudaErrorInvalidValue;
+  case CUDA_ERROR_OUT_OF_MEMORY: return cudaErrorMemoryAllocation;
+  case CUDA_ERROR_NOT_INITIALIZED: return cudaErrorInitializationError;
+  case CUDA_ERROR_DEINITIALIZED: return cudaErrorCudartUnloading;
+  case CUDA_ERROR_NO_DEVICE: return cudaErrorNoDevice;
+  case CUDA_ERROR_INVALID_DEVICE: return cudaErrorInvalidDevice;
+  case CUDA_ERROR_INVALID_CONTEXT: return cudaErrorDeviceUninitialized;
+  case CUDA_ERROR_CONTEXT_IS_DESTROYED: return cudaErrorContextIsDestroyed;
+  case CUDA_ERROR_INVALID_HANDLE: return cudaErrorInvalidResourceHandle;
+  case CUDA_ERROR_NOT_FOUND: return cudaErrorSymbolNotFound;
+  case CUDA_ERROR_NOT_READY: return cudaErrorNotReady;
+  case CUDA_ERROR_ILLEGAL_ADDRESS: return cudaErrorIllegalAddress;
+  case CUDA_ERROR_NOT_PERMITTED: return cudaErrorNotPermitted;
+  case CUDA_ERROR_NOT_SUPPORTED: return cudaErrorNotSupported;
+  case CUDA_ERROR_STUB_LIBRARY: return cudaErrorStubLibrary;
+  default: return cudaErrorUnknown;
+  }
+}
+
+/* Every runtime call records a failure as the thread's last error. */
+static inline cudaError_t ret(cudaError_t e) {
+  if (e != cudaSuccess) t_err = e;
+  return e;
+}
+
+static void load_once(void) {
+  void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    g_load_err = cudaErrorInsufficientDriver;
+    return;
+  }
+  PFN_cuGetProcAddress_v12000 first = (PFN_cuGetProcAddress_v12000)dlsym(h, "cuGetProcAddress_v2");
+  if (!first) {
+    g_load_err = cudaErrorInsufficientDriver;
+    return;
+  }
+  CUdriverProcAddressQueryResult st;
+  void *p = NULL;
+  if (first("cuGetProcAddress", &p, 11030, 0, &st) != CUDA_SUCCESS || !p) {
+    g_load_err = cudaErrorInsufficientDriver;
+    return;
+  }
+  D.gpa_v11030 = (PFN_cuGetProcAddress_v11030)p;
+  p = NULL;
+  if (first("cuGetProcAddress", &p, 12000, 0, &st) != CUDA_SUCCESS || !p) {
+    g_load_err = cudaErrorInsufficientDriver;
+    return;
+  }
+  D.gpa = (PFN_cuGetProcAddress_v12000)p;
+  for (size_t i = 0; i < sizeof k_syms / sizeof k_syms[0]; i++) {
+    p = NULL;
+    if (D.gpa(k_syms[i].name, &p, k_syms[i].version, (cuuint64_t)k_syms[i].flags, &st) != CUDA_SUCCESS || !p) {
+      g_load_err = cudaErrorInsufficientDriver;
+      return;
+    }
+    memcpy((char *)&D + k_syms[i].off, &p, sizeof p);
+  }
+  CUresult r = D.init(0);
+  if (r == CUDA_SUCCESS) r = D.deviceGetCount(&g_ndev);
+  if (r != CUDA_SUCCESS) {
+    g_load_err = r == CUDA_ERROR_NO_DEVICE ? cudaErrorNoDevice : map_err(r);
+    return;
+  }
+  if (g_ndev > RT_MAX_DEV) g_ndev = RT_MAX_DEV;
+}
+
+static cudaError_t rt_load(void) {
+  pthread_once(&g_once, load_once);
+  return g_load_err;
+}
+
+/* Retains device dev's primary context for the runtime unless it already holds it. */
+static cudaError_t retain_primary(int dev, CUcontext *out) {
+  CUresult r = CUDA_SUCCESS;
+  pthread_mutex_lock(&g_lock);
+  if (!g_retained[dev]) {
+    r = D.primaryRetain(&g_pctx[dev], dev);
+    if (r == CUDA_SUCCESS) g_retained[dev] = 1;
+  }
+  if (out) *out = g_pctx[dev];
+  pthread_mutex_unlock(&g_lock);
+  return map_err(r);
+}
+
+/* Lazy initialization, per call: load the driver once, then make sure the calling thread has a usable
+ * context: its own current one, or the primary context of its device (retained again after a reset). */
+static cudaError_t rt_ctx(void) {
+  cudaError_t e = rt_load();
+  if (e != cudaSuccess) return e;
+  CUcontext cur = NULL;
+  CUresult r = D.ctxGetCurrent(&cur);
+  if (r != CUDA_SUCCESS) return map_err(r);
+  if (cur) {
+    int dev = -1;
+    pthread_mutex_lock(&g_lock);
+    for (int d = 0; d < g_ndev; d++)
+      if (g_pctx[d] == cur && !g_retained[d]) dev = d;
+    pthread_mutex_unlock(&g_lock);
+    return dev >= 0 ? retain_primary(dev, NULL) : cudaSuccess;
+  }
+  CUcontext ctx;
+  e = retain_primary(t_dev, &ctx);
+  if (e != cudaSuccess) return e;
+  return map_err(D.ctxSetCurrent(ctx));
+}
+
+static int current_device(void) {
+  CUcontext cur = NULL;
+  CUdevice dev;
+  if (D.ctxGetCurrent(&cur) == CUDA_SUCCESS && cur && D.ctxGetDevice(&dev, NULL) == CUDA_SUCCESS) return dev;
+  return t_dev;
+}
+
+/* ------------------------------------------------------------------------------------- device memory */
+
+RT_API cudaMalloc(void **devPtr, size_t size) {
+  cudaError_t e = rt_ctx();
+  if (e != cudaSuccess) return ret(e);
+  if (!devPtr) return ret(cudaErrorInvalidValue);
+  if (size == 0) {
+    *devPtr = NULL; /* the runtime answers a zero-byte request itself */
+    return cudaSuccess;
+  }
+  CUdeviceptr p;
+  e = map_err(D.memAlloc(&p, size));
+  if (e == cudaSuccess) *devPtr = (void *)(uintptr_t)p;
+  return ret(e);
+}
+
+RT_API cudaFree(void *devPtr) {
+  cudaError_t e = rt_ctx(); /* cudaFree(NULL) is the classic way to force initialization */
+  if (e != cudaSuccess || !devPtr) return ret(e);
+  return ret(map_err(D.memFree((CUdeviceptr)(uintptr_t)devPtr)));
+}
+
+RT_API cudaMallocManaged(void **devPtr, size_t size, unsigned int flags) {
+  cudaError_t e = rt_ctx();
+  if (e != cudaSuccess) return ret(e);
+  if (!devPtr) return ret(cudaErrorInvalidValue);
+  CUdeviceptr p;
+  e = map_err(D.memAllocManaged(&p, size, flags));
+  if (e == cudaSuccess) *devPtr = (void *)(uintptr_t)p;
+  return ret(e);
+}
+
+RT_API cudaMallocPitch(void **devPtr, size_t *pitch, size_t width, size_t height) {
+  cudaError_t e = rt_ctx();
+  if (e != cudaSuccess) return ret(e);
+  if (!devPtr || !pitch) return ret(cudaErrorInvalidValue);
+  CUdeviceptr p;
+  size_t pp;
+  e = map_err(D.memAllocPitch(&p, &pp, width, height, 4));
+  if (e == cudaSuccess) {
+    *devPtr = (void *)(uintptr_t)p;
+    *pitch = pp;
+  }
+  return ret(e);
+}
+
+RT_API cudaMemGetInfo(size_t *free, size_t *total) {
+  cudaError_t e = rt_ctx();
+  if (e != cudaSuccess) return ret(e);
+  return ret(map_err(D.memGetInfo(free, total)));
+}
+
+/* ---------------------------------------------------------------------------------------- host memory */
+
+/* Exported names never call each other: a preloaded interposer must see each call once. */
+static cudaError_t host_alloc(void **pHost, size_t size, unsigned int flags) {
+  cudaError_t e = rt_ctx();
+  if (e != cudaSuccess) return ret(e);
+  if (!pHost) return ret(cudaErrorInvalidValue);
+  if (size == 0) {
+    *pHost = NULL;
+    return cudaSuccess;
+  }
+  return ret(map_err(D.memHostAlloc(pHost, size, flags)));
+}
+
+RT_API cudaHostAlloc(void **pHost, size_t size, unsigned int flags) { return host_alloc(pHost, size, flags); }
+
+RT_API cudaMallocHost(void **ptr, size_t size) { return host_alloc(ptr, size, cudaHostAllocDefault); }
+
+RT_API cudaFreeHost(void *ptr) {
+  cudaError_t e = rt_ctx();
+  if (e != cudaSuccess || !ptr) return ret(e);
+  return ret(map_err(D.memFreeHost(ptr)));
+}
+
+/* ------------------------------------------------------------------------------------------- streams */
+
+static cudaError_t stream_create(cudaStream_t *pStream, unsigned int flags) {
+  cudaError_t e = rt_ctx();
+  if (e != cudaSuccess) return ret(e);
+  return ret(map_err(D.streamCreate(pStream, flags)));
+}
+
+RT_API cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags) { return stream_create(pStream, flags); }
+
+RT_API cudaStreamCreate(cudaStream_t *pStream) { return stream_create(pStream, cudaStreamDefault); }
+
+RT_API cudaStreamDestroy(cudaStream_t stream) {
+  cudaError_t e = rt_ctx();
+  if (e != cudaSuccess) return ret(e);
+  return ret(map_err(D.streamDestroy(stream)));
+}
+
+RT_API cudaStreamSynchronize(cudaStream_t stream) {
+  cudaError_t e = rt_ctx();
+  if (e != cudaSuccess) return ret(e);
+  return ret(map_err(D.streamSynchronize(stream)));
+}
+
+RT_API cudaStreamSynchronize_ptsz(cudaStream_t stream) {
+  cudaError_t e = rt_ctx();
+  if (e != cudaSuccess) return ret(e);
+  return ret(map_err(D.streamSynchronize_ptsz(stream)));
+}
+
+RT_API cudaDeviceSynchronize(void) {
+  cudaError_t e = rt_ctx();
+  if (e != cudaSuccess) return ret(e);
+  return ret(map_err(D.ctxSynchronize(NULL)));
+}
+
+/* -------------------------------------------------------------------------------- stream-ordered memory */
+
+static cudaError_t malloc_async(PFN_cuMemAllocAsync_v11020 fn, void **devPtr, size_t size, cudaStream_t s) {
+  cudaError_t e = rt_ctx();
+  if (e != cudaSuccess) return ret(e);
+  if (!devPtr) return ret(cudaErrorInvalidValue);
+  CUdeviceptr p;
+  e = map_err(fn(&p, size, s));
+  if (e == cudaSuccess) *devPtr = (void *)(uintptr_t)p;
+  return ret(e);
+}
+
+RT_API cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream) {
+  return malloc_async(D.memAllocAsync, devPtr, size, hStream);
+}
+
+RT_API cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStream) {
+  return malloc_async(D.memAllocAsync_ptsz, devPtr, size, hStream);
+}
+
+static cudaError_t free_async(PFN_cuMemFreeAsync_v11020 fn, void *devPtr, cudaStream_t s) {
+  cudaError_t e = rt_ctx();
+  if (e != cudaSuccess) return ret(e);
+  return ret(map_err(fn((CUdeviceptr)(uintptr_t)devPtr, s)));
+}
+
+RT_API cudaFreeAsync(void *devPtr, cudaStream_t hStream) { return free_async(D.memFreeAsync, devPtr, hStream); }
+
+RT_API cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream) {
+  return free_async(D.memFreeAsync_ptsz, devPtr, hStream);
+}
+
+static cudaError_t malloc_from_pool(PFN_cuMemAllocFromPoolAsync_v11020 fn, void **ptr, size_t size,
+                                   cudaMemPool_t pool, cudaStream_t s) {
+  cudaError_t e = rt_ctx();
+  if (e != cudaSuccess) return ret(e);
+  if (!ptr) return ret(cudaErrorInvalidValue);
+  CUdeviceptr p;
+  e = map_err(fn(&p, size, pool, s));
+  if (e == cudaSuccess) *ptr = (void *)(uintptr_t)p;
+  return ret(e);
+}
+
+RT_API cudaMallocFromPoolAsync(void **ptr, size_t size, cudaMemPool_t memPool, cudaStream_t stream) {
+  return malloc_from_pool(D.memAllocFromPoolAsync, ptr, size, memPool, stream);
+}
+
+RT_API cudaMallocFromPoolAsync_ptsz(void **ptr, size_t size, cudaMemPool_t memPool, cudaStream_t stream) {
+  return malloc_from_pool(D.memAllocFromPoolAsync_ptsz, ptr, size, memPool, stream);
+}
+
+RT_API cudaDeviceGetDefaultMemPool(cudaMemPool_t *memPool, int device) {
+  cudaError_t e = rt_load();
+  if (e != cudaSuccess) return ret(e);
+  return ret(map_err(D.deviceGetDefaultMemPool(memPool, device)));
+}
+
+RT_API cudaDeviceGetMemPool(cudaMemPool_t *memPool, int device) {
+  cudaError_t e = rt_load();
+  if (e != cudaSuccess) return ret(e);
+  return ret(map_err(D.deviceGetMemPool(memPool, device)));
+}
+
+RT_API cudaDeviceSetMemPool(int device, cudaMemPool_t memPool) {
+  cudaError_t e = rt_load();
+  if (e != cudaSuccess) return ret(e);
+  return ret(map_err(D.deviceSetMemPool(device, memPool)));
+}
+
+RT_API cudaMemPoolCreate(cudaMemPool_t *memPool, const struct cudaMemPoolProps *poolProps) {
+  cudaError_t e = rt_load();
+  if (e != cudaSuccess) return ret(e);
+  if (!memPool || !poolProps) return ret(cudaErrorInvalidValue);
+  CUmemPoolProps p;
+  memset(&p, 0, sizeof p);
+  p.allocType = (CUmemAllocationType)poolProps->allocType;
+  p.handleTypes = (CUmemAllocationHandleType)poolProps->handleTypes;
+  p.location.type = (CUmemLocationType)poolProps->location.type;
+  p.location.id = poolProps->location.id;
+  p.win32SecurityAttributes = poolProps->win32SecurityAttributes;
+  p.maxSize = poolProps->maxSize;
+  p.usage = poolProps->usage;
+  return ret(map_err(D.memPoolCreate(memPool, &p)));
+}
+
+RT_API cudaMemPoolDestroy(cudaMemPool_t memPool) {
+  cudaError_t e = rt_load();
+  if (e != cudaSuccess) return ret(e);
+  return ret(map_err(D.memPoolDestroy(memPool)));
+}
+
+RT_API cudaMemPoolTrimTo(cudaMemPool_t memPool, size_t minBytesToKeep) {
+  cudaError_t e = rt_load();
+  if (e != cudaSuccess) return ret(e);
+  return ret(map_err(D.memPoolTrimTo(memPool, minBytesToKeep)));
+}
+
+RT_API cudaMemPoolSetAttribute(cudaMemPool_t memPool, enum cudaMemPoolAttr attr, void *value) {
+  cudaError_t e = rt_load();
+  if (e != cudaSuccess) return ret(e);
+  return ret(map_err(D.memPoolSetAttribute(memPool, (CUmemPool_attribute)attr, value)));
+}
+
+RT_API cudaMemPoolGetAttribute(cudaMemPool_t memPool, enum cudaMemPoolAttr attr, void *value) {
+  cudaError_t e = rt_load();
+  if (e != cudaSuccess) return ret(e);
+  return ret(map_err(D.memPoolGetAttribute(memPool, (CUmemPool_attribute)attr, value)));
+}
+
+/* ------------------------------------------------------------------------------------ copies and sets */
+
+static int is_device_ptr(const void *p) {
+  return D.memGetAddressRange(NULL, NULL, (CUdeviceptr)(uintptr_t)p) == CUDA_SUCCESS;
+}
+
+static cudaError_t do_memcpy(int per_thread, void *dst, const void *src, size_t count, enum cudaMemcpyKind kind) {
+  cudaError_t e = rt_ctx();
+  if (e != cudaSuccess) return ret(e);
+  if (count == 0) return cudaSuccess;
+  if (kind == cudaMemcpyDefault) { /* unified addressing: ask the driver what each pointer is */
+    int dd = is_device_ptr(dst), sd = is_device_ptr(src);
+    kind = dd ? (sd ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
+              : (sd ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
+  }
+  CUdeviceptr d = (CUdeviceptr)(uintptr_t)dst, s = (CUdeviceptr)(uintptr_t)src;
+  CUresult r;
+  switch (kind) {
+  case cudaMemcpyHostToHost:
+    if (!dst || !src) return ret(cudaErrorInvalidValue);
+    memmove(dst, src, count);
+    return cudaSuccess;
+  case cudaMemcpyHostToDevice: r = (per_thread ? D.memcpyHtoD_ptds : D.memcpyHtoD)(d, src, count); break;
+  case cudaMemcpyDeviceToHost: r = (per_thread ? D.memcpyDtoH_ptds : D.memcpyDtoH)(dst, s, count); break;
+  case cudaMemcpyDeviceToDevice: r = (per_thread ? D.memcpyDtoD_ptds : D.memcpyDtoD)(d, s, count); break;
+  default: return ret(cudaErrorInvalidMemcpyDirection);
+  }
+  return ret(map_err(r));
+}
+
+RT_API cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind) {
+  return do_memcpy(0, dst, src, count, kind);
+}
+
+RT_API cudaMemcpy_ptds(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind) {
+  return do_memcpy(1, dst, src, count, kind);
+}
+
+static cudaError_t do_memset(int per_thread, void *devPtr, int value, size_t count) {
+  cudaError_t e = rt_ctx();
+  if (e != cudaSuccess) return ret(e);
+  CUdeviceptr d = (CUdeviceptr)(uintptr_t)devPtr;
+  return ret(map_err((per_thread ? D.memsetD8_ptds : D.memsetD8)(d, (unsigned char)value, count)));
+}
+
+RT_API cudaMemset(void *devPtr, int value, size_t count) { return do_memset(0, devPtr, value, count); }
+
+RT_API cudaMemset_ptds(void *devPtr, int value, size_t count) { return do_memset(1, devPtr, value, count); }
+
+/* ------------------------------------------------------------------------------------------ devices */
+
+RT_API cudaGetDeviceCount(int *count) {
+  if (!count) return ret(cudaErrorInvalidValue);
+  cudaError_t e = rt_load();
+  if (e != cudaSuccess) {
+    *count = 0;
+    return ret(e);
+  }
+  *count = g_ndev;
+  return cudaSuccess;
+}
+
+RT_API cudaSetDevice(int device) {
+  cudaError_t e = rt_load();
+  if (e != cudaSuccess) return ret(e);
+  if (device < 0 || device >= g_ndev) return ret(cudaErrorInvalidDevice);
+  t_dev = device;
+  CUcontext ctx;
+  e = retain_primary(device, &ctx);
+  if (e != cudaSuccess) return ret(e);
+  return ret(map_err(D.ctxSetCurrent(ctx)));
+}
+
+RT_API cudaGetDevice(int *device) {
+  if (!device) return ret(cudaErrorInvalidValue);
+  cudaError_t e = rt_load();
+  if (e != cudaSuccess) return ret(e);
+  *device = current_device();
+  return cudaSuccess;
+}
+
+RT_API cudaDeviceReset(void) {
+  cudaError_t e = rt_load();
+  if (e != cudaSuccess) return ret(e);
+  int dev = current_device();
+  CUresult r;
+  pthread_mutex_lock(&g_lock);
+  /* Through the old (7000) ABIs the runtime asked for. The next runtime call retains it afresh. */
+  r = D.primaryReset(dev);
+  if (r == CUDA_SUCCESS && g_retained[dev]) {
+    r = D.primaryRelease(dev);
+    g_retained[dev] = 0;
+  }
+  pthread_mutex_unlock(&g_lock);
+  return ret(map_err(r));
+}
+
+RT_API cudaDriverGetVersion(int *driverVersion) {
+  if (!driverVersion) return ret(cudaErrorInvalidValue);
+  if (rt_load() != cudaSuccess || !D.driverGetVersion) {
+    *driverVersion = 0; /* no usable driver */
+    return cudaSuccess;
+  }
+  return ret(map_err(D.driverGetVersion(driverVersion)));
+}
+
+RT_API cudaRuntimeGetVersion(int *runtimeVersion) {
+  if (!runtimeVersion) return ret(cudaErrorInvalidValue);
+  *runtimeVersion = CUDART_VERSION;
+  return cudaSuccess;
+}
+
+/* -------------------------------------------------------------------------------------------- errors */
+
+RT_API cudaGetLastError(void) {
+  cudaError_t e = t_err;
+  t_err = cudaSuccess;
+  return e;
+}
+
+RT_API cudaPeekAtLastError(void) { return t_err; }
+
+static const struct {
+  cudaError_t code;
+  const char *name, *text;
+} k_errors[] = {
+#define E(c, s) {c, #c, s},
+    E(cudaSuccess, "no error")
+    E(cudaErrorInvalidValue, "invalid argument")
+    E(cudaErrorMemoryAllocation, "out of memory")
+    E(cudaErrorInitializationError, "initialization error")
+    E(cudaErrorCudartUnloading, "driver shutting down")
+    E(cudaErrorInvalidMemcpyDirection, "invalid copy direction for memcpy")
+    E(cudaErrorInsufficientDriver, "CUDA driver version is insufficient for CUDA runtime version")
+    E(cudaErrorNoDevice, "no CUDA-capable device is detected")
+    E(cudaErrorInvalidDevice, "invalid device ordinal")
+    E(cudaErrorStubLibrary, "CUDA driver is a stub library")
+    E(cudaErrorDeviceUninitialized, "invalid device context")
+    E(cudaErrorInvalidResourceHandle, "invalid resource handle")
+    E(cudaErrorSymbolNotFound, "named symbol not found")
+    E(cudaErrorNotReady, "device not ready")
+    E(cudaErrorIllegalAddress, "an illegal memory access was encountered")
+    E(cudaErrorContextIsDestroyed, "context is destroyed")
+    E(cudaErrorNotPermitted, "operation not permitted")
+    E(cudaErrorNotSupported, "operation not supported")
+    E(cudaErrorUnknown, "unknown error")
+#undef E
+};
+
+__attribute__((visibility("default"))) const char *CUDARTAPI cudaGetErrorName(cudaError_t error) {
+  for (size_t i = 0; i < sizeof k_errors / sizeof k_errors[0]; i++)
+    if (k_errors[i].code == error) return k_errors[i].name;
+  return "unrecognized error code";
+}
+
+__attribute__((visibility("default"))) const char *CUDARTAPI cudaGetErrorString(cudaError_t error) {
+  for (size_t i = 0; i < sizeof k_errors / sizeof k_errors[0]; i++)
+    if (k_errors[i].code == error) return k_errors[i].text;
+  return "unrecognized error code";
+}

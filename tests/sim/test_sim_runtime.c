@@ -1,0 +1,362 @@
+/* test_sim_runtime.c -- the simulated runtime (libcudart.so.13): how it reaches the driver, lazy
+ * initialization, sticky last errors, error mapping, and the calls built on the driver. */
+#define _GNU_SOURCE
+#include "sim_test_util.h"
+
+#include <cuda_runtime_api.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The per-thread default stream variants (declared by cuda_runtime_api.h only for nvcc's
+ * --default-stream per-thread builds, which rename the plain calls to them). */
+extern cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStream);
+extern cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream);
+extern cudaError_t cudaMemcpy_ptds(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind);
+
+#define RT_OK(call)                                                                                           \
+  do {                                                                                                        \
+    cudaError_t e_ = (call);                                                                                  \
+    cr_assert_eq(e_, cudaSuccess, "%s -> %s", #call, cudaGetErrorName(e_));                                   \
+  } while (0)
+#define RT_ERR(call, want)                                                                                    \
+  do {                                                                                                        \
+    cudaError_t e_ = (call);                                                                                  \
+    cr_assert_eq(e_, (want), "%s -> %s, expected %s", #call, cudaGetErrorName(e_), #want);                    \
+  } while (0)
+
+struct reqs {
+  int n;
+  int gpa_11030_at, gpa_12000_at;
+  int other_gpa;
+  int not_13000; /* requests at another version than 13000, apart from the expected old ABIs */
+  int ptsz_alloc, ptsz_free, ptsz_pool, ptsz_sync, ptsz_getctx;
+  int ctx_create_3020, release_7000, reset_7000;
+  int bad_flags;
+};
+
+static void scan(const char *s, int v, uint64_t f, void *arg) {
+  struct reqs *r = arg;
+  int i = r->n++;
+  if (strcmp(s, "cuGetProcAddress") == 0) {
+    if (v == 11030 && f == 0) r->gpa_11030_at = i;
+    else if (v == 12000 && f == 0) r->gpa_12000_at = i;
+    else r->other_gpa++;
+    return;
+  }
+  if (f == CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) {
+    r->ptsz_alloc += strcmp(s, "cuMemAllocAsync") == 0;
+    r->ptsz_free += strcmp(s, "cuMemFreeAsync") == 0;
+    r->ptsz_pool += strcmp(s, "cuMemAllocFromPoolAsync") == 0;
+    r->ptsz_sync += strcmp(s, "cuStreamSynchronize") == 0;
+    r->ptsz_getctx += strcmp(s, "cuStreamGetCtx") == 0;
+  } else if (f != 0) {
+    r->bad_flags++;
+  }
+  if (strcmp(s, "cuCtxCreate") == 0 && v == 3020) r->ctx_create_3020++;
+  else if (strcmp(s, "cuDevicePrimaryCtxRelease") == 0 && v == 7000) r->release_7000++;
+  else if (strcmp(s, "cuDevicePrimaryCtxReset") == 0 && v == 7000) r->reset_7000++;
+  else if (v != 13000) r->not_13000++;
+}
+
+Test(sim_runtime, reaches_the_driver_only_through_cuGetProcAddress) {
+  cr_assert_eq(simcuda_procaddr_requests(NULL, NULL), 0);
+  uint64_t allocs = simcuda_calls("cuMemAlloc_v2");
+  void *p = NULL;
+  RT_OK(cudaMalloc(&p, MiB));
+  cr_assert_not_null(p);
+  cr_assert_eq(simcuda_calls("cuMemAlloc_v2"), allocs + 1, "cudaMalloc is one cuMemAlloc_v2 call");
+  cr_assert_eq(simcuda_calls("cuGetProcAddress_v2"), simcuda_procaddr_requests(NULL, NULL),
+               "every look-up went through cuGetProcAddress_v2");
+  struct reqs r = {.gpa_11030_at = -1, .gpa_12000_at = -1};
+  simcuda_procaddr_requests(scan, &r);
+  cr_assert_eq(r.gpa_11030_at, 0, "first request: cuGetProcAddress@11030");
+  cr_assert_eq(r.gpa_12000_at, 1, "second request: cuGetProcAddress@12000");
+  cr_assert_eq(r.other_gpa, 0);
+  cr_assert_gt(r.n, 40, "every other entry point is resolved at init (%d requests)", r.n);
+  cr_assert_eq(r.not_13000, 0);
+  cr_assert_eq(r.bad_flags, 0);
+  cr_assert_eq(r.ptsz_alloc, 1);
+  cr_assert_eq(r.ptsz_free, 1);
+  cr_assert_eq(r.ptsz_pool, 1);
+  cr_assert_eq(r.ptsz_sync, 1);
+  cr_assert_eq(r.ptsz_getctx, 1);
+  cr_assert_eq(r.ctx_create_3020, 1);
+  cr_assert_eq(r.release_7000, 1);
+  cr_assert_eq(r.reset_7000, 1);
+  uint64_t n = simcuda_procaddr_requests(NULL, NULL);
+  RT_OK(cudaFree(p));
+  cr_assert_eq(simcuda_calls("cuMemFree_v2"), 1);
+  cr_assert_eq(simcuda_procaddr_requests(NULL, NULL), n, "resolved once, at init");
+}
+
+Test(sim_runtime, lazy_initialization) {
+  simcuda_stats_t s = sim_stats(0, NULL); /* works before cuInit */
+  cr_assert_eq(s.contexts, 0);
+  cr_assert_eq(simcuda_calls("cuInit"), 0);
+  RT_OK(cudaFree(NULL)); /* the classic way to initialize */
+  cr_assert_eq(simcuda_calls("cuInit"), 1);
+  cr_assert_eq(simcuda_calls("cuMemFree_v2"), 0, "cudaFree(NULL) does not reach the driver's free");
+  cr_assert_eq(sim_stats(0, NULL).contexts, 1);
+  CUcontext cur = NULL;
+  OK(cuCtxGetCurrent(&cur));
+  cr_assert_not_null(cur, "the primary context is current on the calling thread");
+  unsigned flags;
+  int active = 0;
+  OK(cuDevicePrimaryCtxGetState(0, &flags, &active));
+  cr_assert_eq(active, 1);
+  void *p;
+  RT_OK(cudaMalloc(&p, 4096));
+  cr_assert_eq(sim_block((uint64_t)(uintptr_t)p, SIMCUDA_DEVICE).ctx, cur);
+}
+
+static void *thread_alloc(void *arg) {
+  void *p = NULL;
+  cudaError_t e = cudaMalloc(&p, 4096);
+  *(void **)arg = p;
+  return (void *)(uintptr_t)e;
+}
+
+Test(sim_runtime, a_new_thread_gets_the_primary_context) {
+  void *mine, *theirs = NULL, *res;
+  RT_OK(cudaMalloc(&mine, 4096));
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, thread_alloc, &theirs), 0);
+  pthread_join(t, &res);
+  cr_assert_eq((cudaError_t)(uintptr_t)res, cudaSuccess);
+  cr_assert_eq(sim_block((uint64_t)(uintptr_t)theirs, SIMCUDA_DEVICE).ctx,
+               sim_block((uint64_t)(uintptr_t)mine, SIMCUDA_DEVICE).ctx);
+  cr_assert_eq(sim_stats(0, NULL).contexts, 1);
+}
+
+Test(sim_runtime, uses_a_context_made_current_through_the_driver) {
+  OK(cuInit(0));
+  CUcontext mine;
+  OK(cuCtxCreate(&mine, NULL, 0, 0));
+  void *p;
+  RT_OK(cudaMalloc(&p, 4096));
+  cr_assert_eq(sim_block((uint64_t)(uintptr_t)p, SIMCUDA_DEVICE).ctx, mine);
+  cr_assert_eq(sim_stats(0, NULL).contexts, 1, "the runtime did not need the primary context");
+}
+
+static void *peek_other_thread(void *arg) {
+  (void)arg;
+  return (void *)(uintptr_t)cudaPeekAtLastError();
+}
+
+Test(sim_runtime, sticky_last_error) {
+  setenv("SIMCUDA_DEVICE_MEM", "1G", 1);
+  RT_OK(cudaGetLastError());
+  void *p = (void *)0x1;
+  RT_ERR(cudaMalloc(&p, 2 * GiB), cudaErrorMemoryAllocation);
+  cr_assert_eq(p, (void *)0x1);
+  RT_OK(cudaMalloc(&p, 4096)); /* a success does not clear it */
+  RT_ERR(cudaPeekAtLastError(), cudaErrorMemoryAllocation);
+  RT_ERR(cudaPeekAtLastError(), cudaErrorMemoryAllocation);
+  pthread_t t;
+  void *res;
+  cr_assert_eq(pthread_create(&t, NULL, peek_other_thread, NULL), 0);
+  pthread_join(t, &res);
+  cr_assert_eq((cudaError_t)(uintptr_t)res, cudaSuccess, "the last error is per thread");
+  RT_ERR(cudaGetLastError(), cudaErrorMemoryAllocation);
+  RT_OK(cudaGetLastError()); /* read and reset */
+  RT_ERR(cudaFree((void *)0x1234), cudaErrorInvalidValue);
+  RT_ERR(cudaGetLastError(), cudaErrorInvalidValue);
+}
+
+Test(sim_runtime, driver_errors_map_to_runtime_errors) {
+  void *p;
+  RT_OK(cudaFree(NULL));
+  static const struct {
+    CUresult cu;
+    cudaError_t rt;
+  } map[] = {
+      {CUDA_ERROR_OUT_OF_MEMORY, cudaErrorMemoryAllocation}, {CUDA_ERROR_INVALID_VALUE, cudaErrorInvalidValue},
+      {CUDA_ERROR_NOT_SUPPORTED, cudaErrorNotSupported},     {CUDA_ERROR_INVALID_CONTEXT, cudaErrorDeviceUninitialized},
+      {CUDA_ERROR_ILLEGAL_ADDRESS, cudaErrorIllegalAddress}, {CUDA_ERROR_UNKNOWN, cudaErrorUnknown},
+  };
+  for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
+    cr_assert_eq(simcuda_inject("cuMemAlloc_v2", map[i].cu, 1), 0);
+    RT_ERR(cudaMalloc(&p, 4096), map[i].rt);
+  }
+  RT_OK(cudaMalloc(&p, 4096));
+}
+
+Test(sim_runtime, free_null_and_zero_sizes) {
+  RT_OK(cudaFree(NULL));
+  void *p = (void *)0x1;
+  uint64_t n = simcuda_calls("cuMemAlloc_v2");
+  RT_OK(cudaMalloc(&p, 0));
+  cr_assert_null(p);
+  cr_assert_eq(simcuda_calls("cuMemAlloc_v2"), n, "a zero-byte cudaMalloc does not reach the driver");
+  RT_ERR(cudaMalloc(NULL, 16), cudaErrorInvalidValue);
+  RT_OK(cudaFreeHost(NULL));
+  p = (void *)0x1;
+  RT_OK(cudaMallocHost(&p, 0));
+  cr_assert_null(p);
+}
+
+Test(sim_runtime, device_reset_frees_and_the_next_call_reinitializes) {
+  void *p, *h;
+  cudaStream_t s;
+  RT_OK(cudaMalloc(&p, 8 * MiB));
+  RT_OK(cudaMallocHost(&h, 4096));
+  RT_OK(cudaStreamCreate(&s));
+  cr_assert_eq(sim_stats(0, NULL).live_blocks, 1);
+  RT_OK(cudaDeviceReset());
+  cr_assert_eq(simcuda_calls("cuDevicePrimaryCtxReset"), 1, "through the 7000 ABI");
+  cr_assert_eq(simcuda_calls("cuDevicePrimaryCtxReset_v2"), 0);
+  simcuda_stats_t st = sim_stats(0, NULL);
+  cr_assert_eq(st.live_blocks, 0);
+  cr_assert_eq(st.host_blocks, 0);
+  cr_assert_eq(st.contexts, 0);
+  RT_ERR(cudaStreamSynchronize(s), cudaErrorInvalidResourceHandle);
+  (void)cudaGetLastError();
+  RT_OK(cudaMalloc(&p, 8 * MiB)); /* re-initializes */
+  st = sim_stats(0, NULL);
+  cr_assert_eq(st.live_blocks, 1);
+  cr_assert_eq(st.contexts, 1);
+  cr_assert_eq(simcuda_calls("cuDevicePrimaryCtxRetain"), 2);
+  RT_OK(cudaDeviceReset());
+  RT_OK(cudaDeviceReset()); /* nothing retained: still fine */
+  /* the runtime released what it retained: the retain count is balanced */
+  ERR(cuDevicePrimaryCtxRelease(0), CUDA_ERROR_INVALID_CONTEXT);
+}
+
+Test(sim_runtime, stream_ordered_allocation) {
+  cudaStream_t s;
+  RT_OK(cudaStreamCreate(&s));
+  cudaMemPool_t pool = NULL;
+  RT_OK(cudaDeviceGetDefaultMemPool(&pool, 0));
+  CUmemoryPool dpool;
+  OK(cuDeviceGetDefaultMemPool(&dpool, 0));
+  cr_assert_eq((void *)pool, (void *)dpool);
+  void *p, *q;
+  RT_OK(cudaMallocAsync(&p, 4 * MiB, s));
+  RT_OK(cudaFreeAsync(p, s));
+  cr_assert_eq(simcuda_calls("cuMemAllocAsync"), 1);
+  cr_assert_eq(simcuda_calls("cuMemFreeAsync"), 1);
+  cr_assert_eq(sim_stats(0, NULL).pool_reserved_bytes, 4 * MiB);
+  RT_OK(cudaStreamSynchronize(s));
+  cr_assert_eq(sim_stats(0, NULL).pool_reserved_bytes, 0, "threshold 0: released at synchronization");
+  uint64_t max = UINT64_MAX, got = 0;
+  RT_OK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &max));
+  RT_OK(cudaMallocAsync_ptsz(&q, 4 * MiB, cudaStreamPerThread));
+  cr_assert_eq(simcuda_calls("cuMemAllocAsync_ptsz"), 1);
+  RT_OK(cudaFreeAsync_ptsz(q, cudaStreamPerThread));
+  cr_assert_eq(simcuda_calls("cuMemFreeAsync_ptsz"), 1);
+  RT_OK(cudaDeviceSynchronize());
+  RT_OK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &got));
+  cr_assert_eq(got, 4 * MiB);
+  RT_OK(cudaMemPoolTrimTo(pool, 0));
+  RT_OK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &got));
+  cr_assert_eq(got, 0);
+  RT_OK(cudaStreamDestroy(s));
+  RT_ERR(cudaStreamDestroy(s), cudaErrorInvalidResourceHandle);
+}
+
+Test(sim_runtime, created_pools) {
+  struct cudaMemPoolProps props;
+  memset(&props, 0, sizeof props);
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = 0;
+  cudaMemPool_t pool, cur;
+  RT_OK(cudaMemPoolCreate(&pool, &props));
+  RT_OK(cudaDeviceSetMemPool(0, pool));
+  RT_OK(cudaDeviceGetMemPool(&cur, 0));
+  cr_assert_eq(cur, pool);
+  void *p;
+  RT_OK(cudaMallocFromPoolAsync(&p, MiB, pool, 0));
+  cr_assert_eq((void *)sim_block((uint64_t)(uintptr_t)p, SIMCUDA_ASYNC).pool, (void *)pool);
+  RT_OK(cudaFreeAsync(p, 0));
+  RT_OK(cudaMemPoolDestroy(pool));
+  RT_ERR(cudaMemPoolDestroy(pool), cudaErrorInvalidValue);
+  props.allocType = cudaMemAllocationTypeInvalid;
+  RT_ERR(cudaMemPoolCreate(&pool, &props), cudaErrorInvalidValue);
+}
+
+Test(sim_runtime, other_allocations) {
+  size_t fr0, total, fr1;
+  RT_OK(cudaMemGetInfo(&fr0, &total));
+  cr_assert_eq(total, 80 * GiB);
+  void *m, *pp, *h, *h2;
+  size_t pitch = 0;
+  RT_OK(cudaMallocManaged(&m, 3 * MiB, cudaMemAttachGlobal));
+  RT_OK(cudaMallocPitch(&pp, &pitch, 700, 10));
+  cr_assert_geq(pitch, 700);
+  RT_OK(cudaMemGetInfo(&fr1, &total));
+  cr_assert_eq(fr0 - fr1, 3 * MiB + pitch * 10);
+  cr_assert_eq(sim_count_blocks(SIMCUDA_MANAGED, (uint64_t)(uintptr_t)m), 1);
+  cr_assert_eq(sim_count_blocks(SIMCUDA_PITCH, (uint64_t)(uintptr_t)pp), 1);
+  RT_OK(cudaMallocHost(&h, 5000));
+  RT_OK(cudaHostAlloc(&h2, 5000, cudaHostAllocPortable));
+  cr_assert_eq(simcuda_calls("cuMemHostAlloc"), 2);
+  cr_assert_eq(sim_stats(0, NULL).host_blocks, 2);
+  RT_OK(cudaFreeHost(h));
+  RT_OK(cudaFreeHost(h2));
+  RT_ERR(cudaFreeHost(h2), cudaErrorInvalidValue);
+  RT_OK(cudaFree(m));
+  RT_OK(cudaFree(pp));
+  RT_ERR(cudaMallocManaged(&m, 16, 7), cudaErrorInvalidValue);
+}
+
+Test(sim_runtime, copies_and_sets) {
+  void *a, *b;
+  RT_OK(cudaMalloc(&a, 4096));
+  RT_OK(cudaMalloc(&b, 4096));
+  char src[4096], dst[4096], tmp[16];
+  for (int i = 0; i < 4096; i++) src[i] = (char)(i * 13);
+  RT_OK(cudaMemcpy(a, src, sizeof src, cudaMemcpyHostToDevice));
+  RT_OK(cudaMemcpy(b, a, sizeof src, cudaMemcpyDeviceToDevice));
+  RT_OK(cudaMemset(a, 0x41, 100));
+  RT_OK(cudaMemcpy(dst, b, sizeof dst, cudaMemcpyDeviceToHost));
+  cr_assert_eq(memcmp(src, dst, sizeof src), 0);
+  RT_OK(cudaMemcpy(tmp, a, sizeof tmp, cudaMemcpyDefault)); /* direction inferred from the pointers */
+  for (int i = 0; i < 16; i++) cr_assert_eq(tmp[i], 0x41);
+  RT_OK(cudaMemcpy_ptds(b, tmp, sizeof tmp, cudaMemcpyDefault));
+  cr_assert_eq(simcuda_calls("cuMemcpyHtoD_v2_ptds"), 1);
+  RT_OK(cudaMemcpy(dst, src, 16, cudaMemcpyDefault)); /* host to host */
+  RT_ERR(cudaMemcpy(dst, a, 16, (enum cudaMemcpyKind)9), cudaErrorInvalidMemcpyDirection);
+  RT_ERR(cudaMemcpy(dst, a, 8192, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
+  RT_ERR(cudaMemset((char *)a + 4000, 0, 200), cudaErrorInvalidValue);
+}
+
+Test(sim_runtime, devices) {
+  setenv("SIMCUDA_DEVICES", "2", 1);
+  int n = 0, d = -1;
+  RT_OK(cudaGetDeviceCount(&n));
+  cr_assert_eq(n, 2);
+  RT_OK(cudaGetDevice(&d));
+  cr_assert_eq(d, 0);
+  RT_OK(cudaSetDevice(1));
+  RT_OK(cudaGetDevice(&d));
+  cr_assert_eq(d, 1);
+  void *p;
+  RT_OK(cudaMalloc(&p, MiB));
+  cr_assert_eq(sim_stats(1, NULL).live_blocks, 1);
+  cr_assert_eq(sim_stats(0, NULL).live_blocks, 0);
+  RT_ERR(cudaSetDevice(2), cudaErrorInvalidDevice);
+  RT_ERR(cudaGetDevice(NULL), cudaErrorInvalidValue);
+  int v = 0;
+  RT_OK(cudaDriverGetVersion(&v));
+  cr_assert_eq(v, 13000);
+  RT_OK(cudaRuntimeGetVersion(&v));
+  cr_assert_eq(v, 13000);
+}
+
+Test(sim_runtime, no_device) {
+  setenv("SIMCUDA_DEVICES", "0", 1);
+  int n = 5;
+  RT_ERR(cudaGetDeviceCount(&n), cudaErrorNoDevice);
+  cr_assert_eq(n, 0);
+  void *p;
+  RT_ERR(cudaMalloc(&p, 16), cudaErrorNoDevice);
+}
+
+Test(sim_runtime, error_names_and_strings) {
+  cr_assert_str_eq(cudaGetErrorName(cudaErrorMemoryAllocation), "cudaErrorMemoryAllocation");
+  cr_assert_str_eq(cudaGetErrorString(cudaErrorMemoryAllocation), "out of memory");
+  cr_assert_str_eq(cudaGetErrorName(cudaSuccess), "cudaSuccess");
+  cr_assert_str_eq(cudaGetErrorName((cudaError_t)4242), "unrecognized error code");
+}
