@@ -1,0 +1,80 @@
+/*
+ * harness.h -- shared by the interposition tests: the driver entry points as reached through one route, and
+ * a check that gpureclaim's table equals the simulator's own inspection.
+ */
+#ifndef GR_TEST_HARNESS_H
+#define GR_TEST_HARNESS_H
+
+#include "gpureclaim.h"
+#include "simcuda.h"
+
+#include <cuda.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+/* Every driver function a scenario uses, filled by one route. */
+typedef struct drv_api {
+  const char *route;
+  CUresult (*cuInit)(unsigned);
+  CUresult (*cuDeviceGet)(CUdevice *, int);
+  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+  CUresult (*cuDevicePrimaryCtxRelease)(CUdevice);
+  CUresult (*cuDevicePrimaryCtxReset)(CUdevice);
+  CUresult (*cuCtxSetCurrent)(CUcontext);
+  CUresult (*cuCtxGetCurrent)(CUcontext *);
+  CUresult (*cuCtxCreate_v2)(CUcontext *, unsigned, CUdevice);
+  CUresult (*cuCtxCreate_v3)(CUcontext *, CUexecAffinityParam *, int, unsigned, CUdevice);
+  CUresult (*cuCtxCreate_v4)(CUcontext *, CUctxCreateParams *, unsigned, CUdevice);
+  CUresult (*cuCtxDestroy)(CUcontext);
+  CUresult (*cuCtxPopCurrent)(CUcontext *);
+  CUresult (*cuCtxSynchronize)(void);
+  CUresult (*cuStreamCreate)(CUstream *, unsigned);
+  CUresult (*cuStreamDestroy)(CUstream);
+  CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);
+  CUresult (*cuMemAllocPitch)(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
+  CUresult (*cuMemAllocManaged)(CUdeviceptr *, size_t, unsigned);
+  CUresult (*cuMemFree)(CUdeviceptr);
+  CUresult (*cuMemAllocAsync)(CUdeviceptr *, size_t, CUstream);
+  CUresult (*cuMemAllocAsync_ptsz)(CUdeviceptr *, size_t, CUstream);
+  CUresult (*cuMemAllocFromPoolAsync)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+  CUresult (*cuMemAllocFromPoolAsync_ptsz)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+  CUresult (*cuMemFreeAsync)(CUdeviceptr, CUstream);
+  CUresult (*cuMemFreeAsync_ptsz)(CUdeviceptr, CUstream);
+  CUresult (*cuMemHostAlloc)(void **, size_t, unsigned);
+  CUresult (*cuMemAllocHost)(void **, size_t);
+  CUresult (*cuMemFreeHost)(void *);
+  CUresult (*cuMemGetAllocationGranularity)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags);
+  CUresult (*cuMemCreate)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+  CUresult (*cuMemRelease)(CUmemGenericAllocationHandle);
+  CUresult (*cuMemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+  CUresult (*cuMemUnmap)(CUdeviceptr, size_t);
+  CUresult (*cuMemAddressReserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+  CUresult (*cuMemAddressFree)(CUdeviceptr, size_t);
+  CUresult (*cuMemPoolCreate)(CUmemoryPool *, const CUmemPoolProps *);
+  CUresult (*cuMemPoolDestroy)(CUmemoryPool);
+  CUresult (*cuMemPoolTrimTo)(CUmemoryPool, size_t);
+  CUresult (*cuDeviceGetDefaultMemPool)(CUmemoryPool *, CUdevice);
+} drv_api_t;
+
+/* The simulated libcuda.so.1 (loaded already), for simcuda_* and for dlsym routes. */
+void *h_libcuda(void);
+/* Fills api by dlsym() of the driver's exported names from handle (route 2). */
+void h_fill_dlsym(drv_api_t *api, void *handle);
+/* Fills api through cuGetProcAddress_v2 (route 3), itself obtained with getter (as the runtime does:
+ * "cuGetProcAddress" asked for at 12000 through the first one). */
+void h_fill_procaddr(drv_api_t *api, void *handle);
+
+/* Compares gpureclaim's blocks with the simulator's: same set of (kind, address) with the same size, device and
+ * context, and gpureclaim_stats() agreeing with simcuda_stats(). On a difference it prints both sides and
+ * returns false. `what` names the step for the message. */
+bool h_table_matches_sim(const char *what);
+/* Number of blocks gpureclaim tracks now, by kind (0: all). */
+size_t h_count(int kind);
+/* The block gpureclaim tracks at address (any kind); false if none. */
+bool h_find(uint64_t address, gpureclaim_block_t *out);
+
+/* Runs every entry point of api through a life cycle, checking the table against the simulator after every
+ * step. Returns the number of checks made; fails the Criterion test on a mismatch. */
+int h_scenario(const drv_api_t *api);
+
+#endif

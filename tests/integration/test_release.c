@@ -1,0 +1,343 @@
+/* The release engine against the simulator: what a release gives back, and what it must never touch. */
+#include "harness.h"
+
+#include <criterion/criterion.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <unistd.h>
+
+CUresult cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice);
+
+#define OK(call) cr_assert_eq((call), CUDA_SUCCESS, "%s", #call)
+#define MiB (1024ull * 1024)
+
+static CUcontext g_ctx;
+
+static void init(void) {
+  CUdevice dev;
+  OK(cuInit(0));
+  OK(cuDeviceGet(&dev, 0));
+  OK(cuDevicePrimaryCtxRetain(&g_ctx, dev));
+  OK(cuCtxSetCurrent(g_ctx));
+}
+
+static simcuda_stats_t sim(void) {
+  simcuda_stats_t s = {.size = sizeof s};
+  cr_assert_eq(simcuda_stats(-1, NULL, &s), CUDA_SUCCESS);
+  return s;
+}
+
+static gpureclaim_stats_t grs(void) {
+  gpureclaim_stats_t s = {.size = sizeof s};
+  cr_assert_eq(gpureclaim_stats(-1, &s), 0);
+  return s;
+}
+
+TestSuite(release, .init = init);
+
+Test(release, bad_requests) {
+  gpureclaim_report_t r = {.size = sizeof r};
+  cr_assert_eq(gpureclaim_release(0, &r), -EINVAL);
+  cr_assert_eq(gpureclaim_release(0x80, &r), -EINVAL);
+  gpureclaim_report_t tiny = {.size = 4};
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_CACHED, &tiny), -EINVAL);
+  cr_assert_eq(gpureclaim_release_context(NULL, &r), -EINVAL);
+  cr_assert_eq(gpureclaim_release_context((void *)0x1234, &r), -ENOENT);
+  cr_assert_eq(gpureclaim_scope_end(0, 0), -EINVAL);
+  cr_assert_eq(gpureclaim_scope_end(12345, 0), -ENOENT);
+  cr_assert_eq(gpureclaim_scope_end(gpureclaim_scope_begin(), 0x8), -EINVAL);
+  cr_assert_eq(gpureclaim_register_releaser(NULL, NULL, NULL), -EINVAL);
+  cr_assert_eq(gpureclaim_unregister_releaser(999), -ENOENT);
+}
+
+Test(release, pool_retention_then_trim) {
+  CUmemoryPool pool;
+  OK(cuDeviceGetDefaultMemPool(&pool, 0));
+  cuuint64_t keep = UINT64_MAX; /* PyTorch's cudaMallocAsync backend keeps everything */
+  OK(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+  CUdeviceptr a, b;
+  OK(cuMemAllocAsync(&a, 64 * MiB, NULL));
+  OK(cuMemAllocAsync(&b, 16 * MiB, NULL));
+  OK(cuMemFreeAsync(a, NULL));
+  OK(cuMemFreeAsync(b, NULL));
+  OK(cuCtxSynchronize());
+  uint64_t held = sim().pool_reserved_bytes;
+  cr_assert_geq(held, 80 * MiB, "the pool retains what was freed");
+  gpureclaim_report_t r = {.size = sizeof r};
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_CACHED, &r), 0);
+  cr_assert_eq(sim().pool_reserved_bytes, 0, "trimmed to nothing");
+  cr_assert_eq(r.pool_bytes, held, "the report says exactly what the pool gave back");
+  cr_assert_eq(r.cached_bytes, held);
+  cr_assert_eq(r.trigger, GPURECLAIM_TRIGGER_API);
+  cr_assert_eq(r.ndevices, 1);
+  cr_assert_eq(r.devices[0].device, 0);
+  cr_assert_eq(r.devices[0].pool_bytes, held);
+  cr_assert_eq(r.devices[0].free_after - r.devices[0].free_before, held, "cuMemGetInfo before and after");
+  cr_assert_gt(r.seq, 0);
+  cr_assert(h_table_matches_sim("after trim"));
+  gpureclaim_stats_t s = grs();
+  cr_assert_eq(s.releases, 1);
+  cr_assert_eq(s.released_bytes, held);
+}
+
+Test(release, created_pools_are_trimmed_too) {
+  CUmemPoolProps p;
+  memset(&p, 0, sizeof p);
+  p.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  p.location.id = 0;
+  CUmemoryPool pool;
+  OK(cuMemPoolCreate(&pool, &p));
+  cuuint64_t keep = UINT64_MAX;
+  OK(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+  CUdeviceptr x;
+  OK(cuMemAllocFromPoolAsync(&x, 8 * MiB, pool, NULL));
+  OK(cuMemFreeAsync(x, NULL));
+  cr_assert_geq(sim().pool_reserved_bytes, 8 * MiB);
+  gpureclaim_report_t r = {.size = sizeof r};
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_CACHED, &r), 0);
+  cr_assert_eq(sim().pool_reserved_bytes, 0);
+  cr_assert_geq(r.pool_bytes, 8 * MiB);
+}
+
+Test(release, orphans_of_ended_scopes_only) {
+  CUdeviceptr keep1, keep2, o1, o2, o3;
+  OK(cuMemAlloc(&keep1, 1 * MiB)); /* no scope */
+  uint64_t outer = gpureclaim_scope_begin();
+  cr_assert_neq(outer, 0);
+  cr_assert_eq(gpureclaim_scope_current(), outer);
+  OK(cuMemAlloc(&keep2, 2 * MiB)); /* the outer scope stays open */
+  uint64_t inner = gpureclaim_scope_begin();
+  OK(cuMemAlloc(&o1, 3 * MiB));
+  OK(cuMemAlloc(&o2, 4 * MiB));
+  void *host;
+  OK(cuMemHostAlloc(&host, 8192, 0));
+  OK(cuMemAlloc(&o3, 5 * MiB));
+  OK(cuMemFree(o3)); /* freed by the program: not an orphan */
+  gpureclaim_block_t b;
+  cr_assert(h_find(o1, &b));
+  cr_assert_eq(b.scope, inner);
+  cr_assert_eq(gpureclaim_scope_end(inner, 0), 0);
+  cr_assert_eq(gpureclaim_scope_end(inner, 0), -ENOENT, "ended once");
+  cr_assert_eq(gpureclaim_scope_current(), outer);
+  gpureclaim_stats_t s = grs();
+  cr_assert_eq(s.orphan_blocks, 3);
+  cr_assert_eq(s.orphan_bytes, 7 * MiB + 8192);
+  cr_assert(h_find(o1, &b));
+  cr_assert_eq(b.state, GPURECLAIM_BLOCK_ORPHAN);
+  gpureclaim_report_t r = {.size = sizeof r};
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &r), 0);
+  cr_assert_eq(r.orphaned_blocks, 3);
+  cr_assert_eq(r.orphaned_bytes, 7 * MiB + 8192);
+  cr_assert(h_table_matches_sim("orphans freed"));
+  cr_assert(h_find(keep1, &b) && h_find(keep2, &b), "live blocks of open scopes and of none untouched");
+  cr_assert(!h_find(o1, &b) && !h_find(o2, &b));
+  s = grs();
+  cr_assert_eq(s.orphan_blocks, 0);
+  cr_assert_eq(gpureclaim_scope_end(outer, 0), 0);
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &r), 0);
+  cr_assert_eq(r.orphaned_blocks, 1, "the outer scope's block after the outer scope ended");
+  cr_assert(h_find(keep1, &b));
+}
+
+Test(release, free_now) {
+  uint64_t s = gpureclaim_scope_begin();
+  CUdeviceptr p;
+  OK(cuMemAlloc(&p, 3 * MiB));
+  uint64_t before = sim().live_bytes;
+  cr_assert_eq(gpureclaim_scope_end(s, GPURECLAIM_FREE_NOW), 0);
+  cr_assert_eq(sim().live_bytes, before - 3 * MiB, "freed at once");
+  cr_assert(h_table_matches_sim("free now"));
+}
+
+/* A stand-in for a framework allocator: a library whose file name says it is PyTorch's. */
+typedef CUresult (*fw_alloc_t)(CUdeviceptr *, size_t);
+
+Test(release, framework_blocks_are_never_orphans) {
+  void *fw = dlopen("libc10_cuda_standin.so", RTLD_NOW | RTLD_LOCAL);
+  cr_assert_not_null(fw, "%s", dlerror());
+  fw_alloc_t fw_alloc = (fw_alloc_t)dlsym(fw, "standin_alloc");
+  uint64_t s = gpureclaim_scope_begin();
+  CUdeviceptr mine, theirs;
+  OK(cuMemAlloc(&mine, 1 * MiB));
+  OK(fw_alloc(&theirs, 2 * MiB));
+  gpureclaim_block_t b;
+  cr_assert(h_find(theirs, &b));
+  cr_assert_str_eq(b.owner, "pytorch");
+  cr_assert_eq(gpureclaim_scope_end(s, GPURECLAIM_FREE_NOW), 0);
+  cr_assert(!h_find(mine, &b), "the program's own block was freed");
+  cr_assert(h_find(theirs, &b), "the framework's block was not");
+  cr_assert_eq(b.state, GPURECLAIM_BLOCK_LIVE);
+  cr_assert(h_table_matches_sim("framework block kept"));
+}
+
+Test(release, a_late_free_is_swallowed_until_the_address_is_reused) {
+  uint64_t s = gpureclaim_scope_begin();
+  CUdeviceptr p;
+  OK(cuMemAlloc(&p, 1 * MiB));
+  cr_assert_eq(gpureclaim_scope_end(s, GPURECLAIM_FREE_NOW), 0);
+  uint64_t calls = simcuda_calls("cuMemFree_v2");
+  cr_assert_eq(cuMemFree(p), CUDA_SUCCESS, "a late free of a reclaimed block succeeds");
+  cr_assert_eq(simcuda_calls("cuMemFree_v2"), calls, "and never reaches the driver");
+  cr_assert_eq(grs().late_frees, 1);
+  cr_assert_eq(cuMemFree(p), CUDA_ERROR_INVALID_VALUE, "a second one is the driver's business again");
+  cr_assert_eq(simcuda_calls("cuMemFree_v2"), calls + 1);
+  cr_assert_eq(grs().late_frees, 1);
+  /* Reclaim again, let the driver hand the address out, then free: that frees the new block. */
+  s = gpureclaim_scope_begin();
+  OK(cuMemAlloc(&p, 1 * MiB));
+  cr_assert_eq(gpureclaim_scope_end(s, GPURECLAIM_FREE_NOW), 0);
+  CUdeviceptr q;
+  OK(cuMemAlloc(&q, 1 * MiB));
+  cr_assert_eq(q, p, "the simulator reuses the address (as the driver does)");
+  calls = simcuda_calls("cuMemFree_v2");
+  OK(cuMemFree(q));
+  cr_assert_eq(simcuda_calls("cuMemFree_v2"), calls + 1, "a free of the new block reaches the driver");
+  cr_assert_eq(grs().late_frees, 1, "and is not a late free");
+  cr_assert(h_table_matches_sim("after reuse"));
+}
+
+typedef struct {
+  CUdeviceptr p;
+  _Atomic int go;
+  CUresult rc;
+} racer_t;
+
+static void *free_racer(void *arg) {
+  racer_t *r = arg;
+  cuCtxSetCurrent(g_ctx);
+  while (!atomic_load(&r->go))
+    ;
+  r->rc = cuMemFree(r->p);
+  return NULL;
+}
+
+Test(release, a_release_racing_a_free_frees_once, .timeout = 120) {
+  for (int i = 0; i < 300; i++) {
+    uint64_t s = gpureclaim_scope_begin();
+    racer_t r = {0};
+    OK(cuMemAlloc(&r.p, 4096));
+    cr_assert_eq(gpureclaim_scope_end(s, 0), 0);
+    uint64_t calls = simcuda_calls("cuMemFree_v2");
+    pthread_t th;
+    pthread_create(&th, NULL, free_racer, &r);
+    atomic_store(&r.go, 1);
+    gpureclaim_report_t rep = {.size = sizeof rep};
+    cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &rep), 0);
+    pthread_join(th, NULL);
+    cr_assert_eq(r.rc, CUDA_SUCCESS, "iteration %d: the program's free failed (%d)", i, r.rc);
+    cr_assert_eq(simcuda_calls("cuMemFree_v2") - calls, 1, "iteration %d: freed twice", i);
+    cr_assert_eq(rep.failed_blocks, 0);
+  }
+  cr_assert(h_table_matches_sim("after the races"));
+}
+
+Test(release, all_frees_every_tracked_block_and_context_scoped_all) {
+  CUdeviceptr a, b2;
+  void *h;
+  OK(cuMemAlloc(&a, 1 * MiB));
+  OK(cuMemHostAlloc(&h, 4096, 0));
+  CUcontext c2, popped;
+  OK(cuCtxCreate_v2(&c2, 0, 0));
+  OK(cuMemAlloc(&b2, 2 * MiB));
+  OK(cuCtxPopCurrent(&popped));
+  gpureclaim_report_t r = {.size = sizeof r};
+  cr_assert_eq(gpureclaim_release_context(c2, &r), 0);
+  cr_assert_eq(r.all_blocks, 1);
+  cr_assert_eq(r.all_bytes, 2 * MiB);
+  cr_assert(h_table_matches_sim("context release"));
+  gpureclaim_block_t b;
+  cr_assert(h_find(a, &b), "other contexts untouched");
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_ALL, &r), 0);
+  cr_assert_eq(r.all_blocks, 2);
+  cr_assert_eq(sim().live_blocks, 0);
+  cr_assert_eq(sim().host_blocks, 0);
+  cr_assert(h_table_matches_sim("release all"));
+  OK(cuCtxDestroy(c2));
+}
+
+static _Atomic int g_calls;
+static size_t give_back_7(void *arg) {
+  atomic_fetch_add(&g_calls, 1);
+  return (size_t)(uintptr_t)arg;
+}
+
+Test(release, releasers) {
+  int id = gpureclaim_register_releaser("pool", give_back_7, (void *)(uintptr_t)7000);
+  cr_assert_gt(id, 0);
+  gpureclaim_report_t r = {.size = sizeof r};
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_CACHED, &r), 0);
+  cr_assert_eq(r.releaser_bytes, 7000);
+  cr_assert_eq(r.cached_bytes, 7000 + r.pool_bytes + r.framework_bytes);
+  cr_assert_eq(atomic_load(&g_calls), 1);
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &r), 0);
+  cr_assert_eq(atomic_load(&g_calls), 1, "only releases of cached memory call releasers");
+  cr_assert_eq(gpureclaim_unregister_releaser(id), 0);
+  cr_assert_eq(gpureclaim_unregister_releaser(id), -ENOENT);
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_CACHED, &r), 0);
+  cr_assert_eq(atomic_load(&g_calls), 1);
+  int ids[64];
+  for (int i = 0; i < 64; i++)
+    cr_assert_gt(ids[i] = gpureclaim_register_releaser("many", give_back_7, NULL), 0);
+  cr_assert_eq(gpureclaim_register_releaser("one too many", give_back_7, NULL), -ENOSPC);
+  for (int i = 0; i < 64; i++)
+    cr_assert_eq(gpureclaim_unregister_releaser(ids[i]), 0);
+}
+
+static size_t slow_releaser(void *arg) {
+  (void)arg;
+  usleep(30000);
+  return 1;
+}
+
+static void *release_thread(void *arg) {
+  (void)arg;
+  gpureclaim_report_t r = {.size = sizeof r};
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_CACHED, &r), 0);
+  return NULL;
+}
+
+Test(release, concurrent_requests_coalesce) {
+  cr_assert_gt(gpureclaim_register_releaser("slow", slow_releaser, NULL), 0);
+  pthread_t th[16];
+  for (int i = 0; i < 16; i++)
+    pthread_create(&th[i], NULL, release_thread, NULL);
+  for (int i = 0; i < 16; i++)
+    pthread_join(th[i], NULL);
+  uint64_t n = grs().releases;
+  cr_assert_geq(n, 1);
+  cr_assert_leq(n, 3, "16 concurrent requests ran %llu releases", (unsigned long long)n);
+}
+
+static int g_inner_rc = 1;
+static size_t reentrant_releaser(void *arg) {
+  (void)arg;
+  gpureclaim_report_t r = {.size = sizeof r};
+  g_inner_rc = gpureclaim_release(GPURECLAIM_CACHED, &r);
+  return 0;
+}
+
+Test(release, out_of_memory_retry_after_a_trim) {
+  CUmemoryPool pool;
+  OK(cuDeviceGetDefaultMemPool(&pool, 0));
+  cuuint64_t keep = UINT64_MAX;
+  OK(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+  simcuda_set_capacity(0, 100 * MiB);
+  CUdeviceptr a, b;
+  OK(cuMemAllocAsync(&a, 80 * MiB, NULL));
+  OK(cuMemFreeAsync(a, NULL)); /* 80 MiB cached in the pool */
+  int id = gpureclaim_register_releaser("reentrant", reentrant_releaser, NULL);
+  OK(cuMemAlloc(&b, 50 * MiB)); /* fits only after the pool is trimmed */
+  gpureclaim_stats_t s = grs();
+  cr_assert_eq(s.oom_retries, 1);
+  cr_assert_eq(s.oom_retry_successes, 1);
+  cr_assert_eq(g_inner_rc, -EDEADLK, "a release requested from inside an allocation is refused");
+  gpureclaim_unregister_releaser(id);
+  CUdeviceptr c = 0;
+  cr_assert_eq(cuMemAlloc(&c, 200 * MiB), CUDA_ERROR_OUT_OF_MEMORY, "what never fits fails with the driver's code");
+  cr_assert_eq(c, 0);
+  cr_assert(h_table_matches_sim("after the retries"));
+}

@@ -1,0 +1,177 @@
+/* What gpureclaim writes: snapshots, leak reports (API, at exit, with backtraces), the status file, the
+ * control socket. JSON is checked by parsing it back with python3's json module. */
+#include "harness.h"
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define OK(call) cr_assert_eq((call), CUDA_SUCCESS, "%s", #call)
+
+static CUcontext g_ctx;
+static void init(void) {
+  CUdevice dev;
+  OK(cuInit(0));
+  OK(cuDeviceGet(&dev, 0));
+  OK(cuDevicePrimaryCtxRetain(&g_ctx, dev));
+  OK(cuCtxSetCurrent(g_ctx));
+}
+TestSuite(reports, .init = init);
+
+/* Runs a python3 snippet on a file; returns its exit status. */
+static int py(const char *code, const char *path) {
+  char cmd[8192];
+  snprintf(cmd, sizeof cmd, "python3 -c '%s' '%s'", code, path);
+  return WEXITSTATUS(system(cmd));
+}
+
+static char *slurp(const char *path) {
+  FILE *f = fopen(path, "r");
+  cr_assert_not_null(f, "%s: %s", path, strerror(errno));
+  static char buf[1 << 20];
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  buf[n] = '\0';
+  fclose(f);
+  return buf;
+}
+
+Test(reports, snapshot_json) {
+  CUdeviceptr a, b;
+  void *h;
+  OK(cuMemAlloc(&a, 1 << 20));
+  OK(cuMemAlloc(&b, 3000));
+  OK(cuMemHostAlloc(&h, 4096, 0));
+  char path[] = "/tmp/gr_snapshot_XXXXXX";
+  close(mkstemp(path));
+  cr_assert_eq(gpureclaim_snapshot(path), 0);
+  cr_assert_eq(py("import json,sys; d=json.load(open(sys.argv[1]));"
+                  "bl=d[\"blocks\"]; assert len(bl)==3, bl;"
+                  "assert sorted(x[\"bytes\"] for x in bl)==[3000,4096,1048576];"
+                  "assert {x[\"kind\"] for x in bl}=={\"device\",\"host\"};"
+                  "assert d[\"total\"][\"live_blocks\"]==2 and d[\"total\"][\"live_bytes\"]==1048576+3000;"
+                  "c=[x for x in d[\"contexts\"] if x[\"blocks\"]]; assert len(c)==1 and c[0][\"bytes\"]==1048576+3000, c;"
+                  "assert all(x[\"library\"] and x[\"api\"] for x in bl);"
+                  "assert d[\"devices\"][0][\"device\"]==0",
+                  path),
+               0);
+  unlink(path);
+  cr_assert_eq(gpureclaim_snapshot(""), -EINVAL);
+  cr_assert_eq(gpureclaim_snapshot("/nonexistent-dir/x.json"), -EIO);
+}
+
+__attribute__((noinline)) static void leaky(CUdeviceptr *p) {
+  OK(cuMemAlloc(p, 2 << 20));
+  __asm__ volatile("" ::: "memory");
+}
+
+Test(reports, leak_report_text_and_json) {
+  CUdeviceptr p1, p2, q;
+  leaky(&p1);
+  leaky(&p2);
+  OK(cuMemAlloc(&q, 5000));
+  char path[] = "/tmp/gr_leaks_XXXXXX";
+  close(mkstemp(path));
+  cr_assert_eq(gpureclaim_leak_report(path, 0), 0);
+  char *t = slurp(path);
+  cr_assert_not_null(strstr(t, "3 blocks"), "%s", t);
+  cr_assert_not_null(strstr(t, "were never freed"));
+  cr_assert_not_null(strstr(t, "Device 0: 3 blocks"));
+  cr_assert_not_null(strstr(t, "2 blocks, 4.0 MiB (device)"), "the two leaky() blocks group together:\n%s", t);
+  cr_assert_eq(gpureclaim_leak_report(path, 1), 0);
+  cr_assert_eq(py("import json,sys; d=json.load(open(sys.argv[1]));"
+                  "assert d[\"blocks\"]==3 and d[\"bytes\"]==4*1048576+5000;"
+                  "g=d[\"groups\"]; assert g[0][\"bytes\"]>=g[-1][\"bytes\"] and g[0][\"blocks\"]==2, g;"
+                  "assert g[0][\"frames\"] and g[0][\"library\"]",
+                  path),
+               0);
+  unlink(path);
+}
+
+Test(reports, leak_report_at_exit_names_the_caller) {
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd, "GPURECLAIM_LEAK_REPORT=1 GPURECLAIM_BACKTRACE=1 %s 2>&1", getenv("LEAK_PROBE"));
+  FILE *f = popen(cmd, "r");
+  static char out[1 << 16];
+  size_t n = fread(out, 1, sizeof out - 1, f);
+  out[n] = '\0';
+  cr_assert_eq(WEXITSTATUS(pclose(f)), 0, "%s", out);
+  cr_assert_not_null(strstr(out, "3 blocks (6.0 MiB) were never freed"), "%s", out);
+  cr_assert_not_null(strstr(out, "load_model"), "the backtrace names the function:\n%s", out);
+  cr_assert_not_null(strstr(out, "leak_probe"), "and the binary:\n%s", out);
+}
+
+Test(reports, status_file_and_run_directory) {
+  CUdeviceptr p;
+  OK(cuMemAlloc(&p, 100));
+  const char *dir = getenv("GPURECLAIM_RUNDIR");
+  struct stat st;
+  cr_assert_eq(stat(dir, &st), 0);
+  cr_assert_eq(st.st_mode & 0777, 0700, "the run directory is private");
+  char path[4200];
+  snprintf(path, sizeof path, "%s/%d.json", dir, (int)getpid());
+  cr_assert_eq(stat(path, &st), 0, "%s", path);
+  cr_assert_eq(st.st_mode & 0777, 0600);
+  cr_assert_eq(py("import json,sys,os; d=json.load(open(sys.argv[1]));"
+                  "assert d[\"pid\"]==int(os.path.basename(sys.argv[1])[:-5]);"
+                  "assert d[\"signal\"]==\"USR1\" and d[\"releases\"]==0 and d[\"last_release\"] is None;"
+                  "assert d[\"socket\"].endswith(\".sock\") and d[\"start_ticks\"]>0",
+                  path),
+               0);
+  gpureclaim_report_t r = {.size = sizeof r};
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_CACHED, &r), 0);
+  cr_assert_eq(py("import json,sys; d=json.load(open(sys.argv[1]));"
+                  "assert d[\"releases\"]==1 and d[\"last_release\"][\"trigger\"]==\"api\"",
+                  path),
+               0);
+}
+
+static int ask(const char *request, char *out, size_t len) {
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  int n0 = snprintf(sa.sun_path, sizeof sa.sun_path, "%s/%d.sock", getenv("GPURECLAIM_RUNDIR"), (int)getpid());
+  cr_assert_lt(n0, (int)sizeof sa.sun_path, "socket path too long");
+  if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0)
+    return -errno;
+  if (write(fd, request, strlen(request)) < 0)
+    return -errno;
+  size_t n = 0;
+  ssize_t r;
+  while (n < len - 1 && (r = read(fd, out + n, len - 1 - n)) > 0)
+    n += (size_t)r;
+  out[n] = '\0';
+  close(fd);
+  return 0;
+}
+
+Test(reports, control_socket) {
+  CUdeviceptr p;
+  OK(cuMemAlloc(&p, 12345));
+  static char out[1 << 20];
+  char tmp[] = "/tmp/gr_ctl_XXXXXX";
+  int fd = mkstemp(tmp);
+  cr_assert_eq(ask("ping\n", out, sizeof out), 0);
+  cr_assert_not_null(strstr(out, "\"ok\":true"), "%s", out);
+  cr_assert_eq(ask("stats\n", out, sizeof out), 0);
+  cr_assert_eq(write(fd, out, strlen(out)), (ssize_t)strlen(out));
+  cr_assert_eq(py("import json,sys; d=json.load(open(sys.argv[1]));"
+                  "assert d[\"ok\"] and d[\"total\"][\"live_bytes\"]==12345 and d[\"devices\"][0][\"device\"]==0",
+                  tmp),
+               0);
+  cr_assert_eq(ask("release cached\n", out, sizeof out), 0);
+  cr_assert_not_null(strstr(out, "\"trigger\":\"command\""), "%s", out);
+  cr_assert_eq(ask("release nonsense\n", out, sizeof out), 0);
+  cr_assert_not_null(strstr(out, "\"ok\":false"), "%s", out);
+  cr_assert_eq(ask("snapshot\n", out, sizeof out), 0);
+  cr_assert_not_null(strstr(out, "\"bytes\":12345"), "%s", out);
+  cr_assert_eq(ask("bogus\n", out, sizeof out), 0);
+  cr_assert_not_null(strstr(out, "unknown request"), "%s", out);
+  close(fd);
+  unlink(tmp);
+}

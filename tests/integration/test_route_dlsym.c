@@ -1,0 +1,43 @@
+/* Route 2: dlopen("libcuda.so.1") and dlsym() of the driver's names, as PyTorch does for ~230 of them. */
+#include "harness.h"
+
+#include <criterion/criterion.h>
+#include <dlfcn.h>
+#include <string.h>
+
+Test(route_dlsym, every_entry_point_tracked_exactly) {
+  void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  cr_assert_not_null(h);
+  drv_api_t a;
+  h_fill_dlsym(&a, h);
+  cr_assert_gt(h_scenario(&a), 20);
+}
+
+Test(route_dlsym, only_driver_names_are_touched) {
+  void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  /* simcuda_* and cuGetErrorName are not hooked: they come back as the library's own. */
+  void *p = dlsym(h, "cuGetErrorName");
+  Dl_info info;
+  cr_assert(dladdr(p, &info));
+  cr_assert_not_null(strstr(info.dli_fname, "libcuda.so"), "cuGetErrorName came from %s", info.dli_fname);
+  p = dlsym(h, "cuMemAlloc_v2");
+  cr_assert(dladdr(p, &info));
+  cr_assert_not_null(strstr(info.dli_fname, "libgpureclaim"), "cuMemAlloc_v2 came from %s", info.dli_fname);
+  cr_assert_null(dlsym(h, "cuNoSuchFunction"));
+  /* The old 32-bit cuMemAlloc ABI is not wrapped. */
+  p = dlsym(h, "cuMemAlloc");
+  if (p) {
+    cr_assert(dladdr(p, &info));
+    cr_assert_not_null(strstr(info.dli_fname, "libcuda.so"));
+  }
+}
+
+Test(route_dlsym, rtld_default_finds_the_driver_through_gpureclaim) {
+  void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+  cr_assert_not_null(h);
+  void *p = dlsym(RTLD_DEFAULT, "cuMemFree_v2");
+  cr_assert_not_null(p);
+  Dl_info info;
+  cr_assert(dladdr(p, &info));
+  cr_assert_not_null(strstr(info.dli_fname, "libgpureclaim"));
+}
