@@ -198,6 +198,10 @@ void *gr_hook_export_real(int id);
 
 /* procaddr.c: wraps what cuGetProcAddress returns. Returns the pointer to hand to the caller. */
 void *gr_hook_procaddr_wrap(const char *symbol, void *real, int version, uint64_t flags);
+/* dlsym.c, deepbind.c: the overrides of dlsym and dlopen. */
+void *gr_dlsym_hook(void *handle, const char *symbol);
+void *gr_dlopen_hook(const char *file, int mode);
+
 /* procaddr.c: our exported getter for a dlsym of "cuGetProcAddress[_v2]" that found libcuda's, else NULL. */
 void *gr_hook_getproc_for(const char *symbol, void *real);
 bool gr_hook_is_getproc_export(const void *fn);

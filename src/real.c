@@ -8,15 +8,24 @@
 #include "gpureclaim_internal.h"
 
 #include <dlfcn.h>
+#include <gnu/libc-version.h>
+#include <link.h>
 
 gr_drv_t gr_drv;
 
+/* libc's own function: RTLD_NEXT finds it when libc comes after gpureclaim (always when preloaded or linked
+ * at start-up); else libc's scope itself, found from one of its functions. Never RTLD_DEFAULT, which would
+ * find gpureclaim's dlsym (it carries libc's versions). */
 GR_NO_SANITIZE static void *libc_sym(const char *name) {
   static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"};
+  Dl_info info;
+  void *libc = NULL;
+  if (!dladdr1((void *)&gnu_get_libc_version, &info, &libc, RTLD_DL_LINKMAP))
+    libc = NULL;
   for (size_t i = 0; i < GR_ARRAY_LEN(versions); i++) {
     void *p = dlvsym(RTLD_NEXT, name, versions[i]);
-    if (!p)
-      p = dlvsym(RTLD_DEFAULT, name, versions[i]);
+    if (!p && libc)
+      p = dlvsym(libc, name, versions[i]);
     if (p)
       return p;
   }

@@ -21,7 +21,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-GR_EXPORT void *dlopen(const char *file, int mode);
+GR_EXPORT void *gr_dlopen_hook(const char *file, int mode);
 
 #if defined(__x86_64__)
 #define R_JUMP_SLOT R_X86_64_JUMP_SLOT
@@ -61,9 +61,9 @@ static bool seen(const objset_t *s, uintptr_t key) {
 /* What a GOT entry for this name should hold, or NULL to leave it. */
 static void *replacement(const char *name) {
   if (strcmp(name, "dlsym") == 0)
-    return (void *)dlsym;
+    return (void *)gr_dlsym_hook;
   if (strcmp(name, "dlopen") == 0)
-    return (void *)dlopen;
+    return (void *)gr_dlopen_hook;
   if (name[0] != 'c' || name[1] != 'u')
     return NULL;
   if (strcmp(name, "cuGetProcAddress") == 0 || strcmp(name, "cuGetProcAddress_v2") == 0)
@@ -187,8 +187,16 @@ GR_NOINLINE static void *dlopen_deepbind(const char *file, int mode, void *calle
   return h;
 }
 
-GR_EXPORT GR_NO_SANITIZE void *dlopen(const char *file, int mode) {
+/* Exported as dlopen, with libc's versions hidden, like dlsym (gpureclaim.map). */
+GR_EXPORT GR_NO_SANITIZE void *gr_dlopen_hook(const char *file, int mode) {
   if (GR_LIKELY(!(mode & RTLD_DEEPBIND)) || gr_core_disabled())
     return gr_real_libc()->dlopen(file, mode); /* a tail call: glibc still sees the caller */
   return dlopen_deepbind(file, mode, __builtin_return_address(0));
 }
+__asm__(".symver gr_dlopen_hook, dlopen@@GPURECLAIM_0");
+__asm__(".symver gr_dlopen_hook, dlopen@GLIBC_2.34");
+#if defined(__x86_64__)
+__asm__(".symver gr_dlopen_hook, dlopen@GLIBC_2.2.5");
+#elif defined(__aarch64__)
+__asm__(".symver gr_dlopen_hook, dlopen@GLIBC_2.17");
+#endif
