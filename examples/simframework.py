@@ -1,0 +1,66 @@
+"""A stand-in for PyTorch in train.py when PyTorch (or a GPU) is not available: a tiny "framework" with a
+caching allocator over the CUDA runtime (libcudart.so.13, which on a machine without a GPU is gpureclaim's
+simulator). Deleted tensors' memory stays in its cache, as in PyTorch; `empty_cache()` gives it back, and the
+module takes part in gpureclaim's releases through `__gpureclaim_release__`. It computes nothing."""
+import ctypes
+import threading
+
+_rt = ctypes.CDLL("libcudart.so.13")
+_rt.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+_rt.cudaFree.argtypes = [ctypes.c_void_p]
+_rt.cudaMemGetInfo.argtypes = [ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+
+_lock = threading.Lock()
+_cache = {}  # size -> [pointers]
+_live = 0
+
+
+class Tensor:
+    def __init__(self, nbytes):
+        global _live
+        with _lock:
+            free = _cache.get(nbytes)
+            if free:
+                self.ptr = free.pop()
+            else:
+                p = ctypes.c_void_p()
+                if _rt.cudaMalloc(ctypes.byref(p), nbytes) != 0:
+                    raise MemoryError("out of device memory")
+                self.ptr = p.value
+            self.nbytes = nbytes
+            _live += nbytes
+
+    def __del__(self):
+        global _live
+        with _lock:
+            _cache.setdefault(self.nbytes, []).append(self.ptr)  # cached, not freed
+            _live -= self.nbytes
+
+
+def memory_allocated():
+    return _live
+
+
+def memory_reserved():
+    with _lock:
+        return _live + sum(n * len(ps) for n, ps in _cache.items())
+
+
+def empty_cache():
+    with _lock:
+        for ptrs in _cache.values():
+            for p in ptrs:
+                _rt.cudaFree(ctypes.c_void_p(p))
+        _cache.clear()
+
+
+def mem_get_info():
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    _rt.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total))
+    return free.value, total.value
+
+
+def __gpureclaim_release__():
+    before = memory_reserved()
+    empty_cache()
+    return before - memory_reserved()

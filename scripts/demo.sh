@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds, and runs the demo under gpureclaim: on the real driver when a GPU is
+# present, else on the CUDA simulator. Then shows the same from outside: a program holding memory, listed
+# with `gpureclaim ps` and released with `gpureclaim release`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/deps.sh
+build="${BUILD_DIR:-build}"
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build "$build" -j"$(nproc 2>/dev/null || echo 2)" >/dev/null
+export GPURECLAIM_RUNDIR="${GPURECLAIM_RUNDIR:-$(mktemp -d)/run}"
+if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q GPU; then
+  echo "== demo on the real driver: $(nvidia-smi -L | head -1)"
+  export LD_LIBRARY_PATH="${CUDA_HOME:-/usr/local/cuda}/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+else
+  echo "== no GPU here: the demo runs on the CUDA simulator ($build/sim)"
+  export LD_LIBRARY_PATH="$(cd "$build/sim" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+echo "\$ gpureclaim run -- $build/examples/demo"
+GPURECLAIM_LOG=/dev/null "$build/tools/gpureclaim" run -- "$build/examples/demo"
+
+echo
+echo "== from outside the process"
+coproc HOLD { GPURECLAIM_LOG=/dev/null exec "$build/tools/gpureclaim" run -- "$build/tests/cli/hold"; }
+read -r _ pid <&"${HOLD[0]}"
+echo "\$ gpureclaim ps"
+"$build/tools/gpureclaim" ps
+echo "\$ gpureclaim release $pid"
+GPURECLAIM_LOG=/dev/null "$build/tools/gpureclaim" release "$pid"
+echo "\$ gpureclaim snapshot $pid"
+"$build/tools/gpureclaim" snapshot "$pid"
+exec {HOLD[1]}>&-
+wait "$HOLD_PID" 2>/dev/null || true

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs what building and testing gpureclaim needs and is missing (Debian/Ubuntu), and checks the CUDA
+# Toolkit headers (at /usr/local/cuda, or CUDAToolkit_ROOT). Needs no GPU and no driver.
+set -euo pipefail
+
+need=()
+command -v cmake >/dev/null || need+=(cmake)
+command -v make >/dev/null || need+=(make)
+command -v cc >/dev/null || need+=(gcc)
+command -v pkg-config >/dev/null || need+=(pkg-config)
+command -v nm >/dev/null || need+=(binutils)
+command -v python3 >/dev/null || need+=(python3)
+pkg-config --exists criterion 2>/dev/null || need+=(libcriterion-dev)
+
+if ((${#need[@]})); then
+  echo "scripts/deps.sh: installing ${need[*]}"
+  sudo=""
+  [[ $(id -u) -eq 0 ]] || sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null ||
+    { $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null; }
+fi
+
+cuda="${CUDAToolkit_ROOT:-/usr/local/cuda}"
+if [[ ! -f "$cuda/include/cuda.h" ]]; then
+  echo "scripts/deps.sh: the CUDA Toolkit headers were not found at $cuda/include (set CUDAToolkit_ROOT);" >&2
+  echo "  gpureclaim builds against CUDA 12.x or 13.x headers (no GPU or driver needed)" >&2
+  exit 1
+fi

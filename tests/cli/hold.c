@@ -1,0 +1,50 @@
+/*
+ * hold: a program that holds GPU memory and waits, for the command's tests. On the simulator (or a GPU):
+ * 3 live 1 MiB blocks, 64 MiB cached in the default pool, a 5 MiB orphan (an ended scope), 64 KiB pinned host
+ * memory. Prints "ready <pid>", then for every line "sim" on stdin prints the simulator's own view
+ * ("sim live_bytes pool_reserved_bytes host_bytes"), and exits when stdin closes.
+ */
+#include "simcuda.h"
+#include "gpureclaim.h"
+
+#include <cuda.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#define MiB (1024ull * 1024)
+
+int main(void) {
+  CUdevice dev;
+  CUcontext ctx;
+  if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx))
+    return 2;
+  CUdeviceptr live[3], cached, orphan;
+  for (int i = 0; i < 3; i++)
+    if (cuMemAlloc(&live[i], MiB))
+      return 3;
+  CUmemoryPool pool;
+  cuDeviceGetDefaultMemPool(&pool, dev);
+  cuuint64_t keep = UINT64_MAX;
+  cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep);
+  if (cuMemAllocAsync(&cached, 64 * MiB, NULL) || cuMemFreeAsync(cached, NULL))
+    return 4;
+  uint64_t s = gpureclaim_scope_begin();
+  if (cuMemAlloc(&orphan, 5 * MiB))
+    return 5;
+  gpureclaim_scope_end(s, 0);
+  void *host;
+  if (cuMemHostAlloc(&host, 64 * 1024, 0))
+    return 6;
+  printf("ready %d\n", (int)getpid());
+  fflush(stdout);
+  char line[64];
+  while (fgets(line, sizeof line, stdin)) {
+    simcuda_stats_t st = {.size = sizeof st};
+    simcuda_stats(-1, NULL, &st);
+    printf("sim %llu %llu %llu\n", (unsigned long long)st.live_bytes, (unsigned long long)st.pool_reserved_bytes,
+           (unsigned long long)st.host_bytes);
+    fflush(stdout);
+  }
+  return 0;
+}

@@ -1,0 +1,273 @@
+"""The gpureclaim command and the Python helper, end to end, against programs running on the simulator.
+
+Environment (set by CTest): GR_CMD (the command), GR_HOLD (tests/cli/hold), GR_LAYOUT, GR_PYTHON_DIR,
+GR_PRELOAD (what LD_PRELOAD must hold first in sanitizer builds), LD_LIBRARY_PATH (the simulator).
+"""
+import json
+import os
+import re
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+CMD = os.environ["GR_CMD"]
+HOLD = os.environ["GR_HOLD"]
+MiB = 1024 * 1024
+
+
+def run(*args, env=None, check=None):
+    p = subprocess.run([CMD, *args], capture_output=True, text=True, env=env, timeout=60)
+    if check is not None:
+        assert p.returncode == check, (args, p.returncode, p.stdout, p.stderr)
+    return p
+
+
+class Held:
+    """A program holding memory under `gpureclaim run`: 3 MiB live, 64 MiB cached in a pool, a 5 MiB orphan,
+    64 KiB pinned."""
+
+    def __init__(self, env, *run_opts):
+        self.p = subprocess.Popen([CMD, "run", *run_opts, "--", HOLD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env=env)
+        line = self.p.stdout.readline()
+        assert line.startswith("ready "), (line, self.p.stderr.read() if self.p.poll() is not None else "")
+        self.pid = int(line.split()[1])
+
+    def sim(self):
+        """The simulator's own view: (live bytes, pool reserved bytes, host bytes)."""
+        self.p.stdin.write("sim\n")
+        self.p.stdin.flush()
+        parts = self.p.stdout.readline().split()
+        return tuple(int(x) for x in parts[1:])
+
+    def close(self):
+        self.p.stdin.close()
+        self.p.wait(timeout=30)
+
+
+class CommandTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="grcli")
+        self.rundir = os.path.join(self.tmp, "run")
+        self.env = dict(os.environ, GPURECLAIM_RUNDIR=self.rundir, GPURECLAIM_LOG=os.path.join(self.tmp, "log"))
+        if os.environ.get("GR_PRELOAD"):  # the sanitizer runtime first, then what `run` adds
+            self.env["LD_PRELOAD"] = os.environ["GR_PRELOAD"]
+        self.held = []
+
+    def tearDown(self):
+        for h in self.held:
+            h.close()
+
+    def hold(self, *opts):
+        h = Held(self.env, *opts)
+        self.held.append(h)
+        return h
+
+    def test_ps_lists_the_process_with_its_memory(self):
+        h = self.hold()
+        out = run("ps", env=self.env, check=0).stdout
+        self.assertRegex(out, r"(?m)^\s*%d\s+\S*hold\s+0\s+8\.0 MiB\s+64\.0 MiB\s+64\.0 KiB\s+0\s+-$" % h.pid)
+        rows = json.loads(run("ps", "--json", env=self.env, check=0).stdout)
+        self.assertEqual(len(rows), 1)
+        r = rows[0]
+        self.assertEqual((r["pid"], r["live_bytes"], r["cached_bytes"], r["pinned_bytes"], r["devices"]),
+                         (h.pid, 8 * MiB, 64 * MiB, 64 * 1024, [0]))
+        self.assertTrue(r["answered"])
+
+    def test_release_reports_what_the_driver_gave_back(self):
+        h = self.hold()
+        live0, pool0, _ = h.sim()
+        out = json.loads(run("release", str(h.pid), "--json", env=self.env, check=0).stdout)
+        live1, pool1, _ = h.sim()
+        rep = out[0]["report"]
+        self.assertTrue(out[0]["ok"])
+        self.assertEqual(rep["pool_bytes"], pool0 - pool1)
+        self.assertEqual(rep["orphaned_bytes"], live0 - live1)
+        self.assertEqual((rep["pool_bytes"], rep["orphaned_bytes"], pool1), (64 * MiB, 5 * MiB, 0))
+        self.assertEqual(rep["trigger"], "command")
+        dev = rep["devices"][0]
+        self.assertEqual(dev["free_after"] - dev["free_before"], 69 * MiB)
+        # Human output, and --what.
+        h2 = self.hold()
+        text = run("release", str(h2.pid), "--what", "orphaned", env=self.env, check=0).stdout
+        self.assertIn("%d (" % h2.pid, text)
+        self.assertIn("released 5.0 MiB", text)
+        self.assertEqual(h2.sim()[1], 64 * MiB, "--what orphaned leaves the pool alone")
+
+    def test_release_by_signal_and_all(self):
+        h = self.hold()
+        out = run("release", "--signal", str(h.pid), env=self.env, check=0).stdout
+        self.assertIn("released 69.0 MiB", out)
+        with open(os.path.join(self.rundir, "%d.json" % h.pid)) as f:
+            st = json.load(f)
+        self.assertEqual((st["releases"], st["last_release"]["trigger"]), (1, "signal"))
+        h2 = self.hold()
+        out = json.loads(run("release", "--all", "--json", env=self.env, check=0).stdout)
+        self.assertEqual(sorted(x["pid"] for x in out), sorted([h.pid, h2.pid]))
+        self.assertTrue(all(x["ok"] for x in out))
+
+    def test_snapshot_and_leaks(self):
+        h = self.hold()
+        text = run("snapshot", str(h.pid), env=self.env, check=0).stdout
+        self.assertIn("4 live blocks, 8.0 MiB live", text)
+        self.assertRegex(text, r"(?m)^0\s+0x[0-9a-f]+\s+device\s+hold\s+4\s+8\.0 MiB$")
+        snap = json.loads(run("snapshot", str(h.pid), "--json", env=self.env, check=0).stdout)
+        self.assertEqual(sum(b["bytes"] for b in snap["blocks"] if b["kind"] == "device"), 8 * MiB)
+        self.assertEqual([b["state"] for b in snap["blocks"] if b["bytes"] == 5 * MiB], ["orphan"])
+        leaks = run("snapshot", str(h.pid), "--leaks", env=self.env, check=0).stdout
+        self.assertIn("were never freed", leaks)
+        self.assertIn("Device 0: 4 blocks", leaks)
+
+    def test_top_one_frame(self):
+        h = self.hold()
+        out = run("top", "--iterations", "1", env=self.env, check=0).stdout
+        self.assertIn("gpureclaim top", out)
+        self.assertRegex(out, r"(?m)^\s*%d\s" % h.pid)
+
+    def test_prometheus_textfile(self):
+        h = self.hold()
+        path = os.path.join(self.tmp, "gpureclaim.prom")
+        run("ps", "--prometheus", path, env=self.env, check=0)
+        with open(path) as f:
+            lines = f.read().splitlines()
+        sample = re.compile(r'^(gpureclaim_[a-z_]+)\{pid="(\d+)",device="(\d+)",command="([^"\\]|\\.)*"\} (\d+)$')
+        helps, types, values = set(), set(), {}
+        for line in lines:
+            if line.startswith("# HELP "):
+                helps.add(line.split()[2])
+            elif line.startswith("# TYPE "):
+                name, kind = line.split()[2:4]
+                self.assertIn(kind, ("gauge", "counter"))
+                types.add(name)
+            else:
+                m = sample.match(line)
+                self.assertIsNotNone(m, "not a sample line: %r" % line)
+                self.assertEqual(int(m.group(2)), h.pid)
+                values[m.group(1)] = int(m.group(5))
+        self.assertEqual(helps, types)
+        self.assertEqual(set(values), types)
+        self.assertEqual(values["gpureclaim_live_bytes"], 8 * MiB)
+        self.assertEqual(values["gpureclaim_pool_reserved_bytes"], 64 * MiB)
+
+    def test_refusals(self):
+        p = run("release", "999999999", env=self.env, check=3)
+        self.assertIn("no such process", p.stderr)
+        self.hold()  # creates the run directory
+        plain = subprocess.Popen(["sleep", "30"])
+        try:
+            p = run("release", str(plain.pid), env=self.env, check=3)
+            self.assertIn("not running gpureclaim", p.stderr)
+        finally:
+            plain.kill()
+            plain.wait()
+        # Another user's process: one we start as nobody when root, else pid 1.
+        other = None
+        if os.geteuid() == 0:
+            other = subprocess.Popen(["sleep", "30"], user=65534)
+        try:
+            p = run("release", str(other.pid if other else 1), env=self.env, check=3)
+            self.assertIn("refused", p.stderr)
+        finally:
+            if other:
+                other.kill()
+                other.wait()
+        self.assertEqual(run("release", env=self.env).returncode, 2)
+        self.assertEqual(run("release", "--what", "bogus", "1", env=self.env).returncode, 2)
+        self.assertEqual(run("run", "--signal", "USR7", "--", "true", env=self.env).returncode, 2)
+        self.assertEqual(run("frobnicate", env=self.env).returncode, 2)
+
+    def test_stale_status_file_is_removed(self):
+        self.hold()
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        stale = os.path.join(self.rundir, "%d.json" % gone.pid)
+        with open(stale, "w") as f:
+            json.dump({"pid": gone.pid, "start_ticks": 1, "releases": 0, "socket": None}, f)
+        p = run("ps", env=self.env, check=0)
+        self.assertIn("removed the stale status file of pid %d" % gone.pid, p.stderr)
+        self.assertFalse(os.path.exists(stale))
+
+    def test_a_run_directory_others_can_read_is_refused(self):
+        os.makedirs(self.rundir)
+        os.chmod(self.rundir, 0o755)
+        p = run("ps", env=self.env, check=0)
+        self.assertIn("not a directory private to you", p.stderr)
+
+    def test_run_maps_options_to_variables(self):
+        log = os.path.join(self.tmp, "custom.log")
+        h = self.hold("--signal", "USR2", "--log", log)
+        with open(os.path.join(self.rundir, "%d.json" % h.pid)) as f:
+            self.assertEqual(json.load(f)["signal"], "USR2")
+        os.kill(h.pid, signal.SIGUSR2)
+        deadline = time.time() + 10
+        while time.time() < deadline and not (os.path.exists(log) and os.path.getsize(log)):
+            time.sleep(0.02)
+        with open(log) as f:
+            self.assertIn('"trigger":"signal"', f.read())
+        mode = stat.S_IMODE(os.stat(self.rundir).st_mode)
+        self.assertEqual(mode, 0o700)
+
+
+class PythonHelperTest(unittest.TestCase):
+    def script(self, code, preload=True):
+        env = dict(os.environ, PYTHONPATH=os.environ["GR_PYTHON_DIR"], GPURECLAIM_STATUS="0")
+        if preload:
+            lib = subprocess.run([CMD, "run", "--", "sh", "-c", "echo $LD_PRELOAD"], capture_output=True,
+                                 text=True, env=env).stdout.strip()
+            env["LD_PRELOAD"] = lib
+        else:
+            env.pop("LD_PRELOAD", None)
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+
+    def test_layouts_match_the_header(self):
+        c = dict(line.split(None, 1) for line in subprocess.run([os.environ["GR_LAYOUT"]], capture_output=True,
+                                                                text=True, check=True).stdout.splitlines())
+        p = self.script("import ctypes, gpureclaim as g\n"
+                        "print('stats', ctypes.sizeof(g._Stats), g._Stats.pools.offset)\n"
+                        "print('report', ctypes.sizeof(g._Report), g._Report.ndevices.offset, g._Report.devices.offset)\n"
+                        "print('device_report', ctypes.sizeof(g._DeviceReport))\n"
+                        "print('block', ctypes.sizeof(g._Block), g._Block.handle.offset)\n", preload=False)
+        py = dict(line.split(None, 1) for line in p.stdout.splitlines())
+        self.assertEqual(py, c)
+
+    def test_not_loaded_says_how(self):
+        p = self.script("import gpureclaim\ngpureclaim.stats()", preload=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("gpureclaim run -- python", p.stderr)
+
+    def test_against_the_simulator(self):
+        code = r'''
+import ctypes, gpureclaim
+rt = ctypes.CDLL("libcudart.so.13")
+rt.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+p = ctypes.c_void_p()
+assert rt.cudaMalloc(ctypes.byref(p), 1 << 20) == 0
+assert gpureclaim.stats()["live_bytes"] == 1 << 20, gpureclaim.stats()
+with gpureclaim.scope() as s:
+    q = ctypes.c_void_p()
+    assert rt.cudaMalloc(ctypes.byref(q), 3 << 20) == 0
+    assert gpureclaim.blocks()[-1]["scope"] == s or any(b["scope"] == s for b in gpureclaim.blocks())
+assert gpureclaim.stats()["orphan_bytes"] == 3 << 20
+r = gpureclaim.release("orphaned")
+assert r["orphaned_bytes"] == 3 << 20 and r["trigger"] == "api", r
+assert gpureclaim.stats()["live_bytes"] == 1 << 20
+kinds = {b["kind"] for b in gpureclaim.blocks()}
+assert kinds == {"device"}, kinds
+try:
+    gpureclaim.release("bogus")
+    raise SystemExit("no error for a bad category")
+except ValueError:
+    pass
+print("ok", gpureclaim.version())
+'''
+        p = self.script(code)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("ok 0.1.0", p.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

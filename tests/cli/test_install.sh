@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# cmake --install and cpack -G DEB produce a working install: library, header, command, Python helper,
+# pkg-config file and CMake package, usable by a consumer project. Usage: test_install.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build="$1" src="$2"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+prefix="$tmp/prefix"
+cmake --install "$build" --prefix "$prefix" >/dev/null
+libdir="$(cd "$prefix" && ls -d lib*/ | grep -v '^libexec' | head -1)"
+libdir="${libdir%/}"
+for f in bin/gpureclaim "$libdir/libgpureclaim.so.0" "$libdir/libgpureclaim.so" include/gpureclaim.h \
+         "$libdir/pkgconfig/gpureclaim.pc" "$libdir/cmake/gpureclaim/gpureclaimConfig.cmake" \
+         "$libdir/cmake/gpureclaim/gpureclaimConfigVersion.cmake" share/gpureclaim/python/gpureclaim.py; do
+  [[ -e "$prefix/$f" ]] || { echo "test_install: missing $f"; exit 1; }
+done
+flags="$(PKG_CONFIG_PATH="$prefix/$libdir/pkgconfig" pkg-config --cflags --libs gpureclaim)"
+inc="$(PKG_CONFIG_PATH="$prefix/$libdir/pkgconfig" pkg-config --variable=includedir gpureclaim)"
+[[ "$(cd "$inc" && pwd -P)" == "$(cd "$prefix/include" && pwd -P)" && "$flags" == *"-lgpureclaim"* ]] ||
+  { echo "test_install: pkg-config: $flags"; exit 1; }
+
+# A consumer project with find_package(gpureclaim).
+mkdir -p "$tmp/consumer"
+cat > "$tmp/consumer/CMakeLists.txt" <<'CM'
+cmake_minimum_required(VERSION 3.25)
+project(consumer C)
+find_package(gpureclaim 0.1 REQUIRED)
+add_executable(consumer main.c)
+target_link_libraries(consumer PRIVATE gpureclaim::gpureclaim)
+CM
+cat > "$tmp/consumer/main.c" <<'C'
+#include <gpureclaim.h>
+#include <stdio.h>
+int main(void) { printf("consumer linked gpureclaim %s\n", gpureclaim_version()); return 0; }
+C
+cmake -S "$tmp/consumer" -B "$tmp/consumer/build" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+cmake --build "$tmp/consumer/build" >/dev/null
+out="$(LD_PRELOAD="${GR_PRELOAD:-}" LD_LIBRARY_PATH="$prefix/$libdir" "$tmp/consumer/build/consumer")"
+[[ "$out" == "consumer linked gpureclaim 0.1.0" ]] || { echo "test_install: consumer printed: $out"; exit 1; }
+
+# The installed command finds the installed library.
+pre="$("$prefix/bin/gpureclaim" run -- sh -c 'echo "$LD_PRELOAD"')"
+[[ "$pre" == "$(cd "$prefix/$libdir" && pwd -P)/libgpureclaim.so.0"* ]] || { echo "test_install: run preloads $pre"; exit 1; }
+
+# A Debian package of the same.
+if command -v dpkg-deb >/dev/null; then
+  (cd "$tmp" && cpack --config "$build/CPackConfig.cmake" -G DEB >/dev/null)
+  deb="$(ls "$tmp"/*.deb)"
+  contents="$(dpkg-deb -c "$deb")"
+  for f in bin/gpureclaim include/gpureclaim.h libgpureclaim.so.0 pkgconfig/gpureclaim.pc; do
+    [[ "$contents" == *"$f"* ]] || { echo "test_install: $deb lacks $f"; exit 1; }
+  done
+  echo "test_install: $(basename "$deb") ok"
+fi
+echo "test_install: install, pkg-config, find_package, the command: ok"

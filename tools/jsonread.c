@@ -1,0 +1,234 @@
+/* jsonread.c -- see jsonread.h. A recursive-descent parser over a NUL-terminated buffer. */
+#include "jsonread.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+  const char *p;
+  const char *err;
+  int depth;
+} P;
+
+static void ws(P *p) {
+  while (*p->p == ' ' || *p->p == '\t' || *p->p == '\n' || *p->p == '\r')
+    p->p++;
+}
+
+static bool value(P *p, jnode_t *out);
+
+static bool fail(P *p, const char *why) {
+  if (!p->err)
+    p->err = why;
+  return false;
+}
+
+static int hexval(char c) {
+  return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+static char *string(P *p) {
+  if (*p->p != '"')
+    return fail(p, "expected a string"), NULL;
+  p->p++;
+  size_t cap = 32, n = 0;
+  char *s = malloc(cap);
+  if (!s)
+    return fail(p, "out of memory"), NULL;
+  while (*p->p != '"') {
+    unsigned char c = (unsigned char)*p->p++;
+    if (!c || c < 0x20) {
+      free(s);
+      return fail(p, "unterminated string"), NULL;
+    }
+    if (c == '\\') {
+      char e = *p->p++;
+      switch (e) {
+      case '"': case '\\': case '/': c = (unsigned char)e; break;
+      case 'n': c = '\n'; break;
+      case 't': c = '\t'; break;
+      case 'r': c = '\r'; break;
+      case 'b': c = '\b'; break;
+      case 'f': c = '\f'; break;
+      case 'u': {
+        int v = 0;
+        for (int i = 0; i < 4; i++) {
+          int h = hexval(*p->p++);
+          if (h < 0) {
+            free(s);
+            return fail(p, "bad \\u escape"), NULL;
+          }
+          v = v * 16 + h;
+        }
+        c = v < 0x80 ? (unsigned char)v : '?'; /* the protocol escapes control characters only */
+        break;
+      }
+      default:
+        free(s);
+        return fail(p, "bad escape"), NULL;
+      }
+    }
+    if (n + 2 > cap) {
+      char *t = realloc(s, cap *= 2);
+      if (!t) {
+        free(s);
+        return fail(p, "out of memory"), NULL;
+      }
+      s = t;
+    }
+    s[n++] = (char)c;
+  }
+  p->p++;
+  s[n] = '\0';
+  return s;
+}
+
+static bool push(jnode_t *parent, jnode_t *kid, char *key) {
+  jnode_t *k = realloc(parent->kids, (parent->n + 1) * sizeof *k);
+  if (!k)
+    return false;
+  parent->kids = k;
+  if (parent->type == JN_OBJ) {
+    char **keys = realloc(parent->keys, (parent->n + 1) * sizeof *keys);
+    if (!keys)
+      return false;
+    parent->keys = keys;
+    keys[parent->n] = key;
+  }
+  parent->kids[parent->n++] = *kid;
+  return true;
+}
+
+static bool value(P *p, jnode_t *out) {
+  memset(out, 0, sizeof *out);
+  if (++p->depth > 64)
+    return fail(p, "nested too deeply");
+  ws(p);
+  char c = *p->p;
+  bool ok = true;
+  if (c == '{' || c == '[') {
+    out->type = c == '{' ? JN_OBJ : JN_ARR;
+    p->p++;
+    ws(p);
+    if (*p->p == (c == '{' ? '}' : ']')) {
+      p->p++;
+    } else {
+      for (;;) {
+        char *key = NULL;
+        ws(p);
+        if (out->type == JN_OBJ) {
+          if (!(key = string(p)))
+            return false;
+          ws(p);
+          if (*p->p++ != ':') {
+            free(key);
+            return fail(p, "expected ':'");
+          }
+        }
+        jnode_t kid;
+        if (!value(p, &kid) || !push(out, &kid, key)) {
+          free(key);
+          if (!p->err)
+            jfree(&kid);
+          return fail(p, "bad member");
+        }
+        ws(p);
+        if (*p->p == ',') {
+          p->p++;
+          continue;
+        }
+        if (*p->p++ != (out->type == JN_OBJ ? '}' : ']'))
+          return fail(p, "expected ',' or a closing bracket");
+        break;
+      }
+    }
+  } else if (c == '"') {
+    out->type = JN_STR;
+    ok = (out->s = string(p)) != NULL;
+  } else if (!strncmp(p->p, "true", 4) || !strncmp(p->p, "false", 5)) {
+    out->type = JN_BOOL;
+    out->b = c == 't';
+    p->p += out->b ? 4 : 5;
+  } else if (!strncmp(p->p, "null", 4)) {
+    out->type = JN_NULL;
+    p->p += 4;
+  } else if (c == '-' || (c >= '0' && c <= '9')) {
+    out->type = JN_NUM;
+    char *end;
+    out->num = strtod(p->p, &end);
+    if (end == p->p)
+      return fail(p, "bad number");
+    char *iend;
+    long long v = strtoll(p->p, &iend, 10);
+    out->i = iend == end ? (int64_t)v : (int64_t)out->num;
+    p->p = end;
+  } else {
+    return fail(p, "unexpected character");
+  }
+  p->depth--;
+  return ok;
+}
+
+jnode_t *jparse(const char *text, const char **err) {
+  P p = {text, NULL, 0};
+  jnode_t *n = calloc(1, sizeof *n);
+  if (!n || !value(&p, n)) {
+    if (err)
+      *err = p.err ? p.err : "out of memory";
+    if (n)
+      jfree(n), free(n);
+    return NULL;
+  }
+  ws(&p);
+  if (*p.p) {
+    if (err)
+      *err = "trailing data";
+    jfree(n);
+    free(n);
+    return NULL;
+  }
+  return n;
+}
+
+void jfree(jnode_t *n) {
+  if (!n)
+    return;
+  for (size_t i = 0; i < n->n; i++) {
+    jfree(&n->kids[i]);
+    if (n->keys)
+      free(n->keys[i]);
+  }
+  free(n->kids);
+  free(n->keys);
+  free(n->s);
+  memset(n, 0, sizeof *n);
+}
+
+const jnode_t *jget(const jnode_t *o, const char *key) {
+  if (!o || o->type != JN_OBJ)
+    return NULL;
+  for (size_t i = 0; i < o->n; i++)
+    if (!strcmp(o->keys[i], key))
+      return &o->kids[i];
+  return NULL;
+}
+
+int64_t jint(const jnode_t *o, const char *key, int64_t dflt) {
+  const jnode_t *v = jget(o, key);
+  return v && v->type == JN_NUM ? v->i : dflt;
+}
+
+const char *jstr(const jnode_t *o, const char *key, const char *dflt) {
+  const jnode_t *v = jget(o, key);
+  return v && v->type == JN_STR ? v->s : dflt;
+}
+
+bool jbool(const jnode_t *o, const char *key, bool dflt) {
+  const jnode_t *v = jget(o, key);
+  return v && v->type == JN_BOOL ? v->b : dflt;
+}
+
+uint64_t jhex(const jnode_t *o, const char *key, uint64_t dflt) {
+  const char *s = jstr(o, key, NULL);
+  return s ? strtoull(s, NULL, 16) : dflt;
+}
