@@ -168,9 +168,18 @@ typedef struct row {
   jnode_t *stats; /* the socket's answer, NULL if it did not answer */
 } row_t;
 
+/* The command line with the program's directory left out (columns are narrow; --json keeps it whole). */
 static const char *command_of(const proc_t *p) {
   const char *c = jstr(p->status, "cmdline", "");
-  return *c ? c : jstr(p->status, "exe", "?");
+  if (!*c)
+    c = jstr(p->status, "exe", "?");
+  if (cmd_json_out())
+    return c;
+  const char *end = strchr(c, ' '), *slash = NULL;
+  for (const char *q = c; *q && (!end || q < end); q++)
+    if (*q == '/')
+      slash = q;
+  return slash ? slash + 1 : c;
 }
 
 static uint64_t total(const row_t *r, const char *field) {

@@ -8,8 +8,8 @@
  * first version is <= the requested version, the _ptsz one when CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
  * is set. Old ABIs asked for on purpose (cuCtxCreate@3020, cuDevicePrimaryCtxRelease@7000) get their own
  * wrappers. Each variant keeps the one real pointer it was handed; a different pointer for the same variant,
- * or a requested version above what this build knows whose pointer differs from the known version's, is
- * handed out unwrapped (never substituted) and counted in untracked_routes.
+ * or a version newer than this build's headers (CUDA_VERSION) whose function differs from the one at the
+ * variant's first version, is handed out unwrapped (never substituted) and counted in untracked_routes.
  */
 #include "gpureclaim_internal.h"
 
@@ -145,8 +145,9 @@ static void *wrap(const char *symbol, void *real, int version, uint64_t flags, g
   if (id < 0)
     return real;
   const gr_hook_info_t *h = &gr_hooks[id];
-  if (version > h->version && (size_t)id < GR_ARRAY_LEN(g_abi_checked)) {
-    /* A version past the variant's first one: same function as at the first version means same ABI. */
+  if (version > CUDA_VERSION && (size_t)id < GR_ARRAY_LEN(g_abi_checked)) {
+    /* Newer than the headers this build knows: the variant table cannot vouch for the ABI. The same function
+     * as at the variant's first version means the same ABI; anything else is handed out unwrapped. */
     int state = atomic_load_explicit(&g_abi_checked[id], memory_order_acquire);
     if (state == 0) {
       void *at_first = query(symbol, h->version, flags, v1, v2);
