@@ -453,7 +453,7 @@ static CUresult setup_locked(void) {
 /* Keeps the mutex consistent across fork(): a child never inherits it locked by a vanished thread. */
 static void atfork_prepare(void) { LOCK(); }
 static void atfork_parent(void) { UNLOCK(); }
-static void atfork_child(void) { pthread_mutex_init(&g.lock, NULL); }
+static void atfork_child(void) { UNLOCK(); } /* the forking thread took it in prepare */
 
 __attribute__((constructor)) static void sim_ctor(void) {
   const char *t = getenv("SIMCUDA_TRACE");
