@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 /* Exit statuses (documented in --help). */
@@ -15,26 +16,53 @@ enum { EX_OK = 0, EX_FAILED = 1, EX_USAGE = 2, EX_NOPROC = 3 };
 /* A process running gpureclaim, as its status file describes it. */
 typedef struct proc {
   pid_t pid;
-  jnode_t *status; /* the parsed status file */
+  jnode_t *status;  /* the parsed status file */
+  uid_t foreign_uid; /* the owner a refused status file claims */
   char path[4200];
 } proc_t;
 
-/* The run directory the library uses (same rules); NULL with a message if unusable. */
+/* The run directory the library uses (same rules); NULL when absent, or with a message if unsafe. */
 const char *cmd_rundir(bool quiet);
-/* Every live process of this user with a status file; stale files are removed (noted on stderr). */
+/* Whether cmd_rundir() refused the directory (someone else's, or open to others). */
+bool cmd_rundir_refused(void);
+/* Every live process of this user with a status file; stale files are removed and status files claiming
+ * another user are ignored (both noted on stderr). */
 size_t cmd_list(proc_t **out);
-/* One process by pid. Returns 0, or EX_NOPROC after printing why (unknown pid, another user's, no gpureclaim). */
+/* One process by pid. Returns 0, or EX_NOPROC after printing why (unknown pid, another user's process or
+ * status file, no gpureclaim, an invalid status file). */
 int cmd_find(pid_t pid, proc_t *out);
 void cmd_free(proc_t *p);
-/* Sends one request over the process's control socket; returns the parsed answer or NULL (errno-style reason
- * in *why). timeout in seconds. */
-jnode_t *cmd_ask(const proc_t *p, const char *request, double timeout, const char **why);
+/* Sends one request over the process's control socket and returns the parsed answer (a JSON object), or NULL
+ * with the reason in *why. timeout bounds the whole exchange, in seconds. *no_listener (may be NULL) tells
+ * whether nobody listens there at all (no socket, or the process closed it), as opposed to no answer. */
+jnode_t *cmd_ask(const proc_t *p, const char *request, double timeout, const char **why, bool *no_listener);
 /* Re-reads a process's status file. */
 jnode_t *cmd_read_status(const proc_t *p);
 
-/* Formatting. */
-const char *cmd_bytes(uint64_t v, char *buf, size_t len); /* 1.5 GiB */
-bool cmd_json_out(void);                                 /* --json given */
+/* output.c: numbers for people, JSON for programs. */
+const char *cmd_bytes(uint64_t v, char *buf, size_t len);                   /* "1.5 GiB" */
+const char *cmd_age(uint64_t then_ms, uint64_t now_ms, char *buf, size_t len); /* "12s ago" */
+bool cmd_json_out(void);                                                    /* --json given */
 void cmd_set_json(bool on);
+void cmd_json_str(FILE *f, const char *s);
+void cmd_json_dump(FILE *f, const jnode_t *n); /* n == NULL: null */
+
+/* Shared by the subcommands' argument parsers. */
+int cmd_usage_error(const char *fmt, const char *arg); /* prints, returns EX_USAGE */
+bool cmd_parse_seconds(const char *s, double *out);     /* 0..86400 */
+bool cmd_parse_pid(const char *s, pid_t *out);
+/* The command line to show for a process: paths shortened to file names ("python3 train.py --steps 5"), in
+ * buf; with --json the whole command line as recorded. */
+const char *cmd_command_of(const proc_t *p, char *buf, size_t len);
+/* Just the program's file name ("python3"), for labels. */
+void cmd_program_of(const proc_t *p, char *buf, size_t len);
+uint64_t cmd_now_ms(void); /* CLOCK_REALTIME, as the status files' times */
+
+/* The subcommands: argc/argv are what follows the subcommand's name; each returns an exit status. */
+int cmd_run(int argc, char **argv);
+int cmd_ps(int argc, char **argv);
+int cmd_top(int argc, char **argv);
+int cmd_release(int argc, char **argv);
+int cmd_snapshot(int argc, char **argv);
 
 #endif

@@ -1,6 +1,7 @@
 /* jsonread.c -- see jsonread.h. A recursive-descent parser over a NUL-terminated buffer. */
 #include "jsonread.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -159,8 +160,14 @@ static bool value(P *p, jnode_t *out) {
     if (end == p->p)
       return fail(p, "bad number");
     char *iend;
+    errno = 0;
     long long v = strtoll(p->p, &iend, 10);
-    out->i = iend == end ? (int64_t)v : (int64_t)out->num;
+    out->is_int = iend == end && errno == 0;
+    /* A fraction or an out-of-range number keeps a clamped integer view (a cast out of range is undefined). */
+    out->i = out->is_int ? (int64_t)v
+             : out->num >= 9.2e18 ? INT64_MAX
+             : out->num <= -9.2e18 ? INT64_MIN
+             : out->num == out->num ? (int64_t)out->num : 0;
     p->p = end;
   } else {
     return fail(p, "unexpected character");

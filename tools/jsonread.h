@@ -15,7 +15,8 @@ typedef struct jnode {
   jtype_t type;
   bool b;
   double num;
-  int64_t i;       /* exact when the number was an integer */
+  int64_t i;       /* exact when the number was an integer (is_int) */
+  bool is_int;
   char *s;         /* JN_STR */
   struct jnode *kids;
   char **keys;     /* JN_OBJ */

@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,10 @@
 #include <time.h>
 #include <unistd.h>
 
+static bool g_rundir_refused;
+
+bool cmd_rundir_refused(void) { return g_rundir_refused; }
+
 const char *cmd_rundir(bool quiet) {
   const char *dir = gr_opt()->rundir;
   struct stat st;
@@ -27,8 +32,14 @@ const char *cmd_rundir(bool quiet) {
       fprintf(stderr, "gpureclaim: cannot read %s: %s\n", dir, strerror(errno));
     return NULL; /* no process has used it yet */
   }
+  /* The library's rule (docs/PROTOCOL.md): a directory someone else owns or can write could hold status files
+   * and sockets planted to make us signal or trust the wrong process. */
   if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077)) {
-    fprintf(stderr, "gpureclaim: %s is not a directory private to you (mode 0700); refusing to use it\n", dir);
+    if (!g_rundir_refused)
+      fprintf(stderr, "gpureclaim: %s is not a directory private to you (owner uid %u, mode %04o; expected uid %u, "
+                      "mode 0700); refusing to use it\n",
+              dir, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777), (unsigned)geteuid());
+    g_rundir_refused = true;
     return NULL;
   }
   return dir;
@@ -97,32 +108,54 @@ static void remove_stale(const char *dir, pid_t pid, const char *why) {
   fprintf(stderr, "gpureclaim: removed the stale status file of pid %d (%s)\n", (int)pid, why);
 }
 
-/* Loads pid's status file from dir; 0, or -1 when absent or stale (removed). */
+/* Loads pid's status file from dir: LOAD_OK, or why not (stale files are removed on the way). */
+enum { LOAD_OK = 0, LOAD_ABSENT, LOAD_STALE, LOAD_UNREADABLE, LOAD_FOREIGN };
+
 static int load(const char *dir, pid_t pid, proc_t *out) {
   memset(out, 0, sizeof *out);
   out->pid = pid;
   snprintf(out->path, sizeof out->path, "%s/%d.json", dir, (int)pid);
   struct stat st;
   if (lstat(out->path, &st) != 0)
-    return -1;
+    return LOAD_ABSENT;
   out->status = cmd_read_status(out);
   uint64_t ticks = proc_start(pid, NULL);
   if (!ticks) {
     remove_stale(dir, pid, "the process is gone");
     cmd_free(out);
-    return -1;
+    return LOAD_STALE;
   }
   if (out->status && jint(out->status, "start_ticks", 0) && (uint64_t)jint(out->status, "start_ticks", 0) != ticks) {
     remove_stale(dir, pid, "the pid now belongs to another program");
     cmd_free(out);
-    return -1;
+    return LOAD_STALE;
   }
   if (!out->status) { /* being rewritten right now: one retry */
     struct timespec ts = {0, 20000000};
     nanosleep(&ts, NULL);
     out->status = cmd_read_status(out);
   }
-  return out->status ? 0 : -1;
+  if (!out->status || !S_ISREG(st.st_mode) || jint(out->status, "pid", -1) != pid) {
+    cmd_free(out);
+    return LOAD_UNREADABLE;
+  }
+  /* A file in our private directory that claims another user's process is never acted on. */
+  int64_t uid = jint(out->status, "uid", -1);
+  if (st.st_uid != geteuid() || (uid >= 0 && (uid_t)uid != geteuid())) {
+    out->foreign_uid = uid >= 0 ? (uid_t)uid : st.st_uid;
+    cmd_free(out);
+    return LOAD_FOREIGN;
+  }
+  return LOAD_OK;
+}
+
+static const char *user_name(uid_t uid, char *buf, size_t len) {
+  struct passwd *pw = getpwuid(uid);
+  if (pw)
+    snprintf(buf, len, "%s", pw->pw_name);
+  else
+    snprintf(buf, len, "uid %u", (unsigned)uid);
+  return buf;
 }
 
 size_t cmd_list(proc_t **out) {
@@ -147,8 +180,14 @@ size_t cmd_list(proc_t **out) {
         break;
       v = t;
     }
-    if (load(dir, (pid_t)pid, &v[n]) == 0)
+    int r = load(dir, (pid_t)pid, &v[n]);
+    if (r == LOAD_OK) {
       n++;
+    } else if (r == LOAD_FOREIGN) {
+      char who[64];
+      fprintf(stderr, "gpureclaim: ignoring the status file of pid %ld: it belongs to %s, not you\n", pid,
+              user_name(v[n].foreign_uid, who, sizeof who));
+    }
   }
   closedir(d);
   *out = v;
@@ -157,25 +196,31 @@ size_t cmd_list(proc_t **out) {
 
 int cmd_find(pid_t pid, proc_t *out) {
   uid_t uid = 0;
+  char who[64];
+  memset(out, 0, sizeof *out);
   if (pid <= 0 || !proc_start(pid, &uid)) {
     fprintf(stderr, "gpureclaim: no such process: %d\n", (int)pid);
     return EX_NOPROC;
   }
   if (uid != geteuid()) {
-    struct passwd *pw = getpwuid(uid);
-    fprintf(stderr, "gpureclaim: process %d belongs to user %s: refused\n", (int)pid,
-            pw ? pw->pw_name : "another user");
+    fprintf(stderr, "gpureclaim: process %d belongs to %s: refused\n", (int)pid, user_name(uid, who, sizeof who));
     return EX_NOPROC;
   }
   const char *dir = cmd_rundir(false);
-  if (!dir || load(dir, pid, out) != 0) {
+  int r = dir ? load(dir, pid, out) : LOAD_ABSENT;
+  if (r == LOAD_FOREIGN) {
+    fprintf(stderr, "gpureclaim: the status file of process %d says it belongs to %s: refused\n", (int)pid,
+            user_name(out->foreign_uid, who, sizeof who));
+  } else if (r == LOAD_UNREADABLE) {
+    fprintf(stderr, "gpureclaim: the status file of process %d (%s) is not a valid status file\n", (int)pid,
+            out->path);
+  } else if (r != LOAD_OK) {
     fprintf(stderr,
             "gpureclaim: process %d is not running gpureclaim (no status file in %s: started without it, "
             "not yet using CUDA, or with GPURECLAIM_STATUS=0)\n",
             (int)pid, gr_opt()->rundir);
-    return EX_NOPROC;
   }
-  return EX_OK;
+  return r == LOAD_OK ? EX_OK : EX_NOPROC;
 }
 
 void cmd_free(proc_t *p) {
@@ -186,10 +231,22 @@ void cmd_free(proc_t *p) {
   p->status = NULL;
 }
 
-jnode_t *cmd_ask(const proc_t *p, const char *request, double timeout, const char **why) {
+/* Seconds left until deadline (CLOCK_MONOTONIC), as a poll timeout in milliseconds; 0 once it passed. */
+static int ms_left(const struct timespec *deadline) {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  double left = (double)(deadline->tv_sec - now.tv_sec) * 1e3 + (double)(deadline->tv_nsec - now.tv_nsec) / 1e6;
+  return left <= 0 ? 0 : left > 86400e3 ? 86400000 : (int)left + 1;
+}
+
+jnode_t *cmd_ask(const proc_t *p, const char *request, double timeout, const char **why, bool *no_listener) {
+  if (no_listener)
+    *no_listener = false;
   const char *sock = jstr(p->status, "socket", NULL);
   if (!sock) {
     *why = "the process has no control socket";
+    if (no_listener)
+      *no_listener = true;
     return NULL;
   }
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
@@ -203,20 +260,51 @@ jnode_t *cmd_ask(const proc_t *p, const char *request, double timeout, const cha
     *why = strerror(errno);
     return NULL;
   }
+  /* The whole exchange, connect included, shares one deadline: a process that stopped serving (stopped with
+   * SIGSTOP, stuck in a release) must not hold the command longer than --timeout. */
+  struct timespec deadline;
+  clock_gettime(CLOCK_MONOTONIC, &deadline);
+  deadline.tv_sec += (time_t)timeout;
+  deadline.tv_nsec += (long)((timeout - (double)(time_t)timeout) * 1e9);
+  if (deadline.tv_nsec >= 1000000000L) {
+    deadline.tv_sec++;
+    deadline.tv_nsec -= 1000000000L;
+  }
   struct timeval tv = {(time_t)timeout, (suseconds_t)((timeout - (double)(time_t)timeout) * 1e6)};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv); /* bounds a connect to a full backlog */
   char line[300];
   snprintf(line, sizeof line, "%s\n", request);
-  if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || write(fd, line, strlen(line)) < 0) {
+  if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+    int e = errno;
+    *why = e == EAGAIN || e == EINPROGRESS ? "timed out connecting to its control socket" : strerror(e);
+    if (no_listener)
+      *no_listener = e == ENOENT || e == ECONNREFUSED;
+    close(fd);
+    return NULL;
+  }
+  if (write(fd, line, strlen(line)) < 0) {
     *why = strerror(errno);
     close(fd);
     return NULL;
   }
   size_t cap = 65536, n = 0;
   char *buf = malloc(cap);
-  ssize_t r;
-  while (buf && (r = read(fd, buf + n, cap - n - 1)) > 0) {
+  bool timed_out = false;
+  while (buf) {
+    struct pollfd pfd = {fd, POLLIN, 0};
+    int wait = ms_left(&deadline);
+    int pr = wait ? poll(&pfd, 1, wait) : 0;
+    if (pr < 0 && errno == EINTR)
+      continue;
+    if (pr == 0) {
+      timed_out = true;
+      break;
+    }
+    ssize_t r = pr < 0 ? -1 : read(fd, buf + n, cap - n - 1);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      break;
     n += (size_t)r;
     if (n + 1 == cap) {
       char *t = realloc(buf, cap *= 2);
@@ -228,33 +316,65 @@ jnode_t *cmd_ask(const proc_t *p, const char *request, double timeout, const cha
       }
     }
   }
-  int e = errno;
   close(fd);
-  if (!buf || n == 0) {
-    *why = n == 0 && (e == EAGAIN || e == EWOULDBLOCK) ? "timed out" : "no answer";
+  if (!buf) {
+    *why = "out of memory";
+    return NULL;
+  }
+  if (timed_out || n == 0) {
+    *why = timed_out ? "timed out waiting for its answer" : "it closed the connection without answering";
     free(buf);
     return NULL;
   }
   buf[n] = '\0';
-  jnode_t *j = jparse(buf, why);
+  const char *perr = NULL;
+  jnode_t *j = jparse(buf, &perr);
   free(buf);
+  if (!j || j->type != JN_OBJ) {
+    *why = "its answer is not a JSON object";
+    if (j) {
+      jfree(j);
+      free(j);
+    }
+    return NULL;
+  }
   return j;
 }
 
-/* ---- formatting ---- */
-
-static bool g_json;
-bool cmd_json_out(void) { return g_json; }
-void cmd_set_json(bool on) { g_json = on; }
-
-const char *cmd_bytes(uint64_t v, char *buf, size_t len) {
-  static const char *const u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  double x = (double)v;
-  int i = 0;
-  while (x >= 1024 && i < 5) {
-    x /= 1024;
-    i++;
+const char *cmd_command_of(const proc_t *p, char *buf, size_t len) {
+  const char *c = jstr(p->status, "cmdline", "");
+  if (!*c)
+    c = jstr(p->status, "exe", "?");
+  if (cmd_json_out() || !len)
+    return c;
+  /* Columns are narrow: every path among the words keeps only its file name ("python3 train.py --steps 5"),
+   * options keep their values whole. */
+  size_t used = 0;
+  buf[0] = '\0';
+  for (const char *w = c; *w && used + 1 < len;) {
+    size_t n = strcspn(w, " ");
+    const char *start = w;
+    if (*w != '-')
+      for (size_t k = 0; k + 1 < n; k++)
+        if (w[k] == '/')
+          start = w + k + 1;
+    used += (size_t)snprintf(buf + used, len - used, "%s%.*s", used ? " " : "", (int)(n - (size_t)(start - w)),
+                             start);
+    w += n;
+    while (*w == ' ')
+      w++;
   }
-  snprintf(buf, len, i ? "%.1f %s" : "%.0f %s", x, u[i]);
   return buf;
+}
+
+void cmd_program_of(const proc_t *p, char *buf, size_t len) {
+  const char *c = jstr(p->status, "cmdline", "");
+  if (!*c)
+    c = jstr(p->status, "exe", "?");
+  size_t n = strcspn(c, " ");
+  const char *base = c;
+  for (size_t i = 0; i < n; i++)
+    if (c[i] == '/')
+      base = c + i + 1;
+  snprintf(buf, len, "%.*s", (int)(n - (size_t)(base - c)), base);
 }

@@ -38,16 +38,42 @@ cmake --build "$tmp/consumer/build" >/dev/null
 out="$(LD_PRELOAD="${GR_PRELOAD:-}" LD_LIBRARY_PATH="$prefix/$libdir" "$tmp/consumer/build/consumer")"
 [[ "$out" == "consumer linked gpureclaim 0.1.0" ]] || { echo "test_install: consumer printed: $out"; exit 1; }
 
-# The installed command finds the installed library.
-pre="$("$prefix/bin/gpureclaim" run -- sh -c 'echo "$LD_PRELOAD"')"
-[[ "$pre" == "$(cd "$prefix/$libdir" && pwd -P)/libgpureclaim.so.0"* ]] || { echo "test_install: run preloads $pre"; exit 1; }
+# A consumer built with nothing but pkg-config's flags.
+if command -v cc >/dev/null; then
+  # shellcheck disable=SC2086
+  cc -o "$tmp/pcconsumer" "$tmp/consumer/main.c" $(PKG_CONFIG_PATH="$prefix/$libdir/pkgconfig" pkg-config --cflags --libs gpureclaim)
+  out="$(LD_PRELOAD="${GR_PRELOAD:-}" LD_LIBRARY_PATH="$prefix/$libdir" "$tmp/pcconsumer")"
+  [[ "$out" == "consumer linked gpureclaim 0.1.0" ]] || { echo "test_install: pkg-config consumer printed: $out"; exit 1; }
+fi
+
+# The installed command finds the installed library (by its soname) and the loader maps it.
+lib="$(cd "$prefix/$libdir" && pwd -P)/libgpureclaim.so.0"
+pre="$(LD_PRELOAD="${GR_PRELOAD:-}" "$prefix/bin/gpureclaim" run -- sh -c 'echo "$LD_PRELOAD"')"
+[[ ":$pre:" == *":$lib:"* ]] || { echo "test_install: run preloads $pre"; exit 1; }
+maps="$(LD_PRELOAD="${GR_PRELOAD:-}" "$prefix/bin/gpureclaim" run -- sh -c 'cat /proc/$$/maps')"
+[[ "$maps" == *"$(cd "$prefix/$libdir" && pwd -P)/libgpureclaim.so.0.1.0"* ]] ||
+  { echo "test_install: the installed library is not mapped in a program started with run"; exit 1; }
+
+# ... in a program on the simulator: the demo, through the installed command, library and Python helper.
+sim="$build/sim"
+if [[ -x "$build/examples/demo" ]]; then
+  out="$(LD_PRELOAD="${GR_PRELOAD:-}" LD_LIBRARY_PATH="$sim" GPURECLAIM_RUNDIR="$tmp/run" GPURECLAIM_LOG=/dev/null \
+         "$prefix/bin/gpureclaim" run -- "$build/examples/demo")"
+  [[ "$out" == *"gpureclaim_release: 1536.0 MiB back"* ]] || { echo "test_install: demo printed: $out"; exit 1; }
+fi
+if command -v python3 >/dev/null; then
+  out="$(LD_PRELOAD="${GR_PRELOAD:-}" PYTHONPATH="$prefix/share/gpureclaim/python" GPURECLAIM_STATUS=0 \
+         "$prefix/bin/gpureclaim" run -- python3 -c 'import gpureclaim; print("helper", gpureclaim.version())')"
+  [[ "$out" == "helper 0.1.0" ]] || { echo "test_install: the installed Python helper printed: $out"; exit 1; }
+fi
 
 # A Debian package of the same.
 if command -v dpkg-deb >/dev/null; then
   (cd "$tmp" && cpack --config "$build/CPackConfig.cmake" -G DEB >/dev/null)
   deb="$(ls "$tmp"/*.deb)"
   contents="$(dpkg-deb -c "$deb")"
-  for f in bin/gpureclaim include/gpureclaim.h libgpureclaim.so.0 pkgconfig/gpureclaim.pc; do
+  for f in bin/gpureclaim include/gpureclaim.h libgpureclaim.so.0 pkgconfig/gpureclaim.pc \
+           cmake/gpureclaim/gpureclaimConfig.cmake share/gpureclaim/python/gpureclaim.py; do
     [[ "$contents" == *"$f"* ]] || { echo "test_install: $deb lacks $f"; exit 1; }
   done
   echo "test_install: $(basename "$deb") ok"

@@ -1,0 +1,198 @@
+"""A stand-in for a process running gpureclaim, speaking docs/PROTOCOL.md from the library's side: it writes a
+status file in the run directory and serves the control socket with canned answers, and handles the release
+signal by counting a release in its status file. The command's tests use it to check parsing, formatting and
+refusals without the library, and to make it misbehave in ways the library never does (silence, garbage).
+
+    python3 fakeproc.py RUNDIR [--mode normal|silent|garbage|refuse|close] [--uid N] [--no-socket]
+                               [--socket-gone] [--signal USR1] [--deaf] [--program NAME] [--log FILE]
+
+Prints "ready PID" once the status file and the socket exist; exits when stdin closes. Every request line and
+every signal it receives is appended to --log, so a test can tell that nothing reached it.
+"""
+import argparse
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+
+GiB, MiB = 1 << 30, 1 << 20
+
+STATS_FIELDS = ("live_blocks live_bytes peak_bytes total_allocs total_frees pool_reserved_bytes pool_used_bytes "
+                "host_pinned_blocks host_pinned_bytes va_reserved_bytes vmm_mapped_bytes orphan_blocks orphan_bytes "
+                "ctx_destroyed_blocks ctx_destroyed_bytes untracked_frees late_frees untracked_routes releases "
+                "released_bytes oom_retries oom_retry_successes table_bytes contexts pools").split()
+
+
+def stats(**kw):
+    s = dict.fromkeys(STATS_FIELDS, 0)
+    s.update(kw)
+    return s
+
+
+# Two devices: 3 GiB live on device 0 (1 GiB cached in its pool: 1.5 GiB reserved, 0.5 GiB used, and a 512 MiB
+# orphan), 512 MiB live on device 1; 2 MiB pinned host memory.
+DEVICES = [dict(stats(live_blocks=3, live_bytes=3 * GiB, peak_bytes=4 * GiB, pool_reserved_bytes=3 * GiB // 2,
+                      pool_used_bytes=GiB // 2, orphan_blocks=1, orphan_bytes=512 * MiB), device=0),
+           dict(stats(live_blocks=1, live_bytes=512 * MiB, peak_bytes=512 * MiB), device=1)]
+TOTAL = stats(live_blocks=4, live_bytes=3 * GiB + 512 * MiB, peak_bytes=4 * GiB + 512 * MiB,
+              pool_reserved_bytes=3 * GiB // 2, pool_used_bytes=GiB // 2, orphan_blocks=1, orphan_bytes=512 * MiB,
+              host_pinned_blocks=1, host_pinned_bytes=2 * MiB, contexts=2, pools=1, table_bytes=4096)
+
+
+def report(seq, trigger, what):
+    return {"seq": seq, "trigger": trigger, "what": what, "cached_bytes": GiB, "pool_bytes": GiB,
+            "framework_bytes": 0, "releaser_bytes": 0, "orphaned_bytes": 512 * MiB, "orphaned_blocks": 1,
+            "all_bytes": 0, "all_blocks": 0, "failed_blocks": 0, "ms": 12.5,
+            "devices": [{"device": 0, "pool_bytes": GiB, "orphaned_bytes": 512 * MiB, "orphaned_blocks": 1,
+                         "all_bytes": 0, "all_blocks": 0, "free_before": 10 * GiB, "free_after": 11 * GiB + 512 * MiB,
+                         "total": 80 * GiB}]}
+
+
+SNAPSHOT_BLOCKS = [  # device 0: 2 GiB of libtorch_cuda.so blocks, 3 GiB in one async block; device 1: 512 MiB
+    {"address": "0x7f0000000000", "bytes": GiB, "kind": "device", "state": "live", "device": 0, "context": "0xc0",
+     "pool": None, "scope": 0, "thread": 11, "time_ms": 5, "caller": "0x1234", "library": "libtorch_cuda.so",
+     "api": "cudaMalloc", "owner": "pytorch"},
+    {"address": "0x7f0040000000", "bytes": GiB, "kind": "device", "state": "live", "device": 0, "context": "0xc0",
+     "pool": None, "scope": 0, "thread": 11, "time_ms": 6, "caller": "0x1234", "library": "libtorch_cuda.so",
+     "api": "cudaMalloc", "owner": "pytorch"},
+    {"address": "0x7f0080000000", "bytes": 3 * GiB, "kind": "async", "state": "orphan", "device": 0,
+     "context": None, "pool": "0xp0", "scope": 7, "thread": 12, "time_ms": 7, "caller": "0x5678",
+     "library": "libmodel.so", "api": "cudaMallocAsync", "owner": None},
+    {"address": "0x7f1000000000", "bytes": 512 * MiB, "kind": "device", "state": "live", "device": 1,
+     "context": "0xc1", "pool": None, "scope": 0, "thread": 13, "time_ms": 8, "caller": "0x9abc",
+     "library": "libmodel.so", "api": "cuMemAlloc_v2", "owner": None},
+]
+
+LEAKS = {"blocks": 3, "bytes": 3 * GiB + 512 * MiB,
+         "devices": [{"device": 0, "blocks": 2, "bytes": 3 * GiB}, {"device": 1, "blocks": 1, "bytes": 512 * MiB}],
+         "groups": [{"library": "libmodel.so", "caller": "0x5678", "symbol": "load_model+0x4c", "kind": "async",
+                     "blocks": 2, "bytes": 3 * GiB, "frames": ["0x5678", "0x9999"]},
+                    {"library": "libmodel.so", "caller": "0x9abc", "symbol": None, "kind": "device", "blocks": 1,
+                     "bytes": 512 * MiB, "frames": ["0x9abc"]}]}
+
+
+class Fake:
+    def __init__(self, args):
+        self.args = args
+        self.pid = os.getpid()
+        self.lock = threading.Lock()
+        self.releases = 0
+        self.last = None
+        os.makedirs(args.rundir, mode=0o700, exist_ok=True)
+        self.status_path = os.path.join(args.rundir, "%d.json" % self.pid)
+        self.sock_path = os.path.join(args.rundir, "%d.sock" % self.pid)
+        self.started = int(time.time() * 1000)
+        with open("/proc/self/stat") as f:
+            self.ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22
+
+    def log(self, what):
+        if self.args.log:
+            with open(self.args.log, "a") as f:
+                f.write(what + "\n")
+
+    def write_status(self):
+        socket_field = None if self.args.no_socket else self.sock_path
+        st = {"pid": self.pid, "uid": self.args.uid if self.args.uid is not None else os.geteuid(),
+              "version": "0.1.0", "exe": "/usr/bin/" + self.args.program,
+              "cmdline": "/usr/bin/%s /srv/jobs/train.py --fake \"quoted\" --out=/tmp/x" % self.args.program, "start_ticks": self.ticks,
+              "started_ms": self.started, "updated_ms": int(time.time() * 1000), "signal": self.args.signal,
+              "on_signal": "cached,orphaned", "socket": socket_field, "releases": self.releases,
+              "last_release": self.last}
+        tmp = self.status_path + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(st, f)
+        os.rename(tmp, self.status_path)
+
+    def release(self, trigger, what):
+        with self.lock:
+            self.releases += 1
+            self.last = report(self.releases, trigger, what)
+            self.write_status()
+            return self.last
+
+    def answer(self, line):
+        if line == "ping":
+            return {"ok": True, "pid": self.pid, "version": "0.1.0"}
+        if line == "stats":
+            return {"ok": True, "pid": self.pid, "total": dict(TOTAL, releases=self.releases),
+                    "devices": DEVICES, "pools": [{"pool": "0xp0", "device": 0, "reserved_bytes": 3 * GiB // 2,
+                                                   "used_bytes": GiB // 2}]}
+        if line == "release" or line.startswith("release "):
+            what = line[8:] or "cached,orphaned"
+            return {"ok": True, "report": self.release("command", what)}
+        if line == "snapshot":
+            return {"ok": True, "snapshot": {"pid": self.pid, "version": "0.1.0", "time_ms": 1, "total": TOTAL,
+                                             "devices": DEVICES, "contexts": [], "blocks": SNAPSHOT_BLOCKS}}
+        if line == "leaks":
+            return {"ok": True, "leaks": dict(LEAKS, pid=self.pid)}
+        return {"ok": False, "error": "unknown request: " + line}
+
+    def serve_client(self, conn):
+        with conn:
+            data = b""
+            while not data.endswith(b"\n") and len(data) < 256:
+                chunk = conn.recv(256)
+                if not chunk:
+                    break
+                data += chunk
+            line = data.decode().strip()
+            self.log("request " + line)
+            mode = self.args.mode
+            if mode == "silent":
+                time.sleep(60)
+            elif mode == "garbage":
+                conn.sendall(b"this is not JSON {\n")
+            elif mode == "refuse":
+                conn.sendall(json.dumps({"ok": False, "error": "gpureclaim is disabled in this process"}).encode())
+            elif mode == "normal":
+                conn.sendall(json.dumps(self.answer(line)).encode() + b"\n")
+            # "close": nothing at all
+
+    def serve(self, srv):
+        while True:
+            conn, _ = srv.accept()
+            threading.Thread(target=self.serve_client, args=(conn,), daemon=True).start()
+
+    def on_signal(self, signum, frame):
+        self.log("signal %d" % signum)
+        self.release("signal", "cached,orphaned")
+
+    def run(self):
+        signum = signal.SIGUSR2 if self.args.signal == "USR2" else signal.SIGUSR1
+        signal.signal(signum, signal.SIG_IGN if self.args.deaf else self.on_signal)
+        if not self.args.no_socket and not self.args.socket_gone:
+            srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            srv.bind(self.sock_path)
+            os.chmod(self.sock_path, 0o600)
+            srv.listen(8)
+            threading.Thread(target=self.serve, args=(srv,), daemon=True).start()
+        self.write_status()
+        print("ready %d" % self.pid, flush=True)
+        sys.stdin.read()
+        for p in (self.status_path, self.sock_path):
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("rundir")
+    ap.add_argument("--mode", default="normal", choices=["normal", "silent", "garbage", "refuse", "close"])
+    ap.add_argument("--uid", type=int)
+    ap.add_argument("--no-socket", action="store_true", help='"socket": null in the status file')
+    ap.add_argument("--socket-gone", action="store_true", help="the status file names a socket nobody listens on")
+    ap.add_argument("--signal", default="USR1", choices=["USR1", "USR2", "off"])
+    ap.add_argument("--deaf", action="store_true", help="ignore the release signal")
+    ap.add_argument("--program", default="fakeproc")
+    ap.add_argument("--log")
+    Fake(ap.parse_args()).run()
+
+
+if __name__ == "__main__":
+    main()

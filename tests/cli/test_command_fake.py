@@ -1,0 +1,487 @@
+"""The gpureclaim command against fakeproc.py, a stand-in that speaks docs/PROTOCOL.md: parsing, formatting,
+JSON and Prometheus output, timeouts, the signal path and every refusal, without the library or a simulator.
+
+Environment (set by CTest): GR_CMD (the command).
+"""
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+CMD = os.environ["GR_CMD"]
+FAKE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fakeproc.py")
+GiB, MiB = 1 << 30, 1 << 20
+
+
+class Fake:
+    def __init__(self, rundir, *opts, log=None):
+        args = [sys.executable, FAKE, rundir, *opts] + (["--log", log] if log else [])
+        self.p = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = self.p.stdout.readline()
+        assert line.startswith("ready "), line
+        self.pid = int(line.split()[1])
+
+    def close(self):
+        self.p.stdin.close()
+        self.p.stdout.close()
+        self.p.wait(timeout=10)
+
+
+class FakeTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="grfake")
+        self.rundir = os.path.join(self.tmp, "run")
+        self.log = os.path.join(self.tmp, "requests")
+        self.env = dict(os.environ, GPURECLAIM_RUNDIR=self.rundir)
+        self.env.pop("XDG_RUNTIME_DIR", None)
+        self.fakes = []
+
+    def tearDown(self):
+        for f in self.fakes:
+            f.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def fake(self, *opts):
+        f = Fake(self.rundir, *opts, log=self.log)
+        self.fakes.append(f)
+        return f
+
+    def cmd(self, *args, check=None, env=None, timeout=60):
+        p = subprocess.run([CMD, *args], capture_output=True, text=True, env=env or self.env, timeout=timeout)
+        self.assertNotIn("Sanitizer", p.stderr)  # sanitizer builds: a leak or error in the command itself
+        if check is not None:
+            self.assertEqual(p.returncode, check, (args, p.stdout, p.stderr))
+        return p
+
+    def received(self):
+        try:
+            with open(self.log) as f:
+                return f.read().splitlines()
+        except FileNotFoundError:
+            return []
+
+    # ---- ps, top, Prometheus ----
+
+    def test_ps_table_in_binary_units(self):
+        f = self.fake()
+        out = self.cmd("ps", check=0).stdout
+        lines = out.splitlines()
+        self.assertEqual(lines[0].split(), ["PID", "COMMAND", "DEVICES", "LIVE", "CACHED", "PINNED", "RELEASES",
+                                            "LAST", "RELEASE"])
+        self.assertRegex(lines[1], r"^\s*%d  fakeproc train\.py --fake \"qu 0,1\s+3\.5 GiB\s+1\.0 GiB\s+2\.0 MiB"
+                                   r"\s+0\s+-$" % f.pid)
+        self.cmd("release", str(f.pid), check=0)
+        row = self.cmd("ps", check=0).stdout.splitlines()[1]
+        self.assertRegex(row, r"\s1\s+1\.5 GiB \(command, \d+s ago\)$")
+
+    def test_ps_json(self):
+        f = self.fake()
+        rows = json.loads(self.cmd("ps", "--json", check=0).stdout)
+        self.assertEqual(len(rows), 1)
+        r = rows[0]
+        self.assertEqual(r["pid"], f.pid)
+        self.assertEqual(r["command"], '/usr/bin/fakeproc /srv/jobs/train.py --fake "quoted" --out=/tmp/x')
+        self.assertEqual(r["program"], "fakeproc")
+        self.assertEqual((r["answered"], r["devices"], r["live_blocks"], r["live_bytes"], r["cached_bytes"],
+                          r["pinned_bytes"], r["orphan_bytes"], r["releases"], r["signal"], r["last_release"]),
+                         (True, [0, 1], 4, 3 * GiB + 512 * MiB, GiB, 2 * MiB, 512 * MiB, 0, "USR1", None))
+
+    def test_ps_lists_a_process_that_does_not_answer(self):
+        f = self.fake("--mode", "close")
+        out = self.cmd("ps", check=0).stdout
+        self.assertRegex(out, r"(?m)^\s*%d\s+fakeproc.*\?\s+\?\s+\?\s+0\s+- \[not answering: " % f.pid)
+        r = json.loads(self.cmd("ps", "--json", check=0).stdout)[0]
+        self.assertEqual((r["answered"], r["live_bytes"], r["devices"]), (False, None, None))
+        self.assertIn("without answering", r["error"])
+
+    def test_top_one_frame_and_json_frames(self):
+        f = self.fake()
+        out = self.cmd("top", "--iterations", "1", check=0).stdout
+        self.assertTrue(out.startswith("gpureclaim top - "), out)  # piped: no terminal escape codes
+        self.assertNotIn("\033", out)
+        self.assertIn("1 process (every 2.0s", out)
+        self.assertRegex(out, r"(?m)^\s*%d\s+fakeproc" % f.pid)
+        t0 = time.monotonic()
+        frames = self.cmd("top", "--json", "--iterations", "3", "--interval", "0.2", check=0).stdout.splitlines()
+        self.assertGreaterEqual(time.monotonic() - t0, 0.4)
+        self.assertEqual(len(frames), 3)
+        for fr in frames:
+            self.assertEqual([r["pid"] for r in json.loads(fr)], [f.pid])
+        self.assertEqual(self.cmd("top", "--interval", "0").returncode, 2)
+        self.assertEqual(self.cmd("top", "--iterations", "0").returncode, 2)
+
+    def test_prometheus_textfile_line_by_line(self):
+        f = self.fake("--program", 'we"ird\\name')
+        f2 = self.fake("--mode", "close")
+        path = os.path.join(self.tmp, "gpureclaim.prom")
+        with open(path, "w") as old:
+            old.write("stale\n")
+        inode = os.stat(path).st_ino
+        self.assertEqual(self.cmd("ps", "--prometheus", path, check=0).stdout, "")
+        self.assertNotEqual(os.stat(path).st_ino, inode, "written to a new file and renamed into place")
+        self.assertEqual(os.listdir(self.tmp).count("gpureclaim.prom"), 1)
+        self.assertFalse([n for n in os.listdir(self.tmp) if n.endswith(".tmp")])
+        with open(path) as fh:
+            text = fh.read()
+        self.assertTrue(text.endswith("\n"))
+        name_re = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+        label_re = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\["\\n])*"'
+        sample = re.compile(r"^(%s)\{(%s(?:,%s)*)\} (-?\d+)$" % (name_re, label_re, label_re))
+        helps, types, samples = {}, {}, []
+        current = None
+        for line in text.splitlines():
+            if line.startswith("# HELP "):
+                name = line.split()[2]
+                self.assertNotIn(name, helps, "one HELP per family")
+                helps[name] = line
+                current = name
+            elif line.startswith("# TYPE "):
+                _, _, name, kind = line.split()
+                self.assertEqual(name, current, "TYPE follows its HELP")
+                self.assertIn(kind, ("gauge", "counter"))
+                self.assertEqual(kind == "counter", name.endswith("_total"))
+                types[name] = kind
+            else:
+                m = sample.match(line)
+                self.assertIsNotNone(m, "not a sample line: %r" % line)
+                self.assertEqual(m.group(1), current, "a sample belongs to the family declared above it")
+                labels = dict(re.findall(r'([a-zA-Z_]+)="((?:[^"\\]|\\.)*)"', m.group(2)))
+                samples.append((m.group(1), labels, int(m.group(3))))
+        self.assertEqual(set(helps), set(types))
+
+        def value(name, pid, device=None):
+            hits = [v for n, lab, v in samples if n == name and lab["pid"] == str(pid) and lab.get("device") == device]
+            self.assertEqual(len(hits), 1, (name, pid, device, samples))
+            return hits[0]
+
+        self.assertEqual(value("gpureclaim_live_bytes", f.pid, "0"), 3 * GiB)
+        self.assertEqual(value("gpureclaim_live_bytes", f.pid, "1"), 512 * MiB)
+        self.assertEqual(value("gpureclaim_cached_bytes", f.pid, "0"), GiB)
+        self.assertEqual(value("gpureclaim_pool_reserved_bytes", f.pid, "0"), 3 * GiB // 2)
+        self.assertEqual(value("gpureclaim_orphan_bytes", f.pid, "0"), 512 * MiB)
+        self.assertEqual(value("gpureclaim_host_pinned_bytes", f.pid), 2 * MiB)
+        self.assertEqual(value("gpureclaim_releases_total", f.pid), 0)
+        self.assertEqual(value("gpureclaim_up", f.pid), 1)
+        self.assertEqual(value("gpureclaim_up", f2.pid), 0)
+        self.assertFalse([s for s in samples if s[1]["pid"] == str(f2.pid) and s[0] != "gpureclaim_up"])
+        commands = {lab["command"] for n, lab, v in samples if lab["pid"] == str(f.pid)}
+        self.assertEqual(commands, {'we\\"ird\\\\name'}, "the program name, escaped")
+        # Not writable: exit 1, and nothing half-written.
+        self.assertEqual(self.cmd("ps", "--prometheus", os.path.join(self.tmp, "nodir", "x.prom")).returncode, 1)
+
+    # ---- release ----
+
+    def test_release_over_the_socket(self):
+        f = self.fake()
+        out = self.cmd("release", str(f.pid), check=0).stdout
+        self.assertEqual(out.splitlines()[0],
+                         '%d (fakeproc train.py --fake "quoted" --out=/tmp/x): released 1.5 GiB in 12.50 ms (cached 1.0 GiB: pools '
+                         "1.0 GiB, frameworks 0 B, releasers 0 B; orphaned 512.0 MiB in 1 blocks)" % f.pid)
+        self.assertEqual(out.splitlines()[1].strip(), "device 0: free 10.0 GiB -> 11.5 GiB of 80.0 GiB")
+        self.cmd("release", str(f.pid), "--what", "orphaned", check=0)
+        self.assertEqual(self.received(), ["request release", "request release orphaned"])
+
+    def test_release_json_round_trips_the_report(self):
+        f = self.fake()
+        out = json.loads(self.cmd("release", "--json", str(f.pid), check=0).stdout)
+        sys.path.insert(0, os.path.dirname(FAKE))
+        sys.dont_write_bytecode = True  # nothing written into the source tree
+        import fakeproc
+        self.assertEqual(out, [{"pid": f.pid, "ok": True, "via": "socket",
+                                "report": fakeproc.report(1, "command", "cached,orphaned")}])
+
+    def test_release_all_and_several_pids(self):
+        a, b = self.fake(), self.fake()
+        out = json.loads(self.cmd("release", "--all", "--json", check=0).stdout)
+        self.assertEqual(sorted(x["pid"] for x in out), sorted([a.pid, b.pid]))
+        out = json.loads(self.cmd("release", "--json", str(a.pid), str(b.pid), check=0).stdout)
+        self.assertEqual([x["report"]["seq"] for x in out], [2, 2])
+
+    def test_a_silent_process_times_out(self):
+        f = self.fake("--mode", "silent")
+        t0 = time.monotonic()
+        p = self.cmd("release", "--timeout", "1", str(f.pid), check=1)
+        self.assertLess(time.monotonic() - t0, 5)
+        self.assertIn("%d did not release: timed out" % f.pid, p.stderr)
+        r = json.loads(self.cmd("release", "--timeout", "0.5", "--json", str(f.pid), check=1).stdout)
+        self.assertEqual((r[0]["ok"], r[0]["error"]), (False, "timed out waiting for its answer"))
+
+    def test_one_failure_fails_the_whole_command(self):
+        good, bad = self.fake(), self.fake("--mode", "close")
+        p = self.cmd("release", str(good.pid), str(bad.pid), check=1)
+        self.assertIn("released 1.5 GiB", p.stdout)
+        self.assertIn("%d did not release: it closed the connection without answering" % bad.pid, p.stderr)
+
+    def test_garbage_and_refusals_from_the_process(self):
+        f = self.fake("--mode", "garbage")
+        self.assertIn("not a JSON object", self.cmd("release", str(f.pid), check=1).stderr)
+        self.assertIn("not a JSON object", self.cmd("snapshot", str(f.pid), check=1).stderr)
+        g = self.fake("--mode", "refuse")
+        self.assertIn("gpureclaim is disabled in this process", self.cmd("release", str(g.pid), check=1).stderr)
+
+    def test_release_by_signal_when_nothing_listens(self):
+        for opt in ("--no-socket", "--socket-gone"):
+            f = self.fake(opt)
+            p = self.cmd("release", str(f.pid), check=0)
+            self.assertIn("released 1.5 GiB", p.stdout)
+            self.assertIn("using its release signal", p.stderr)
+            self.assertIn("signal 10", self.received())
+            out = json.loads(self.cmd("release", "--json", str(f.pid), check=0).stdout)
+            self.assertEqual((out[0]["via"], out[0]["report"]["trigger"], out[0]["report"]["seq"]),
+                             ("signal", "signal", 2))
+            f.close()
+            self.fakes.remove(f)
+            os.unlink(self.log)
+
+    def test_release_by_signal_on_request(self):
+        f = self.fake("--signal", "USR2")
+        out = json.loads(self.cmd("release", "--signal", "--json", str(f.pid), check=0).stdout)
+        self.assertEqual(out[0]["via"], "signal")
+        self.assertEqual(self.received(), ["signal 12"], "the status file's signal, and no socket request")
+        # --what must match what the process's signal releases.
+        p = self.cmd("release", "--signal", "--what", "orphaned", str(f.pid), check=1)
+        self.assertIn("GPURECLAIM_ON_SIGNAL", p.stderr)
+        self.cmd("release", "--signal", "--what", "orphaned,cached", str(f.pid), check=0)
+
+    def test_a_deaf_process_times_out_by_signal(self):
+        f = self.fake("--no-socket", "--deaf")
+        t0 = time.monotonic()
+        p = self.cmd("release", "--timeout", "0.5", str(f.pid), check=1)
+        self.assertLess(time.monotonic() - t0, 5)
+        self.assertIn("timed out waiting for its status file", p.stderr)
+        g = self.fake("--no-socket", "--signal", "off")
+        self.assertIn("release signal is off", self.cmd("release", str(g.pid), check=1).stderr)
+        self.assertNotIn("signal 10", self.received())
+
+    # ---- snapshot ----
+
+    def test_snapshot_groups_largest_first(self):
+        f = self.fake()
+        out = self.cmd("snapshot", str(f.pid), check=0).stdout.splitlines()
+        self.assertEqual(out[0], "pid %d: 4 live blocks, 3.5 GiB live (peak 4.5 GiB), 1 orphans (512.0 MiB), "
+                                 "pools hold 1.5 GiB, 2.0 MiB pinned host memory" % f.pid)
+        rows = [line.split() for line in out[3:]]
+        self.assertEqual(rows, [["0", "-", "async", "libmodel.so", "1", "1", "3.0", "GiB"],
+                                ["0", "0xc0", "device", "libtorch_cuda.so", "2", "0", "2.0", "GiB"],
+                                ["1", "0xc1", "device", "libmodel.so", "1", "0", "512.0", "MiB"]])
+        snap = json.loads(self.cmd("snapshot", "--json", str(f.pid), check=0).stdout)
+        self.assertEqual(len(snap["blocks"]), 4)
+        self.assertEqual(snap["blocks"][2]["address"], "0x7f0080000000")
+
+    def test_snapshot_leaks(self):
+        f = self.fake()
+        out = self.cmd("snapshot", str(f.pid), "--leaks", check=0).stdout
+        self.assertIn("gpureclaim: pid %d: 3 blocks (3.5 GiB) were never freed" % f.pid, out)
+        self.assertIn("Device 0: 2 blocks, 3.0 GiB\nDevice 1: 1 blocks, 512.0 MiB\n", out)
+        self.assertIn("2 block(s), 3.0 GiB (async) allocated by libmodel.so at 0x5678 (load_model+0x4c)\n"
+                      "    #0 0x5678\n    #1 0x9999\n", out)
+        leaks = json.loads(self.cmd("snapshot", str(f.pid), "--leaks", "--json", check=0).stdout)
+        self.assertEqual([g["bytes"] for g in leaks["groups"]], [3 * GiB, 512 * MiB])
+
+    # ---- refusals ----
+
+    def test_unknown_pid_and_a_process_without_gpureclaim(self):
+        self.fake()  # the run directory exists
+        p = self.cmd("release", "2147483647", check=3)
+        self.assertIn("no such process: 2147483647", p.stderr)
+        self.cmd("snapshot", "2147483647", check=3)
+        plain = subprocess.Popen(["sleep", "30"])
+        try:
+            p = self.cmd("release", str(plain.pid), check=3)
+            self.assertIn("is not running gpureclaim", p.stderr)
+            self.cmd("snapshot", str(plain.pid), check=3)
+        finally:
+            plain.kill()
+            plain.wait()
+
+    @staticmethod
+    def foreign_pid():
+        """A live process of another user, if any can be seen."""
+        for name in os.listdir("/proc"):
+            try:
+                if name.isdigit() and os.stat("/proc/" + name).st_uid != os.geteuid():
+                    return int(name)
+            except OSError:
+                pass
+        return None
+
+    def test_another_users_process_is_refused(self):
+        other = subprocess.Popen(["sleep", "30"], user=65534) if os.geteuid() == 0 else None
+        try:
+            pid = other.pid if other else self.foreign_pid()
+            if pid is None:
+                self.skipTest("no process of another user to try")
+            p = self.cmd("release", str(pid), check=3)
+            self.assertRegex(p.stderr, r"process %d belongs to \S+.*: refused" % pid)
+            self.cmd("snapshot", str(pid), check=3)
+        finally:
+            if other:
+                other.kill()
+                other.wait()
+
+    def test_a_status_file_claiming_another_user_is_never_acted_on(self):
+        f = self.fake("--uid", "4242")
+        p = self.cmd("release", str(f.pid), check=3)
+        self.assertIn("says it belongs to", p.stderr)
+        self.assertIn("refused", p.stderr)
+        self.cmd("release", "--signal", str(f.pid), check=3)
+        self.cmd("snapshot", str(f.pid), check=3)
+        ps = self.cmd("ps", "--json", check=0)
+        self.assertEqual(json.loads(ps.stdout), [])
+        self.assertIn("ignoring the status file of pid %d" % f.pid, ps.stderr)
+        self.assertEqual(json.loads(self.cmd("release", "--all", "--json", check=0).stdout), [])
+        self.assertEqual(self.received(), [], "no request and no signal reached it")
+
+    def test_stale_and_reused_status_files_are_removed(self):
+        self.fake()
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        stale = os.path.join(self.rundir, "%d.json" % gone.pid)
+        with open(stale, "w") as fh:
+            json.dump({"pid": gone.pid, "uid": os.geteuid(), "start_ticks": 1, "releases": 0, "socket": None}, fh)
+        open(os.path.join(self.rundir, "%d.sock" % gone.pid), "w").close()
+        reused = subprocess.Popen(["sleep", "30"])
+        try:
+            other = os.path.join(self.rundir, "%d.json" % reused.pid)
+            with open(other, "w") as fh:
+                json.dump({"pid": reused.pid, "uid": os.geteuid(), "start_ticks": 1, "releases": 0,
+                           "socket": None}, fh)
+            p = self.cmd("ps", check=0)
+            self.assertIn("removed the stale status file of pid %d (the process is gone)" % gone.pid, p.stderr)
+            self.assertIn("removed the stale status file of pid %d (the pid now belongs to another program)"
+                          % reused.pid, p.stderr)
+            self.assertFalse(os.path.exists(stale) or os.path.exists(other))
+            self.assertFalse(os.path.exists(os.path.join(self.rundir, "%d.sock" % gone.pid)))
+            self.assertIsNone(reused.poll(), "the program that reused the pid was not signalled")
+            self.assertEqual(self.cmd("release", str(reused.pid), check=3).returncode, 3)
+        finally:
+            reused.kill()
+            reused.wait()
+
+    def test_an_unsafe_run_directory_is_refused(self):
+        f = self.fake()
+        os.chmod(self.rundir, 0o755)
+        for args in (("ps",), ("ps", "--json"), ("release", "--all"), ("top", "--iterations", "1")):
+            p = self.cmd(*args, check=1)
+            self.assertIn("is not a directory private to you", p.stderr)
+            self.assertEqual(p.stdout.strip("[]\n"), "", args)
+        p = self.cmd("release", str(f.pid), check=3)
+        self.assertIn("not a directory private to you", p.stderr)
+        self.assertEqual(self.received(), [])
+        os.chmod(self.rundir, 0o700)
+        if os.geteuid() == 0:  # someone else's directory, even private, is not ours to trust
+            os.chown(self.rundir, 65534, 65534)
+            self.assertIn("owner uid 65534", self.cmd("ps", check=1).stderr)
+            os.chown(self.rundir, 0, 0)
+        link = os.path.join(self.tmp, "link")
+        os.symlink(self.rundir, link)
+        self.cmd("ps", check=1, env=dict(self.env, GPURECLAIM_RUNDIR=link))
+
+    def test_no_run_directory_yet(self):
+        self.assertIn("no process of yours", self.cmd("ps", check=0).stdout)
+        self.assertEqual(json.loads(self.cmd("ps", "--json", check=0).stdout), [])
+        self.cmd("release", "--all", check=0)
+
+    # ---- usage ----
+
+    def test_usage_and_exit_statuses(self):
+        h = self.cmd("--help", check=0).stdout
+        for word in ("run", "ps", "release", "snapshot", "top", "--prometheus", "Exit status", "3  no such process"):
+            self.assertIn(word, h)
+        self.assertEqual(self.cmd("release", "--help", check=0).stdout, h)
+        self.assertEqual(self.cmd("--version", check=0).stdout, "gpureclaim 0.1.0\n")
+        self.cmd(check=2)
+        self.cmd("frobnicate", check=2)
+        self.cmd("release", check=2)
+        self.cmd("release", "--all", "1", check=2)
+        self.cmd("release", "12x", check=2)
+        self.cmd("release", "--what", "bogus", "1", check=2)
+        self.cmd("release", "--timeout", "-1", "1", check=2)
+        self.cmd("release", "--timeout", "0", "1", check=2)
+        self.cmd("snapshot", check=2)
+        self.cmd("snapshot", "1", "2", check=2)
+        self.cmd("ps", "--bogus", check=2)
+        self.cmd("ps", "--prometheus", check=2)
+
+    # ---- run ----
+
+    def dummy_library(self):
+        """A file named like the library: the loader skips it with a warning, so any program runs."""
+        d = os.path.join(self.tmp, "lib")
+        os.makedirs(d, exist_ok=True)
+        path = os.path.join(d, "libgpureclaim.so.0")
+        open(path, "w").close()
+        return path
+
+    def run_env(self, *run_args, preload=None, extra=None):
+        env = dict(self.env, GPURECLAIM_LIBRARY=self.dummy_library(), **(extra or {}))
+        env.pop("LD_PRELOAD", None)
+        if preload is not None:
+            env["LD_PRELOAD"] = preload
+        p = self.cmd("run", *run_args, "--", "sh", "-c", "env", env=env, check=0)
+        return dict(line.split("=", 1) for line in p.stdout.splitlines() if "=" in line)
+
+    def test_run_maps_options_to_variables(self):
+        env = self.run_env("--signal", "RTMIN+2", "--on-signal", "all", "--oom-retry", "3", "--log", "/x/y.log",
+                           "--rundir", "/abs/dir", "--leak-report", "--backtrace", "--verbose=2", "--no-status",
+                           "--disable")
+        self.assertEqual({k: v for k, v in env.items() if k.startswith("GPURECLAIM_") and k != "GPURECLAIM_LIBRARY"},
+                         {"GPURECLAIM_SIGNAL": "RTMIN+2", "GPURECLAIM_ON_SIGNAL": "all", "GPURECLAIM_OOM_RETRY": "3",
+                          "GPURECLAIM_LOG": "/x/y.log", "GPURECLAIM_RUNDIR": "/abs/dir",
+                          "GPURECLAIM_LEAK_REPORT": "1", "GPURECLAIM_BACKTRACE": "1", "GPURECLAIM_VERBOSE": "2",
+                          "GPURECLAIM_STATUS": "0", "GPURECLAIM_DISABLE": "1"})
+        self.assertEqual(self.run_env("--signal=off")["GPURECLAIM_SIGNAL"], "off")
+        for bad in (["--signal", "USR7"], ["--on-signal", "everything"], ["--oom-retry", "17"],
+                    ["--rundir", "relative"], ["--verbose=3"], ["--bogus"], ["--log"]):
+            self.assertEqual(self.cmd("run", *bad, "--", "true").returncode, 2, bad)
+        self.cmd("run", check=2)
+        self.cmd("run", "--leak-report", "--", check=2)
+
+    def test_run_prepends_the_library_to_ld_preload(self):
+        lib = self.dummy_library()
+        real = os.path.join(os.path.realpath(os.path.dirname(lib)), "libgpureclaim.so.0")
+        self.assertEqual(self.run_env()["LD_PRELOAD"], real)
+        self.assertEqual(self.run_env(preload="libfoo.so libbar.so")["LD_PRELOAD"], real + ":libfoo.so:libbar.so")
+        self.assertEqual(self.run_env(preload="/usr/lib/libasan.so.8:libfoo.so")["LD_PRELOAD"],
+                         "/usr/lib/libasan.so.8:" + real + ":libfoo.so", "sanitizer runtimes stay first")
+        self.assertEqual(self.run_env(preload="libfoo.so:" + real)["LD_PRELOAD"], real + ":libfoo.so",
+                         "a nested run does not preload it twice")
+
+    def test_run_without_dashes_and_its_exit_status(self):
+        env = dict(self.env, GPURECLAIM_LIBRARY=self.dummy_library())
+        self.assertEqual(self.cmd("run", "sh", "-c", "exit 7", env=env).returncode, 7)
+        self.assertEqual(self.cmd("run", "--", "/nonexistent/program", env=env).returncode, 127)
+        p = self.cmd("run", "--", "true", env=dict(self.env, GPURECLAIM_LIBRARY="/nonexistent/libgpureclaim.so.0"))
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("GPURECLAIM_LIBRARY", p.stderr)
+
+    def test_run_finds_the_library_beside_the_command(self):
+        """The installed layout, <prefix>/bin/gpureclaim and <prefix>/lib*/libgpureclaim.so.0, built here."""
+        prefix = os.path.join(self.tmp, "prefix")
+        os.makedirs(os.path.join(prefix, "bin"))
+        os.makedirs(os.path.join(prefix, "lib"))
+        shutil.copy(CMD, os.path.join(prefix, "bin", "gpureclaim"))
+        open(os.path.join(prefix, "lib", "libgpureclaim.so.0.1.0"), "w").close()
+        os.symlink("libgpureclaim.so.0.1.0", os.path.join(prefix, "lib", "libgpureclaim.so.0"))
+        env = dict(self.env)
+        env.pop("GPURECLAIM_LIBRARY", None)
+        env.pop("LD_PRELOAD", None)
+        p = subprocess.run([os.path.join(prefix, "bin", "gpureclaim"), "run", "--", "sh", "-c", "echo $LD_PRELOAD"],
+                           capture_output=True, text=True, env=env, timeout=30)
+        self.assertEqual(p.stdout.strip(), os.path.join(os.path.realpath(prefix), "lib", "libgpureclaim.so.0"),
+                         p.stderr)
+        os.unlink(os.path.join(prefix, "lib", "libgpureclaim.so.0"))
+        p = subprocess.run([os.path.join(prefix, "bin", "gpureclaim"), "run", "--", "true"], capture_output=True,
+                           text=True, env=env, timeout=30)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("cannot find libgpureclaim.so.0", p.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

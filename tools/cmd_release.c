@@ -1,0 +1,216 @@
+/*
+ * cmd_release.c -- `gpureclaim release PID...|--all`: asks each process to release, over its control socket,
+ * or by its release signal (--signal, or when nothing listens on the socket) followed by a wait for its status
+ * file's release count to grow. Prints what each gave back; exit status 1 if any did not answer in time.
+ */
+#include "command.h"
+#include "gpureclaim_internal.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double seconds_since(const struct timespec *t0) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)(t.tv_sec - t0->tv_sec) + (double)(t.tv_nsec - t0->tv_nsec) / 1e9;
+}
+
+/* Sends the process's release signal and waits for its status file to count one more release; returns the
+ * re-read status file (its last_release is the report). */
+static jnode_t *release_by_signal(const proc_t *p, double timeout, const char **why) {
+  int sig = 0;
+  const char *name = jstr(p->status, "signal", "USR1");
+  if (gr_opt_parse_signal(name, &sig) != 0 || sig == 0) {
+    *why = "its release signal is off (GPURECLAIM_SIGNAL=off) and nothing listens on its control socket";
+    return NULL;
+  }
+  /* Counted from the status file as read now, just before the signal: an earlier release is not taken for ours. */
+  jnode_t *now = cmd_read_status(p);
+  int64_t before = jint(now ? now : p->status, "releases", 0);
+  if (now) {
+    jfree(now);
+    free(now);
+  }
+  if (kill(p->pid, sig) != 0) {
+    *why = strerror(errno);
+    return NULL;
+  }
+  struct timespec t0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (;;) {
+    jnode_t *s = cmd_read_status(p);
+    if (s && jint(s, "releases", 0) > before && jget(s, "last_release") && jget(s, "last_release")->type == JN_OBJ)
+      return s;
+    if (s) {
+      jfree(s);
+      free(s);
+    }
+    if (kill(p->pid, 0) != 0 && errno == ESRCH) {
+      *why = "the process exited";
+      return NULL;
+    }
+    if (seconds_since(&t0) > timeout) {
+      *why = "timed out waiting for its status file to report the release";
+      return NULL;
+    }
+    struct timespec nap = {0, 10000000};
+    nanosleep(&nap, NULL);
+  }
+}
+
+static void print_report(const proc_t *p, const jnode_t *rep) {
+  char b[8][32], cmdline[256];
+  int64_t cached = jint(rep, "cached_bytes", 0), orph = jint(rep, "orphaned_bytes", 0), all = jint(rep, "all_bytes", 0);
+  const jnode_t *ms = jget(rep, "ms");
+  printf("%d (%s): released %s in %.2f ms (cached %s: pools %s, frameworks %s, releasers %s; orphaned %s in "
+         "%lld blocks",
+         (int)p->pid, cmd_command_of(p, cmdline, sizeof cmdline), cmd_bytes((uint64_t)(cached + orph + all), b[0], 32),
+         ms && ms->type == JN_NUM ? ms->num : 0.0, cmd_bytes((uint64_t)cached, b[1], 32),
+         cmd_bytes((uint64_t)jint(rep, "pool_bytes", 0), b[2], 32),
+         cmd_bytes((uint64_t)jint(rep, "framework_bytes", 0), b[3], 32),
+         cmd_bytes((uint64_t)jint(rep, "releaser_bytes", 0), b[4], 32), cmd_bytes((uint64_t)orph, b[5], 32),
+         (long long)jint(rep, "orphaned_blocks", 0));
+  if (all)
+    printf("; all %s in %lld blocks", cmd_bytes((uint64_t)all, b[6], 32), (long long)jint(rep, "all_blocks", 0));
+  if (jint(rep, "failed_blocks", 0))
+    printf("; %lld blocks the driver refused to free", (long long)jint(rep, "failed_blocks", 0));
+  printf(")\n");
+  const jnode_t *d = jget(rep, "devices");
+  for (size_t i = 0; d && d->type == JN_ARR && i < d->n; i++)
+    printf("    device %lld: free %s -> %s of %s\n", (long long)jint(&d->kids[i], "device", -1),
+           cmd_bytes((uint64_t)jint(&d->kids[i], "free_before", 0), b[0], 32),
+           cmd_bytes((uint64_t)jint(&d->kids[i], "free_after", 0), b[1], 32),
+           cmd_bytes((uint64_t)jint(&d->kids[i], "total", 0), b[2], 32));
+}
+
+typedef struct request {
+  const char *what; /* --what as given, NULL for the process's own default */
+  unsigned what_flags;
+  double timeout;
+  bool by_signal;
+} request_t;
+
+/* Releases one process; returns the answer to free and points *rep at the report inside it, or NULL with *why. */
+static jnode_t *release_one(const proc_t *p, const request_t *rq, const jnode_t **rep, const char **why,
+                            const char **via) {
+  *rep = NULL;
+  *via = "socket";
+  if (!rq->by_signal) {
+    char line[160];
+    snprintf(line, sizeof line, rq->what ? "release %s" : "release", rq->what ? rq->what : "");
+    bool no_listener = false;
+    jnode_t *ans = cmd_ask(p, line, rq->timeout, why, &no_listener);
+    if (ans) {
+      if (jbool(ans, "ok", false) && (*rep = jget(ans, "report")) && (*rep)->type == JN_OBJ)
+        return ans;
+      *rep = NULL;
+      *why = jstr(ans, "error", "it answered without a report");
+      return ans;
+    }
+    if (!no_listener)
+      return NULL;
+    if (!cmd_json_out())
+      fprintf(stderr, "gpureclaim: %d: nothing listens on its control socket (%s); using its release signal\n",
+              (int)p->pid, *why);
+  }
+  *via = "signal";
+  unsigned on_signal = 0;
+  const char *on = jstr(p->status, "on_signal", "cached,orphaned");
+  if (rq->what && (gr_opt_parse_what(on, &on_signal) != 0 || on_signal != rq->what_flags)) {
+    *why = "its signal releases what its GPURECLAIM_ON_SIGNAL says, not --what (that needs its control socket)";
+    return NULL;
+  }
+  jnode_t *st = release_by_signal(p, rq->timeout, why);
+  if (st)
+    *rep = jget(st, "last_release");
+  return st;
+}
+
+int cmd_release(int argc, char **argv) {
+  request_t rq = {NULL, 0, 30, false};
+  bool all = false;
+  pid_t *pids = calloc((size_t)argc + 1, sizeof *pids);
+  size_t npids = 0;
+  int rc = EX_OK;
+  for (int i = 0; i < argc && rc == EX_OK; i++) {
+    if (!strcmp(argv[i], "--what") && i + 1 < argc) {
+      rq.what = argv[++i];
+      if (gr_opt_parse_what(rq.what, &rq.what_flags) != 0)
+        rc = cmd_usage_error("release: bad --what %s (expected cached, orphaned, all, comma-separated)", rq.what);
+    } else if (!strcmp(argv[i], "--timeout") && i + 1 < argc) {
+      if (!cmd_parse_seconds(argv[++i], &rq.timeout) || rq.timeout <= 0)
+        rc = cmd_usage_error("release: bad timeout %s (seconds, more than 0)", argv[i]);
+    } else if (!strcmp(argv[i], "--all")) {
+      all = true;
+    } else if (!strcmp(argv[i], "--signal")) {
+      rq.by_signal = true;
+    } else if (!strcmp(argv[i], "--json")) {
+      cmd_set_json(true);
+    } else if (!pids || !cmd_parse_pid(argv[i], &pids[npids++])) {
+      rc = cmd_usage_error("release: not a pid or an option: %s", argv[i]);
+    }
+  }
+  if (rc == EX_OK && all == (npids > 0))
+    rc = cmd_usage_error("release: give pids or --all (not both)%s", "");
+  if (rc != EX_OK) {
+    free(pids);
+    return rc;
+  }
+  proc_t *procs = NULL;
+  size_t n = 0;
+  if (all) {
+    n = cmd_list(&procs);
+    if (cmd_rundir_refused())
+      rc = EX_FAILED;
+    else if (!n && !cmd_json_out())
+      printf("(no process of yours is running gpureclaim)\n");
+  } else {
+    procs = calloc(npids, sizeof *procs);
+    for (size_t i = 0; procs && i < npids; i++) {
+      int r = cmd_find(pids[i], &procs[n]);
+      if (r == EX_OK)
+        n++;
+      else if (rc == EX_OK)
+        rc = r;
+    }
+  }
+  if (cmd_json_out())
+    printf("[");
+  for (size_t i = 0; i < n; i++) {
+    proc_t *p = &procs[i];
+    const char *why = "", *via = "";
+    const jnode_t *rep;
+    jnode_t *ans = release_one(p, &rq, &rep, &why, &via);
+    if (cmd_json_out()) {
+      printf("%s{\"pid\":%d,\"ok\":%s,\"via\":\"%s\"", i ? "," : "", (int)p->pid, rep ? "true" : "false", via);
+      if (rep) {
+        printf(",\"report\":");
+        cmd_json_dump(stdout, rep);
+      } else {
+        printf(",\"error\":");
+        cmd_json_str(stdout, why);
+      }
+      printf("}");
+    } else if (rep) {
+      print_report(p, rep);
+    } else {
+      fprintf(stderr, "gpureclaim: %d did not release: %s\n", (int)p->pid, why);
+    }
+    if (!rep && rc == EX_OK)
+      rc = EX_FAILED;
+    if (ans) {
+      jfree(ans);
+      free(ans);
+    }
+    cmd_free(p);
+  }
+  if (cmd_json_out())
+    printf("]\n");
+  free(procs);
+  free(pids);
+  return rc;
+}

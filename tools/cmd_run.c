@@ -1,0 +1,184 @@
+/*
+ * cmd_run.c -- `gpureclaim run [options] [--] CMD ARGS...`: CMD with libgpureclaim.so preloaded. Options become
+ * GPURECLAIM_* variables, checked with the library's own parsers so that a typo fails here, loudly, rather
+ * than as a warning inside the program.
+ */
+#include "command.h"
+#include "gpureclaim_internal.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#ifndef GR_INSTALL_LIBDIR
+#define GR_INSTALL_LIBDIR "lib"
+#endif
+
+/* path with its directory made canonical but its file name kept: the soname link (libgpureclaim.so.0) rather
+ * than the file it points to, so programs started after an upgrade get the new library; absolute, so a child
+ * that changes directory still finds it. */
+static bool canonical_dir(const char *path, char *out, size_t len) {
+  char dir[PATH_MAX], real[PATH_MAX];
+  const char *slash = strrchr(path, '/');
+  const char *name = slash ? slash + 1 : path;
+  snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) + (slash == path) : 1, slash ? path : ".");
+  if (!*name || !realpath(dir, real))
+    return false;
+  if ((size_t)snprintf(out, len, "%s/%s", strcmp(real, "/") ? real : "", name) >= len)
+    return false;
+  return access(out, R_OK) == 0;
+}
+
+/* GPURECLAIM_LIBRARY, else next to the command: the installed layout (<prefix>/bin and <prefix>/<libdir>) or
+ * the build tree's (tools/ and src/). */
+static bool find_library(char *out, size_t len) {
+  const char *env = getenv("GPURECLAIM_LIBRARY");
+  if (env && *env)
+    return canonical_dir(env, out, len);
+  char self[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0)
+    return false;
+  self[n] = '\0';
+  *strrchr(self, '/') = '\0';
+  static const char *const rel[] = {"../" GR_INSTALL_LIBDIR "/libgpureclaim.so.0", "../lib/libgpureclaim.so.0",
+                                    "../lib64/libgpureclaim.so.0", "../src/libgpureclaim.so.0"};
+  for (size_t i = 0; i < sizeof rel / sizeof rel[0]; i++) {
+    char cand[PATH_MAX + 64];
+    snprintf(cand, sizeof cand, "%s/%s", self, rel[i]);
+    if (canonical_dir(cand, out, len))
+      return true;
+  }
+  return false;
+}
+
+static bool is_sanitizer_runtime(const char *entry, size_t n) {
+  const char *base = entry;
+  for (size_t i = 0; i < n; i++)
+    if (entry[i] == '/')
+      base = entry + i + 1;
+  static const char *const names[] = {"libasan", "libtsan", "libubsan", "liblsan", "libhwasan", "libclang_rt."};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (!strncmp(base, names[i], strlen(names[i])))
+      return true;
+  return false;
+}
+
+/* The new LD_PRELOAD: gpureclaim first, except after sanitizer runtimes, which insist on being first; the
+ * entries already there are kept in order (an earlier copy of lib is dropped, so nested runs do not stack). */
+static char *preload_list(const char *old, const char *lib) {
+  size_t cap = strlen(old) + strlen(lib) + 2, used = 0;
+  char *out = malloc(cap);
+  if (!out)
+    return NULL;
+  out[0] = '\0';
+  bool placed = false;
+  for (const char *p = old;; ) {
+    while (*p == ':' || *p == ' ')
+      p++;
+    size_t n = strcspn(p, ": ");
+    if (!placed && (!n || !is_sanitizer_runtime(p, n))) {
+      used += (size_t)snprintf(out + used, cap - used, "%s%s", used ? ":" : "", lib);
+      placed = true;
+    }
+    if (!n)
+      break;
+    if (!(n == strlen(lib) && !strncmp(p, lib, n)))
+      used += (size_t)snprintf(out + used, cap - used, "%s%.*s", used ? ":" : "", (int)n, p);
+    p += n;
+  }
+  return out;
+}
+
+static int set_checked(const char *var, const char *value, int (*check)(const char *)) {
+  if (check && check(value) != 0) {
+    fprintf(stderr, "gpureclaim: run: bad value for %s: %s\n(see gpureclaim --help)\n", var, value);
+    return EX_USAGE;
+  }
+  setenv(var, value, 1);
+  return EX_OK;
+}
+
+static int chk_signal(const char *v) {
+  int sig;
+  return gr_opt_parse_signal(v, &sig);
+}
+static int chk_what(const char *v) {
+  unsigned what;
+  return gr_opt_parse_what(v, &what);
+}
+static int chk_retry(const char *v) {
+  unsigned long long n;
+  return gr_opt_parse_uint(v, 16, &n);
+}
+static int chk_abs(const char *v) { return v[0] == '/' ? 0 : -1; }
+
+int cmd_run(int argc, char **argv) {
+  static const struct {
+    const char *opt, *var;
+    int (*check)(const char *);
+  } valued[] = {{"--signal", "GPURECLAIM_SIGNAL", chk_signal},    {"--on-signal", "GPURECLAIM_ON_SIGNAL", chk_what},
+                {"--oom-retry", "GPURECLAIM_OOM_RETRY", chk_retry}, {"--log", "GPURECLAIM_LOG", NULL},
+                {"--rundir", "GPURECLAIM_RUNDIR", chk_abs}};
+  static const struct {
+    const char *opt, *var, *value;
+  } flags[] = {{"--leak-report", "GPURECLAIM_LEAK_REPORT", "1"}, {"--backtrace", "GPURECLAIM_BACKTRACE", "1"},
+               {"--verbose", "GPURECLAIM_VERBOSE", "1"},         {"--verbose=0", "GPURECLAIM_VERBOSE", "0"},
+               {"--verbose=1", "GPURECLAIM_VERBOSE", "1"},       {"--verbose=2", "GPURECLAIM_VERBOSE", "2"},
+               {"--no-status", "GPURECLAIM_STATUS", "0"},        {"--disable", "GPURECLAIM_DISABLE", "1"}};
+  int i = 0;
+  for (; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "--")) {
+      i++;
+      break;
+    }
+    if (a[0] != '-')
+      break; /* the program */
+    bool known = false;
+    for (size_t k = 0; k < sizeof valued / sizeof valued[0] && !known; k++) {
+      size_t len = strlen(valued[k].opt);
+      if (strncmp(a, valued[k].opt, len) != 0 || (a[len] != '\0' && a[len] != '='))
+        continue;
+      const char *v = a[len] == '=' ? a + len + 1 : i + 1 < argc ? argv[++i] : NULL;
+      if (!v || !strcmp(v, "--"))
+        return cmd_usage_error("run: %s needs a value", valued[k].opt);
+      int rc = set_checked(valued[k].var, v, valued[k].check);
+      if (rc != EX_OK)
+        return rc;
+      known = true;
+    }
+    for (size_t k = 0; k < sizeof flags / sizeof flags[0] && !known; k++)
+      if (!strcmp(a, flags[k].opt)) {
+        setenv(flags[k].var, flags[k].value, 1);
+        known = true;
+      }
+    if (!known)
+      return cmd_usage_error("run: unknown option %s", a);
+  }
+  if (i >= argc)
+    return cmd_usage_error("run: give the program to run (gpureclaim run [options] -- CMD ARGS...)%s", "");
+  char lib[PATH_MAX];
+  if (!find_library(lib, sizeof lib)) {
+    const char *env = getenv("GPURECLAIM_LIBRARY");
+    if (env && *env)
+      fprintf(stderr, "gpureclaim: GPURECLAIM_LIBRARY=%s: cannot read it\n", env);
+    else
+      fprintf(stderr, "gpureclaim: cannot find libgpureclaim.so.0 next to this command (in ../%s); "
+                      "set GPURECLAIM_LIBRARY\n", GR_INSTALL_LIBDIR);
+    return EX_FAILED;
+  }
+  const char *old = getenv("LD_PRELOAD");
+  char *pre = preload_list(old ? old : "", lib);
+  if (!pre)
+    return EX_FAILED;
+  setenv("LD_PRELOAD", pre, 1);
+  free(pre);
+  execvp(argv[i], &argv[i]);
+  int e = errno;
+  fprintf(stderr, "gpureclaim: cannot run %s: %s\n", argv[i], strerror(e));
+  return e == ENOENT ? 127 : 126;
+}

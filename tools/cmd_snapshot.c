@@ -1,0 +1,135 @@
+/*
+ * cmd_snapshot.c -- `gpureclaim snapshot PID [--json] [--leaks]`: the process's live blocks grouped by device,
+ * context, kind and calling library, largest group first; or its leak report, laid out like LeakSanitizer's.
+ */
+#include "command.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct group {
+  int64_t device;
+  const char *context, *kind, *library;
+  uint64_t blocks, bytes, orphans;
+} group_t;
+
+static int by_bytes(const void *a, const void *b) {
+  const group_t *x = a, *y = b;
+  return x->bytes < y->bytes ? 1 : x->bytes > y->bytes ? -1 : 0;
+}
+
+static void print_snapshot(const jnode_t *snap) {
+  const jnode_t *blocks = jget(snap, "blocks");
+  size_t nb = blocks && blocks->type == JN_ARR ? blocks->n : 0;
+  group_t *g = calloc(nb ? nb : 1, sizeof *g);
+  if (!g)
+    return;
+  size_t ng = 0;
+  for (size_t i = 0; i < nb; i++) {
+    const jnode_t *b = &blocks->kids[i];
+    group_t key = {jint(b, "device", -1), jstr(b, "context", "-"), jstr(b, "kind", "?"), jstr(b, "library", "?"),
+                   0, 0, 0};
+    size_t k = 0;
+    while (k < ng && !(g[k].device == key.device && !strcmp(g[k].context, key.context) &&
+                       !strcmp(g[k].kind, key.kind) && !strcmp(g[k].library, key.library)))
+      k++;
+    if (k == ng)
+      g[ng++] = key;
+    g[k].blocks++;
+    g[k].bytes += (uint64_t)jint(b, "bytes", 0);
+    g[k].orphans += !strcmp(jstr(b, "state", ""), "orphan");
+  }
+  qsort(g, ng, sizeof *g, by_bytes);
+  const jnode_t *t = jget(snap, "total");
+  char b1[32], b2[32], b3[32], b4[32], b5[32];
+  printf("pid %lld: %lld live blocks, %s live (peak %s), %lld orphans (%s), pools hold %s, %s pinned host memory\n",
+         (long long)jint(snap, "pid", 0), (long long)jint(t, "live_blocks", 0),
+         cmd_bytes((uint64_t)jint(t, "live_bytes", 0), b1, 32), cmd_bytes((uint64_t)jint(t, "peak_bytes", 0), b2, 32),
+         (long long)jint(t, "orphan_blocks", 0), cmd_bytes((uint64_t)jint(t, "orphan_bytes", 0), b3, 32),
+         cmd_bytes((uint64_t)jint(t, "pool_reserved_bytes", 0), b4, 32),
+         cmd_bytes((uint64_t)jint(t, "host_pinned_bytes", 0), b5, 32));
+  printf("\n%-6s %-16s %-12s %-32s %8s %8s %12s\n", "DEVICE", "CONTEXT", "KIND", "LIBRARY", "BLOCKS", "ORPHANS",
+         "BYTES");
+  for (size_t i = 0; i < ng; i++) {
+    char dev[24];
+    snprintf(dev, sizeof dev, g[i].device < 0 ? "host" : "%lld", (long long)g[i].device);
+    printf("%-6s %-16s %-12s %-32.32s %8llu %8llu %12s\n", dev, g[i].context, g[i].kind, g[i].library,
+           (unsigned long long)g[i].blocks, (unsigned long long)g[i].orphans, cmd_bytes(g[i].bytes, b1, 32));
+  }
+  if (!ng)
+    printf("(no live blocks)\n");
+  free(g);
+}
+
+static void print_leaks(const jnode_t *l) {
+  char b[32];
+  printf("=================================================================\n");
+  printf("gpureclaim: pid %lld: %lld blocks (%s) were never freed\n", (long long)jint(l, "pid", 0),
+         (long long)jint(l, "blocks", 0), cmd_bytes((uint64_t)jint(l, "bytes", 0), b, 32));
+  const jnode_t *d = jget(l, "devices");
+  for (size_t i = 0; d && d->type == JN_ARR && i < d->n; i++) {
+    int64_t dev = jint(&d->kids[i], "device", -1);
+    if (dev < 0)
+      printf("Host (pinned): ");
+    else
+      printf("Device %lld: ", (long long)dev);
+    printf("%lld blocks, %s\n", (long long)jint(&d->kids[i], "blocks", 0),
+           cmd_bytes((uint64_t)jint(&d->kids[i], "bytes", 0), b, 32));
+  }
+  const jnode_t *g = jget(l, "groups");
+  for (size_t i = 0; g && g->type == JN_ARR && i < g->n; i++) {
+    const jnode_t *x = &g->kids[i];
+    const char *sym = jstr(x, "symbol", NULL);
+    printf("\n%lld block(s), %s (%s) allocated by %s at %s%s%s%s\n", (long long)jint(x, "blocks", 0),
+           cmd_bytes((uint64_t)jint(x, "bytes", 0), b, 32), jstr(x, "kind", "?"), jstr(x, "library", "?"),
+           jstr(x, "caller", "?"), sym ? " (" : "", sym ? sym : "", sym ? ")" : "");
+    const jnode_t *fr = jget(x, "frames");
+    for (size_t k = 0; fr && fr->type == JN_ARR && k < fr->n; k++)
+      printf("    #%zu %s\n", k, fr->kids[k].type == JN_STR ? fr->kids[k].s : "?");
+  }
+}
+
+int cmd_snapshot(int argc, char **argv) {
+  bool leaks = false;
+  pid_t pid = 0;
+  double timeout = 30;
+  for (int i = 0; i < argc; i++) {
+    if (!strcmp(argv[i], "--json"))
+      cmd_set_json(true);
+    else if (!strcmp(argv[i], "--leaks"))
+      leaks = true;
+    else if (!strcmp(argv[i], "--timeout") && i + 1 < argc) {
+      if (!cmd_parse_seconds(argv[++i], &timeout) || timeout <= 0)
+        return cmd_usage_error("snapshot: bad timeout %s", argv[i]);
+    } else if (pid || !cmd_parse_pid(argv[i], &pid))
+      return cmd_usage_error("snapshot: expected one pid, got %s", argv[i]);
+  }
+  if (!pid)
+    return cmd_usage_error("snapshot: give a pid%s", "");
+  proc_t p;
+  int rc = cmd_find(pid, &p);
+  if (rc != EX_OK)
+    return rc;
+  const char *why = "";
+  const char *key = leaks ? "leaks" : "snapshot";
+  jnode_t *ans = cmd_ask(&p, key, timeout, &why, NULL);
+  const jnode_t *body = ans && jbool(ans, "ok", false) ? jget(ans, key) : NULL;
+  if (!body || body->type != JN_OBJ) {
+    fprintf(stderr, "gpureclaim: %d did not answer: %s\n", (int)pid, ans ? jstr(ans, "error", "its answer holds no report") : why);
+    rc = EX_FAILED;
+  } else if (cmd_json_out()) {
+    cmd_json_dump(stdout, body);
+    putchar('\n');
+  } else if (leaks) {
+    print_leaks(body);
+  } else {
+    print_snapshot(body);
+  }
+  if (ans) {
+    jfree(ans);
+    free(ans);
+  }
+  cmd_free(&p);
+  return rc;
+}

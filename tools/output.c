@@ -1,0 +1,87 @@
+/* output.c -- how the gpureclaim command writes numbers and JSON: binary units for people, exact integers and
+ * escaped strings for programs. */
+#include "command.h"
+
+#include <stdio.h>
+#include <time.h>
+
+static bool g_json;
+bool cmd_json_out(void) { return g_json; }
+void cmd_set_json(bool on) { g_json = on; }
+
+const char *cmd_bytes(uint64_t v, char *buf, size_t len) {
+  static const char *const u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double x = (double)v;
+  int i = 0;
+  while (x >= 1024 && i < 5) {
+    x /= 1024;
+    i++;
+  }
+  snprintf(buf, len, i ? "%.1f %s" : "%.0f %s", x, u[i]);
+  return buf;
+}
+
+const char *cmd_age(uint64_t then_ms, uint64_t now_ms, char *buf, size_t len) {
+  uint64_t s = now_ms > then_ms ? (now_ms - then_ms) / 1000 : 0;
+  if (s < 120)
+    snprintf(buf, len, "%llus ago", (unsigned long long)s);
+  else if (s < 7200)
+    snprintf(buf, len, "%llum ago", (unsigned long long)(s / 60));
+  else if (s < 172800)
+    snprintf(buf, len, "%lluh ago", (unsigned long long)(s / 3600));
+  else
+    snprintf(buf, len, "%llud ago", (unsigned long long)(s / 86400));
+  return buf;
+}
+
+void cmd_json_str(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; *s; s++) {
+    if (*s == '"' || *s == '\\')
+      fprintf(f, "\\%c", *s);
+    else if ((unsigned char)*s < 0x20)
+      fprintf(f, "\\u%04x", (unsigned)*s);
+    else
+      fputc(*s, f);
+  }
+  fputc('"', f);
+}
+
+void cmd_json_dump(FILE *f, const jnode_t *n) {
+  if (!n) {
+    fputs("null", f);
+    return;
+  }
+  switch (n->type) {
+  case JN_NULL: fputs("null", f); break;
+  case JN_BOOL: fputs(n->b ? "true" : "false", f); break;
+  case JN_NUM:
+    /* Integers as read (byte counts exceed a double's precision); others with enough digits for a duration. */
+    if (n->is_int)
+      fprintf(f, "%lld", (long long)n->i);
+    else
+      fprintf(f, "%.6g", n->num);
+    break;
+  case JN_STR: cmd_json_str(f, n->s); break;
+  case JN_ARR:
+  case JN_OBJ:
+    fputc(n->type == JN_ARR ? '[' : '{', f);
+    for (size_t i = 0; i < n->n; i++) {
+      if (i)
+        fputc(',', f);
+      if (n->type == JN_OBJ) {
+        cmd_json_str(f, n->keys[i]);
+        fputc(':', f);
+      }
+      cmd_json_dump(f, &n->kids[i]);
+    }
+    fputc(n->type == JN_ARR ? ']' : '}', f);
+    break;
+  }
+}
+
+uint64_t cmd_now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  return (uint64_t)t.tv_sec * 1000 + (uint64_t)t.tv_nsec / 1000000;
+}
