@@ -25,10 +25,11 @@ static void init(void) {
 }
 TestSuite(reports, .init = init);
 
-/* Runs a python3 snippet on a file; returns its exit status. */
+/* Runs a python3 snippet on a file; returns its exit status. The checker runs without the test's preload
+ * (gpureclaim, and in sanitizer builds the sanitizer runtimes, whose leak check would fail CPython's exit). */
 static int py(const char *code, const char *path) {
   char cmd[8192];
-  snprintf(cmd, sizeof cmd, "python3 -c '%s' '%s'", code, path);
+  snprintf(cmd, sizeof cmd, "env -u LD_PRELOAD python3 -c '%s' '%s'", code, path);
   return WEXITSTATUS(system(cmd));
 }
 
@@ -96,7 +97,7 @@ Test(reports, leak_report_text_and_json) {
 
 Test(reports, leak_report_at_exit_names_the_caller) {
   char cmd[4096];
-  snprintf(cmd, sizeof cmd, "GPURECLAIM_LEAK_REPORT=1 GPURECLAIM_BACKTRACE=1 %s 2>&1", getenv("LEAK_PROBE"));
+  snprintf(cmd, sizeof cmd, "ASAN_OPTIONS=detect_leaks=0 GPURECLAIM_LEAK_REPORT=1 GPURECLAIM_BACKTRACE=1 %s 2>&1", getenv("LEAK_PROBE"));
   FILE *f = popen(cmd, "r");
   static char out[1 << 16];
   size_t n = fread(out, 1, sizeof out - 1, f);
