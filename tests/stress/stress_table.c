@@ -153,7 +153,7 @@ static int claim_shared(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
 
 typedef struct {
   unsigned char seen[STABLE];
-  uint64_t passes;
+  _Atomic uint64_t passes;
 } iter_t;
 
 static int count_stable(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
@@ -182,7 +182,7 @@ static void *iterator(void *arg) {
 }
 
 static void *compactor(void *arg) {
-  uint64_t *n = arg;
+  _Atomic uint64_t *n = arg;
   while (!atomic_load_explicit(&g_stop, memory_order_relaxed)) {
     gr_table_compact();
     (*n)++;
@@ -203,8 +203,8 @@ int main(int argc, char **argv) {
   }
   worker_t *ws = calloc(nthreads, sizeof *ws);
   pthread_t *th = calloc(nthreads, sizeof *th);
-  iter_t it = {0};
-  uint64_t compactions = 0;
+  static iter_t it;
+  _Atomic uint64_t compactions = 0;
   pthread_t ith, cth;
   for (unsigned i = 0; i < nthreads; i++) {
     ws[i].id = i;
@@ -212,8 +212,15 @@ int main(int argc, char **argv) {
   }
   pthread_create(&ith, NULL, iterator, &it);
   pthread_create(&cth, NULL, compactor, &compactions);
-  struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
-  nanosleep(&ts, NULL);
+  /* At least `seconds`, and until the iterator and the compactor have each run twice during the churn: on a
+   * loaded machine they may get no time slice for a while. They must all the same within MAX_SECONDS. */
+  enum { MIN_PASSES = 2, MAX_SECONDS = 120 };
+  struct timespec tick = {0, 10000000};
+  for (double waited = 0; waited < MAX_SECONDS; waited += 0.01) {
+    if (waited >= seconds && atomic_load(&it.passes) >= MIN_PASSES && atomic_load(&compactions) >= MIN_PASSES)
+      break;
+    nanosleep(&tick, NULL);
+  }
   atomic_store(&g_stop, 1);
   for (unsigned i = 0; i < nthreads; i++)
     pthread_join(th[i], NULL);
@@ -242,7 +249,8 @@ int main(int argc, char **argv) {
         "shared: inserted %llu, claimed %llu, present %llu", (unsigned long long)atomic_load(&g_shared_inserted),
         (unsigned long long)atomic_load(&g_shared_claims), (unsigned long long)live_shared);
   CHECK(gr_table_check() == 0, "invariants: %d", gr_table_check());
-  CHECK(it.passes > 0 && compactions > 0, "iterator/compactor did not run");
+  CHECK(it.passes >= MIN_PASSES && compactions >= MIN_PASSES, "iterator/compactor did not run in %ds: %llu, %llu",
+        MAX_SECONDS, (unsigned long long)it.passes, (unsigned long long)compactions);
   printf("stress_table: %u threads, %.1fs: %llu ops, %llu iterations, %llu compactions, %llu migrations, "
          "%llu shared claims, %llu live\n",
          nthreads, seconds, (unsigned long long)ops, (unsigned long long)it.passes,
