@@ -97,6 +97,9 @@ typedef struct gr_real_libc {
 
 /* libc's dlsym and dlopen (never the public names, which gpureclaim overrides). */
 const gr_real_libc_t *gr_real_libc(void);
+/* name as the caller's own scope (its object and that object's dependencies) resolves it, the caller given by a
+ * code address in it; NULL if that scope has no such symbol. */
+void *gr_real_caller_sym(const void *caller, const char *name);
 /* The process's libcuda.so.1 (the one already loaded, else loaded now); NULL if there is none. */
 void *gr_real_libcuda(void);
 /* A driver function by its exported name, from that libcuda; NULL if missing. Cached per name by callers. */
@@ -248,14 +251,19 @@ void gr_reg_foreach_ctx(void (*fn)(uint16_t id, CUcontext ctx, int device, void 
 uint64_t gr_reg_ctx_count(void);
 uint64_t gr_reg_pool_count(void);
 
-/* Library of a code address: file name (basename; "?" unknown) and framework owner ("pytorch", "cupy",
- * "xla" or NULL). Cached; slow path only (reports, scope ends). */
+/* Library of a code address: file name (basename; "?" unknown) and owner (gr_owner_of). Cached; slow path
+ * only (reports, scope ends). */
 typedef struct gr_lib {
   const char *name;
   const char *path;
   const char *owner;
 } gr_lib_t;
 gr_lib_t gr_reg_library(uintptr_t pc);
+
+/* owner.c: who owns the blocks the library at path allocates (never orphans): a framework ("pytorch", "cupy",
+ * "xla", "tensorflow") or a CUDA library keeping workspaces ("cublas", "cudnn", "nccl", ...); NULL for the
+ * program's own code. */
+const char *gr_owner_of(const char *path);
 
 void gr_reg_atfork_child(void);
 

@@ -45,6 +45,26 @@ GR_NO_SANITIZE const gr_real_libc_t *gr_real_libc(void) {
   return &real;
 }
 
+/* A link_map from dladdr1 is a valid dlsym handle only for the main program and for objects that were
+ * dlopen()ed themselves: glibc builds an object's search list when it is opened, not when it is loaded as
+ * another object's dependency (libc10_cuda.so under torch's extension module), and dlsym on such a map
+ * dereferences the missing list. dlopen(its name, RTLD_NOLOAD) builds it and yields a proper handle. */
+void *gr_real_caller_sym(const void *caller, const char *name) {
+  const gr_real_libc_t *r = gr_real_libc();
+  Dl_info info;
+  struct link_map *lm = NULL;
+  if (!caller || !dladdr1(caller, &info, (void **)&lm, RTLD_DL_LINKMAP) || !lm || !lm->l_name)
+    return NULL;
+  if (!lm->l_name[0])
+    return r->dlsym(lm, name); /* the main program: its search list is the global scope */
+  void *h = r->dlopen(lm->l_name, RTLD_LAZY | RTLD_NOLOAD);
+  if (!h)
+    return NULL;
+  void *fn = r->dlsym(h, name);
+  dlclose(h); /* the object stays: it was loaded before, and is still needed by what loaded it */
+  return fn;
+}
+
 void *gr_real_libcuda(void) {
   static _Atomic(void *) handle;
   void *h = atomic_load_explicit(&handle, memory_order_acquire);

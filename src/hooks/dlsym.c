@@ -46,12 +46,8 @@ GR_NOINLINE static void *dlsym_driver(void *handle, const char *symbol, void *ca
   const gr_real_libc_t *r = gr_real_libc();
   gr_tls.in_dlsym++;
   void *fn = r->dlsym(handle, symbol);
-  if (!fn && handle == RTLD_DEFAULT) {
-    Dl_info info;
-    struct link_map *lm = NULL;
-    if (dladdr1(caller, &info, (void **)&lm, RTLD_DL_LINKMAP) && lm)
-      fn = r->dlsym(lm, symbol);
-  }
+  if (!fn && handle == RTLD_DEFAULT)
+    fn = gr_real_caller_sym(caller, symbol);
   fn = route(symbol, fn);
   gr_tls.in_dlsym--;
   return fn;

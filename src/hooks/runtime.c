@@ -14,7 +14,6 @@
 
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
-#include <link.h>
 
 #define GR_RUNTIME_HOOKS(X)                                                                                  \
   X(cudaMalloc, GR_API_cudaMalloc, (void **devPtr, size_t size), (devPtr, size))                             \
@@ -72,11 +71,7 @@ static bool ours(int id, void *fn) { return fn == g_ours[id]; }
 GR_COLD static void *resolve(int id, uintptr_t pc) {
   const gr_real_libc_t *r = gr_real_libc();
   const char *name = g_names[id];
-  void *fn = NULL;
-  Dl_info info;
-  struct link_map *lm = NULL;
-  if (dladdr1((void *)pc, &info, (void **)&lm, RTLD_DL_LINKMAP) && lm)
-    fn = r->dlsym(lm, name);
+  void *fn = gr_real_caller_sym((const void *)pc, name);
   if (!fn || ours(id, fn))
     fn = r->dlsym(RTLD_NEXT, name);
   static const char *const sonames[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so"};
