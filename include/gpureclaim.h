@@ -122,7 +122,11 @@ typedef struct gpureclaim_block {
   const void *caller;       /* return address of the allocation call (of the runtime call when there was one) */
   const char *library;      /* file name of the library that made the call; valid during the callback only */
   const char *api;          /* the call: "cudaMalloc", "cuMemAlloc_v2", ... */
-  const char *owner;        /* "pytorch", "cupy", "xla" when a framework allocator owns it, else NULL */
+  const char *owner;        /* who keeps it, so that no scope makes it an orphan: "pytorch", "cupy", "xla",
+                               "tensorflow" (a framework's allocator), "cublas", "cudnn", "nccl", "cufft",
+                               "cusparse", "cusolver", "curand", "cutensor", "nvshmem" (a CUDA library's
+                               workspace); NULL for the program's own blocks. From the calling library's file
+                               name, else its Python package (the directory under site-packages) */
   uint64_t handle;          /* KIND_VMM_MAPPING: the handle mapped there */
 } gpureclaim_block_t;
 

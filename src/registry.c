@@ -267,19 +267,6 @@ static pthread_mutex_t g_lib_lock = PTHREAD_MUTEX_INITIALIZER;
 static lib_t g_libs[512];
 static size_t g_nlibs;
 
-/* Framework allocators: blocks they made are theirs, never orphans (FINDINGS.md section 3). */
-static const char *owner_of(const char *path) {
-  static const struct {
-    const char *needle, *owner;
-  } map[] = {{"libc10_cuda", "pytorch"}, {"libtorch", "pytorch"}, {"/torch/", "pytorch"},
-             {"cupy", "cupy"},           {"xla", "xla"},         {"jaxlib", "xla"},
-             {"pjrt", "xla"},            {"/jax", "xla"}};
-  for (size_t i = 0; i < GR_ARRAY_LEN(map); i++)
-    if (strstr(path, map[i].needle))
-      return map[i].owner;
-  return NULL;
-}
-
 gr_lib_t gr_reg_library(uintptr_t pc) {
   gr_lib_t out = {"?", "?", NULL};
   Dl_info info;
@@ -311,7 +298,7 @@ gr_lib_t gr_reg_library(uintptr_t pc) {
       l->base = info.dli_fbase;
       l->path = copy;
       l->name = slash ? slash + 1 : copy;
-      l->owner = owner_of(copy);
+      l->owner = gr_owner_of(copy);
       out = (gr_lib_t){l->name, l->path, l->owner};
     }
   }
