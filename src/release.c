@@ -216,6 +216,9 @@ typedef struct free_job {
   bool all;          /* GPURECLAIM_ALL (else orphans) */
   uint16_t pools[64];/* pools that got stream-ordered blocks back */
   unsigned npools;
+  gr_rec_t *claimed; /* claimed this round (state RECLAIMING in the table; the records as they were before) */
+  size_t nclaimed, cap;
+  bool more;         /* the array could not grow: another round claims the rest */
 } free_job_t;
 
 static _Atomic uint64_t g_reclaimed; /* RECLAIMED tombstones in the table */
@@ -265,13 +268,26 @@ static bool edit_unmapped(gr_rec_t *r, void *arg) {
   return true;
 }
 
-static int free_one(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
+/* Blocks are claimed while the table is visited, then freed in address order: the driver frees 10,000 1 MiB
+ * blocks in about the time cudaFree takes in allocation order when the addresses ascend, and half as fast
+ * again in the table's hash order (measured on an H100, bench/gpu/bench_release.cu). */
+static int claim_one(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
   free_job_t *j = arg;
   if (!((j->states >> r->state) & 1) || !in_pass(j, r->kind) || (j->scope && r->scope != j->scope) ||
       (j->only_ctx && r->ctx_id != j->ctx_id))
     return 0;
   if (r->kind == GPURECLAIM_KIND_VMM && r->aux)
     return 0; /* still mapped: the mapping pass (ALL) or the program unmaps it first */
+  if (j->nclaimed == j->cap) {
+    size_t cap = j->cap ? j->cap * 2 : 256;
+    gr_rec_t *v = realloc(j->claimed, cap * sizeof *v);
+    if (!v) {
+      j->more = true; /* left for the next round, after these are freed */
+      return 0;
+    }
+    j->claimed = v;
+    j->cap = cap;
+  }
   gr_rec_t expect = *r, want = *r;
   want.state = GR_ST_RECLAIMING;
   int rc;
@@ -281,61 +297,84 @@ static int free_one(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
     want = expect;
     want.state = GR_ST_RECLAIMING;
   }
-  if (rc != 0)
-    return 0;
-  CUresult fr = driver_free(&expect);
-  gr_rec_t cur = want;
+  if (rc == 0)
+    j->claimed[j->nclaimed++] = expect;
+  return 0;
+}
+
+static int by_key(const void *a, const void *b) {
+  uint64_t x = ((const gr_rec_t *)a)->key, y = ((const gr_rec_t *)b)->key;
+  return (x > y) - (x < y);
+}
+
+static bool edit_state(gr_rec_t *r, void *arg) {
+  r->state = *(const uint8_t *)arg;
+  return true;
+}
+
+/* Frees one claimed block and settles its record: back to its old state when the driver refused. */
+static void free_claimed(free_job_t *j, const gr_rec_t *expect) {
+  unsigned ks = gr_kind_keyspace(expect->kind);
+  CUresult fr = driver_free(expect);
   if (fr != CUDA_SUCCESS) {
-    gr_rec_t back = cur;
-    back.state = expect.state;
-    (void)gr_table_cas(ref, &cur, &back);
+    uint8_t back = expect->state;
+    (void)gr_table_update(ks, expect->key, GR_STMASK(GR_ST_RECLAIMING), edit_state, &back, NULL);
     j->rep->failed_blocks++;
     gr_warn_once(w_fail, "the driver refused to free a block during a release (%d); it stays tracked", (int)fr);
-    return 0;
+    return;
   }
   /* Remember the address until the driver hands it out again (late frees), within a bound. */
-  gr_rec_t done = cur;
-  done.state = atomic_load_explicit(&g_reclaimed, memory_order_relaxed) < MAX_RECLAIMED &&
-                       gr_kind_keyspace(expect.kind) == GR_KS_ADDR
-                   ? GR_ST_RECLAIMED
-                   : GR_ST_DELETED;
-  while (gr_table_cas(ref, &cur, &done) == -EAGAIN)
-    done.aux = cur.aux;
-  if (done.state == GR_ST_RECLAIMED)
+  uint8_t done = atomic_load_explicit(&g_reclaimed, memory_order_relaxed) < MAX_RECLAIMED && ks == GR_KS_ADDR
+                     ? GR_ST_RECLAIMED
+                     : GR_ST_DELETED;
+  (void)gr_table_update(ks, expect->key, GR_STMASK(GR_ST_RECLAIMING), edit_state, &done, NULL);
+  if (done == GR_ST_RECLAIMED)
     atomic_fetch_add_explicit(&g_reclaimed, 1, memory_order_relaxed);
-  gr_stats_free(&expect);
-  gr_scope_unref(expect.scope);
-  if (expect.kind == GPURECLAIM_KIND_VMM_MAPPING) {
+  gr_stats_free(expect);
+  gr_scope_unref(expect->scope);
+  if (expect->kind == GPURECLAIM_KIND_VMM_MAPPING) {
     gr_rec_t h;
-    if (gr_table_update(GR_KS_HANDLE, expect.caller, GR_PRESENT_MASK, edit_unmapped, NULL, &h) == 0 &&
+    if (gr_table_update(GR_KS_HANDLE, expect->caller, GR_PRESENT_MASK, edit_unmapped, NULL, &h) == 0 &&
         h.state == GR_ST_RELEASED && h.aux == 1)
       gr_track_freed(&h);
   }
-  if (expect.kind == GPURECLAIM_KIND_ASYNC && expect.pool_id && j->npools < GR_ARRAY_LEN(j->pools)) {
+  if (expect->kind == GPURECLAIM_KIND_ASYNC && expect->pool_id && j->npools < GR_ARRAY_LEN(j->pools)) {
     unsigned k = 0;
-    while (k < j->npools && j->pools[k] != expect.pool_id)
+    while (k < j->npools && j->pools[k] != expect->pool_id)
       k++;
     if (k == j->npools)
-      j->pools[j->npools++] = expect.pool_id;
+      j->pools[j->npools++] = expect->pool_id;
   }
-  bool counted = gr_kind_is_device_memory(expect.kind) || expect.kind == GPURECLAIM_KIND_HOST;
-  gpureclaim_device_report_t *dr = dev_report(j->rep, expect.device == GR_DEVICE_NONE ? -1 : expect.device);
+  bool counted = gr_kind_is_device_memory(expect->kind) || expect->kind == GPURECLAIM_KIND_HOST;
+  gpureclaim_device_report_t *dr = dev_report(j->rep, expect->device == GR_DEVICE_NONE ? -1 : expect->device);
   if (j->all) {
     j->rep->all_blocks++;
-    j->rep->all_bytes += counted ? expect.size : 0;
+    j->rep->all_bytes += counted ? expect->size : 0;
     if (dr) {
       dr->all_blocks++;
-      dr->all_bytes += counted ? expect.size : 0;
+      dr->all_bytes += counted ? expect->size : 0;
     }
   } else {
     j->rep->orphaned_blocks++;
-    j->rep->orphaned_bytes += expect.size;
+    j->rep->orphaned_bytes += expect->size;
     if (dr) {
       dr->orphaned_blocks++;
-      dr->orphaned_bytes += expect.size;
+      dr->orphaned_bytes += expect->size;
     }
   }
-  return 0;
+}
+
+/* One pass of a release: claim what it frees, then free it in address order; again while the claim array
+ * could not hold everything. */
+static void free_pass(free_job_t *j) {
+  do {
+    j->nclaimed = 0;
+    j->more = false;
+    gr_table_visit(claim_one, j);
+    qsort(j->claimed, j->nclaimed, sizeof *j->claimed, by_key);
+    for (size_t i = 0; i < j->nclaimed; i++)
+      free_claimed(j, &j->claimed[i]);
+  } while (j->more && j->nclaimed);
 }
 
 /* A RECLAIMED tombstone leaves when its address comes back from the driver (track.c calls this). */
@@ -425,12 +464,13 @@ static void do_release(const rel_args_t *a, gpureclaim_report_t *rep) {
     job.all = true;
     job.states = GR_STMASK(GR_ST_LIVE) | GR_STMASK(GR_ST_ORPHAN);
     for (job.pass = PASS_MAPPINGS; job.pass <= PASS_VA; job.pass++)
-      gr_table_visit(free_one, &job);
+      free_pass(&job);
   } else if (a->what & GPURECLAIM_ORPHANED) {
     job.states = GR_STMASK(GR_ST_ORPHAN);
     job.pass = PASS_BLOCKS;
-    gr_table_visit(free_one, &job);
+    free_pass(&job);
   }
+  free(job.claimed);
   if (a->what & GPURECLAIM_CACHED) {
     gr_reg_foreach_ctx(sync_ctx, NULL);
     trim_job_t t = {rep, NULL, 0};
