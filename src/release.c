@@ -268,9 +268,9 @@ static bool edit_unmapped(gr_rec_t *r, void *arg) {
   return true;
 }
 
-/* Blocks are claimed while the table is visited, then freed in address order: the driver frees 10,000 1 MiB
- * blocks in about the time cudaFree takes in allocation order when the addresses ascend, and half as fast
- * again in the table's hash order (measured on an H100, bench/gpu/bench_release.cu). */
+/* Blocks are claimed while the table is visited, then freed in address order. The driver's cost depends on the
+ * order: 10,000 1 MiB blocks freed in address order take about what cudaFree in allocation order takes, in the
+ * table's hash order 1.5-1.6 times that (H100, bench/gpu/bench_release.cu). */
 static int claim_one(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
   free_job_t *j = arg;
   if (!((j->states >> r->state) & 1) || !in_pass(j, r->kind) || (j->scope && r->scope != j->scope) ||
