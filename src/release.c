@@ -371,7 +371,8 @@ static void free_pass(free_job_t *j) {
     j->nclaimed = 0;
     j->more = false;
     gr_table_visit(claim_one, j);
-    qsort(j->claimed, j->nclaimed, sizeof *j->claimed, by_key);
+    if (j->nclaimed > 1) /* (qsort of NULL, even of nothing, is undefined) */
+      qsort(j->claimed, j->nclaimed, sizeof *j->claimed, by_key);
     for (size_t i = 0; i < j->nclaimed; i++)
       free_claimed(j, &j->claimed[i]);
   } while (j->more && j->nclaimed);
