@@ -44,8 +44,9 @@
  *   Anyone meeting MOVED|FWD follows it (publishing the copy if needed), so a record is visible at every moment
  *   in exactly one place. Lookups probe G, then N for records inserted there directly. A PENDING slot is invisible
  *   to probes of N until its source confirms it. The thread whose DONE completes the count moves the root to N
- *   and retires G. Operations never wait for one another: a stalled helper's slots can be migrated by anyone,
- *   and the full scan that finishes a migration is done by whoever needs the next one.
+ *   and retires G; so does a sweep that saw every slot DONE, since the thread holding the count's last
+ *   increment may be preempted. Operations never wait for one another: a stalled helper's slots can be
+ *   migrated by anyone, and the full scan that finishes a migration is done by whoever needs the next one.
  *
  * Memory ordering
  *   Payload stores are release and payload loads acquire, so a reader that sees any word of a new occupant also
@@ -313,14 +314,15 @@ static void complete_fwd(gen_t *g, slot_t *s, uint64_t c) {
     count_done(g, 1);
 }
 
-static void migrate_slot(gen_t *g, gen_t *n, uint64_t i) {
+/* Migrates slot i of g into n. Returns whether the slot is DONE: false only when n had no room for its copy. */
+static bool migrate_slot(gen_t *g, gen_t *n, uint64_t i) {
   slot_t *s = &g->slots[i];
   for (;;) {
     uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
     if (c & F_MOVED) {
       if ((c & F_FWD) && !(c & F_DONE))
         complete_fwd(g, s, c);
-      return;
+      return true;
     }
     unsigned st = ctl_state(c);
     if (!st_present(st) || (c & F_PENDING)) {
@@ -328,7 +330,7 @@ static void migrate_slot(gen_t *g, gen_t *n, uint64_t i) {
       if (atomic_compare_exchange_strong_explicit(&s->ctl, &c, frozen, memory_order_acq_rel,
                                                   memory_order_relaxed)) {
         count_done(g, 1);
-        return;
+        return true;
       }
       continue;
     }
@@ -341,14 +343,14 @@ static void migrate_slot(gen_t *g, gen_t *n, uint64_t i) {
     uint32_t occupant = ctl_sgen(c), dsg = 0;
     uint64_t j = reserve_copy(n, rec_ks(w1), key, c, st, w1, w2, w3, &dsg);
     if (j == n->cap)
-      return; /* n full (not with the sizing rules) or migrating: left for a later sweep, or already done */
+      return false; /* n full, or migrating (then g is done already): left for a later sweep */
     slot_t *d = &n->slots[j];
     uint64_t fwd = fwd_ctl(occupant, dsg, j);
     for (;;) {
       if (atomic_compare_exchange_strong_explicit(&s->ctl, &c, fwd, memory_order_acq_rel,
                                                   memory_order_acquire)) {
         complete_fwd(g, s, fwd);
-        return;
+        return true;
       }
       /* The source changed. Same occupant with a new state or scope: mirror it in the copy, which nobody
        * else can see or touch until the source points at it, and try again. Otherwise start over. */
@@ -377,7 +379,12 @@ static void help_migrate(gen_t *g) {
   }
 }
 
-/* Makes sure g's migration is complete: helps with chunks, then sweeps for slots a stalled helper left. */
+static void move_root(gen_t *g);
+
+/* Makes sure g's migration is complete: helps with chunks, then sweeps for slots a stalled helper left. A
+ * sweep that found every slot DONE finishes the migration itself: the done counter may still lag, held by a
+ * thread preempted between marking a slot DONE and counting it, and nobody may have to wait for that thread
+ * (inserts meanwhile fill the next generation, and could find no room at all). */
 static void complete_migration(gen_t *g) {
   help_migrate(g);
   if (atomic_load_explicit(&g->done, memory_order_acquire) == g->cap) {
@@ -385,14 +392,20 @@ static void complete_migration(gen_t *g) {
     return;
   }
   gen_t *n = atomic_load_explicit(&g->next, memory_order_acquire);
+  bool all_done = true;
   for (uint64_t i = 0; i < g->cap; i++)
-    migrate_slot(g, n, i);
-  finish_migration(g);
+    all_done &= migrate_slot(g, n, i);
+  if (all_done)
+    move_root(g);
 }
 
 static void finish_migration(gen_t *g) {
-  if (atomic_load_explicit(&g->done, memory_order_acquire) != g->cap)
-    return;
+  if (atomic_load_explicit(&g->done, memory_order_acquire) == g->cap)
+    move_root(g);
+}
+
+/* Every slot of g is DONE: its successor becomes the root (once, whoever sees it first), and g is retired. */
+static void move_root(gen_t *g) {
   gen_t *n = atomic_load_explicit(&g->next, memory_order_acquire);
   gen_t *expected = g;
   if (atomic_compare_exchange_strong_explicit(&g_root, &expected, n, memory_order_seq_cst,
