@@ -27,3 +27,15 @@ void gr_log(int level, const char *fmt, ...) {
   (void)w;
   errno = saved;
 }
+
+const char *gr_log_bytes(uint64_t v, char *buf, size_t len) {
+  static const char *const u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double x = (double)v;
+  size_t i = 0;
+  while (x >= 1024 && i + 1 < GR_ARRAY_LEN(u)) {
+    x /= 1024;
+    i++;
+  }
+  snprintf(buf, len, i ? "%.1f %s" : "%.0f %s", x, u[i]);
+  return buf;
+}

@@ -440,17 +440,6 @@ static void symbolize(uintptr_t pc, char *buf, size_t len) {
     buf[0] = '\0';
 }
 
-static void human(uint64_t v, char *buf, size_t len) {
-  static const char *const u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double x = (double)v;
-  int i = 0;
-  while (x >= 1024 && i < 4) {
-    x /= 1024;
-    i++;
-  }
-  snprintf(buf, len, i ? "%.1f %s" : "%.0f %s", x, u[i]);
-}
-
 int gr_rep_leaks(jbuf_t *b, bool json) {
   leaks_t *l = calloc(1, sizeof *l);
   if (!l)
@@ -498,12 +487,12 @@ int gr_rep_leaks(jbuf_t *b, bool json) {
     jb_arr_end(b);
     jb_obj_end(b);
   } else {
-    human(l->bytes, hb, sizeof hb);
+    gr_log_bytes(l->bytes, hb, sizeof hb);
     jb_printf(b, "=================================================================\n");
     jb_printf(b, "gpureclaim[%d]: %llu blocks (%s) were never freed\n", (int)getpid(), (unsigned long long)l->blocks, hb);
     for (int d = 0; d <= GR_MAX_DEV; d++)
       if (l->dev_blocks[d]) {
-        human(l->dev_bytes[d], hb, sizeof hb);
+        gr_log_bytes(l->dev_bytes[d], hb, sizeof hb);
         if (d == GR_MAX_DEV)
           jb_printf(b, "Host (pinned): %llu blocks, %s\n", (unsigned long long)l->dev_blocks[d], hb);
         else
@@ -512,7 +501,7 @@ int gr_rep_leaks(jbuf_t *b, bool json) {
     for (size_t i = 0; i < l->n; i++) {
       leak_group_t *g = &l->g[i];
       gr_lib_t lib = gr_reg_library(g->pc);
-      human(g->bytes, hb, sizeof hb);
+      gr_log_bytes(g->bytes, hb, sizeof hb);
       symbolize(g->pc, sym, sizeof sym);
       jb_printf(b, "\n%llu block%s, %s (%s) allocated by %s at %#lx%s%s%s\n", (unsigned long long)g->blocks,
                 g->blocks == 1 ? "" : "s", hb, kind_name(g->kind), lib.name, (unsigned long)g->pc, sym[0] ? " (" : "",

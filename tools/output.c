@@ -1,6 +1,7 @@
 /* output.c -- how the gpureclaim command writes numbers and JSON: binary units for people, exact integers and
  * escaped strings for programs. */
 #include "command.h"
+#include "gpureclaim_internal.h"
 
 #include <stdio.h>
 #include <time.h>
@@ -9,17 +10,7 @@ static bool g_json;
 bool cmd_json_out(void) { return g_json; }
 void cmd_set_json(bool on) { g_json = on; }
 
-const char *cmd_bytes(uint64_t v, char *buf, size_t len) {
-  static const char *const u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  double x = (double)v;
-  int i = 0;
-  while (x >= 1024 && i < 5) {
-    x /= 1024;
-    i++;
-  }
-  snprintf(buf, len, i ? "%.1f %s" : "%.0f %s", x, u[i]);
-  return buf;
-}
+const char *cmd_bytes(uint64_t v, char *buf, size_t len) { return gr_log_bytes(v, buf, len); }
 
 const char *cmd_age(uint64_t then_ms, uint64_t now_ms, char *buf, size_t len) {
   uint64_t s = now_ms > then_ms ? (now_ms - then_ms) / 1000 : 0;
