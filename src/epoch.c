@@ -38,6 +38,11 @@
  * Per-thread counters
  *   The record also carries the thread's count of table records inserted minus deleted, written only by its
  *   owner with plain (relaxed) stores, so the table knows its size without a shared counter on the hot path.
+ *   Summing them costs a cache miss per thread, so each thread also flushes its changes in batches of 32 to
+ *   one shared approximate count (off by at most 31 per thread), which the table reads for its load checks.
+ *
+ * Fast paths
+ *   enter, exit and count_live are inline (table.h); the functions here are their rare slow paths.
  */
 #include "table.h"
 
@@ -45,6 +50,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -56,13 +62,6 @@
 #endif
 #endif
 
-struct gr_thread_rec {
-  _Atomic uint64_t announce;
-  _Atomic int owned;
-  _Atomic int64_t live; /* written by the owner only */
-  struct gr_thread_rec *next; /* immutable once the record is published */
-  unsigned depth;             /* owner only */
-};
 
 typedef struct retired {
   struct retired *next;
@@ -74,17 +73,21 @@ typedef struct retired {
 
 #define GR_EPOCH_LIKELY(x) __builtin_expect(!!(x), 1)
 
-static _Atomic uint64_t g_epoch = 1;
+_Atomic uint64_t gr_epoch_global = 1;
+#define g_epoch gr_epoch_global
 static _Atomic(gr_thread_rec_t *) g_threads;
 static _Atomic(retired_t *) g_retired;
 static _Atomic size_t g_pending;
 static _Atomic int g_reclaiming;
 static _Atomic int64_t g_exited_live; /* live counts of threads that exited */
 
-static GR_TLS_IE gr_thread_rec_t *t_rec;
+GR_TLS_IE gr_thread_rec_t *gr_epoch_t_rec;
+#define t_rec gr_epoch_t_rec
+static _Atomic int64_t g_live_approx; /* sum of the flushed batches */
 
 /* 1 when readers may use a plain store (membarrier registered), 0 until decided or when unavailable. */
-static _Atomic int g_asym;
+_Atomic int gr_epoch_asym;
+#define g_asym gr_epoch_asym
 static pthread_once_t g_asym_once = PTHREAD_ONCE_INIT;
 
 static void decide_asym(void) {
@@ -113,6 +116,8 @@ static void thread_exit(void *arg) {
   atomic_fetch_add_explicit(&g_exited_live, atomic_load_explicit(&r->live, memory_order_relaxed),
                             memory_order_relaxed);
   atomic_store_explicit(&r->live, 0, memory_order_relaxed);
+  atomic_fetch_add_explicit(&g_live_approx, r->batch, memory_order_relaxed);
+  r->batch = 0;
   atomic_store_explicit(&r->announce, 0, memory_order_release);
   r->depth = 0;
   if (t_rec == r)
@@ -132,9 +137,11 @@ __attribute__((noinline, cold)) static gr_thread_rec_t *register_thread(void) {
       break;
   }
   if (!r) {
-    r = calloc(1, sizeof *r);
+    /* A cache line each: the owner writes its record on every operation. */
+    r = aligned_alloc(64, sizeof *r);
     if (!r)
       return NULL;
+    memset(r, 0, sizeof *r);
     atomic_init(&r->owned, 1);
     gr_thread_rec_t *head = atomic_load_explicit(&g_threads, memory_order_relaxed);
     do {
@@ -143,6 +150,7 @@ __attribute__((noinline, cold)) static gr_thread_rec_t *register_thread(void) {
                                                     memory_order_relaxed));
   }
   r->depth = 0;
+  r->batch = 0;
   t_rec = r;
   pthread_once(&g_asym_once, decide_asym);
   pthread_once(&g_key_once, make_key);
@@ -160,33 +168,19 @@ gr_thread_rec_t *gr_epoch_self(void) {
 static _Atomic unsigned g_anon_inside;
 static GR_TLS_IE unsigned t_anon_depth;
 
-void gr_epoch_enter(void) {
+void gr_epoch_enter_slow(void) {
   gr_thread_rec_t *r = gr_epoch_self();
   if (__builtin_expect(r == NULL, 0)) {
     if (t_anon_depth++ == 0)
       atomic_fetch_add_explicit(&g_anon_inside, 1, memory_order_seq_cst);
     return;
   }
-  if (r->depth++ == 0) {
-    uint64_t e = atomic_load_explicit(&g_epoch, memory_order_relaxed);
-    if (GR_EPOCH_LIKELY(atomic_load_explicit(&g_asym, memory_order_relaxed))) {
-      atomic_store_explicit(&r->announce, (e << 1) | 1, memory_order_relaxed);
-      atomic_signal_fence(memory_order_seq_cst); /* the reclaimer's membarrier supplies the hardware fence */
-    } else {
-      atomic_exchange_explicit(&r->announce, (e << 1) | 1, memory_order_seq_cst);
-    }
-  }
+  gr_epoch_enter();
 }
 
-void gr_epoch_exit(void) {
-  gr_thread_rec_t *r = t_rec;
-  if (__builtin_expect(r == NULL, 0)) {
-    if (t_anon_depth && --t_anon_depth == 0)
-      atomic_fetch_sub_explicit(&g_anon_inside, 1, memory_order_release);
-    return;
-  }
-  if (--r->depth == 0)
-    atomic_store_explicit(&r->announce, 0, memory_order_release);
+void gr_epoch_exit_slow(void) {
+  if (t_anon_depth && --t_anon_depth == 0)
+    atomic_fetch_sub_explicit(&g_anon_inside, 1, memory_order_release);
 }
 
 void gr_epoch_retire(void *p, size_t bytes, void (*fn)(void *p, size_t bytes)) {
@@ -256,13 +250,21 @@ size_t gr_epoch_reclaim(void) {
   return freed;
 }
 
-void gr_epoch_count_live(int64_t d) {
+void gr_epoch_count_live_slow(int64_t d) {
   gr_thread_rec_t *r = gr_epoch_self();
-  if (r)
-    atomic_store_explicit(&r->live, atomic_load_explicit(&r->live, memory_order_relaxed) + d,
-                          memory_order_relaxed);
-  else
+  if (!r) {
     atomic_fetch_add_explicit(&g_exited_live, d, memory_order_relaxed);
+    atomic_fetch_add_explicit(&g_live_approx, d, memory_order_relaxed);
+    return;
+  }
+  atomic_fetch_add_explicit(&g_live_approx, r->batch + d, memory_order_relaxed);
+  r->batch = 0;
+  atomic_store_explicit(&r->live, atomic_load_explicit(&r->live, memory_order_relaxed) + d, memory_order_relaxed);
+}
+
+int64_t gr_epoch_live_approx(void) {
+  int64_t v = atomic_load_explicit(&g_live_approx, memory_order_relaxed);
+  return v < 0 ? 0 : v;
 }
 
 int64_t gr_epoch_live_sum(void) {
@@ -287,6 +289,9 @@ void gr_epoch_atfork_child(void) {
       atomic_store_explicit(&t_rec->announce, 0, memory_order_relaxed);
   }
   atomic_store_explicit(&g_exited_live, 0, memory_order_relaxed);
+  atomic_store_explicit(&g_live_approx, 0, memory_order_relaxed);
+  if (t_rec)
+    t_rec->batch = 0;
   atomic_store_explicit(&g_anon_inside, t_anon_depth ? 1u : 0u, memory_order_relaxed);
   /* A new process: its own membarrier registration. */
   atomic_store_explicit(&g_asym, 0, memory_order_seq_cst);

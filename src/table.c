@@ -4,14 +4,21 @@
  * Data structure
  *   An open-addressing hash table with linear probing whose 40-byte slots hold the records themselves:
  *     ctl   state (3 bits) | PENDING | MOVED | slot generation (11) | ctx id (12) | pool id (12) | scope (16) |
- *           aux (8)                                   -- or, once MOVED: MOVED | FWD | DONE | WASEMPTY | fwd index
+ *           aux (8)                                   -- or, once MOVED: MOVED | FWD | DONE | fwd index
  *     key   the block's address (or VMM handle)
  *     w1    size (48) | kind (4) | device (7) | api (5)
  *     w2    caller address (for mappings: the handle)
  *     w3    allocation time in ms (42) | thread id (22)
  *   The table is one "generation": an mmap()ed array of cap slots, cap any integer; the home slot of a key is
- *   fastrange(hash(key space, key), cap). A generation is replaced by a new one (growth, shrink, or clearing
- *   tombstones) through a cooperative migration; old generations are unmapped through epoch.c.
+ *   fastrange(hash(key space, key), cap). A generation is replaced by a new one (growth or shrink) through a
+ *   cooperative migration; old generations are unmapped through epoch.c.
+ *
+ * Deletion without tombstones
+ *   A delete makes its slot free for good (DELETED is a free state, like EMPTY), so a changing set of keys
+ *   never fills a generation with tombstones and the table migrates only when the number of records calls for
+ *   another size. Probes therefore cannot stop at a free slot. Instead each generation keeps max_disp, the
+ *   largest distance from its home at which any record was ever placed in it (monotonic; raised before the
+ *   record is published), and a lookup probes at most max_disp + 1 slots. Inserts take the first free slot.
  *
  * Publishing a record (single writer per slot)
  *   insert: CAS ctl EMPTY|DELETED -> BUSY (new slot generation), store the payload words with release
@@ -21,8 +28,8 @@
  *   transition: a free and a concurrent release race on one CAS and only one of them frees the block.
  *
  * Invariants (checked by gr_table_check() and the tests)
- *   I1  Within a generation a slot never returns to EMPTY; so between a key's home slot and the slot that holds
- *       it there is never an EMPTY slot, and a probe may stop at the first EMPTY.
+ *   I1  Every record of a generation lies at most max_disp slots past its home slot, and max_disp covered it
+ *       before it was published; so a lookup that happens after an insert finds the record within the bound.
  *   I2  A present record's payload is immutable; ctl changes by CAS only; the slot generation changes exactly
  *       when a new occupant takes the slot.
  *   I3  At most one present record per (key space, key) is LIVE, ORPHAN or RELEASED: the driver never hands out
@@ -33,8 +40,9 @@
  *   I5  The number of records equals inserts minus deletes (sum of the per-thread counters of epoch.c).
  *
  * Migration (growth does not stop other threads)
- *   A thread that fills the root generation G past 85% of its slots (counting tombstones), or finds it less
- *   than 62.5% live, maps a generation N sized for 75% load and links it as G->next. From then on inserts go to
+ *   A thread that finds the root generation G more than 85% live (it sums the per-thread record counts every
+ *   32nd insert, and after any insert that probed 24 slots), less than 62.5% live, or with a record placed 512
+ *   slots from its home, maps a generation N sized for 75% load and links it as G->next. From then on inserts go to
  *   N, and every operation that sees G->next first helps: it claims a chunk of G's slots and migrates each:
  *     empty/deleted/busy slot:  CAS ctl -> MOVED|DONE (an insert that owned a busy slot sees its publish CAS
  *                               fail and inserts into N itself);
@@ -42,7 +50,8 @@
  *                               (a concurrent change of the record makes the CAS fail: the copy is updated and
  *                               the CAS retried), publish the copy (clear PENDING), set DONE.
  *   Anyone meeting MOVED|FWD follows it (publishing the copy if needed), so a record is visible at every moment
- *   in exactly one place. Lookups probe G, then N for records inserted there directly. A PENDING slot is invisible
+ *   in exactly one place. Lookups probe G, then N for records inserted there directly (each within its own
+ *   bound; a copy raises N's bound before its source forwards to it). A PENDING slot is invisible
  *   to probes of N until its source confirms it. The thread whose DONE completes the count moves the root to N
  *   and retires G; so does a sweep that saw every slot DONE, since the thread holding the count's last
  *   increment may be preempted. Operations never wait for one another: a stalled helper's slots can be
@@ -74,13 +83,15 @@ typedef struct slot {
 } slot_t;
 
 typedef struct gen {
+  /* Read by every operation, written once (next) or rarely (max_disp): one cache line. */
   uint64_t cap;
-  uint64_t grow_at;  /* used slots that trigger a migration */
+  uint64_t grow_at;  /* live records that call for a larger generation */
   size_t bytes;      /* mapped size */
   _Atomic(struct gen *) next;
-  _Atomic uint64_t used;   /* slots ever taken (present + deleted + busy) */
-  _Atomic uint64_t cursor; /* next chunk to migrate */
-  _Atomic uint64_t done;   /* slots whose migration is finished */
+  _Atomic uint64_t max_disp; /* largest distance from its home slot of any record placed here */
+  /* Written only while the generation is migrated: a line of their own. */
+  _Alignas(64) _Atomic uint64_t cursor; /* next chunk to migrate */
+  _Atomic uint64_t done;                /* slots whose migration is finished */
   slot_t slots[];
 } gen_t;
 
@@ -90,7 +101,6 @@ typedef struct gen {
 #define F_MOVED (UINT64_C(1) << 4)
 #define F_FWD (UINT64_C(1) << 5)
 #define F_DONE (UINT64_C(1) << 6)
-#define F_WASEMPTY (UINT64_C(1) << 7)
 /* A forward names the slot generation of the occupant it froze and of its copy, so that a forward whose copy
  * was deleted and whose slot was reused by another record is recognised as leading nowhere. */
 #define FWD_SRC_SHIFT 8
@@ -104,9 +114,16 @@ typedef struct gen {
 #define AUX_SHIFT 56
 #define META_MASK (~((SGEN_MASK << SGEN_SHIFT) | ST_MASK | F_PENDING | F_MOVED))
 
+#define GR_TABLE_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define GR_TABLE_COLD __attribute__((noinline, cold))
+
 #define MIN_CAP 1024u
+/* An insert that probed this far checks the load at once (else every 32nd insert of a thread does). */
+#define LONG_PROBE 24u
+/* A record this far from home makes every lookup of an absent key probe as far: rebuild the generation. */
+#define REBUILD_DISP 512u
 #define CHUNK 128u
-/* Loads, in 1/1000. Growth at 85% used, a new generation at 75%, shrink below 62.5% live. */
+/* Loads, in 1/1000. Growth at 85% live, a new generation at 75%, shrink below 62.5% live. */
 #define GROW_PERMILLE 850u
 #define TARGET_PERMILLE 750u
 #define SHRINK_PERMILLE 625u
@@ -140,6 +157,19 @@ static inline uint64_t home(const gen_t *g, uint64_t h) {
   return (uint64_t)(((unsigned __int128)h * g->cap) >> 64);
 }
 static inline uint64_t nexti(const gen_t *g, uint64_t i) { return i + 1 == g->cap ? 0 : i + 1; }
+
+/* Raises g's probe bound to cover a record placed d slots past its home; called before it is published. */
+static inline void note_disp(gen_t *g, uint64_t d) {
+  uint64_t m = atomic_load_explicit(&g->max_disp, memory_order_relaxed);
+  while (GR_TABLE_UNLIKELY(d > m) &&
+         !atomic_compare_exchange_weak_explicit(&g->max_disp, &m, d, memory_order_release, memory_order_relaxed))
+    ;
+}
+/* Slots a lookup in g probes from a home slot: every record of g lies within max_disp of its home. */
+static inline uint64_t probe_len(gen_t *g) {
+  uint64_t m = atomic_load_explicit(&g->max_disp, memory_order_acquire) + 1;
+  return m < g->cap ? m : g->cap;
+}
 
 /* ---- packing ---- */
 static uint64_t meta_of(const gr_rec_t *r) {
@@ -276,11 +306,10 @@ static uint64_t reserve_copy(gen_t *n, unsigned ks, uint64_t key, uint64_t meta,
                                                  memory_order_relaxed)) {
       if (c & F_MOVED)
         return n->cap;
-      continue; /* taken meanwhile: probe on (I1 keeps the run intact) */
+      continue; /* taken meanwhile: probe on */
     }
-    if (cst == GR_ST_EMPTY)
-      atomic_fetch_add_explicit(&n->used, 1, memory_order_relaxed);
     write_payload(s, key, w1, w2, w3);
+    note_disp(n, probes);
     uint64_t pending = ctl_with(meta, st, ctl_sgen(busy)) | F_PENDING;
     if (!atomic_compare_exchange_strong_explicit(&s->ctl, &busy, pending, memory_order_acq_rel,
                                                  memory_order_relaxed))
@@ -326,8 +355,7 @@ static bool migrate_slot(gen_t *g, gen_t *n, uint64_t i) {
     }
     unsigned st = ctl_state(c);
     if (!st_present(st) || (c & F_PENDING)) {
-      uint64_t frozen = F_MOVED | F_DONE | (st == GR_ST_EMPTY && !(c & F_PENDING) ? F_WASEMPTY : 0);
-      if (atomic_compare_exchange_strong_explicit(&s->ctl, &c, frozen, memory_order_acq_rel,
+      if (atomic_compare_exchange_strong_explicit(&s->ctl, &c, F_MOVED | F_DONE, memory_order_acq_rel,
                                                   memory_order_relaxed)) {
         count_done(g, 1);
         return true;
@@ -450,6 +478,17 @@ static void need_migration(gen_t *t) {
   start_migration(t);
 }
 
+/* After an insert into t that probed `probes` slots: a generation past its growth load, or one whose probe
+ * bound grew long, is replaced. The load comes from epoch.c's approximate count (one load); a long probe, the
+ * sign of a full table, sums the exact per-thread counts. */
+static void check_load(gen_t *t, uint64_t probes) {
+  if (atomic_load_explicit(&t->next, memory_order_acquire))
+    return;
+  uint64_t live = (uint64_t)(probes >= LONG_PROBE ? gr_epoch_live_sum() : gr_epoch_live_approx());
+  if (live + 1 >= t->grow_at || probes >= REBUILD_DISP)
+    need_migration(t);
+}
+
 /* ---- probing ---- */
 
 /* From slot s of generation *g, whose ctl is *cp, follows forwards to the slot that holds the record that had
@@ -489,14 +528,12 @@ static find_t find(gen_t *g, unsigned ks, uint64_t key, unsigned mask, gen_t **g
                    gr_rec_t *rec) {
   uint64_t h = hash_key(ks, key);
   for (; g; g = atomic_load_explicit(&g->next, memory_order_acquire)) {
-    uint64_t i = home(g, h);
-    for (uint64_t probes = 0; probes < g->cap; probes++, i = nexti(g, i)) {
+    uint64_t i = home(g, h), len = probe_len(g);
+    for (uint64_t probes = 0; probes < len; probes++, i = nexti(g, i)) {
       slot_t *s = &g->slots[i];
       uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
     again:
       if (c & F_MOVED) {
-        if (c & F_WASEMPTY)
-          break; /* end of the run in this generation */
         if (!(c & F_FWD))
           continue;
         /* The source's payload stays intact after the freeze. */
@@ -518,9 +555,8 @@ static find_t find(gen_t *g, unsigned ks, uint64_t key, unsigned mask, gen_t **g
         return FIND_OK;
       }
       unsigned st = ctl_state(c);
-      if (st == GR_ST_EMPTY)
-        break;
-      if ((c & F_PENDING) || !((mask >> st) & 1))
+      /* Free slots do not end the run (a delete frees its slot for good): the probe bound does. */
+      if ((c & F_PENDING) || !((mask >> st) & 1) || atomic_load_explicit(&s->key, memory_order_acquire) != key)
         continue;
       uint64_t w1;
       if (!read_slot(s, c, rec, &w1)) {
@@ -537,6 +573,8 @@ static find_t find(gen_t *g, unsigned ks, uint64_t key, unsigned mask, gen_t **g
   }
   return FIND_NONE;
 }
+
+GR_TABLE_COLD static void maybe_shrink(void);
 
 static inline void maybe_reclaim(void) {
   if (__builtin_expect((++t_ops & 63) == 0, 0) && gr_epoch_pending())
@@ -588,6 +626,7 @@ int gr_table_insert(const gr_rec_t *r) {
         continue;
       }
       write_payload(s, r->key, w1, r->caller, w3);
+      note_disp(t, probes);
       uint64_t live = ctl_with(meta, r->state, ctl_sgen(busy));
       if (!atomic_compare_exchange_strong_explicit(&s->ctl, &busy, live, memory_order_acq_rel,
                                                    memory_order_relaxed)) {
@@ -595,9 +634,8 @@ int gr_table_insert(const gr_rec_t *r) {
         break;
       }
       placed = true;
-      if (st == GR_ST_EMPTY &&
-          atomic_fetch_add_explicit(&t->used, 1, memory_order_relaxed) + 1 >= t->grow_at)
-        need_migration(t);
+      if (GR_TABLE_UNLIKELY(probes >= LONG_PROBE) || GR_TABLE_UNLIKELY((t_ops & 31) == 0))
+        check_load(t, probes);
       break;
     }
     if (placed)
@@ -645,28 +683,92 @@ int gr_table_update(unsigned ks, uint64_t key, unsigned state_mask, gr_edit_fn f
     /* Changed, moved or gone: look it up again. */
   }
   gr_epoch_exit();
-  if (rc == 0 && (++t_ops & 255) == 0) {
-    gen_t *g = load_root();
-    if (g && g->cap > MIN_CAP && !atomic_load_explicit(&g->next, memory_order_acquire) &&
-        (uint64_t)gr_epoch_live_sum() * 1000 < g->cap * SHRINK_PERMILLE) {
-      gr_epoch_enter();
-      if (load_root() == g)
-        start_migration(g);
-      gr_epoch_exit();
-    }
-  }
+  if (rc == 0 && (++t_ops & 255) == 0)
+    maybe_shrink();
   maybe_reclaim();
   return rc;
 }
 
-static bool edit_delete(gr_rec_t *r, void *arg) {
-  (void)arg;
+/* Every 256th change of a thread: a generation below its shrink load is replaced by a smaller one. */
+GR_TABLE_COLD static void maybe_shrink(void) {
+  gr_epoch_enter();
+  gen_t *g = load_root();
+  if (g && g->cap > MIN_CAP && !atomic_load_explicit(&g->next, memory_order_acquire) &&
+      (uint64_t)gr_epoch_live_approx() * 1000 < g->cap * SHRINK_PERMILLE &&
+      (uint64_t)gr_epoch_live_sum() * 1000 < g->cap * SHRINK_PERMILLE)
+    start_migration(g);
+  gr_epoch_exit();
+}
+
+typedef struct {
+  unsigned kinds;
+} take_arg_t;
+
+static bool edit_take(gr_rec_t *r, void *arg) {
+  if (!((((take_arg_t *)arg)->kinds >> r->kind) & 1))
+    return false;
   r->state = GR_ST_DELETED;
   return true;
 }
 
+/* The take of every free: one probe run of the root generation, a record unpacked only once it is taken.
+ * Anything unusual (a migration under way, a frozen slot) goes to the general update(). */
+int gr_table_take_kind(unsigned ks, uint64_t key, unsigned state_mask, unsigned kind_mask, gr_rec_t *out) {
+  int rc = -ENOENT;
+  gr_epoch_enter();
+  gen_t *g = load_root();
+  if (GR_TABLE_UNLIKELY(!g)) {
+    gr_epoch_exit();
+    return -ENOENT;
+  }
+  if (GR_TABLE_UNLIKELY(atomic_load_explicit(&g->next, memory_order_acquire) != NULL))
+    goto general;
+  uint64_t i = home(g, hash_key(ks, key)), len = probe_len(g);
+  for (uint64_t probes = 0; probes < len; probes++, i = nexti(g, i)) {
+    slot_t *s = &g->slots[i];
+    uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
+  again:
+    if (GR_TABLE_UNLIKELY(c & F_MOVED))
+      goto general;
+    if ((c & F_PENDING) || !((state_mask >> ctl_state(c)) & 1) ||
+        atomic_load_explicit(&s->key, memory_order_acquire) != key)
+      continue;
+    uint64_t w1 = atomic_load_explicit(&s->w1, memory_order_acquire);
+    uint64_t w2 = atomic_load_explicit(&s->w2, memory_order_acquire);
+    uint64_t w3 = atomic_load_explicit(&s->w3, memory_order_acquire);
+    if (atomic_load_explicit(&s->ctl, memory_order_acquire) != c) {
+      c = atomic_load_explicit(&s->ctl, memory_order_acquire);
+      goto again; /* changed while read */
+    }
+    if (rec_ks(w1) != ks)
+      continue;
+    if (!((kind_mask >> ((w1 >> 48) & 0xf)) & 1))
+      break; /* the first match is of another kind: declined, as update() with edit_take declines */
+    /* The CAS names the occupant (slot generation) whose payload was read. */
+    if (!atomic_compare_exchange_strong_explicit(&s->ctl, &c, ctl_with(c, GR_ST_DELETED, ctl_sgen(c)),
+                                                 memory_order_acq_rel, memory_order_acquire))
+      goto again;
+    if (out)
+      unpack(c, key, w1, w2, w3, out);
+    rc = 0;
+    break;
+  }
+  gr_epoch_exit();
+  if (rc == 0) {
+    gr_epoch_count_live(-1);
+    if (GR_TABLE_UNLIKELY((++t_ops & 255) == 0))
+      maybe_shrink();
+  }
+  maybe_reclaim();
+  return rc;
+general:
+  gr_epoch_exit();
+  take_arg_t t = {kind_mask};
+  return gr_table_update(ks, key, state_mask, edit_take, &t, out);
+}
+
 int gr_table_take(unsigned ks, uint64_t key, unsigned state_mask, gr_rec_t *out) {
-  return gr_table_update(ks, key, state_mask, edit_delete, NULL, out);
+  return gr_table_take_kind(ks, key, state_mask, ~0u, out);
 }
 
 int gr_table_lookup(unsigned ks, uint64_t key, unsigned state_mask, gr_rec_t *out) {
@@ -787,7 +889,7 @@ int gr_table_check(void) {
     return 0;
   if (atomic_load_explicit(&g->next, memory_order_acquire))
     return -__LINE__; /* quiescent tables have no migration in progress */
-  uint64_t used = 0, present = 0;
+  uint64_t present = 0, max_disp = atomic_load_explicit(&g->max_disp, memory_order_relaxed);
   for (uint64_t i = 0; i < g->cap; i++) {
     slot_t *s = &g->slots[i];
     uint64_t c = atomic_load_explicit(&s->ctl, memory_order_relaxed);
@@ -796,23 +898,20 @@ int gr_table_check(void) {
     unsigned st = ctl_state(c);
     if (st == GR_ST_BUSY)
       return -__LINE__;
-    if (st != GR_ST_EMPTY)
-      used++;
     if (!st_present(st))
       continue;
     present++;
     gr_rec_t r;
     uint64_t w1;
     read_slot(s, c, &r, &w1);
-    /* I1: no EMPTY between the home slot and the record. */
-    for (uint64_t j = home(g, hash_key(rec_ks(w1), r.key)); j != i; j = nexti(g, j))
-      if (ctl_state(atomic_load_explicit(&g->slots[j].ctl, memory_order_relaxed)) == GR_ST_EMPTY &&
-          !(atomic_load_explicit(&g->slots[j].ctl, memory_order_relaxed) & F_MOVED))
-        return -__LINE__;
+    /* I1: within the probe bound of its home slot. */
+    uint64_t h = home(g, hash_key(rec_ks(w1), r.key));
+    if ((i >= h ? i - h : i + g->cap - h) > max_disp)
+      return -__LINE__;
   }
-  if (used > atomic_load_explicit(&g->used, memory_order_relaxed))
+  /* I5: the per-thread counts add up to the records present. */
+  if (present != (uint64_t)gr_epoch_live_sum())
     return -__LINE__;
-  (void)present;
   return 0;
 }
 

@@ -7,6 +7,7 @@
 #ifndef GR_TABLE_H
 #define GR_TABLE_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -19,10 +20,49 @@
 
 /* A thread's registration: its announced epoch and the per-thread counters the table sums. Records are never
  * freed; a thread that exits gives its record back for the next new thread. */
-typedef struct gr_thread_rec gr_thread_rec_t;
+typedef struct gr_thread_rec {
+  _Atomic uint64_t announce;  /* 0 outside a critical section, epoch << 1 | 1 inside */
+  _Atomic int64_t live;       /* records inserted minus deleted; written by the owner only */
+  int64_t batch;              /* owner only: change of `live` not yet added to the shared approximation */
+  unsigned depth;             /* owner only: critical-section nesting */
+  _Atomic int owned;
+  struct gr_thread_rec *next; /* immutable once the record is published */
+} __attribute__((aligned(64))) gr_thread_rec_t;
 
-void gr_epoch_enter(void);
-void gr_epoch_exit(void);
+extern GR_TLS_IE gr_thread_rec_t *gr_epoch_t_rec;
+extern _Atomic uint64_t gr_epoch_global;
+extern _Atomic int gr_epoch_asym;
+void gr_epoch_enter_slow(void);
+void gr_epoch_exit_slow(void);
+void gr_epoch_count_live_slow(int64_t d);
+
+/* Enters a critical section (nestable): memory retired from now on is not freed before the matching exit. */
+static inline void gr_epoch_enter(void) {
+  gr_thread_rec_t *r = gr_epoch_t_rec;
+  if (__builtin_expect(r == NULL, 0)) {
+    gr_epoch_enter_slow();
+    return;
+  }
+  if (r->depth++ == 0) {
+    uint64_t e = atomic_load_explicit(&gr_epoch_global, memory_order_relaxed);
+    if (__builtin_expect(atomic_load_explicit(&gr_epoch_asym, memory_order_relaxed), 1)) {
+      atomic_store_explicit(&r->announce, (e << 1) | 1, memory_order_relaxed);
+      atomic_signal_fence(memory_order_seq_cst); /* the reclaimer's membarrier supplies the hardware fence */
+    } else {
+      atomic_exchange_explicit(&r->announce, (e << 1) | 1, memory_order_seq_cst);
+    }
+  }
+}
+
+static inline void gr_epoch_exit(void) {
+  gr_thread_rec_t *r = gr_epoch_t_rec;
+  if (__builtin_expect(r == NULL || r->depth == 0, 0)) { /* entered before this thread could register */
+    gr_epoch_exit_slow();
+    return;
+  }
+  if (--r->depth == 0)
+    atomic_store_explicit(&r->announce, 0, memory_order_release);
+}
 /* Frees fn(p, bytes) once no critical section that may still see p remains. */
 void gr_epoch_retire(void *p, size_t bytes, void (*fn)(void *p, size_t bytes));
 /* Tries to advance the epoch and free what can be freed; never waits. Returns the number of items freed. */
@@ -31,8 +71,19 @@ size_t gr_epoch_reclaim(void);
 size_t gr_epoch_pending(void);
 /* The calling thread's record (registering it on first use); NULL when memory ran out. */
 gr_thread_rec_t *gr_epoch_self(void);
-/* Adds d to the calling thread's live-record counter (single writer, no atomic read-modify-write). */
-void gr_epoch_count_live(int64_t d);
+/* Adds d to the calling thread's live-record counter (single writer, no atomic read-modify-write; one shared
+ * atomic add per 32 changes for the approximation). */
+static inline void gr_epoch_count_live(int64_t d) {
+  gr_thread_rec_t *r = gr_epoch_t_rec;
+  if (__builtin_expect(r != NULL, 1) && (uint64_t)(r->batch + d + 31) < 63) {
+    r->batch += d;
+    atomic_store_explicit(&r->live, atomic_load_explicit(&r->live, memory_order_relaxed) + d, memory_order_relaxed);
+    return;
+  }
+  gr_epoch_count_live_slow(d);
+}
+/* The number of records give or take 31 per thread: one load. */
+int64_t gr_epoch_live_approx(void);
 /* Sum of every thread's live-record counter: the number of records in the table, give or take the
  * operations in flight. */
 int64_t gr_epoch_live_sum(void);
@@ -112,6 +163,8 @@ typedef bool (*gr_edit_fn)(gr_rec_t *rec, void *arg);
 int gr_table_update(unsigned ks, uint64_t key, unsigned state_mask, gr_edit_fn fn, void *arg, gr_rec_t *before);
 /* update() that moves the record to DELETED. */
 int gr_table_take(unsigned ks, uint64_t key, unsigned state_mask, gr_rec_t *out);
+/* take() of the first matching record only when its kind is in kind_mask (-ENOENT if it is of another kind). */
+int gr_table_take_kind(unsigned ks, uint64_t key, unsigned state_mask, unsigned kind_mask, gr_rec_t *out);
 /* Copies the first record with that key whose state is in state_mask. 0 or -ENOENT. */
 int gr_table_lookup(unsigned ks, uint64_t key, unsigned state_mask, gr_rec_t *out);
 

@@ -41,20 +41,8 @@ void gr_track_insert(gr_rec_t *r) {
   gr_stats_alloc(r);
 }
 
-typedef struct {
-  unsigned kinds;
-} take_t;
-
-static bool edit_take(gr_rec_t *r, void *arg) {
-  if (!((((take_t *)arg)->kinds >> r->kind) & 1))
-    return false;
-  r->state = GR_ST_DELETED;
-  return true;
-}
-
 int gr_track_take(unsigned ks, uint64_t key, unsigned kind_mask, gr_rec_t *out) {
-  take_t t = {kind_mask};
-  if (GR_LIKELY(gr_table_update(ks, key, GR_STMASK(GR_ST_LIVE) | GR_STMASK(GR_ST_ORPHAN), edit_take, &t, out) == 0))
+  if (GR_LIKELY(gr_table_take_kind(ks, key, GR_STMASK(GR_ST_LIVE) | GR_STMASK(GR_ST_ORPHAN), kind_mask, out) == 0))
     return 1;
   /* Not live. A block a release freed (or is freeing) must not be freed again by the driver. */
   bool consumed = false;
