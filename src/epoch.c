@@ -106,6 +106,13 @@ static void heavy_barrier(void) {
     atomic_store_explicit(&g_asym, 0, memory_order_seq_cst); /* cannot happen once registered; be safe */
 }
 
+void gr_epoch_heavy_barrier(void) {
+  if (atomic_load_explicit(&g_asym, memory_order_seq_cst))
+    heavy_barrier();
+  else
+    atomic_thread_fence(memory_order_seq_cst);
+}
+
 static pthread_key_t g_key;
 static pthread_once_t g_key_once = PTHREAD_ONCE_INIT;
 

@@ -3,9 +3,20 @@
  *
  * Counts (allocations, frees, pinned and address-space bytes) live in per-thread shards written with plain
  * stores by their owner only, so an allocation adds no shared read-modify-write for them; a read sums the
- * shards. Shards of exited threads are folded into a global one and reused. Live device bytes need a peak,
- * so they are one atomic per device (and one for the process once a second device is used: a process on a
- * single device gets its overall peak from that device's).
+ * shards. Shards of exited threads are folded into a global one and reused.
+ *
+ * Live device bytes and their peak
+ *   Live bytes of a device are a shared atomic `committed` plus every thread's `pending` change, which the
+ *   thread keeps at or below zero: an allocation that would make its pending change positive adds it to
+ *   `committed` instead (one atomic add) and raises the peak from the new value; frees stay pending until they
+ *   pass -4 MiB. So a thread that allocates and frees in turn (a loop of alloc+free pairs, a framework's
+ *   pool growing and shrinking) makes no shared read-modify-write at all once it has freed as much as it
+ *   allocates. The exact live count is `committed` plus the pending changes, summed when read.
+ *   The peak is raised only when `committed` grows, and live bytes never exceed `committed` (pending changes
+ *   are never positive), so the peak is never below the true peak. It is exact in a single-threaded program;
+ *   with several threads it may exceed the true peak by the frees still pending in other threads, at most
+ *   4 MiB per thread. A process that uses a second device also keeps a process total for its overall peak
+ *   (with one device, that device's peak is the process's).
  */
 #include "gpureclaim_internal.h"
 
@@ -20,14 +31,18 @@ enum { C_DEV_ALLOCS, C_DEV_FREES, C_HOST_IN, C_HOST_OUT, C_HOST_BYTES_IN, C_HOST
 
 #define NDEV (GR_MAX_DEV + 1) /* last slot: no device */
 
+/* Frees below this stay pending in their thread (see above). */
+#define PENDING_FLOOR (-(INT64_C(4) << 20))
+
 typedef struct shard {
   _Atomic uint64_t c[NDEV][C_N];
+  _Atomic int64_t pending[NDEV]; /* live bytes not yet in committed: always <= 0 */
   struct shard *next;
   _Atomic int owned;
-} shard_t;
+} __attribute__((aligned(64))) shard_t; /* whole cache lines: written by its thread on every allocation */
 
 typedef struct dev_atomics {
-  _Atomic uint64_t live_bytes, peak, orphan_blocks, orphan_bytes, ctxd_blocks, ctxd_bytes, ctxd_host;
+  _Atomic uint64_t live_bytes /* committed */, peak, orphan_blocks, orphan_bytes, ctxd_blocks, ctxd_bytes, ctxd_host;
 } __attribute__((aligned(64))) dev_atomics_t;
 
 static dev_atomics_t g_dev[NDEV];
@@ -54,6 +69,15 @@ static void fold(void *arg) {
         atomic_store_explicit(&s->c[d][c], 0, memory_order_relaxed);
       }
     }
+  for (int d = 0; d < NDEV; d++) {
+    int64_t p = atomic_load_explicit(&s->pending[d], memory_order_relaxed);
+    if (p) {
+      atomic_store_explicit(&s->pending[d], 0, memory_order_relaxed);
+      atomic_fetch_add_explicit(&g_dev[d].live_bytes, (uint64_t)p, memory_order_relaxed);
+      if (atomic_load_explicit(&g_used_devices_mask_set, memory_order_relaxed))
+        atomic_fetch_add_explicit(&g_total_live, (uint64_t)p, memory_order_relaxed);
+    }
+  }
   if (t_shard == s)
     t_shard = NULL;
   atomic_store_explicit(&s->owned, 0, memory_order_release);
@@ -69,9 +93,10 @@ GR_COLD static shard_t *new_shard(void) {
       break;
   }
   if (!s) {
-    s = calloc(1, sizeof *s);
+    s = aligned_alloc(64, sizeof *s);
     if (!s)
       return NULL;
+    memset(s, 0, sizeof *s);
     atomic_init(&s->owned, 1);
     shard_t *head = atomic_load_explicit(&g_shards, memory_order_relaxed);
     do
@@ -102,7 +127,8 @@ static inline void max_into(_Atomic uint64_t *peak, uint64_t v) {
     ;
 }
 
-static void live_add(int d, uint64_t bytes) {
+/* Adds bytes to device d's committed live bytes and raises the peaks. */
+static void commit_add(int d, uint64_t bytes) {
   uint64_t v = atomic_fetch_add_explicit(&g_dev[d].live_bytes, bytes, memory_order_relaxed) + bytes;
   max_into(&g_dev[d].peak, v);
   uint64_t bit = d < GR_MAX_DEV ? UINT64_C(1) << d : 0;
@@ -110,7 +136,7 @@ static void live_add(int d, uint64_t bytes) {
   if (GR_UNLIKELY(bit && !(mask & bit))) {
     mask = atomic_fetch_or_explicit(&g_devmask, bit, memory_order_relaxed) | bit;
     if (mask & (mask - 1) && !atomic_exchange_explicit(&g_used_devices_mask_set, 1, memory_order_relaxed)) {
-      /* A second device: from now on keep an exact process total (it starts as the sum of the devices). */
+      /* A second device: from now on keep a process total (it starts as the sum of the devices). */
       uint64_t sum = 0;
       for (int i = 0; i < NDEV; i++)
         if (i != d)
@@ -122,10 +148,40 @@ static void live_add(int d, uint64_t bytes) {
     max_into(&g_total_peak, atomic_fetch_add_explicit(&g_total_live, bytes, memory_order_relaxed) + bytes);
 }
 
-static void live_sub(int d, uint64_t bytes) {
+static void commit_sub(int d, uint64_t bytes) {
   atomic_fetch_sub_explicit(&g_dev[d].live_bytes, bytes, memory_order_relaxed);
   if (atomic_load_explicit(&g_used_devices_mask_set, memory_order_relaxed))
     atomic_fetch_sub_explicit(&g_total_live, bytes, memory_order_relaxed);
+}
+
+static inline void live_add(int d, uint64_t bytes) {
+  shard_t *s = t_shard;
+  if (GR_UNLIKELY(!s) && !(s = new_shard())) {
+    commit_add(d, bytes);
+    return;
+  }
+  int64_t p = atomic_load_explicit(&s->pending[d], memory_order_relaxed) + (int64_t)bytes;
+  if (GR_LIKELY(p <= 0)) {
+    atomic_store_explicit(&s->pending[d], p, memory_order_relaxed);
+    return;
+  }
+  atomic_store_explicit(&s->pending[d], 0, memory_order_relaxed);
+  commit_add(d, (uint64_t)p);
+}
+
+static inline void live_sub(int d, uint64_t bytes) {
+  shard_t *s = t_shard;
+  if (GR_UNLIKELY(!s) && !(s = new_shard())) {
+    commit_sub(d, bytes);
+    return;
+  }
+  int64_t p = atomic_load_explicit(&s->pending[d], memory_order_relaxed) - (int64_t)bytes;
+  if (GR_LIKELY(p >= PENDING_FLOOR)) {
+    atomic_store_explicit(&s->pending[d], p, memory_order_relaxed);
+    return;
+  }
+  atomic_store_explicit(&s->pending[d], 0, memory_order_relaxed);
+  commit_sub(d, (uint64_t)-p);
 }
 
 void gr_stats_alloc(const gr_rec_t *r) {
@@ -240,6 +296,14 @@ static void add_pool(uint16_t id, CUmemoryPool pool, int device, void *arg) {
     ps->used += v;
 }
 
+/* Committed plus every thread's pending change. */
+static uint64_t live_bytes(int d) {
+  int64_t v = (int64_t)atomic_load_explicit(&g_dev[d].live_bytes, memory_order_relaxed);
+  for (shard_t *s = atomic_load_explicit(&g_shards, memory_order_acquire); s; s = s->next)
+    v += atomic_load_explicit(&s->pending[d], memory_order_relaxed);
+  return v < 0 ? 0 : (uint64_t)v; /* read mid-update */
+}
+
 int gr_stats_get(int device, gpureclaim_stats_t *out) {
   gpureclaim_stats_t s;
   memset(&s, 0, sizeof s);
@@ -249,7 +313,7 @@ int gr_stats_get(int device, gpureclaim_stats_t *out) {
     uint64_t allocs = sum(d, C_DEV_ALLOCS), frees = sum(d, C_DEV_FREES);
     uint64_t ctxd = atomic_load_explicit(&g_dev[d].ctxd_blocks, memory_order_relaxed);
     s.live_blocks += allocs - frees - ctxd;
-    s.live_bytes += atomic_load_explicit(&g_dev[d].live_bytes, memory_order_relaxed);
+    s.live_bytes += live_bytes(d);
     s.total_allocs += allocs + sum(d, C_HOST_IN) + sum(d, C_VA_ALLOCS) + sum(d, C_MAP_ALLOCS);
     s.total_frees += frees + sum(d, C_VA_FREES) + sum(d, C_MAP_FREES) + sum(d, C_HOST_OUT) -
                      atomic_load_explicit(&g_dev[d].ctxd_host, memory_order_relaxed);
@@ -300,6 +364,7 @@ void gr_stats_atfork_child(void) {
   memset(g_dev, 0, sizeof g_dev);
   for (shard_t *s = atomic_load_explicit(&g_shards, memory_order_relaxed); s; s = s->next) {
     memset((void *)s->c, 0, sizeof s->c);
+    memset((void *)s->pending, 0, sizeof s->pending);
     if (s != t_shard)
       atomic_store_explicit(&s->owned, 0, memory_order_relaxed);
   }

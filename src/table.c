@@ -8,7 +8,7 @@
  *     key   the block's address (or VMM handle)
  *     w1    size (48) | kind (4) | device (7) | api (5)
  *     w2    caller address (for mappings: the handle)
- *     w3    allocation time in ms (42) | thread id (22)
+ *     w3    allocation time in ms (40) | tag (2) | thread id (22)
  *   The table is one "generation": an mmap()ed array of cap slots, cap any integer; the home slot of a key is
  *   fastrange(hash(key space, key), cap). A generation is replaced by a new one (growth or shrink) through a
  *   cooperative migration; old generations are unmapped through epoch.c.
@@ -41,8 +41,8 @@
  *
  * Migration (growth does not stop other threads)
  *   A thread that finds the root generation G more than 85% live (it sums the per-thread record counts every
- *   32nd insert, and after any insert that probed 24 slots), less than 62.5% live, or with a record placed 512
- *   slots from its home, maps a generation N sized for 75% load and links it as G->next. From then on inserts go to
+ *   32nd insert, and after any insert that probed 24 slots) or less than 62.5% live maps a generation N sized
+ *   for 75% load and links it as G->next. From then on inserts go to
  *   N, and every operation that sees G->next first helps: it claims a chunk of G's slots and migrates each:
  *     empty/deleted/busy slot:  CAS ctl -> MOVED|DONE (an insert that owned a busy slot sees its publish CAS
  *                               fail and inserts into N itself);
@@ -101,6 +101,7 @@ typedef struct gen {
 #define F_MOVED (UINT64_C(1) << 4)
 #define F_FWD (UINT64_C(1) << 5)
 #define F_DONE (UINT64_C(1) << 6)
+#define F_INPROG (UINT64_C(1) << 7) /* frozen while its insert was writing it: the inserter inserts again */
 /* A forward names the slot generation of the occupant it froze and of its copy, so that a forward whose copy
  * was deleted and whose slot was reused by another record is recognised as leading nowhere. */
 #define FWD_SRC_SHIFT 8
@@ -108,6 +109,11 @@ typedef struct gen {
 #define FWD_IDX_SHIFT 30
 #define SGEN_SHIFT 5
 #define SGEN_MASK UINT64_C(0x7ff)
+/* w3: time (40 bits) | tag (2) | thread id (22). */
+#define W3_TID_MASK UINT64_C(0x3fffff)
+#define W3_TAG_SHIFT 22
+#define W3_TAG_MASK UINT64_C(3)
+#define W3_TIME_SHIFT 24
 #define CTX_SHIFT 16
 #define POOL_SHIFT 28
 #define SCOPE_SHIFT 40
@@ -120,8 +126,6 @@ typedef struct gen {
 #define MIN_CAP 1024u
 /* An insert that probed this far checks the load at once (else every 32nd insert of a thread does). */
 #define LONG_PROBE 24u
-/* A record this far from home makes every lookup of an absent key probe as far: rebuild the generation. */
-#define REBUILD_DISP 512u
 #define CHUNK 128u
 /* Loads, in 1/1000. Growth at 85% live, a new generation at 75%, shrink below 62.5% live. */
 #define GROW_PERMILLE 850u
@@ -147,11 +151,12 @@ static inline uint32_t fwd_src(uint64_t c) { return (uint32_t)((c >> FWD_SRC_SHI
 static inline uint32_t fwd_dst(uint64_t c) { return (uint32_t)((c >> FWD_DST_SHIFT) & SGEN_MASK); }
 static inline uint64_t fwd_idx(uint64_t c) { return c >> FWD_IDX_SHIFT; }
 
+/* Fibonacci hashing: home() takes the high bits of key * 2^64/phi. Device addresses come in arithmetic
+ * progressions (a driver hands out aligned chunks in order), which this spreads almost evenly over the slots
+ * (the three-distance theorem), so probe runs stay shorter than with a hash that looks random; other keys
+ * fare as with any multiplicative hash. The key space goes into the top bits. */
 static inline uint64_t hash_key(unsigned ks, uint64_t key) {
-  uint64_t h = (key ^ ((uint64_t)ks << 61)) * UINT64_C(0x9E3779B97F4A7C15);
-  h ^= h >> 29;
-  h *= UINT64_C(0xBF58476D1CE4E5B9);
-  return h ^ (h >> 32);
+  return (key ^ ((uint64_t)ks << 61)) * UINT64_C(0x9E3779B97F4A7C15);
 }
 static inline uint64_t home(const gen_t *g, uint64_t h) {
   return (uint64_t)(((unsigned __int128)h * g->cap) >> 64);
@@ -188,31 +193,43 @@ static void unpack(uint64_t c, uint64_t key, uint64_t w1, uint64_t w2, uint64_t 
   r->device = (uint8_t)((w1 >> 52) & 0x7f);
   r->api = (uint8_t)(w1 >> 59);
   r->caller = w2;
-  r->time_ms = w3 >> 22;
-  r->tid = (uint32_t)(w3 & 0x3fffff);
+  r->time_ms = w3 >> W3_TIME_SHIFT;
+  r->tid = (uint32_t)(w3 & W3_TID_MASK);
 }
 static inline unsigned rec_ks(uint64_t w1) { return gr_kind_keyspace((unsigned)((w1 >> 48) & 0xf)); }
 
-/* Consistent copy of the occupant described by c; false if the slot changed meanwhile. */
-static bool read_slot(slot_t *s, uint64_t c, gr_rec_t *out, uint64_t *w1out) {
+/* Whether w3 was written by the occupant of slot generation ctl_sgen(c) (see "Publishing a record"). */
+static inline bool tag_ok(uint64_t w3, uint64_t c) {
+  return ((w3 >> W3_TAG_SHIFT) & W3_TAG_MASK) == (ctl_sgen(c) & W3_TAG_MASK);
+}
+
+enum { READ_OK = 1, READ_CHANGED = 0, READ_UNWRITTEN = -1 };
+
+/* Consistent copy of the occupant described by c: READ_OK; READ_CHANGED if the slot changed meanwhile;
+ * READ_UNWRITTEN while its insert is still writing it (then it is not there yet for anyone but its inserter). */
+static int read_slot(slot_t *s, uint64_t c, gr_rec_t *out, uint64_t *w1out) {
+  uint64_t w3 = atomic_load_explicit(&s->w3, memory_order_acquire); /* written last */
   uint64_t key = atomic_load_explicit(&s->key, memory_order_acquire);
   uint64_t w1 = atomic_load_explicit(&s->w1, memory_order_acquire);
   uint64_t w2 = atomic_load_explicit(&s->w2, memory_order_acquire);
-  uint64_t w3 = atomic_load_explicit(&s->w3, memory_order_acquire);
   if (atomic_load_explicit(&s->ctl, memory_order_acquire) != c)
-    return false;
+    return READ_CHANGED;
+  if (!tag_ok(w3, c))
+    return READ_UNWRITTEN;
   if (out)
     unpack(c, key, w1, w2, w3, out);
   if (w1out)
     *w1out = w1;
-  return true;
+  return READ_OK;
 }
 
-static void write_payload(slot_t *s, uint64_t key, uint64_t w1, uint64_t w2, uint64_t w3) {
+/* Writes an occupant's payload, w3 last and tagged with the occupant's slot generation. */
+static inline void write_payload(slot_t *s, uint64_t key, uint64_t w1, uint64_t w2, uint64_t w3, uint32_t sgen) {
   atomic_store_explicit(&s->key, key, memory_order_release);
   atomic_store_explicit(&s->w1, w1, memory_order_release);
   atomic_store_explicit(&s->w2, w2, memory_order_release);
-  atomic_store_explicit(&s->w3, w3, memory_order_release);
+  atomic_store_explicit(&s->w3, (w3 & ~(W3_TAG_MASK << W3_TAG_SHIFT)) | ((uint64_t)(sgen & W3_TAG_MASK) << W3_TAG_SHIFT),
+                        memory_order_release);
 }
 
 /* ---- generations ---- */
@@ -308,7 +325,7 @@ static uint64_t reserve_copy(gen_t *n, unsigned ks, uint64_t key, uint64_t meta,
         return n->cap;
       continue; /* taken meanwhile: probe on */
     }
-    write_payload(s, key, w1, w2, w3);
+    write_payload(s, key, w1, w2, w3, ctl_sgen(busy));
     note_disp(n, probes);
     uint64_t pending = ctl_with(meta, st, ctl_sgen(busy)) | F_PENDING;
     if (!atomic_compare_exchange_strong_explicit(&s->ctl, &busy, pending, memory_order_acq_rel,
@@ -343,8 +360,9 @@ static void complete_fwd(gen_t *g, slot_t *s, uint64_t c) {
     count_done(g, 1);
 }
 
-/* Migrates slot i of g into n. Returns whether the slot is DONE: false only when n had no room for its copy. */
-static bool migrate_slot(gen_t *g, gen_t *n, uint64_t i) {
+/* Migrates slot i of g into n. Returns whether the slot is DONE: false only when n had no room for its copy.
+ * *fenced tells whether this helper has already made every thread's stores visible since it saw g->next. */
+static bool migrate_slot(gen_t *g, gen_t *n, uint64_t i, bool *fenced) {
   slot_t *s = &g->slots[i];
   for (;;) {
     uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
@@ -362,12 +380,29 @@ static bool migrate_slot(gen_t *g, gen_t *n, uint64_t i) {
       }
       continue;
     }
+    uint64_t w3 = atomic_load_explicit(&s->w3, memory_order_acquire);
     uint64_t key = atomic_load_explicit(&s->key, memory_order_acquire);
     uint64_t w1 = atomic_load_explicit(&s->w1, memory_order_acquire);
     uint64_t w2 = atomic_load_explicit(&s->w2, memory_order_acquire);
-    uint64_t w3 = atomic_load_explicit(&s->w3, memory_order_acquire);
     if (atomic_load_explicit(&s->ctl, memory_order_acquire) != c)
       continue;
+    if (!tag_ok(w3, c)) {
+      /* An insert claimed the slot and has not written it yet, as far as this thread can see. Once every
+       * thread's stores are visible (asymmetric barrier), a payload still unwritten belongs to an insert that
+       * will see g->next afterwards: freeze the slot; that insert puts its record into n itself. */
+      if (!*fenced) {
+        gr_epoch_heavy_barrier();
+        *fenced = true;
+        continue;
+      }
+      if (atomic_compare_exchange_strong_explicit(&s->ctl, &c,
+                                                  F_MOVED | F_DONE | F_INPROG | ((uint64_t)ctl_sgen(c) << FWD_SRC_SHIFT),
+                                                  memory_order_acq_rel, memory_order_relaxed)) {
+        count_done(g, 1);
+        return true;
+      }
+      continue;
+    }
     uint32_t occupant = ctl_sgen(c), dsg = 0;
     uint64_t j = reserve_copy(n, rec_ks(w1), key, c, st, w1, w2, w3, &dsg);
     if (j == n->cap)
@@ -397,13 +432,14 @@ static bool migrate_slot(gen_t *g, gen_t *n, uint64_t i) {
 /* Claims chunks until none are left. */
 static void help_migrate(gen_t *g) {
   gen_t *n = atomic_load_explicit(&g->next, memory_order_acquire);
+  bool fenced = false;
   for (;;) {
     uint64_t start = atomic_fetch_add_explicit(&g->cursor, CHUNK, memory_order_relaxed);
     if (start >= g->cap)
       return;
     uint64_t end = start + CHUNK < g->cap ? start + CHUNK : g->cap;
     for (uint64_t i = start; i < end; i++)
-      migrate_slot(g, n, i);
+      migrate_slot(g, n, i, &fenced);
   }
 }
 
@@ -420,9 +456,9 @@ static void complete_migration(gen_t *g) {
     return;
   }
   gen_t *n = atomic_load_explicit(&g->next, memory_order_acquire);
-  bool all_done = true;
+  bool all_done = true, fenced = false;
   for (uint64_t i = 0; i < g->cap; i++)
-    all_done &= migrate_slot(g, n, i);
+    all_done &= migrate_slot(g, n, i, &fenced);
   if (all_done)
     move_root(g);
 }
@@ -478,14 +514,15 @@ static void need_migration(gen_t *t) {
   start_migration(t);
 }
 
-/* After an insert into t that probed `probes` slots: a generation past its growth load, or one whose probe
- * bound grew long, is replaced. The load comes from epoch.c's approximate count (one load); a long probe, the
- * sign of a full table, sums the exact per-thread counts. */
+/* After an insert into t that probed `probes` slots: a generation past its growth load is replaced. The load
+ * comes from epoch.c's approximate count (one load); a long probe, the sign of a full table, sums the exact
+ * per-thread counts. (A long probe alone is no reason to rebuild: records of one key, left by frees that took
+ * a route gpureclaim does not see, cluster again in any generation.) */
 static void check_load(gen_t *t, uint64_t probes) {
   if (atomic_load_explicit(&t->next, memory_order_acquire))
     return;
   uint64_t live = (uint64_t)(probes >= LONG_PROBE ? gr_epoch_live_sum() : gr_epoch_live_approx());
-  if (live + 1 >= t->grow_at || probes >= REBUILD_DISP)
+  if (live + 1 >= t->grow_at)
     need_migration(t);
 }
 
@@ -545,7 +582,10 @@ static find_t find(gen_t *g, unsigned ks, uint64_t key, unsigned mask, gen_t **g
         slot_t *d = chase(&fg, s, &dc, fwd_src(c));
         if (!d || (dc & F_PENDING) || !((mask >> ctl_state(dc)) & 1))
           continue;
-        if (!read_slot(d, dc, rec, NULL)) {
+        int rd = read_slot(d, dc, rec, NULL);
+        if (rd == READ_UNWRITTEN)
+          continue;
+        if (rd == READ_CHANGED) {
           c = atomic_load_explicit(&s->ctl, memory_order_acquire);
           goto again;
         }
@@ -559,7 +599,10 @@ static find_t find(gen_t *g, unsigned ks, uint64_t key, unsigned mask, gen_t **g
       if ((c & F_PENDING) || !((mask >> st) & 1) || atomic_load_explicit(&s->key, memory_order_acquire) != key)
         continue;
       uint64_t w1;
-      if (!read_slot(s, c, rec, &w1)) {
+      int rd = read_slot(s, c, rec, &w1);
+      if (rd == READ_UNWRITTEN)
+        continue; /* an insert still writing: not there yet */
+      if (rd == READ_CHANGED) {
         c = atomic_load_explicit(&s->ctl, memory_order_acquire);
         goto again;
       }
@@ -583,15 +626,37 @@ static inline void maybe_reclaim(void) {
 
 /* ---- public operations ---- */
 
+/* An insert that published its record at slot i of t (slot generation sg) with one CAS and then saw that a
+ * migration of t has begun: makes sure the record reaches t->next. Returns false when a helper froze the
+ * slot before it could see the record (F_INPROG): the caller then inserts it again. */
+static bool settle(gen_t *t, uint64_t i, uint32_t sg) {
+  gen_t *n = atomic_load_explicit(&t->next, memory_order_acquire);
+  slot_t *s = &t->slots[i];
+  for (;;) {
+    uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
+    if (c & F_MOVED)
+      return !((c & F_INPROG) && fwd_src(c) == (sg & SGEN_MASK));
+    if (ctl_sgen(c) != (sg & SGEN_MASK))
+      return true; /* the record already left (a free raced with its insert) */
+    /* Move it now, while this thread knows it is written: a helper that looked before the payload was
+     * visible to it would freeze the slot as unwritten. */
+    bool fenced = true;
+    if (!migrate_slot(t, n, i, &fenced))
+      return true; /* no room in n yet: a later sweep moves it, and sees it written */
+  }
+}
+
 int gr_table_insert(const gr_rec_t *r) {
   unsigned ks = gr_kind_keyspace(r->kind);
   uint64_t h = hash_key(ks, r->key);
   uint64_t w1 = (r->size & GR_SIZE_MAX) | ((uint64_t)(r->kind & 0xf) << 48) |
                 ((uint64_t)(r->device & 0x7f) << 52) | ((uint64_t)(r->api & 0x1f) << 59);
-  uint64_t w3 = (r->time_ms << 22) | (r->tid & 0x3fffff);
+  uint64_t w3 = ((r->time_ms & ((UINT64_C(1) << 40) - 1)) << W3_TIME_SHIFT) | (r->tid & W3_TID_MASK);
   uint64_t meta = meta_of(r);
   int rc = 0;
   unsigned full_rounds = 0;
+  /* With asymmetric barriers (epoch.c) a record is claimed and published by one CAS; without, by two. */
+  bool one_cas = atomic_load_explicit(&gr_epoch_asym, memory_order_relaxed) != 0;
   gr_epoch_enter();
   for (;;) {
     gen_t *g = load_root();
@@ -616,8 +681,10 @@ int gr_table_insert(const gr_rec_t *r) {
       unsigned st = ctl_state(c);
       if ((c & F_PENDING) || (st != GR_ST_EMPTY && st != GR_ST_DELETED))
         continue;
-      uint64_t busy = ctl_with(0, GR_ST_BUSY, ctl_sgen(c) + 1);
-      if (!atomic_compare_exchange_strong_explicit(&s->ctl, &c, busy, memory_order_acq_rel,
+      uint32_t sg = ctl_sgen(c) + 1;
+      uint64_t live = ctl_with(meta, r->state, sg);
+      uint64_t claim = one_cas ? live : ctl_with(0, GR_ST_BUSY, sg);
+      if (!atomic_compare_exchange_strong_explicit(&s->ctl, &c, claim, memory_order_acq_rel,
                                                    memory_order_relaxed)) {
         if (c & F_MOVED) {
           restart = true;
@@ -625,11 +692,18 @@ int gr_table_insert(const gr_rec_t *r) {
         }
         continue;
       }
-      write_payload(s, r->key, w1, r->caller, w3);
       note_disp(t, probes);
-      uint64_t live = ctl_with(meta, r->state, ctl_sgen(busy));
-      if (!atomic_compare_exchange_strong_explicit(&s->ctl, &busy, live, memory_order_acq_rel,
-                                                   memory_order_relaxed)) {
+      write_payload(s, r->key, w1, r->caller, w3, sg);
+      if (one_cas) {
+        /* Published once w3 is visible. A migration that began meanwhile may have looked at the slot too
+         * early; epoch.c's barrier in migrate_slot() makes this load see t->next if so. */
+        atomic_signal_fence(memory_order_seq_cst);
+        if (GR_TABLE_UNLIKELY(atomic_load_explicit(&t->next, memory_order_acquire) != NULL) && !settle(t, i, sg)) {
+          restart = true; /* frozen unwritten: insert into the next generation */
+          break;
+        }
+      } else if (!atomic_compare_exchange_strong_explicit(&s->ctl, &claim, live, memory_order_acq_rel,
+                                                          memory_order_relaxed)) {
         restart = true; /* frozen while busy: the migration left it to us; insert into the next one */
         break;
       }
@@ -733,15 +807,16 @@ int gr_table_take_kind(unsigned ks, uint64_t key, unsigned state_mask, unsigned 
     if ((c & F_PENDING) || !((state_mask >> ctl_state(c)) & 1) ||
         atomic_load_explicit(&s->key, memory_order_acquire) != key)
       continue;
+    uint64_t w3 = atomic_load_explicit(&s->w3, memory_order_acquire); /* written last: see read_slot() */
+    uint64_t k2 = atomic_load_explicit(&s->key, memory_order_acquire);
     uint64_t w1 = atomic_load_explicit(&s->w1, memory_order_acquire);
     uint64_t w2 = atomic_load_explicit(&s->w2, memory_order_acquire);
-    uint64_t w3 = atomic_load_explicit(&s->w3, memory_order_acquire);
     if (atomic_load_explicit(&s->ctl, memory_order_acquire) != c) {
       c = atomic_load_explicit(&s->ctl, memory_order_acquire);
       goto again; /* changed while read */
     }
-    if (rec_ks(w1) != ks)
-      continue;
+    if (!tag_ok(w3, c) || k2 != key || rec_ks(w1) != ks)
+      continue; /* still being written (not there yet), or another key */
     if (!((kind_mask >> ((w1 >> 48) & 0xf)) & 1))
       break; /* the first match is of another kind: declined, as update() with edit_take declines */
     /* The CAS names the occupant (slot generation) whose payload was read. */
@@ -804,8 +879,11 @@ int gr_table_cas(gr_ref_t *ref, gr_rec_t *expect, const gr_rec_t *desired) {
     if (!s || !st_present(ctl_state(c)))
       return -ENOENT;
     gr_rec_t cur;
-    if (!read_slot(s, c, &cur, NULL))
+    int rd = read_slot(s, c, &cur, NULL);
+    if (rd == READ_CHANGED)
       continue;
+    if (rd == READ_UNWRITTEN)
+      return -ENOENT;
     if (cur.key != expect->key || cur.kind != expect->kind)
       return -ENOENT;
     if (cur.state != expect->state || cur.scope != expect->scope || cur.aux != expect->aux ||
@@ -845,7 +923,10 @@ int gr_table_visit(gr_visit_fn fn, void *arg) {
     if ((c & (F_MOVED | F_PENDING)) || !st_present(ctl_state(c)))
       continue;
     gr_rec_t r;
-    if (!read_slot(s, c, &r, NULL)) {
+    int rd = read_slot(s, c, &r, NULL);
+    if (rd == READ_UNWRITTEN)
+      continue; /* added meanwhile */
+    if (rd == READ_CHANGED) {
       i--; /* changed while read: look again */
       continue;
     }
@@ -903,7 +984,8 @@ int gr_table_check(void) {
     present++;
     gr_rec_t r;
     uint64_t w1;
-    read_slot(s, c, &r, &w1);
+    if (read_slot(s, c, &r, &w1) != READ_OK)
+      return -__LINE__; /* quiescent: every record is written */
     /* I1: within the probe bound of its home slot. */
     uint64_t h = home(g, hash_key(rec_ks(w1), r.key));
     if ((i >= h ? i - h : i + g->cap - h) > max_disp)

@@ -35,6 +35,9 @@ extern _Atomic int gr_epoch_asym;
 void gr_epoch_enter_slow(void);
 void gr_epoch_exit_slow(void);
 void gr_epoch_count_live_slow(int64_t d);
+/* Makes every thread's earlier stores visible to the caller's later loads, and orders every thread's later
+ * loads after the caller's earlier stores: membarrier() where the kernel has it (see epoch.c), else a fence. */
+void gr_epoch_heavy_barrier(void);
 
 /* Enters a critical section (nestable): memory retired from now on is not freed before the matching exit. */
 static inline void gr_epoch_enter(void) {
@@ -119,7 +122,7 @@ typedef struct gr_rec {
   uint64_t key;     /* address, or VMM handle */
   uint64_t size;    /* bytes, < 2^48 */
   uint64_t caller;  /* return address of the allocating call; for mappings, the handle mapped */
-  uint64_t time_ms; /* CLOCK_MONOTONIC milliseconds, < 2^42 */
+  uint64_t time_ms; /* CLOCK_MONOTONIC milliseconds, < 2^40 (34 years of uptime) */
   uint32_t tid;     /* < 2^22 */
   uint16_t ctx_id;  /* registry ids, < 4096; 0 = none */
   uint16_t pool_id;

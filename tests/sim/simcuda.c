@@ -24,6 +24,7 @@
 #include <ctype.h>
 #include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -895,16 +896,44 @@ static CUresult dev_range_locked(uint64_t a, uint64_t n, int write) {
 
 /* ---- initialization and version */
 
+/* The driver's own service thread. libcuda starts threads in cuInit (an event handler among them), so every
+ * process that initialises CUDA is multi-threaded; glibc then makes every pthread mutex (the simulator's, the
+ * program's) a real atomic operation instead of its single-threaded shortcut. The simulator does the same, so
+ * that a process's costs do not change just because an interposer starts a thread of its own. It blocks every
+ * signal (process signals go to the program's threads) and sleeps for good. */
+static void *service_thread(void *arg) {
+  (void)arg;
+  for (;;) pause();
+  return NULL;
+}
+
+static void start_service_thread(void) {
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old); /* inherited by the new thread */
+  pthread_attr_t attr;
+  pthread_t th;
+  if (pthread_attr_init(&attr) == 0) {
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, 64 * 1024);
+    if (pthread_create(&th, &attr, service_thread, NULL) == 0) pthread_setname_np(th, "simcuda-svc");
+    pthread_attr_destroy(&attr);
+  }
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
 static CUresult impl_init(unsigned flags) {
   if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
   if (inited()) return CUDA_SUCCESS;
   LOCK();
   CUresult r = CUDA_SUCCESS;
+  int first = 0;
   if (!inited()) {
     r = setup_locked();
-    if (r == CUDA_SUCCESS) atomic_store_explicit(&g.initialized, 1, memory_order_release);
+    if (r == CUDA_SUCCESS) atomic_store_explicit(&g.initialized, 1, memory_order_release), first = 1;
   }
   UNLOCK();
+  if (first) start_service_thread();
   return r;
 }
 
