@@ -6,6 +6,9 @@
  * drift, and prints per route and size the median ns per pair, the ns gpureclaim adds and the ratio.
  * Routes: the exported driver symbols (a -lcuda program), cuGetProcAddress (the runtime's route), and
  * stream-ordered pool hits. The child mode (`--child`) prints one line per measurement.
+ * Both children are multi-threaded processes, as every process that initialised CUDA is: the simulated driver
+ * starts a thread in cuInit like libcuda (glibc's mutexes are cheaper in a single-threaded process, which
+ * would charge gpureclaim's own thread to it).
  */
 #include <cuda.h>
 #include <dlfcn.h>

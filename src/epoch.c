@@ -20,6 +20,7 @@
  *   then executes a full barrier, so either its announcement is visible to the scan, or its critical section
  *   began after that barrier and reads the new table root. Without membarrier (old kernels, seccomp, gVisor)
  *   and under ThreadSanitizer (which does not model it) readers use a sequentially consistent exchange.
+ *   The table uses the same barrier (gr_epoch_heavy_barrier) for its one-CAS inserts: see table.c.
  *
  * Why that is safe
  *   A thread that can see a generation G loaded the table root before G was unlinked, hence entered before

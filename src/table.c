@@ -4,13 +4,13 @@
  * Data structure
  *   An open-addressing hash table with linear probing whose 40-byte slots hold the records themselves:
  *     ctl   state (3 bits) | PENDING | MOVED | slot generation (11) | ctx id (12) | pool id (12) | scope (16) |
- *           aux (8)                                   -- or, once MOVED: MOVED | FWD | DONE | fwd index
+ *           aux (8)                             -- or, once MOVED: MOVED | FWD | DONE | INPROG | fwd index
  *     key   the block's address (or VMM handle)
  *     w1    size (48) | kind (4) | device (7) | api (5)
  *     w2    caller address (for mappings: the handle)
  *     w3    allocation time in ms (40) | tag (2) | thread id (22)
  *   The table is one "generation": an mmap()ed array of cap slots, cap any integer; the home slot of a key is
- *   fastrange(hash(key space, key), cap). A generation is replaced by a new one (growth or shrink) through a
+ *   fastrange(key * 2^64/phi, cap) (Fibonacci hashing, see hash_key()). A generation is replaced by a new one (growth or shrink) through a
  *   cooperative migration; old generations are unmapped through epoch.c.
  *
  * Deletion without tombstones
@@ -21,11 +21,17 @@
  *   record is published), and a lookup probes at most max_disp + 1 slots. Inserts take the first free slot.
  *
  * Publishing a record (single writer per slot)
- *   insert: CAS ctl EMPTY|DELETED -> BUSY (new slot generation), store the payload words with release
- *   stores, CAS BUSY -> LIVE. Readers take a seqlock-style consistent copy: load ctl (acquire), load the payload
- *   (acquire), reload ctl; equal values mean the copy belongs to one occupant. The payload of an occupant
- *   never changes; only ctl's state/scope/aux do, by CAS, so a record has exactly one owner of each
- *   transition: a free and a concurrent release race on one CAS and only one of them frees the block.
+ *   insert: one CAS ctl EMPTY|DELETED -> the record's final ctl (state, metadata, slot generation + 1), then
+ *   release stores of key, w1, w2 and, last, w3, whose tag bits are the low bits of the slot generation. A
+ *   reader takes a seqlock-style consistent copy: load ctl (acquire), load w3 (acquire) and the other words,
+ *   reload ctl. Equal ctl values mean one occupant; a w3 tag that differs from ctl's slot generation means the
+ *   insert is still writing (the words are the previous occupant's), and the record is treated as not there
+ *   yet. That is safe because every delete has read the record's w3 first, so a reader can only ever see the
+ *   previous occupant's tag, never an older one that might match. The payload of an occupant never changes
+ *   afterwards; only ctl's state/scope/aux do, by CAS, so a record has exactly one owner of each transition:
+ *   a free and a concurrent release race on one CAS and only one of them frees the block.
+ *   Where membarrier is missing (and under ThreadSanitizer, which does not model it) the insert instead claims
+ *   the slot as BUSY and publishes with a second CAS; migration copies always do (BUSY, then PENDING).
  *
  * Invariants (checked by gr_table_check() and the tests)
  *   I1  Every record of a generation lies at most max_disp slots past its home slot, and max_disp covered it
@@ -46,6 +52,11 @@
  *   N, and every operation that sees G->next first helps: it claims a chunk of G's slots and migrates each:
  *     empty/deleted/busy slot:  CAS ctl -> MOVED|DONE (an insert that owned a busy slot sees its publish CAS
  *                               fail and inserts into N itself);
+ *     unwritten record:         the helper runs epoch.c's asymmetric barrier once (membarrier: every thread's
+ *                               earlier stores become visible, every thread's later loads see G->next) and
+ *                               looks again; a record still unwritten is frozen MOVED|DONE|INPROG. Its
+ *                               inserter, which reloads t->next after writing w3, sees the migration, and
+ *                               either moves its record itself or, finding INPROG, inserts it into N;
  *     present record:           reserve a slot j in N holding a PENDING copy, CAS G's ctl -> MOVED|FWD|j
  *                               (a concurrent change of the record makes the CAS fail: the copy is updated and
  *                               the CAS retried), publish the copy (clear PENDING), set DONE.
@@ -58,10 +69,14 @@
  *   migrated by anyone, and the full scan that finishes a migration is done by whoever needs the next one.
  *
  * Memory ordering
- *   Payload stores are release and payload loads acquire, so a reader that sees any word of a new occupant also
- *   sees its BUSY ctl on the reload. The root and G->next are read with acquire (root: seq_cst, see epoch.c).
+ *   Payload stores are release and payload loads acquire, so a reader that sees the tag of a new occupant also
+ *   sees its other words. The root and G->next are read with acquire (root: seq_cst, see epoch.c). The
+ *   one-CAS insert relies on the barrier above for its store (w3) -> load (t->next) order: either the store
+ *   was visible before the helper's barrier returned, or the load came after the barrier and sees G->next.
  *
- * Progress: lookup, update and take are lock-free; insert is lock-free (it may help a migration first).
+ * Progress: lookup, update and take are lock-free; insert is lock-free (it may help a migration first). No
+ * helper waits for an insert in progress: it freezes the slot and the inserter redoes its own work.
+ * Cost: an insert is one CAS, a take one CAS; there is no shared counter (record counts are per thread).
  * Memory: 40 bytes a slot at 62.5%..85% load, so at most 64 bytes per live record once the table is past its
  * minimum size (1024 slots), plus a second generation while a migration runs.
  */
@@ -135,7 +150,8 @@ typedef struct gen {
 static _Atomic(gen_t *) g_root;
 static _Atomic size_t g_bytes;
 static _Atomic uint64_t g_migrations;
-static GR_TLS_IE unsigned t_ops;
+static GR_TLS_IE unsigned t_ops;     /* operations of this thread: reclamation every 64th */
+static GR_TLS_IE unsigned t_changes; /* updates and takes of this thread: a shrink check every 256th */
 
 static inline unsigned ctl_state(uint64_t c) { return (unsigned)(c & ST_MASK); }
 static inline uint32_t ctl_sgen(uint64_t c) { return (uint32_t)((c >> SGEN_SHIFT) & SGEN_MASK); }
@@ -757,7 +773,7 @@ int gr_table_update(unsigned ks, uint64_t key, unsigned state_mask, gr_edit_fn f
     /* Changed, moved or gone: look it up again. */
   }
   gr_epoch_exit();
-  if (rc == 0 && (++t_ops & 255) == 0)
+  if (rc == 0 && (++t_changes & 255) == 0)
     maybe_shrink();
   maybe_reclaim();
   return rc;
@@ -831,7 +847,7 @@ int gr_table_take_kind(unsigned ks, uint64_t key, unsigned state_mask, unsigned 
   gr_epoch_exit();
   if (rc == 0) {
     gr_epoch_count_live(-1);
-    if (GR_TABLE_UNLIKELY((++t_ops & 255) == 0))
+    if (GR_TABLE_UNLIKELY((++t_changes & 255) == 0))
       maybe_shrink();
   }
   maybe_reclaim();

@@ -1,0 +1,136 @@
+/* Unit tests of the counters behind gpureclaim_stats() (src/stats.c): live bytes are exact, and the peak is
+ * exact in one thread and within the bound stats.c states (4 MiB of pending frees per other thread) otherwise. */
+#include "gpureclaim_internal.h"
+
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <string.h>
+
+#define MiB (UINT64_C(1) << 20)
+
+static gr_rec_t block(uint64_t size, uint8_t device) {
+  gr_rec_t r;
+  memset(&r, 0, sizeof r);
+  r.kind = GPURECLAIM_KIND_DEVICE;
+  r.state = GR_ST_LIVE;
+  r.size = size;
+  r.device = device;
+  return r;
+}
+
+static gpureclaim_stats_t get(int device) {
+  gpureclaim_stats_t s = {.size = sizeof s};
+  cr_assert_eq(gr_stats_get(device, &s), 0);
+  return s;
+}
+
+static void reset(void) { gr_stats_atfork_child(); } /* empties every counter, as in a forked child */
+
+TestSuite(stats, .init = reset);
+
+Test(stats, one_thread_has_exact_live_bytes_and_peak) {
+  gr_rec_t a = block(10 * MiB, 0), b = block(20 * MiB, 0), c = block(5 * MiB, 0);
+  gr_stats_alloc(&a);
+  gr_stats_alloc(&b);
+  cr_assert_eq(get(0).live_bytes, 30 * MiB);
+  gr_stats_free(&a);
+  cr_assert_eq(get(0).live_bytes, 20 * MiB, "a pending free is counted at once");
+  gr_stats_alloc(&c);
+  gpureclaim_stats_t s = get(-1);
+  cr_assert_eq(s.live_bytes, 25 * MiB);
+  cr_assert_eq(s.peak_bytes, 30 * MiB);
+  cr_assert_eq(s.live_blocks, 2);
+  /* Small pairs stay pending (no shared update) and never move the peak. */
+  for (int i = 0; i < 100000; i++) {
+    gr_rec_t p = block(512 + (uint64_t)(i % 7) * 4096, 0);
+    gr_stats_alloc(&p);
+    gr_stats_free(&p);
+  }
+  s = get(-1);
+  cr_assert_eq(s.live_bytes, 25 * MiB);
+  cr_assert_eq(s.peak_bytes, 30 * MiB);
+  /* A new high is seen exactly, however the pending frees stood. */
+  gr_rec_t d = block(7 * MiB + 3, 0);
+  gr_stats_alloc(&d);
+  cr_assert_eq(get(-1).peak_bytes, 32 * MiB + 3);
+  gr_stats_free(&d);
+  gr_stats_free(&b);
+  gr_stats_free(&c);
+  s = get(-1);
+  cr_assert_eq(s.live_bytes, 0);
+  cr_assert_eq(s.live_blocks, 0);
+  cr_assert_eq(s.peak_bytes, 32 * MiB + 3);
+}
+
+Test(stats, devices_are_counted_apart) {
+  gr_rec_t a = block(3 * MiB, 0), b = block(4 * MiB, 1);
+  gr_stats_alloc(&a);
+  gr_stats_alloc(&b);
+  cr_assert_eq(get(0).live_bytes, 3 * MiB);
+  cr_assert_eq(get(1).live_bytes, 4 * MiB);
+  cr_assert_eq(get(-1).live_bytes, 7 * MiB);
+  cr_assert_eq(get(-1).peak_bytes, 7 * MiB);
+  gr_stats_free(&a);
+  cr_assert_eq(get(0).live_bytes, 0);
+  cr_assert_eq(get(1).peak_bytes, 4 * MiB);
+  gr_stats_free(&b);
+}
+
+/* Threads that free blocks other threads allocated, and allocate and free their own. */
+enum { THREADS = 4, PER = 2000 };
+static gr_rec_t g_blocks[THREADS][PER];
+static pthread_barrier_t g_bar;
+
+static void *worker(void *arg) {
+  int t = (int)(intptr_t)arg;
+  for (int i = 0; i < PER; i++) {
+    g_blocks[t][i] = block((uint64_t)(i % 13 + 1) * 64 * 1024, 0);
+    gr_stats_alloc(&g_blocks[t][i]);
+  }
+  pthread_barrier_wait(&g_bar); /* allocated */
+  pthread_barrier_wait(&g_bar); /* the main thread has looked */
+  /* Free the next thread's blocks, then churn. */
+  int o = (t + 1) % THREADS;
+  for (int i = 0; i < PER; i++)
+    gr_stats_free(&g_blocks[o][i]);
+  for (int i = 0; i < 50000; i++) {
+    gr_rec_t p = block((uint64_t)(i % 5 + 1) * 8192, 0);
+    gr_stats_alloc(&p);
+    gr_stats_free(&p);
+  }
+  pthread_barrier_wait(&g_bar); /* all done, threads still alive: their pending changes count */
+  pthread_barrier_wait(&g_bar); /* the main thread has looked */
+  return NULL;
+}
+
+Test(stats, threads_keep_live_bytes_exact_and_the_peak_within_its_bound) {
+  uint64_t total = 0;
+  for (int i = 0; i < PER; i++)
+    total += (uint64_t)(i % 13 + 1) * 64 * 1024;
+  total *= THREADS;
+  pthread_t th[THREADS];
+  pthread_barrier_init(&g_bar, NULL, THREADS + 1);
+  for (int t = 0; t < THREADS; t++)
+    pthread_create(&th[t], NULL, worker, (void *)(intptr_t)t);
+  pthread_barrier_wait(&g_bar);
+  gpureclaim_stats_t s = get(-1);
+  cr_assert_eq(s.live_bytes, total, "every block allocated: live %lu of %lu", (unsigned long)s.live_bytes, (unsigned long)total);
+  cr_assert_eq(s.peak_bytes, total, "nothing freed yet: the peak is exact");
+  pthread_barrier_wait(&g_bar);
+  pthread_barrier_wait(&g_bar);
+  s = get(-1);
+  cr_assert_eq(s.live_bytes, 0, "live %lu with the threads alive", (unsigned long)s.live_bytes);
+  cr_assert_eq(s.live_blocks, 0);
+  /* The true peak is total plus at most one churn block per thread (5 * 8192 each). */
+  cr_assert_geq(s.peak_bytes, total);
+  cr_assert_leq(s.peak_bytes, total + THREADS * (5 * 8192 + 4 * MiB), "peak %lu, bound exceeded",
+                (unsigned long)s.peak_bytes);
+  pthread_barrier_wait(&g_bar);
+  for (int t = 0; t < THREADS; t++)
+    pthread_join(th[t], NULL);
+  s = get(-1);
+  cr_assert_eq(s.live_bytes, 0, "after the threads exited");
+  cr_assert_eq(s.total_allocs, (uint64_t)THREADS * (PER + 50000));
+  cr_assert_eq(s.total_frees, (uint64_t)THREADS * (PER + 50000));
+  pthread_barrier_destroy(&g_bar);
+}
