@@ -57,9 +57,9 @@ typedef struct gpureclaim_stats {
   size_t size;                   /* caller: sizeof(gpureclaim_stats_t) */
   uint64_t live_blocks;          /* device blocks live now: cuMemAlloc, pitch, managed, stream-ordered, VMM */
   uint64_t live_bytes;           /* their bytes (VMM: physical bytes, until the handle is released and unmapped) */
-  uint64_t peak_bytes;           /* highest live_bytes seen: exact in a single-threaded program; with threads, never
-                                    below the true peak and at most 4 MiB per other thread above it (frees
-                                    another thread has not yet added to the shared count) */
+  uint64_t peak_bytes;           /* highest live_bytes seen: exact while one thread allocates and frees; else never
+                                    below the true peak and at most 4 MiB per other thread (and device) above
+                                    it: frees another thread has not yet added to the shared count */
   uint64_t total_allocs;         /* successful allocations seen, every kind */
   uint64_t total_frees;          /* frees of tracked blocks, every kind, including releases */
   uint64_t pool_reserved_bytes;  /* stream-ordered pools: memory the pools hold (asked of the driver now) */

@@ -100,18 +100,26 @@ static void decide_asym(void) {
 #endif
 }
 
+/* A full fence that ThreadSanitizer models (it does not model atomic_thread_fence). */
+static _Atomic uint64_t g_fence_word;
+static void full_fence(void) { (void)atomic_fetch_add_explicit(&g_fence_word, 0, memory_order_seq_cst); }
+
 /* The heavy side: makes every running thread's announcement visible and orders their later loads. */
 static void heavy_barrier(void) {
   if (atomic_load_explicit(&g_asym, memory_order_seq_cst) &&
-      syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0)
-    atomic_store_explicit(&g_asym, 0, memory_order_seq_cst); /* cannot happen once registered; be safe */
+      syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0) {
+    /* Cannot happen once registered. If it did, readers and inserts switch to their fenced forms from now
+     * on; those already in flight are only as safe as this fence makes them. */
+    atomic_store_explicit(&g_asym, 0, memory_order_seq_cst);
+    full_fence();
+  }
 }
 
 void gr_epoch_heavy_barrier(void) {
   if (atomic_load_explicit(&g_asym, memory_order_seq_cst))
     heavy_barrier();
   else
-    atomic_thread_fence(memory_order_seq_cst);
+    full_fence();
 }
 
 static pthread_key_t g_key;

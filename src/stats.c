@@ -13,9 +13,10 @@
  *   pool growing and shrinking) makes no shared read-modify-write at all once it has freed as much as it
  *   allocates. The exact live count is `committed` plus the pending changes, summed when read.
  *   The peak is raised only when `committed` grows, and live bytes never exceed `committed` (pending changes
- *   are never positive), so the peak is never below the true peak. It is exact in a single-threaded program;
- *   with several threads it may exceed the true peak by the frees still pending in other threads, at most
- *   4 MiB per thread. A process that uses a second device also keeps a process total for its overall peak
+ *   are never positive), so the peak is never below the true peak. It is exact while one thread does all the
+ *   allocating and freeing (a release frees on gpureclaim's worker thread, which then counts as another);
+ *   otherwise it may exceed the true peak by the frees still pending in other threads: at most 4 MiB per
+ *   thread and device. A process that uses a second device also keeps a process total for its overall peak
  *   (with one device, that device's peak is the process's).
  */
 #include "gpureclaim_internal.h"

@@ -46,9 +46,10 @@
  *   I5  The number of records equals inserts minus deletes (sum of the per-thread counters of epoch.c).
  *
  * Migration (growth does not stop other threads)
- *   A thread that finds the root generation G more than 85% live (it sums the per-thread record counts every
- *   32nd insert, and after any insert that probed 24 slots) or less than 62.5% live maps a generation N sized
- *   for 75% load and links it as G->next. From then on inserts go to
+ *   A thread that finds the root generation G more than 85% live (it reads epoch.c's approximate count every
+ *   32nd of its inserts, and after any insert that probed 24 slots, and confirms with the exact sum; so the
+ *   load may pass 85% by up to 62 records per inserting thread) or less than 62.5% live maps a generation N
+ *   sized for 75% load and links it as G->next. From then on inserts go to
  *   N, and every operation that sees G->next first helps: it claims a chunk of G's slots and migrates each:
  *     empty/deleted/busy slot:  CAS ctl -> MOVED|DONE (an insert that owned a busy slot sees its publish CAS
  *                               fail and inserts into N itself);
@@ -152,6 +153,7 @@ static _Atomic size_t g_bytes;
 static _Atomic uint64_t g_migrations;
 static GR_TLS_IE unsigned t_ops;     /* operations of this thread: reclamation every 64th */
 static GR_TLS_IE unsigned t_changes; /* updates and takes of this thread: a shrink check every 256th */
+static GR_TLS_IE unsigned t_inserts; /* inserts of this thread: a load check every 32nd */
 
 static inline unsigned ctl_state(uint64_t c) { return (unsigned)(c & ST_MASK); }
 static inline uint32_t ctl_sgen(uint64_t c) { return (uint32_t)((c >> SGEN_SHIFT) & SGEN_MASK); }
@@ -537,8 +539,11 @@ static void need_migration(gen_t *t) {
 static void check_load(gen_t *t, uint64_t probes) {
   if (atomic_load_explicit(&t->next, memory_order_acquire))
     return;
-  uint64_t live = (uint64_t)(probes >= LONG_PROBE ? gr_epoch_live_sum() : gr_epoch_live_approx());
-  if (live + 1 >= t->grow_at)
+  /* The approximation can read high for good (a thread that freed more than it allocated keeps a negative
+   * batch): growth always confirms with the exact sum, or it would rebuild a generation of the same size
+   * over and over. */
+  if ((probes >= LONG_PROBE || (uint64_t)gr_epoch_live_approx() + 1 >= t->grow_at) &&
+      (uint64_t)gr_epoch_live_sum() + 1 >= t->grow_at)
     need_migration(t);
 }
 
@@ -656,7 +661,7 @@ static bool settle(gen_t *t, uint64_t i, uint32_t sg) {
       return true; /* the record already left (a free raced with its insert) */
     /* Move it now, while this thread knows it is written: a helper that looked before the payload was
      * visible to it would freeze the slot as unwritten. */
-    bool fenced = true;
+    bool fenced = false; /* its own record is written as far as this thread sees; any other needs the barrier */
     if (!migrate_slot(t, n, i, &fenced))
       return true; /* no room in n yet: a later sweep moves it, and sees it written */
   }
@@ -724,7 +729,7 @@ int gr_table_insert(const gr_rec_t *r) {
         break;
       }
       placed = true;
-      if (GR_TABLE_UNLIKELY(probes >= LONG_PROBE) || GR_TABLE_UNLIKELY((t_ops & 31) == 0))
+      if (GR_TABLE_UNLIKELY(probes >= LONG_PROBE) || GR_TABLE_UNLIKELY((++t_inserts & 31) == 0))
         check_load(t, probes);
       break;
     }
@@ -991,7 +996,7 @@ int gr_table_check(void) {
     slot_t *s = &g->slots[i];
     uint64_t c = atomic_load_explicit(&s->ctl, memory_order_relaxed);
     if (c & (F_MOVED | F_PENDING))
-      continue; /* leftovers of a cancelled copy are allowed, never visible */
+      return -__LINE__; /* no migration runs, and a cancelled copy is left DELETED */
     unsigned st = ctl_state(c);
     if (st == GR_ST_BUSY)
       return -__LINE__;
