@@ -229,7 +229,8 @@ static void *take_31(void *arg) {
 
 Test(table, a_high_approximate_count_does_not_cause_migrations) {
   enum { T = 20 };
-  for (uint64_t i = 0; i < 850; i++) {
+  uint64_t grow = gr_table_capacity() * 3 / 4; /* 75% */
+  for (uint64_t i = 0; i < grow - 28; i++) {
     gr_rec_t r = rec(addr(i), 1);
     cr_assert_eq(gr_table_insert(&r), 0);
   }
@@ -242,15 +243,15 @@ Test(table, a_high_approximate_count_does_not_cause_migrations) {
     gr_rec_t r = rec(addr(50000 + i), 1);
     cr_assert_eq(gr_table_insert(&r), 0);
   }
-  cr_assert_gt(gr_epoch_live_approx(), 870, "the setup must leave the approximation above the growth threshold");
+  cr_assert_geq(gr_epoch_live_approx(), grow, "the setup must leave the approximation above the growth threshold");
   uint64_t mig = gr_table_migrations();
   for (uint64_t i = 0; i < 200000; i++) {
     gr_rec_t r = rec(addr(100000 + i), 1);
     cr_assert_eq(gr_table_insert(&r), 0);
     cr_assert_eq(gr_table_take(GR_KS_ADDR, addr(100000 + i), GR_PRESENT_MASK, NULL), 0);
   }
-  cr_assert_leq(gr_table_migrations() - mig, 1, "%lu migrations at a constant 290 records",
-                (unsigned long)(gr_table_migrations() - mig));
+  cr_assert_leq(gr_table_migrations() - mig, 1, "%lu migrations at a constant %lu records",
+                (unsigned long)(gr_table_migrations() - mig), (unsigned long)gr_epoch_live_sum());
   pthread_barrier_wait(&g_bar);
   for (int t = 0; t < T; t++)
     pthread_join(th[t], NULL);
@@ -281,8 +282,8 @@ static double max_load(bool extra_op) {
   return worst;
 }
 
-/* 85%, plus what the approximation and the 32-insert interval let through: 62 records of the minimum 1024. */
-#define LOAD_BOUND (0.85 + 62.0 / 1024)
+/* 75%, plus what the approximation and the 32-insert interval let through: 62 records of the minimum 1024. */
+#define LOAD_BOUND (0.75 + 62.0 / 1024)
 Test(table, growth_keeps_the_load_bound_after_an_odd_operation) {
   double worst = max_load(true);
   cr_assert_leq(worst, LOAD_BOUND, "load reached %.3f", worst);
