@@ -63,7 +63,6 @@
 #endif
 #endif
 
-
 typedef struct retired {
   struct retired *next;
   void *p;
@@ -71,8 +70,6 @@ typedef struct retired {
   void (*fn)(void *, size_t);
   uint64_t epoch;
 } retired_t;
-
-#define GR_EPOCH_LIKELY(x) __builtin_expect(!!(x), 1)
 
 _Atomic uint64_t gr_epoch_global = 1;
 #define g_epoch gr_epoch_global
