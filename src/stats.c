@@ -58,6 +58,8 @@ static GR_TLS shard_t *t_shard;
 static pthread_key_t g_key;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
+static void commit_sub(int d, uint64_t bytes);
+
 static void fold(void *arg) {
   shard_t *s = arg;
   if (!s)
@@ -72,11 +74,9 @@ static void fold(void *arg) {
     }
   for (int d = 0; d < NDEV; d++) {
     int64_t p = atomic_load_explicit(&s->pending[d], memory_order_relaxed);
-    if (p) {
+    if (p) { /* never positive */
       atomic_store_explicit(&s->pending[d], 0, memory_order_relaxed);
-      atomic_fetch_add_explicit(&g_dev[d].live_bytes, (uint64_t)p, memory_order_relaxed);
-      if (atomic_load_explicit(&g_used_devices_mask_set, memory_order_relaxed))
-        atomic_fetch_add_explicit(&g_total_live, (uint64_t)p, memory_order_relaxed);
+      commit_sub(d, (uint64_t)-p);
     }
   }
   if (t_shard == s)
