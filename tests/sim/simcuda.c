@@ -80,7 +80,65 @@ static const char *const g_fn_names[SIMFN_COUNT] = {
 #undef X
 };
 
-static _Atomic uint64_t g_calls[SIMFN_COUNT];
+/* Call counts, per thread: a shared counter would make every simulated call a locked read-modify-write on a
+ * cache line all threads write, which libcuda does not do, and bench_hooks would charge it to every driver call
+ * gpureclaim adds (5-6 ns each). A block outlives its thread: it is handed to the next new thread, and the
+ * counts it holds stay in the sums. */
+typedef struct sim_counts {
+  _Atomic uint64_t n[SIMFN_COUNT]; /* written by the owning thread only */
+  _Atomic int owned;
+  struct sim_counts *next; /* immutable once published */
+} sim_counts_t;
+static _Atomic(sim_counts_t *) g_counts;
+static _Atomic uint64_t g_calls_unowned[SIMFN_COUNT]; /* calls made while a thread had no block */
+static __thread sim_counts_t *t_counts;
+static pthread_key_t g_counts_key;
+static pthread_once_t g_counts_once = PTHREAD_ONCE_INIT;
+
+static void counts_release(void *p) {
+  sim_counts_t *c = p;
+  t_counts = NULL;
+  atomic_store_explicit(&c->owned, 0, memory_order_release);
+}
+static void counts_key_init(void) { pthread_key_create(&g_counts_key, counts_release); }
+
+static sim_counts_t *counts_self(void) {
+  pthread_once(&g_counts_once, counts_key_init);
+  sim_counts_t *c;
+  for (c = atomic_load_explicit(&g_counts, memory_order_acquire); c; c = c->next) {
+    int free_ = 0;
+    if (atomic_load_explicit(&c->owned, memory_order_relaxed) == 0 &&
+        atomic_compare_exchange_strong_explicit(&c->owned, &free_, 1, memory_order_acquire, memory_order_relaxed))
+      break;
+  }
+  if (!c) {
+    c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    atomic_store_explicit(&c->owned, 1, memory_order_relaxed);
+    sim_counts_t *head = atomic_load_explicit(&g_counts, memory_order_relaxed);
+    do c->next = head;
+    while (!atomic_compare_exchange_weak_explicit(&g_counts, &head, c, memory_order_release, memory_order_relaxed));
+  }
+  t_counts = c;
+  pthread_setspecific(g_counts_key, c);
+  return c;
+}
+
+static inline void count_call(int id) {
+  sim_counts_t *c = t_counts;
+  if (__builtin_expect(c == NULL, 0) && (c = counts_self()) == NULL) {
+    atomic_fetch_add_explicit(&g_calls_unowned[id], 1, memory_order_relaxed);
+    return;
+  }
+  atomic_store_explicit(&c->n[id], atomic_load_explicit(&c->n[id], memory_order_relaxed) + 1, memory_order_relaxed);
+}
+
+static uint64_t calls_of(int id) {
+  uint64_t sum = atomic_load_explicit(&g_calls_unowned[id], memory_order_relaxed);
+  for (sim_counts_t *c = atomic_load_explicit(&g_counts, memory_order_acquire); c; c = c->next)
+    sum += atomic_load_explicit(&c->n[id], memory_order_relaxed);
+  return sum;
+}
 static _Atomic int g_inj_count[SIMFN_COUNT];
 static CUresult g_inj_err[SIMFN_COUNT]; /* guarded by g_inj_lock */
 static pthread_mutex_t g_inj_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -115,7 +173,7 @@ static void trace_call(int id, CUresult r) {
 
 /* Counts the call and applies an injected fault; non-zero when the call must return *r at once. */
 static inline int sim_enter(int id, CUresult *r) {
-  atomic_fetch_add_explicit(&g_calls[id], 1, memory_order_relaxed);
+  count_call(id);
   if (atomic_load_explicit(&g_inj_count[id], memory_order_relaxed) > 0) return take_injection(id, r);
   return 0;
 }
@@ -2451,7 +2509,7 @@ SIM_EXPORT int simcuda_inject(const char *fn, CUresult err, int count) {
 
 SIM_EXPORT uint64_t simcuda_calls(const char *fn) {
   int id = fn_id(fn);
-  return id < 0 ? 0 : atomic_load_explicit(&g_calls[id], memory_order_relaxed);
+  return id < 0 ? 0 : calls_of(id);
 }
 
 SIM_EXPORT uint64_t simcuda_procaddr_requests(void (*fn)(const char *symbol, int version, uint64_t flags, void *arg),

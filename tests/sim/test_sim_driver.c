@@ -438,3 +438,27 @@ Test(sim_driver, threads_share_the_driver) {
   cr_assert_eq(s.used_bytes, 0);
   cr_assert_geq(simcuda_calls("cuMemAlloc_v2"), NTHREADS * ROUNDS / 4);
 }
+
+/* Call counts are kept per thread: calls of threads that exited stay counted, and a block handed to a new
+ * thread goes on counting. Exact, since every thread was joined before the read. */
+#define COUNT_CALLS 1000
+
+static void *count_calls(void *arg) {
+  (void)arg;
+  CUcontext c;
+  for (int i = 0; i < COUNT_CALLS; i++) cr_assert_eq(cuCtxGetCurrent(&c), CUDA_SUCCESS);
+  return NULL;
+}
+
+Test(sim_driver, call_counts_are_exact_across_threads) {
+  sim_primary(0);
+  uint64_t before = simcuda_calls("cuCtxGetCurrent");
+  for (int wave = 0; wave < 3; wave++) { /* later waves reuse the blocks of exited threads */
+    pthread_t t[NTHREADS];
+    for (int i = 0; i < NTHREADS; i++) cr_assert_eq(pthread_create(&t[i], NULL, count_calls, NULL), 0);
+    for (int i = 0; i < NTHREADS; i++) pthread_join(t[i], NULL);
+    cr_assert_eq(simcuda_calls("cuCtxGetCurrent"), before + (uint64_t)(wave + 1) * NTHREADS * COUNT_CALLS);
+  }
+  count_calls(NULL);
+  cr_assert_eq(simcuda_calls("cuCtxGetCurrent"), before + 3u * NTHREADS * COUNT_CALLS + COUNT_CALLS);
+}
