@@ -3,12 +3,17 @@
  * the same layout (40-byte records in one open-addressing array, linear probing), at 1, 2, 4, 8, 16 threads.
  *
  * Each thread inserts a block and deletes the block it inserted `window` operations earlier, as a program
- * allocating and freeing does, over its own addresses. Prints million pairs per second and ns per pair, and
- * the ratio of the two tables in the same run. Usage: bench_table [seconds-per-point] [window]
+ * allocating and freeing does, over its own addresses. Prints million pairs per second and ns per pair, the
+ * ratio of the two tables in the same run, and the lock-free table's throughput against one thread.
+ * Usage: bench_table [seconds-per-point] [window] [reuse]. Without reuse it runs two address patterns: ever-new
+ * addresses (every thread writes slots all over the table, so each operation moves cache lines between cores)
+ * and reused ones (a freed address comes back, as from a pool or the driver's free list; reuse = window).
+ * BENCH_LOCKFREE_ONLY=1 skips the mutex table.
  */
 #include "table.h"
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,15 +109,16 @@ static void *run(void *p) {
   uint64_t i = 0;
   while (!atomic_load_explicit(a->stop, memory_order_relaxed)) {
     for (int k = 0; k < 256; k++, i++) {
+      /* Free first, then allocate: with reuse, the address just freed is the one handed out again. */
       r.key = key_of(a->id, i);
       if (a->lockfree) {
-        gr_table_insert(&r);
         if (i >= a->window)
           gr_table_take(GR_KS_ADDR, key_of(a->id, i - a->window), GR_STMASK(GR_ST_LIVE), NULL);
+        gr_table_insert(&r);
       } else {
-        lt_insert(r.key, r.size);
         if (i >= a->window)
           lt_delete(key_of(a->id, i - a->window));
+        lt_insert(r.key, r.size);
       }
     }
   }
@@ -151,21 +157,54 @@ static double point(int threads, int lockfree, double secs, unsigned window) {
   return (double)pairs / el;
 }
 
+/* One table of figures for one address pattern; the last column is lock-free throughput against 1 thread. */
+static void series(double secs, unsigned window, uint64_t reuse, bool with_mutex) {
+  g_reuse = reuse;
+  if (reuse)
+    printf("\naddresses reused: each thread's freed addresses come back (%llu per thread), as from a pool\n",
+           (unsigned long long)reuse);
+  else
+    printf("\naddresses ever new: every allocation gets an address never seen before\n");
+  printf("%8s %16s %12s %16s %12s %10s %12s\n", "threads", "lock-free Mp/s", "ns/pair", "mutex Mp/s", "ns/pair",
+         "ratio", "vs 1 thread");
+  static const int counts[] = {1, 2, 4, 8, 16};
+  double one = 0;
+  for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+    int t = counts[i];
+    double lf = point(t, 1, secs, window);
+    if (i == 0)
+      one = lf;
+    if (with_mutex) {
+      double mx = point(t, 0, secs, window);
+      printf("%8d %16.2f %12.1f %16.2f %12.1f %9.2fx %11.2fx\n", t, lf / 1e6, 1e9 * t / lf, mx / 1e6,
+             1e9 * t / mx, lf / mx, lf / one);
+    } else {
+      printf("%8d %16.2f %12.1f %16s %12s %10s %11.2fx\n", t, lf / 1e6, 1e9 * t / lf, "-", "-", "-", lf / one);
+    }
+  }
+}
+
 int main(int argc, char **argv) {
   double secs = argc > 1 ? atof(argv[1]) : 1.0;
   unsigned window = argc > 2 ? (unsigned)atoi(argv[2]) : 64;
-  g_reuse = argc > 3 ? (uint64_t)atoll(argv[3]) : 0;
+  if (!(secs > 0) || window == 0 || (argc > 3 && atoll(argv[3]) < 0)) {
+    fprintf(stderr, "usage: bench_table [seconds-per-point > 0] [window > 0] [reuse >= window, 0 = ever new]\n");
+    return 2;
+  }
+  const char *only = getenv("BENCH_LOCKFREE_ONLY");
+  bool with_mutex = !(only && strcmp(only, "0") != 0 && *only);
   gr_table_init();
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   printf("bench_table: insert+delete pairs, %u blocks live per thread, %.1fs per point, %ld cores online\n", window,
          secs, cores);
-  printf("%8s %16s %12s %16s %12s %10s\n", "threads", "lock-free Mp/s", "ns/pair", "mutex Mp/s", "ns/pair", "ratio");
-  static const int counts[] = {1, 2, 4, 8, 16};
-  for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
-    int t = counts[i];
-    double lf = point(t, 1, secs, window), mx = getenv("BENCH_LOCKFREE_ONLY") ? 1 : point(t, 0, secs, window);
-    printf("%8d %16.2f %12.1f %16.2f %12.1f %9.2fx\n", t, lf / 1e6, 1e9 * t / lf, mx / 1e6, 1e9 * t / mx, lf / mx);
+  if (argc > 3) {
+    uint64_t reuse = (uint64_t)atoll(argv[3]);
+    series(secs, window, reuse && reuse < window ? window : reuse, with_mutex);
+  } else {
+    series(secs, window, 0, with_mutex);
+    series(secs, window, window, with_mutex);
   }
-  printf("table memory now: %zu bytes, %llu migrations\n", gr_table_bytes(), (unsigned long long)gr_table_migrations());
+  printf("\ntable memory now: %zu bytes, %llu migrations\n", gr_table_bytes(),
+         (unsigned long long)gr_table_migrations());
   return 0;
 }
