@@ -9,10 +9,14 @@
  * Both children are multi-threaded processes, as every process that initialised CUDA is: the simulated driver
  * starts a thread in cuInit like libcuda (glibc's mutexes are cheaper in a single-threaded process, which
  * would charge gpureclaim's own thread to it).
+ * Then it times, alone, the steps every tracked pair takes whatever the implementation: asking the driver for
+ * the current context, reading the clock, and the two compare-and-swaps of a lock-free insert and of the
+ * claim on a record's state.
  */
 #include <cuda.h>
 #include <dlfcn.h>
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +25,13 @@
 #include <unistd.h>
 
 #define NCASES 5
+/* Steps every tracked pair takes, timed alone in the run without gpureclaim: what they cost here is the part of
+ * the added time that no trimming of gpureclaim's own code removes. */
+#define NSTEPS 3
+static const char *const g_step[NSTEPS] = {"the driver's cuCtxGetCurrent (context of a cuMemAlloc)",
+                                           "clock_gettime(CLOCK_MONOTONIC_COARSE) (the record's time)",
+                                           "two compare-and-swaps (claim a slot, claim a record)"};
+#define STEP_KEY 100
 static const char *const g_case[NCASES] = {"cuMemAlloc+cuMemFree 512 B (exported)",
                                            "cuMemAlloc+cuMemFree 1 MiB (exported)",
                                            "cuMemAlloc+cuMemFree 512 B (cuGetProcAddress)",
@@ -86,6 +97,28 @@ static int child(long n) {
   apairs(cuMemAllocAsync, cuMemFreeAsync, 4096, n / 10);
   printf("3 %.2f\n", apairs(cuMemAllocAsync, cuMemFreeAsync, 4096, n));
   printf("4 %.2f\n", apairs((aalloc_t)paa, (afree_t)paf, 4096, n));
+  if (getenv("LD_PRELOAD"))
+    return 0;
+  CUcontext cur;
+  double t0 = now();
+  for (long i = 0; i < n; i++)
+    if (cuCtxGetCurrent(&cur) != CUDA_SUCCESS)
+      return 2;
+  printf("%d %.2f\n", STEP_KEY, (now() - t0) / (double)n);
+  struct timespec ts;
+  t0 = now();
+  for (long i = 0; i < n; i++)
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  printf("%d %.2f\n", STEP_KEY + 1, (now() - t0) / (double)n);
+  static _Atomic unsigned long word;
+  t0 = now();
+  for (long i = 0; i < n; i++) {
+    unsigned long v = atomic_load_explicit(&word, memory_order_relaxed);
+    atomic_compare_exchange_strong(&word, &v, v + 1);
+    v++;
+    atomic_compare_exchange_strong(&word, &v, v + 1);
+  }
+  printf("%d %.2f\n", STEP_KEY + 2, (now() - t0) / (double)n);
   return 0;
 }
 
@@ -94,8 +127,8 @@ static int cmpd(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* Runs the child with or without the preload and reads its NCASES figures. */
-static int run(const char *self, const char *lib, long n, double *out) {
+/* Runs the child with or without the preload and reads its NCASES figures (and, without, the NSTEPS ones). */
+static int run(const char *self, const char *lib, long n, double *out, double *steps) {
   int fd[2];
   if (pipe(fd) != 0)
     return -1;
@@ -121,6 +154,8 @@ static int run(const char *self, const char *lib, long n, double *out) {
   while (fscanf(f, "%d %lf", &k, &v) == 2)
     if (k >= 0 && k < NCASES)
       out[k] = v, got++;
+    else if (steps && k >= STEP_KEY && k < STEP_KEY + NSTEPS)
+      steps[k - STEP_KEY] = v;
   fclose(f);
   int st;
   waitpid(pid, &st, 0);
@@ -148,17 +183,19 @@ int main(int argc, char **argv) {
     fprintf(stderr, "bench_hooks: %s not found (set GPURECLAIM_LIBRARY)\n", lib);
     return 1;
   }
-  double base[NCASES][64], with[NCASES][64];
+  double base[NCASES][64], with[NCASES][64], step[NSTEPS][64];
   if (rounds > 64)
     rounds = 64;
   for (int r = 0; r < rounds; r++) {
-    double b[NCASES], w[NCASES];
-    if (run(self, NULL, n, b) != 0 || run(self, lib, n, w) != 0) {
+    double b[NCASES], w[NCASES], st[NSTEPS] = {0};
+    if (run(self, NULL, n, b, st) != 0 || run(self, lib, n, w, NULL) != 0) {
       fprintf(stderr, "bench_hooks: a child failed\n");
       return 1;
     }
     for (int k = 0; k < NCASES; k++)
       base[k][r] = b[k], with[k][r] = w[k];
+    for (int k = 0; k < NSTEPS; k++)
+      step[k][r] = st[k];
   }
   printf("bench_hooks: %d rounds of %ld pairs, median ns per pair, without and with libgpureclaim.so\n", rounds, n);
   printf("%-58s %10s %10s %10s %8s\n", "pair", "baseline", "gpureclaim", "added", "ratio");
@@ -168,5 +205,13 @@ int main(int argc, char **argv) {
     double b = base[k][rounds / 2], w = with[k][rounds / 2];
     printf("%-58s %10.1f %10.1f %10.1f %7.2fx\n", g_case[k], b, w, w - b, w / b);
   }
+  printf("\nsteps every tracked pair takes, each timed alone (median ns; within a pair they partly overlap)\n");
+  double total = 0;
+  for (int k = 0; k < NSTEPS; k++) {
+    qsort(step[k], (size_t)rounds, sizeof(double), cmpd);
+    total += step[k][rounds / 2];
+    printf("%-58s %10.1f\n", g_step[k], step[k][rounds / 2]);
+  }
+  printf("%-58s %10.1f\n", "sum", total);
   return 0;
 }

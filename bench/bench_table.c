@@ -165,21 +165,24 @@ static void series(double secs, unsigned window, uint64_t reuse, bool with_mutex
            (unsigned long long)reuse);
   else
     printf("\naddresses ever new: every allocation gets an address never seen before\n");
-  printf("%8s %16s %12s %16s %12s %10s %12s\n", "threads", "lock-free Mp/s", "ns/pair", "mutex Mp/s", "ns/pair",
-         "ratio", "vs 1 thread");
+  printf("%8s %16s %12s %16s %12s %10s %12s %11s\n", "threads", "lock-free Mp/s", "ns/pair", "mutex Mp/s",
+         "ns/pair", "ratio", "vs 1 thread", "migrations");
   static const int counts[] = {1, 2, 4, 8, 16};
   double one = 0;
   for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
     int t = counts[i];
+    uint64_t m0 = gr_table_migrations();
     double lf = point(t, 1, secs, window);
+    unsigned long long migr = (unsigned long long)(gr_table_migrations() - m0);
     if (i == 0)
       one = lf;
     if (with_mutex) {
       double mx = point(t, 0, secs, window);
-      printf("%8d %16.2f %12.1f %16.2f %12.1f %9.2fx %11.2fx\n", t, lf / 1e6, 1e9 * t / lf, mx / 1e6,
-             1e9 * t / mx, lf / mx, lf / one);
+      printf("%8d %16.2f %12.1f %16.2f %12.1f %9.2fx %11.2fx %11llu\n", t, lf / 1e6, 1e9 * t / lf, mx / 1e6,
+             1e9 * t / mx, lf / mx, lf / one, migr);
     } else {
-      printf("%8d %16.2f %12.1f %16s %12s %10s %11.2fx\n", t, lf / 1e6, 1e9 * t / lf, "-", "-", "-", lf / one);
+      printf("%8d %16.2f %12.1f %16s %12s %10s %11.2fx %11llu\n", t, lf / 1e6, 1e9 * t / lf, "-", "-", "-", lf / one,
+             migr);
     }
   }
 }
