@@ -139,11 +139,13 @@ typedef struct gpureclaim_block {
 GPURECLAIM_API int gpureclaim_foreach_block(int (*fn)(const gpureclaim_block_t *block, void *arg), void *arg);
 
 /* Writes every live block and the per-context and per-device totals as one JSON document to path ("-" for
- * stdout). The file is written to a temporary name in the same directory and renamed into place. */
+ * stdout). A new path or a regular file is written to a temporary name in the same directory and renamed into
+ * place; anything else there (a symbolic link, a device such as /dev/null, a FIFO) is written into, as a
+ * shell's > would, and stays what it is. */
 GPURECLAIM_API int gpureclaim_snapshot(const char *path);
 
 /* Writes the leak report (blocks never freed, grouped by calling library and return address, with totals per
- * device) to path ("-" for stderr). With GPURECLAIM_LEAK_REPORT=1 it is also written at exit. json != 0 gives
+ * device) to path ("-" for stderr), as gpureclaim_snapshot() writes files. With GPURECLAIM_LEAK_REPORT=1 it is also written at exit. json != 0 gives
  * JSON instead of text. */
 GPURECLAIM_API int gpureclaim_leak_report(const char *path, int json);
 

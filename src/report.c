@@ -3,11 +3,13 @@
  * file, snapshots and leak reports. Formats: docs/PROTOCOL.md.
  *
  * Files go to a private run directory (mode 0700, owned by the user); one that exists with other owners or
- * wider permissions is refused with one warning. Files are written to a temporary name and renamed, so a
- * reader never sees half a file. Nothing here runs inside an allocation.
+ * wider permissions is refused with one warning. Regular files are written to a temporary name and renamed,
+ * so a reader never sees half a file; a device, FIFO or link a user names is written into (outfile.c).
+ * Nothing here runs inside an allocation.
  */
 #include "gpureclaim_internal.h"
 #include "json.h"
+#include "outfile.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -55,22 +57,11 @@ const char *gr_rep_rundir(void) {
   return g_rundir;
 }
 
-/* Writes b to path through a temporary file in the same directory. */
-static int write_atomically(const char *path, const jbuf_t *b, mode_t mode) {
-  char tmp[4200];
-  if (snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid()) >= (int)sizeof tmp)
-    return -ENAMETOOLONG;
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode);
-  if (fd < 0)
-    return -errno;
-  int rc = jb_write_fd(b, fd);
-  if (close(fd) != 0 && rc == 0)
-    rc = -errno;
-  if (rc == 0 && rename(tmp, path) != 0)
-    rc = -errno;
-  if (rc != 0)
-    unlink(tmp);
-  return rc;
+/* Writes b to path: outfile.c replaces a regular file through a temporary name, writes into anything else. */
+static int write_file(const char *path, const jbuf_t *b, mode_t mode) {
+  if (b->failed)
+    return -ENOMEM;
+  return gr_out_write(path, b->p, b->len, mode);
 }
 
 /* ---- pieces ---- */
@@ -242,7 +233,7 @@ int gr_rep_status_update(void) {
   pthread_mutex_unlock(&g_status_lock);
   jb_obj_end(&b);
   jb_raw(&b, "\n", 1);
-  int rc = write_atomically(path, &b, 0600);
+  int rc = write_file(path, &b, 0600);
   jb_free(&b);
   return rc;
 }
@@ -564,7 +555,7 @@ static int to_path(const char *path, int std_fd, int (*fill)(jbuf_t *, bool), bo
   jb_init(&b);
   int rc = fill(&b, arg);
   if (rc == 0)
-    rc = strcmp(path, "-") == 0 ? jb_write_fd(&b, std_fd) : write_atomically(path, &b, 0644);
+    rc = strcmp(path, "-") == 0 ? jb_write_fd(&b, std_fd) : write_file(path, &b, 0644);
   jb_free(&b);
   if (rc < 0 && rc != -ENOMEM)
     rc = -EIO; /* the header's promise: a file that could not be written */

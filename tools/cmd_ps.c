@@ -4,6 +4,7 @@
  * not answer is still listed, from its status file, marked as not answering.
  */
 #include "command.h"
+#include "outfile.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -235,22 +236,27 @@ static void prom_rows(FILE *f, const row_t *rows, size_t n) {
   }
 }
 
-/* Written to a temporary file in the same directory and renamed: the collector never reads half a file. The
- * temporary name does not end in .prom, so the collector ignores it. */
+/* "-" is standard output. A regular file is written to a temporary name in the same directory and renamed,
+ * so the collector never reads half a file (the temporary name does not end in .prom, so the collector
+ * ignores it); a device, FIFO or symbolic link is written into, as a shell's > would (outfile.c). */
 static int write_prometheus(const char *path, const row_t *rows, size_t n) {
-  char tmp[4200];
-  if ((size_t)snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid()) >= sizeof tmp)
-    return cmd_usage_error("ps: path too long: %s", path);
-  FILE *f = fopen(tmp, "w");
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
   if (!f) {
-    fprintf(stderr, "gpureclaim: cannot write %s: %s\n", tmp, strerror(errno));
+    fprintf(stderr, "gpureclaim: out of memory\n");
     return EX_FAILED;
   }
   prom_rows(f, rows, n);
-  bool ok = fflush(f) == 0 && !ferror(f) && fsync(fileno(f)) == 0;
-  if (fclose(f) != 0 || !ok || rename(tmp, path) != 0) {
-    fprintf(stderr, "gpureclaim: cannot write %s: %s\n", path, strerror(errno));
-    unlink(tmp);
+  bool ok = fclose(f) == 0 && text;
+  int rc = 0;
+  if (ok && !strcmp(path, "-"))
+    ok = fwrite(text, 1, len, stdout) == len && fflush(stdout) == 0;
+  else if (ok)
+    rc = gr_out_write(path, text, len, 0644);
+  free(text);
+  if (!ok || rc != 0) {
+    fprintf(stderr, "gpureclaim: cannot write %s: %s\n", path, strerror(rc ? -rc : errno ? errno : EIO));
     return EX_FAILED;
   }
   return EX_OK;

@@ -31,7 +31,7 @@ static const char g_usage[] =
     "      The library is found next to the command (../LIBDIR/libgpureclaim.so.0) or in GPURECLAIM_LIBRARY.\n"
     "  ps [--json] [--prometheus FILE]\n"
     "      your processes running gpureclaim: devices, live, cached (pools: reserved - used) and pinned memory,\n"
-    "      releases; --prometheus writes node_exporter's textfile format to FILE (atomically) instead\n"
+    "      releases; --prometheus writes node_exporter's textfile format to FILE (atomically; - for stdout)\n"
     "  release PID...|--all [--what WHAT] [--timeout S] [--signal] [--json]\n"
     "      give back memory and print what each process gave back (bytes, milliseconds). WHAT: cached,\n"
     "      orphaned, all, comma-separated (default: the process's GPURECLAIM_ON_SIGNAL). Over the process's\n"

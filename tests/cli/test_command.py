@@ -138,6 +138,22 @@ class CommandTest(unittest.TestCase):
         self.assertIn("gpureclaim top", out)
         self.assertRegex(out, r"(?m)^\s*%d\s" % h.pid)
 
+    def test_prometheus_to_stdout_and_through_a_link(self):
+        h = self.hold()
+        out = run("ps", "--prometheus", "-", env=self.env, check=0).stdout
+        self.assertRegex(out, r'(?m)^gpureclaim_up\{pid="%d",command="hold"\} 1$' % h.pid)
+        self.assertFalse(os.path.exists("-"), "'-' is standard output, not a file named -")
+        target = os.path.join(self.tmp, "real.prom")
+        link = os.path.join(self.tmp, "link.prom")
+        os.symlink(target, link)
+        run("ps", "--prometheus", link, env=self.env, check=0)
+        self.assertTrue(os.path.islink(link), "the link was replaced by a file")
+        with open(target) as f:
+            self.assertIn('gpureclaim_up{pid="%d"' % h.pid, f.read())
+        r = run("ps", "--prometheus", self.tmp, env=self.env, check=None)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("Is a directory", r.stderr)
+
     def test_prometheus_textfile(self):
         h = self.hold()
         path = os.path.join(self.tmp, "gpureclaim.prom")

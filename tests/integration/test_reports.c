@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -65,6 +66,58 @@ Test(reports, snapshot_json) {
   unlink(path);
   cr_assert_eq(gpureclaim_snapshot(""), -EINVAL);
   cr_assert_eq(gpureclaim_snapshot("/nonexistent-dir/x.json"), -EIO);
+}
+
+/* A path that is not a regular file is written into, never replaced: renaming over /dev/null (as root, which
+ * CI is) left a regular file full of JSON where every program expects the null device. */
+Test(reports, snapshot_into_devices_links_and_fifos) {
+  CUdeviceptr a;
+  OK(cuMemAlloc(&a, 4096));
+  struct stat st;
+  cr_assert_eq(gpureclaim_snapshot("/dev/null"), 0);
+  cr_assert_eq(stat("/dev/null", &st), 0);
+  if (!S_ISCHR(st.st_mode) && geteuid() == 0) { /* put the machine's /dev/null back before failing */
+    unlink("/dev/null");
+    mknod("/dev/null", S_IFCHR | 0666, makedev(1, 3));
+    chmod("/dev/null", 0666);
+  }
+  cr_assert(S_ISCHR(st.st_mode), "/dev/null is no longer a device");
+
+  char dir[] = "/tmp/gr_outXXXXXX";
+  cr_assert_not_null(mkdtemp(dir));
+  char target[256], link[256], fifo[256];
+  snprintf(target, sizeof target, "%s/target.json", dir);
+  snprintf(link, sizeof link, "%s/link.json", dir);
+  snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+  cr_assert_eq(symlink("target.json", link), 0); /* dangling: writing through it creates the target */
+  cr_assert_eq(gpureclaim_snapshot(link), 0);
+  cr_assert_eq(lstat(link, &st), 0);
+  cr_assert(S_ISLNK(st.st_mode), "the link was replaced");
+  cr_assert_eq(py("import json,sys; d=json.load(open(sys.argv[1])); assert len(d[\"blocks\"])==1", target), 0);
+  cr_assert_eq(gpureclaim_snapshot(link), 0, "a link to an existing file");
+  cr_assert_eq(lstat(link, &st), 0);
+  cr_assert(S_ISLNK(st.st_mode));
+
+  /* A FIFO: a reader gets the whole document. */
+  cr_assert_eq(mkfifo(fifo, 0600), 0);
+  char cmd[512];
+  snprintf(cmd, sizeof cmd, "env -u LD_PRELOAD python3 -c 'import json,sys; d=json.load(open(sys.argv[1]));"
+           "assert len(d[\"blocks\"])==1' '%s'", fifo);
+  FILE *reader = popen(cmd, "r");
+  cr_assert_not_null(reader);
+  cr_assert_eq(gpureclaim_snapshot(fifo), 0);
+  cr_assert_eq(WEXITSTATUS(pclose(reader)), 0, "the reader of the FIFO did not get the snapshot");
+  cr_assert_eq(lstat(fifo, &st), 0);
+  cr_assert(S_ISFIFO(st.st_mode));
+
+  cr_assert_eq(gpureclaim_snapshot(dir), -EIO, "a directory is not written");
+  cr_assert_eq(lstat(dir, &st), 0);
+  cr_assert(S_ISDIR(st.st_mode));
+  unlink(target);
+  unlink(link);
+  unlink(fifo);
+  cr_assert_eq(rmdir(dir), 0, "temporary files were left in %s", dir);
+  OK(cuMemFree(a));
 }
 
 __attribute__((noinline)) static void leaky(CUdeviceptr *p) {
