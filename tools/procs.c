@@ -125,6 +125,8 @@ static int load(const char *dir, pid_t pid, proc_t *out) {
     cmd_free(out);
     return LOAD_STALE;
   }
+  /* start_ticks names the process the file was written by: a file without it could be about any process that
+   * has the pid now, and is never acted on (below). */
   if (out->status && jint(out->status, "start_ticks", 0) && (uint64_t)jint(out->status, "start_ticks", 0) != ticks) {
     remove_stale(dir, pid, "the pid now belongs to another program");
     cmd_free(out);
@@ -135,7 +137,8 @@ static int load(const char *dir, pid_t pid, proc_t *out) {
     nanosleep(&ts, NULL);
     out->status = cmd_read_status(out);
   }
-  if (!out->status || !S_ISREG(st.st_mode) || jint(out->status, "pid", -1) != pid) {
+  if (!out->status || !S_ISREG(st.st_mode) || jint(out->status, "pid", -1) != pid ||
+      jint(out->status, "start_ticks", 0) <= 0 || jint(out->status, "uid", -1) < 0) {
     cmd_free(out);
     return LOAD_UNREADABLE;
   }
@@ -187,6 +190,8 @@ size_t cmd_list(proc_t **out) {
       char who[64];
       fprintf(stderr, "gpureclaim: ignoring the status file of pid %ld: it belongs to %s, not you\n", pid,
               user_name(v[n].foreign_uid, who, sizeof who));
+    } else if (r == LOAD_UNREADABLE) {
+      fprintf(stderr, "gpureclaim: ignoring %s/%s: not a valid status file\n", dir, e->d_name);
     }
   }
   closedir(d);

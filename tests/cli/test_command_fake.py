@@ -338,6 +338,31 @@ class FakeTest(unittest.TestCase):
         self.assertEqual(json.loads(self.cmd("release", "--all", "--json", check=0).stdout), [])
         self.assertEqual(self.received(), [], "no request and no signal reached it")
 
+    def test_a_status_file_without_start_ticks_or_uid_is_never_acted_on(self):
+        self.fake()
+        victim = subprocess.Popen(["sleep", "30"])
+        try:
+            path = os.path.join(self.rundir, "%d.json" % victim.pid)
+            with open("/proc/%d/stat" % victim.pid) as fh:
+                ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+            for st in ({"pid": victim.pid},
+                       {"pid": victim.pid, "uid": os.geteuid()},
+                       {"pid": victim.pid, "start_ticks": ticks}):
+                with open(path, "w") as fh:
+                    json.dump(st, fh)
+                ps = self.cmd("ps", "--json", check=0)
+                self.assertNotIn(victim.pid, [r["pid"] for r in json.loads(ps.stdout)], st)
+                self.assertIn("ignoring %s: not a valid status file" % path, ps.stderr)
+                self.assertNotIn(victim.pid, [r.get("pid") for r in
+                                              json.loads(self.cmd("release", "--all", "--json", check=0).stdout)])
+                p = self.cmd("release", str(victim.pid), check=3)
+                self.assertIn("is not a valid status file", p.stderr)
+                self.cmd("release", "--signal", str(victim.pid), check=3)
+                self.assertIsNone(victim.poll(), "the process named by the file was signalled")
+        finally:
+            victim.kill()
+            victim.wait()
+
     def test_stale_and_reused_status_files_are_removed(self):
         self.fake()
         gone = subprocess.Popen(["true"])
