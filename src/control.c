@@ -3,12 +3,14 @@
  *
  * A Unix stream socket in the private run directory, served by the worker thread one client at a time: one
  * request line in, one JSON object out. Only a peer with the same effective uid is answered (SO_PEERCRED), on
- * top of the directory's 0700 and the socket's 0600. A silent client is dropped after 5 seconds.
+ * top of the directory's 0700 and the socket's 0600. A silent client is dropped after 5 seconds. A release
+ * whose client hung up before it was served is not run (client_waiting()).
  */
 #include "gpureclaim_internal.h"
 #include "json.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -63,6 +65,14 @@ void gr_ctl_forget(void) {
     close(fd);
 }
 
+/* Whether the client still waits for the answer. A command whose --timeout passed (this process was stopped,
+ * or busy in a long release) has closed its end and told its user the release did not happen: its request is
+ * withdrawn, and running it later would free memory behind that user's back. */
+static bool client_waiting(int fd) {
+  struct pollfd p = {fd, POLLRDHUP, 0};
+  return poll(&p, 1, 0) == 0 || !(p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
 static void answer(int fd, const char *line) {
   jbuf_t b;
   jb_init(&b);
@@ -79,6 +89,11 @@ static void answer(int fd, const char *line) {
     unsigned what = gr_opt()->on_signal;
     const char *arg = line[7] ? line + 8 : "";
     gpureclaim_report_t rep = {.size = sizeof rep};
+    if (!client_waiting(fd)) {
+      gr_info("a release request was withdrawn: the gpureclaim command stopped waiting before it was served");
+      jb_free(&b);
+      return;
+    }
     int rc = *arg && gr_opt_parse_what(arg, &what) != 0 ? -EINVAL : gr_rel_run(what, GPURECLAIM_TRIGGER_COMMAND, &rep);
     jb_bool(&b, "ok", rc == 0);
     if (rc == 0) {

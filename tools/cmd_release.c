@@ -21,11 +21,16 @@ static double seconds_since(const struct timespec *t0) {
 
 /* Sends the process's release signal and waits for its status file to count one more release; returns the
  * re-read status file (its last_release is the report). */
-static jnode_t *release_by_signal(const proc_t *p, double timeout, const char **why) {
+static jnode_t *release_by_signal(const proc_t *p, double timeout, bool explicit, const char **why) {
   int sig = 0;
   const char *name = jstr(p->status, "signal", "USR1");
   if (gr_opt_parse_signal(name, &sig) != 0 || sig == 0) {
-    *why = "its release signal is off (GPURECLAIM_SIGNAL=off) and nothing listens on its control socket";
+    if (!explicit)
+      *why = "its release signal is off (GPURECLAIM_SIGNAL=off) and nothing listens on its control socket";
+    else if (jstr(p->status, "socket", NULL))
+      *why = "its release signal is off (GPURECLAIM_SIGNAL=off): ask over its control socket (without --signal)";
+    else
+      *why = "its release signal is off (GPURECLAIM_SIGNAL=off) and it has no control socket";
     return NULL;
   }
   /* Counted from the status file as read now, just before the signal: an earlier release is not taken for ours. */
@@ -54,7 +59,8 @@ static jnode_t *release_by_signal(const proc_t *p, double timeout, const char **
       return NULL;
     }
     if (seconds_since(&t0) > timeout) {
-      *why = "timed out waiting for its status file to report the release";
+      *why = "timed out waiting for its status file to report the release (a signal cannot be withdrawn: the "
+             "process releases when it gets to it)";
       return NULL;
     }
     struct timespec nap = {0, 10000000};
@@ -104,6 +110,9 @@ static jnode_t *release_one(const proc_t *p, const request_t *rq, const jnode_t 
     snprintf(line, sizeof line, rq->what ? "release %s" : "release", rq->what ? rq->what : "");
     bool no_listener = false;
     jnode_t *ans = cmd_ask(p, line, rq->timeout, why, &no_listener);
+    if (!ans && *why == cmd_why_timed_out)
+      *why = "timed out waiting for its answer; the request is withdrawn (the process drops it unless it had "
+             "already begun the release, which then finishes)";
     if (ans) {
       if (jbool(ans, "ok", false) && (*rep = jget(ans, "report")) && (*rep)->type == JN_OBJ)
         return ans;
@@ -124,7 +133,7 @@ static jnode_t *release_one(const proc_t *p, const request_t *rq, const jnode_t 
     *why = "its signal releases what its GPURECLAIM_ON_SIGNAL says, not --what (that needs its control socket)";
     return NULL;
   }
-  jnode_t *st = release_by_signal(p, rq->timeout, why);
+  jnode_t *st = release_by_signal(p, rq->timeout, rq->by_signal, why);
   if (st)
     *rep = jget(st, "last_release");
   return st;

@@ -36,6 +36,9 @@ void cmd_free(proc_t *p);
  * with the reason in *why. timeout bounds the whole exchange, in seconds. *no_listener (may be NULL) tells
  * whether nobody listens there at all (no socket, or the process closed it), as opposed to no answer. */
 jnode_t *cmd_ask(const proc_t *p, const char *request, double timeout, const char **why, bool *no_listener);
+/* cmd_ask()'s *why when the timeout passed (the connection is closed then: the process drops a release request
+ * whose asker hung up). */
+extern const char cmd_why_timed_out[];
 /* Re-reads a process's status file. */
 jnode_t *cmd_read_status(const proc_t *p);
 

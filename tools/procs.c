@@ -244,6 +244,8 @@ static int ms_left(const struct timespec *deadline) {
   return left <= 0 ? 0 : left > 86400e3 ? 86400000 : (int)left + 1;
 }
 
+const char cmd_why_timed_out[] = "timed out waiting for its answer";
+
 jnode_t *cmd_ask(const proc_t *p, const char *request, double timeout, const char **why, bool *no_listener) {
   if (no_listener)
     *no_listener = false;
@@ -327,7 +329,7 @@ jnode_t *cmd_ask(const proc_t *p, const char *request, double timeout, const cha
     return NULL;
   }
   if (timed_out || n == 0) {
-    *why = timed_out ? "timed out waiting for its answer" : "it closed the connection without answering";
+    *why = timed_out ? cmd_why_timed_out : "it closed the connection without answering";
     free(buf);
     return NULL;
   }

@@ -113,6 +113,24 @@ class CommandTest(unittest.TestCase):
         self.assertEqual(sorted(x["pid"] for x in out), sorted([h.pid, h2.pid]))
         self.assertTrue(all(x["ok"] for x in out))
 
+    def test_a_release_that_timed_out_is_withdrawn(self):
+        h = self.hold()
+        before = h.sim()
+        os.kill(h.pid, signal.SIGSTOP)
+        try:
+            p = run("release", str(h.pid), "--timeout", "0.5", env=self.env, check=1)
+            self.assertIn("the request is withdrawn", p.stderr)
+        finally:
+            os.kill(h.pid, signal.SIGCONT)
+        # ps asks over the same socket: once it answers, the withdrawn request was dealt with before it.
+        deadline = time.monotonic() + 20
+        while not json.loads(run("ps", "--json", env=self.env, check=0).stdout)[0]["answered"]:
+            self.assertLess(time.monotonic(), deadline)
+            time.sleep(0.05)
+        with open(os.path.join(self.rundir, "%d.json" % h.pid)) as f:
+            self.assertEqual(json.load(f)["releases"], 0, "a release the command gave up on happened anyway")
+        self.assertEqual(h.sim(), before, "memory was released after the command said it was not")
+
     def test_snapshot_and_leaks(self):
         h = self.hold()
         text = run("snapshot", str(h.pid), env=self.env, check=0).stdout

@@ -210,7 +210,9 @@ class FakeTest(unittest.TestCase):
         self.assertLess(time.monotonic() - t0, 5)
         self.assertIn("%d did not release: timed out" % f.pid, p.stderr)
         r = json.loads(self.cmd("release", "--timeout", "0.5", "--json", str(f.pid), check=1).stdout)
-        self.assertEqual((r[0]["ok"], r[0]["error"]), (False, "timed out waiting for its answer"))
+        self.assertFalse(r[0]["ok"])
+        self.assertTrue(r[0]["error"].startswith("timed out waiting for its answer; the request is withdrawn"),
+                        r[0]["error"])
 
     def test_one_failure_fails_the_whole_command(self):
         good, bad = self.fake(), self.fake("--mode", "close")
@@ -255,9 +257,17 @@ class FakeTest(unittest.TestCase):
         p = self.cmd("release", "--timeout", "0.5", str(f.pid), check=1)
         self.assertLess(time.monotonic() - t0, 5)
         self.assertIn("timed out waiting for its status file", p.stderr)
+        self.assertIn("a signal cannot be withdrawn", p.stderr)
         g = self.fake("--no-socket", "--signal", "off")
-        self.assertIn("release signal is off", self.cmd("release", str(g.pid), check=1).stderr)
+        self.assertIn("release signal is off (GPURECLAIM_SIGNAL=off) and nothing listens on its control socket",
+                      self.cmd("release", str(g.pid), check=1).stderr)
+        self.assertIn("release signal is off (GPURECLAIM_SIGNAL=off) and it has no control socket",
+                      self.cmd("release", "--signal", str(g.pid), check=1).stderr)
         self.assertNotIn("signal 10", self.received())
+        h = self.fake("--signal", "off")  # it listens: --signal alone is the wrong way to ask it
+        self.assertIn("ask over its control socket (without --signal)",
+                      self.cmd("release", "--signal", str(h.pid), check=1).stderr)
+        self.cmd("release", str(h.pid), check=0)
 
     # ---- snapshot ----
 
