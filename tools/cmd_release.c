@@ -171,6 +171,7 @@ int cmd_release(int argc, char **argv) {
   }
   proc_t *procs = NULL;
   size_t n = 0;
+  bool *found = NULL; /* pids given: which were found (the others are reported, in order, as not released) */
   if (all) {
     n = cmd_list(&procs);
     if (cmd_rundir_refused())
@@ -179,18 +180,34 @@ int cmd_release(int argc, char **argv) {
       printf("(no process of yours is running gpureclaim)\n");
   } else {
     procs = calloc(npids, sizeof *procs);
-    for (size_t i = 0; procs && i < npids; i++) {
-      int r = cmd_find(pids[i], &procs[n]);
-      if (r == EX_OK)
-        n++;
-      else if (rc == EX_OK)
+    found = calloc(npids, sizeof *found);
+    if (!procs || !found) {
+      fprintf(stderr, "gpureclaim: out of memory\n");
+      free(procs);
+      free(found);
+      free(pids);
+      return EX_FAILED;
+    }
+    for (size_t i = 0; i < npids; i++) {
+      int r = cmd_find(pids[i], &procs[i]);
+      found[i] = r == EX_OK;
+      if (r != EX_OK && rc == EX_OK)
         rc = r;
     }
+    n = npids;
   }
   if (cmd_json_out())
     printf("[");
   for (size_t i = 0; i < n; i++) {
     proc_t *p = &procs[i];
+    if (found && !found[i]) { /* cmd_find() said why on stderr */
+      if (cmd_json_out()) {
+        printf("%s{\"pid\":%d,\"ok\":false,\"via\":null,\"error\":", i ? "," : "", (int)p->pid);
+        cmd_json_str(stdout, p->error);
+        printf("}");
+      }
+      continue;
+    }
     const char *why = "", *via = "";
     const jnode_t *rep;
     jnode_t *ans = release_one(p, &rq, &rep, &why, &via);
@@ -220,6 +237,7 @@ int cmd_release(int argc, char **argv) {
   if (cmd_json_out())
     printf("]\n");
   free(procs);
+  free(found);
   free(pids);
   return rc;
 }

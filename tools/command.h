@@ -19,6 +19,7 @@ typedef struct proc {
   jnode_t *status;  /* the parsed status file */
   uid_t foreign_uid; /* the owner a refused status file claims */
   char path[4200];
+  char error[480];   /* why cmd_find() did not find it (also printed to stderr) */
 } proc_t;
 
 /* The run directory the library uses (same rules); NULL when absent, or with a message if unsafe. */

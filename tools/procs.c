@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pwd.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -199,31 +200,40 @@ size_t cmd_list(proc_t **out) {
   return n;
 }
 
+/* Records why pid was not found in out->error and prints it. */
+__attribute__((format(printf, 2, 3))) static void not_found(proc_t *out, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(out->error, sizeof out->error, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "gpureclaim: %s\n", out->error);
+}
+
 int cmd_find(pid_t pid, proc_t *out) {
   uid_t uid = 0;
   char who[64];
   memset(out, 0, sizeof *out);
+  out->pid = pid;
   if (pid <= 0 || !proc_start(pid, &uid)) {
-    fprintf(stderr, "gpureclaim: no such process: %d\n", (int)pid);
+    not_found(out, "no such process: %d", (int)pid);
     return EX_NOPROC;
   }
   if (uid != geteuid()) {
-    fprintf(stderr, "gpureclaim: process %d belongs to %s: refused\n", (int)pid, user_name(uid, who, sizeof who));
+    not_found(out, "process %d belongs to %s: refused", (int)pid, user_name(uid, who, sizeof who));
     return EX_NOPROC;
   }
   const char *dir = cmd_rundir(false);
   int r = dir ? load(dir, pid, out) : LOAD_ABSENT;
   if (r == LOAD_FOREIGN) {
-    fprintf(stderr, "gpureclaim: the status file of process %d says it belongs to %s: refused\n", (int)pid,
-            user_name(out->foreign_uid, who, sizeof who));
+    not_found(out, "the status file of process %d says it belongs to %s: refused", (int)pid,
+              user_name(out->foreign_uid, who, sizeof who));
   } else if (r == LOAD_UNREADABLE) {
-    fprintf(stderr, "gpureclaim: the status file of process %d (%s) is not a valid status file\n", (int)pid,
-            out->path);
+    not_found(out, "the status file of process %d (%.300s) is not a valid status file", (int)pid, out->path);
   } else if (r != LOAD_OK) {
-    fprintf(stderr,
-            "gpureclaim: process %d is not running gpureclaim (no status file in %s: started without it, "
-            "not yet using CUDA, or with GPURECLAIM_STATUS=0)\n",
-            (int)pid, gr_opt()->rundir);
+    not_found(out,
+              "process %d is not running gpureclaim (no status file in %.200s: started without it, not yet using "
+              "CUDA, or with GPURECLAIM_STATUS=0)",
+              (int)pid, gr_opt()->rundir);
   }
   return r == LOAD_OK ? EX_OK : EX_NOPROC;
 }

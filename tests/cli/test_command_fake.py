@@ -306,6 +306,12 @@ class FakeTest(unittest.TestCase):
             p = self.cmd("release", str(plain.pid), check=3)
             self.assertIn("is not running gpureclaim", p.stderr)
             self.cmd("snapshot", str(plain.pid), check=3)
+            # --json lists every pid asked for, in order, the ones not found with why.
+            f = self.fake()
+            out = json.loads(self.cmd("release", "--json", "2147483647", str(f.pid), str(plain.pid), check=3).stdout)
+            self.assertEqual([(x["pid"], x["ok"]) for x in out], [(2147483647, False), (f.pid, True), (plain.pid, False)])
+            self.assertEqual((out[0]["error"], out[0]["via"]), ("no such process: 2147483647", None))
+            self.assertIn("is not running gpureclaim", out[2]["error"])
         finally:
             plain.kill()
             plain.wait()
