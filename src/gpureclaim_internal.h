@@ -63,6 +63,9 @@ int gr_opt_parse_bool(const char *s, bool *out);
 int gr_opt_parse_signal(const char *s, int *out);
 int gr_opt_parse_what(const char *s, unsigned *out);
 int gr_opt_parse_uint(const char *s, unsigned long long max, unsigned long long *out);
+/* Parses value as variable name would be: 0, -EINVAL (malformed) or -ENOENT (no such variable); *expected is
+ * what the variable takes, in words, as its warning says. */
+int gr_opt_check(const char *name, const char *value, const char **expected);
 /* Name of a signal as GPURECLAIM_SIGNAL writes it ("USR1", "RTMIN+3"), "off" for 0. */
 const char *gr_opt_signal_name(int sig, char *buf, size_t len);
 /* "cached,orphaned" for a mask. */

@@ -59,7 +59,7 @@ int gr_opt_parse_uint(const char *s, unsigned long long max, unsigned long long 
   for (const char *p = s; *p; p++) {
     if (*p < '0' || *p > '9')
       return -EINVAL;
-    if (v > (max - (unsigned long long)(*p - '0')) / 10)
+    if ((unsigned long long)(*p - '0') > max || v > (max - (unsigned long long)(*p - '0')) / 10)
       return -EINVAL;
     v = v * 10 + (unsigned long long)(*p - '0');
   }
@@ -211,6 +211,18 @@ static const struct {
     {"GPURECLAIM_STATUS", "1/0/yes/no/on/off", p_status},
     {"GPURECLAIM_VERBOSE", "0, 1 or 2", p_verbose},
 };
+
+int gr_opt_check(const char *name, const char *value, const char **expected) {
+  for (size_t i = 0; i < GR_ARRAY_LEN(g_table); i++)
+    if (!strcmp(g_table[i].name, name)) {
+      gr_options_t trial;
+      memset(&trial, 0, sizeof trial);
+      *expected = g_table[i].expected;
+      return g_table[i].parse(value, &trial) == 0 ? 0 : -EINVAL;
+    }
+  *expected = "a GPURECLAIM_* variable";
+  return -ENOENT;
+}
 
 static void defaults(gr_options_t *o) {
   memset(o, 0, sizeof *o);

@@ -265,12 +265,13 @@ static int write_prometheus(const char *path, const row_t *rows, size_t n) {
 int cmd_ps(int argc, char **argv) {
   const char *prom = NULL;
   for (int i = 0; i < argc; i++) {
+    int m;
     if (!strcmp(argv[i], "--json"))
       cmd_set_json(true);
-    else if (!strcmp(argv[i], "--prometheus") && i + 1 < argc)
-      prom = argv[++i];
-    else
-      return cmd_usage_error("ps: unknown option or missing value: %s", argv[i]);
+    else if ((m = cmd_opt_value(argc, argv, &i, "--prometheus", &prom)) < 0)
+      return EX_USAGE;
+    else if (m == 0)
+      return cmd_usage_error("ps: unknown option: %s", argv[i]);
   }
   row_t *rows;
   size_t n = collect(&rows);
@@ -291,19 +292,25 @@ int cmd_top(int argc, char **argv) {
   double interval = 2;
   long iterations = -1;
   for (int i = 0; i < argc; i++) {
-    if (!strcmp(argv[i], "--interval") && i + 1 < argc) {
-      if (!cmd_parse_seconds(argv[++i], &interval) || interval < 0.1)
-        return cmd_usage_error("top: bad interval %s (0.1 to 86400 seconds)", argv[i]);
-    } else if (!strcmp(argv[i], "--iterations") && i + 1 < argc) {
+    const char *v = NULL;
+    int m;
+    if ((m = cmd_opt_value(argc, argv, &i, "--interval", &v)) != 0) {
+      if (m < 0)
+        return EX_USAGE;
+      if (!cmd_parse_seconds(v, &interval) || interval < 0.1)
+        return cmd_usage_error("top: bad interval %s (0.1 to 86400 seconds)", v);
+    } else if ((m = cmd_opt_value(argc, argv, &i, "--iterations", &v)) != 0) {
+      if (m < 0)
+        return EX_USAGE;
       char *end;
       errno = 0;
-      iterations = strtol(argv[++i], &end, 10);
-      if (errno || end == argv[i] || *end || iterations < 1)
-        return cmd_usage_error("top: bad iterations %s", argv[i]);
+      iterations = strtol(v, &end, 10);
+      if (errno || end == v || *end || iterations < 1)
+        return cmd_usage_error("top: bad iterations %s (a whole number, 1 or more)", v);
     } else if (!strcmp(argv[i], "--json")) {
       cmd_set_json(true);
     } else {
-      return cmd_usage_error("top: unknown option or missing value: %s", argv[i]);
+      return cmd_usage_error("top: unknown option: %s", argv[i]);
     }
   }
   /* Clearing only makes sense on a terminal; piped, the frames follow one another. */

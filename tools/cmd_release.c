@@ -146,13 +146,19 @@ int cmd_release(int argc, char **argv) {
   size_t npids = 0;
   int rc = EX_OK;
   for (int i = 0; i < argc && rc == EX_OK; i++) {
-    if (!strcmp(argv[i], "--what") && i + 1 < argc) {
-      rq.what = argv[++i];
-      if (gr_opt_parse_what(rq.what, &rq.what_flags) != 0)
+    const char *v = NULL;
+    int m;
+    if ((m = cmd_opt_value(argc, argv, &i, "--what", &v)) != 0) {
+      rq.what = v;
+      if (m < 0)
+        rc = EX_USAGE;
+      else if (gr_opt_parse_what(rq.what, &rq.what_flags) != 0)
         rc = cmd_usage_error("release: bad --what %s (expected cached, orphaned, all, comma-separated)", rq.what);
-    } else if (!strcmp(argv[i], "--timeout") && i + 1 < argc) {
-      if (!cmd_parse_seconds(argv[++i], &rq.timeout) || rq.timeout <= 0)
-        rc = cmd_usage_error("release: bad timeout %s (seconds, more than 0)", argv[i]);
+    } else if ((m = cmd_opt_value(argc, argv, &i, "--timeout", &v)) != 0) {
+      if (m < 0)
+        rc = EX_USAGE;
+      else if (!cmd_parse_seconds(v, &rq.timeout) || rq.timeout <= 0)
+        rc = cmd_usage_error("release: bad timeout %s (seconds, more than 0)", v);
     } else if (!strcmp(argv[i], "--all")) {
       all = true;
     } else if (!strcmp(argv[i], "--signal")) {

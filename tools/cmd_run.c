@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #ifndef GR_INSTALL_LIBDIR
@@ -93,36 +94,63 @@ static char *preload_list(const char *old, const char *lib) {
   return out;
 }
 
-static int set_checked(const char *var, const char *value, int (*check)(const char *)) {
-  if (check && check(value) != 0) {
-    fprintf(stderr, "gpureclaim: run: bad value for %s: %s\n(see gpureclaim --help)\n", var, value);
+/* Sets var to value after the library's own parser for var accepted it, and then check (if any). */
+static int set_checked(const char *var, const char *value, int (*check)(const char *), const char *check_expected) {
+  const char *expected = "";
+  if (gr_opt_check(var, value, &expected) != 0 || (check && check(value) != 0 && (expected = check_expected))) {
+    fprintf(stderr, "gpureclaim: run: bad value for %s: %s (expected %s)\n(see gpureclaim --help)\n", var, value,
+            expected);
     return EX_USAGE;
   }
   setenv(var, value, 1);
   return EX_OK;
 }
 
-static int chk_signal(const char *v) {
-  int sig;
-  return gr_opt_parse_signal(v, &sig);
+/* The run directory as the library will judge it (report.c): absolute; if it exists, a directory of this user
+ * open to nobody else; if not, one the library can create (its parent exists). Otherwise the program would
+ * run with only a warning, and never appear in `gpureclaim ps`. */
+static int chk_rundir(const char *v) {
+  if (v[0] != '/')
+    return -1;
+  struct stat st;
+  if (lstat(v, &st) == 0)
+    return S_ISDIR(st.st_mode) && st.st_uid == geteuid() && !(st.st_mode & 077) ? 0 : -1;
+  char parent[PATH_MAX];
+  snprintf(parent, sizeof parent, "%s", v);
+  size_t n = strlen(parent);
+  while (n > 1 && parent[n - 1] == '/')
+    parent[--n] = '\0';
+  char *slash = strrchr(parent, '/');
+  if (slash == parent)
+    slash[1] = '\0';
+  else if (slash)
+    *slash = '\0';
+  return errno == ENOENT && stat(parent, &st) == 0 && S_ISDIR(st.st_mode) && access(parent, W_OK | X_OK) == 0 ? 0
+                                                                                                             : -1;
 }
-static int chk_what(const char *v) {
-  unsigned what;
-  return gr_opt_parse_what(v, &what);
+
+/* Whether path starts with an ELF header: LD_PRELOAD of anything else fails in the dynamic loader with a
+ * message that is easy to miss, and CMD would run without gpureclaim. */
+static bool is_elf(const char *path) {
+  FILE *f = fopen(path, "rb");
+  unsigned char m[4] = {0};
+  bool ok = f && fread(m, 1, 4, f) == 4 && m[0] == 0x7f && m[1] == 'E' && m[2] == 'L' && m[3] == 'F';
+  if (f)
+    fclose(f);
+  return ok;
 }
-static int chk_retry(const char *v) {
-  unsigned long long n;
-  return gr_opt_parse_uint(v, 16, &n);
-}
-static int chk_abs(const char *v) { return v[0] == '/' ? 0 : -1; }
 
 int cmd_run(int argc, char **argv) {
   static const struct {
     const char *opt, *var;
-    int (*check)(const char *);
-  } valued[] = {{"--signal", "GPURECLAIM_SIGNAL", chk_signal},    {"--on-signal", "GPURECLAIM_ON_SIGNAL", chk_what},
-                {"--oom-retry", "GPURECLAIM_OOM_RETRY", chk_retry}, {"--log", "GPURECLAIM_LOG", NULL},
-                {"--rundir", "GPURECLAIM_RUNDIR", chk_abs}};
+    int (*check)(const char *); /* beyond what the library's parser checks */
+    const char *expected;
+  } valued[] = {{"--signal", "GPURECLAIM_SIGNAL", NULL, NULL},
+                {"--on-signal", "GPURECLAIM_ON_SIGNAL", NULL, NULL},
+                {"--oom-retry", "GPURECLAIM_OOM_RETRY", NULL, NULL},
+                {"--log", "GPURECLAIM_LOG", NULL, NULL},
+                {"--rundir", "GPURECLAIM_RUNDIR", chk_rundir,
+                 "an existing directory of yours with mode 0700, or a new one in an existing directory"}};
   static const struct {
     const char *opt, *var, *value;
   } flags[] = {{"--leak-report", "GPURECLAIM_LEAK_REPORT", "1"}, {"--backtrace", "GPURECLAIM_BACKTRACE", "1"},
@@ -146,7 +174,7 @@ int cmd_run(int argc, char **argv) {
       const char *v = a[len] == '=' ? a + len + 1 : i + 1 < argc ? argv[++i] : NULL;
       if (!v || !strcmp(v, "--"))
         return cmd_usage_error("run: %s needs a value", valued[k].opt);
-      int rc = set_checked(valued[k].var, v, valued[k].check);
+      int rc = set_checked(valued[k].var, v, valued[k].check, valued[k].expected);
       if (rc != EX_OK)
         return rc;
       known = true;
@@ -156,6 +184,8 @@ int cmd_run(int argc, char **argv) {
         setenv(flags[k].var, flags[k].value, 1);
         known = true;
       }
+    if (!known && !strncmp(a, "--verbose=", 10))
+      return set_checked("GPURECLAIM_VERBOSE", a + 10, NULL, NULL);
     if (!known)
       return cmd_usage_error("run: unknown option %s", a);
   }
@@ -169,6 +199,11 @@ int cmd_run(int argc, char **argv) {
     else
       fprintf(stderr, "gpureclaim: cannot find libgpureclaim.so.0 next to this command (in ../%s); "
                       "set GPURECLAIM_LIBRARY\n", GR_INSTALL_LIBDIR);
+    return EX_FAILED;
+  }
+  if (!is_elf(lib)) {
+    fprintf(stderr, "gpureclaim: %s is not a shared library (no ELF header)%s\n", lib,
+            getenv("GPURECLAIM_LIBRARY") && *getenv("GPURECLAIM_LIBRARY") ? " (from GPURECLAIM_LIBRARY)" : "");
     return EX_FAILED;
   }
   const char *old = getenv("LD_PRELOAD");

@@ -95,13 +95,17 @@ int cmd_snapshot(int argc, char **argv) {
   pid_t pid = 0;
   double timeout = 30;
   for (int i = 0; i < argc; i++) {
+    const char *v = NULL;
+    int m;
     if (!strcmp(argv[i], "--json"))
       cmd_set_json(true);
     else if (!strcmp(argv[i], "--leaks"))
       leaks = true;
-    else if (!strcmp(argv[i], "--timeout") && i + 1 < argc) {
-      if (!cmd_parse_seconds(argv[++i], &timeout) || timeout <= 0)
-        return cmd_usage_error("snapshot: bad timeout %s", argv[i]);
+    else if ((m = cmd_opt_value(argc, argv, &i, "--timeout", &v)) != 0) {
+      if (m < 0)
+        return EX_USAGE;
+      if (!cmd_parse_seconds(v, &timeout) || timeout <= 0)
+        return cmd_usage_error("snapshot: bad timeout %s (seconds, more than 0)", v);
     } else if (pid || !cmd_parse_pid(argv[i], &pid))
       return cmd_usage_error("snapshot: expected one pid, got %s", argv[i]);
   }

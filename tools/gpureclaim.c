@@ -64,6 +64,22 @@ int cmd_usage_error(const char *fmt, const char *arg) {
   return EX_USAGE;
 }
 
+int cmd_opt_value(int argc, char **argv, int *i, const char *name, const char **value) {
+  const char *a = argv[*i];
+  size_t len = strlen(name);
+  if (strncmp(a, name, len) != 0 || (a[len] != '\0' && a[len] != '='))
+    return 0;
+  if (a[len] == '=') {
+    *value = a + len + 1;
+  } else if (*i + 1 < argc) {
+    *value = argv[++*i];
+  } else {
+    cmd_usage_error("%s needs a value", name);
+    return -1;
+  }
+  return 1;
+}
+
 bool cmd_parse_seconds(const char *s, double *out) {
   char *end;
   errno = 0;

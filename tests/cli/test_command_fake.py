@@ -453,11 +453,13 @@ class FakeTest(unittest.TestCase):
     # ---- run ----
 
     def dummy_library(self):
-        """A file named like the library: the loader skips it with a warning, so any program runs."""
+        """A file named like the library with an ELF header and nothing else: the loader skips it with a
+        warning, so any program runs."""
         d = os.path.join(self.tmp, "lib")
         os.makedirs(d, exist_ok=True)
         path = os.path.join(d, "libgpureclaim.so.0")
-        open(path, "w").close()
+        with open(path, "wb") as f:
+            f.write(b"\x7fELF")
         return path
 
     def run_env(self, *run_args, preload=None, extra=None):
@@ -469,18 +471,39 @@ class FakeTest(unittest.TestCase):
         return dict(line.split("=", 1) for line in p.stdout.splitlines() if "=" in line)
 
     def test_run_maps_options_to_variables(self):
+        rundir = os.path.join(self.tmp, "newrun")  # new, in an existing directory: the library can create it
         env = self.run_env("--signal", "RTMIN+2", "--on-signal", "all", "--oom-retry", "3", "--log", "/x/y.log",
-                           "--rundir", "/abs/dir", "--leak-report", "--backtrace", "--verbose=2", "--no-status",
+                           "--rundir", rundir, "--leak-report", "--backtrace", "--verbose=2", "--no-status",
                            "--disable")
         self.assertEqual({k: v for k, v in env.items() if k.startswith("GPURECLAIM_") and k != "GPURECLAIM_LIBRARY"},
                          {"GPURECLAIM_SIGNAL": "RTMIN+2", "GPURECLAIM_ON_SIGNAL": "all", "GPURECLAIM_OOM_RETRY": "3",
-                          "GPURECLAIM_LOG": "/x/y.log", "GPURECLAIM_RUNDIR": "/abs/dir",
+                          "GPURECLAIM_LOG": "/x/y.log", "GPURECLAIM_RUNDIR": rundir,
                           "GPURECLAIM_LEAK_REPORT": "1", "GPURECLAIM_BACKTRACE": "1", "GPURECLAIM_VERBOSE": "2",
                           "GPURECLAIM_STATUS": "0", "GPURECLAIM_DISABLE": "1"})
         self.assertEqual(self.run_env("--signal=off")["GPURECLAIM_SIGNAL"], "off")
+        self.assertEqual(self.run_env("--rundir=" + self.rundir)["GPURECLAIM_RUNDIR"], self.rundir, "an existing one")
+        open_dir = os.path.join(self.tmp, "open")
+        os.mkdir(open_dir, 0o755)
+        os.chmod(open_dir, 0o755)
         for bad in (["--signal", "USR7"], ["--on-signal", "everything"], ["--oom-retry", "17"],
-                    ["--rundir", "relative"], ["--verbose=3"], ["--bogus"], ["--log"]):
-            self.assertEqual(self.cmd("run", *bad, "--", "true").returncode, 2, bad)
+                    ["--rundir", "relative"], ["--rundir", open_dir], ["--rundir", "/nonexistent/parent/run"],
+                    ["--rundir", self.dummy_library()], ["--verbose=3"], ["--verbose=x"], ["--bogus"], ["--log"]):
+            p = self.cmd("run", *bad, "--", "true")
+            self.assertEqual(p.returncode, 2, bad)
+            self.assertTrue("bad value for" in p.stderr or "unknown option" in p.stderr or "needs a value" in p.stderr,
+                            (bad, p.stderr))
+        self.assertIn("expected 0, 1 or 2", self.cmd("run", "--verbose=3", "--", "true").stderr)
+        self.assertIn("mode 0700", self.cmd("run", "--rundir", open_dir, "--", "true").stderr)
+        # Not a library: refused before the program runs, rather than a loader warning and a run without it.
+        env = dict(self.env, GPURECLAIM_LIBRARY="/etc/passwd")
+        p = self.cmd("run", "--", "sh", "-c", "echo ran", env=env, check=1)
+        self.assertIn("/etc/passwd is not a shared library", p.stderr)
+        self.assertNotIn("ran", p.stdout)
+        # "--option=value" is accepted wherever "--option value" is; a missing value is named.
+        self.cmd("release", "--timeout=0.5", "--what=cached", "2147483647", check=3)
+        self.assertIn("--what needs a value", self.cmd("release", "1", "--what", check=2).stderr)
+        self.assertIn("--timeout needs a value", self.cmd("snapshot", "1", "--timeout", check=2).stderr)
+        self.cmd("top", "--iterations=1", "--interval=0.1", check=0)
         self.cmd("run", check=2)
         self.cmd("run", "--leak-report", "--", check=2)
 
@@ -508,7 +531,8 @@ class FakeTest(unittest.TestCase):
         os.makedirs(os.path.join(prefix, "bin"))
         os.makedirs(os.path.join(prefix, "lib"))
         shutil.copy(CMD, os.path.join(prefix, "bin", "gpureclaim"))
-        open(os.path.join(prefix, "lib", "libgpureclaim.so.0.1.0"), "w").close()
+        with open(os.path.join(prefix, "lib", "libgpureclaim.so.0.1.0"), "wb") as f:
+            f.write(b"\x7fELF")  # an ELF header: enough for the command, skipped by the loader
         os.symlink("libgpureclaim.so.0.1.0", os.path.join(prefix, "lib", "libgpureclaim.so.0"))
         env = dict(self.env)
         env.pop("GPURECLAIM_LIBRARY", None)

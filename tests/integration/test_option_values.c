@@ -58,7 +58,7 @@ static const char *const g_options[] = {"GPURECLAIM_DISABLE", "GPURECLAIM_SIGNAL
 
 static const char *const g_malformed[] = {"", "maybe", "2x", "-1", "99999999999999999999999", "1,", ",",
                                           "cached,,all", "RTMIN+999", "USR3", "SIG", "yes please", "\t",
-                                          "relative/dir", "on\n", "0x10"};
+                                          "relative/dir", "on\n", "0x10", "3", "17"};
 
 /* Whether a value is valid for an option (mirrors the documented syntax). */
 static bool valid(const char *opt, const char *v) {
