@@ -17,6 +17,7 @@
 #include <dlfcn.h>
 #include <limits.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -165,8 +166,15 @@ static int run(const char *self, const char *lib, long n, double *out, double *s
 int main(int argc, char **argv) {
   if (argc > 2 && !strcmp(argv[1], "--child"))
     return child(atol(argv[2]));
-  int rounds = argc > 1 ? atoi(argv[1]) : 7;
-  long n = argc > 2 ? atol(argv[2]) : 200000;
+  char *end = NULL;
+  long rounds = argc > 1 ? strtol(argv[1], &end, 10) : 7;
+  bool bad = argc > 3 || (argc > 1 && (*end || rounds < 1 || rounds > 64));
+  long n = argc > 2 ? strtol(argv[2], &end, 10) : 200000;
+  bad = bad || (argc > 2 && (*end || n < 10));
+  if (bad) {
+    fprintf(stderr, "usage: bench_hooks [rounds 1-64, default 7] [pairs per measurement >= 10, default 200000]\n");
+    return 2;
+  }
   char self[PATH_MAX], lib[PATH_MAX];
   ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
   if (len <= 0)
@@ -184,8 +192,6 @@ int main(int argc, char **argv) {
     return 1;
   }
   double base[NCASES][64], with[NCASES][64], step[NSTEPS][64];
-  if (rounds > 64)
-    rounds = 64;
   for (int r = 0; r < rounds; r++) {
     double b[NCASES], w[NCASES], st[NSTEPS] = {0};
     if (run(self, NULL, n, b, st) != 0 || run(self, lib, n, w, NULL) != 0) {
@@ -197,7 +203,7 @@ int main(int argc, char **argv) {
     for (int k = 0; k < NSTEPS; k++)
       step[k][r] = st[k];
   }
-  printf("bench_hooks: %d rounds of %ld pairs, median ns per pair, without and with libgpureclaim.so\n", rounds, n);
+  printf("bench_hooks: %ld rounds of %ld pairs, median ns per pair, without and with libgpureclaim.so\n", rounds, n);
   printf("%-58s %10s %10s %10s %8s\n", "pair", "baseline", "gpureclaim", "added", "ratio");
   for (int k = 0; k < NCASES; k++) {
     qsort(base[k], (size_t)rounds, sizeof(double), cmpd);

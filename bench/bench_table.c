@@ -200,6 +200,7 @@ int main(int argc, char **argv) {
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   printf("bench_table: insert+delete pairs, %u blocks live per thread, %.1fs per point, %ld cores online\n", window,
          secs, cores);
+  printf("(Mp/s: million pairs per second, all threads together; ns/pair: the time one thread takes per pair)\n");
   if (argc > 3) {
     uint64_t reuse = (uint64_t)atoll(argv[3]);
     series(secs, window, reuse && reuse < window ? window : reuse, with_mutex);
