@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define MiB (1024ull * 1024)
 
@@ -29,9 +30,10 @@ static void show(const char *when) {
   gpureclaim_stats_t s = {.size = sizeof s};
   size_t free_b = 0, total = 0;
   cudaMemGetInfo(&free_b, &total);
-  if (gpureclaim_stats(-1, &s) != 0) {
-    printf("%-28s device free %8.1f MiB (gpureclaim is not loaded: run me with `gpureclaim run -- ...`)\n", when,
-           (double)free_b / MiB);
+  int rc = gpureclaim_stats(-1, &s);
+  if (rc != 0) {
+    printf("%-28s device free %8.1f MiB (%s)\n", when, (double)free_b / MiB,
+           !gpureclaim_enabled() ? "gpureclaim is disabled: GPURECLAIM_DISABLE=1" : strerror(-rc));
     return;
   }
   printf("%-28s live %7.1f MiB in %llu blocks | pools hold %7.1f MiB | orphans %6.1f MiB | device free %9.1f MiB\n",

@@ -91,12 +91,18 @@ def _load():
     return _lib
 
 
-def _check(rc, what):
+def _check(rc, what, path=None):
     if rc < 0:
         code = -rc
         if code == errno.ENOTSUP:
             raise RuntimeError("%s: gpureclaim is disabled (GPURECLAIM_DISABLE) or the process has not used CUDA yet"
                                % what)
+        if code == errno.EIO and path is not None:  # the library's one code for "could not write the file"
+            d = os.path.dirname(os.path.abspath(path))
+            why = ("no such directory: %s" % d if not os.path.isdir(d) else
+                   "no permission to write in %s" % d if not os.access(d, os.W_OK | os.X_OK) else
+                   "it is a directory" if os.path.isdir(path) else "the file could not be written")
+            raise OSError(code, "%s: cannot write %s: %s" % (what, path, why), path)
         raise OSError(code, "%s: %s" % (what, os.strerror(code)))
     return rc
 
@@ -190,9 +196,9 @@ def blocks():
 
 def snapshot(path):
     """Writes every live block and the per-context and per-device totals as JSON to path ("-": stdout)."""
-    _check(_load().gpureclaim_snapshot(os.fsencode(path)), "snapshot")
+    _check(_load().gpureclaim_snapshot(os.fsencode(path)), "snapshot", path)
 
 
 def leak_report(path="-", json=False):
     """Writes the blocks never freed, grouped by calling library and address, to path ("-": stderr)."""
-    _check(_load().gpureclaim_leak_report(os.fsencode(path), 1 if json else 0), "leak_report")
+    _check(_load().gpureclaim_leak_report(os.fsencode(path), 1 if json else 0), "leak_report", path)

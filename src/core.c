@@ -113,7 +113,9 @@ bool gr_core_start_slow(void) {
     gr_warn("could not start the worker thread: signals and the gpureclaim command will not reach this process");
   if (o->status)
     gr_rep_status_update();
-  gr_info("tracking CUDA allocations (signal %d, run directory %s)", o->signal, o->rundir);
+  char sig[32];
+  gr_info("tracking CUDA allocations (release signal %s, run directory %s)",
+          gr_opt_signal_name(o->signal, sig, sizeof sig), o->rundir);
   t_starting = 0;
   return true;
 }

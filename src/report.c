@@ -480,14 +480,17 @@ int gr_rep_leaks(jbuf_t *b, bool json) {
   } else {
     gr_log_bytes(l->bytes, hb, sizeof hb);
     jb_printf(b, "=================================================================\n");
-    jb_printf(b, "gpureclaim[%d]: %llu blocks (%s) were never freed\n", (int)getpid(), (unsigned long long)l->blocks, hb);
+    jb_printf(b, "gpureclaim[%d]: %llu block%s (%s) %s never freed\n", (int)getpid(), (unsigned long long)l->blocks,
+              l->blocks == 1 ? "" : "s", hb, l->blocks == 1 ? "was" : "were");
     for (int d = 0; d <= GR_MAX_DEV; d++)
       if (l->dev_blocks[d]) {
         gr_log_bytes(l->dev_bytes[d], hb, sizeof hb);
         if (d == GR_MAX_DEV)
-          jb_printf(b, "Host (pinned): %llu blocks, %s\n", (unsigned long long)l->dev_blocks[d], hb);
+          jb_printf(b, "Host (pinned): %llu block%s, %s\n", (unsigned long long)l->dev_blocks[d],
+                    l->dev_blocks[d] == 1 ? "" : "s", hb);
         else
-          jb_printf(b, "Device %d: %llu blocks, %s\n", d, (unsigned long long)l->dev_blocks[d], hb);
+          jb_printf(b, "Device %d: %llu block%s, %s\n", d, (unsigned long long)l->dev_blocks[d],
+                    l->dev_blocks[d] == 1 ? "" : "s", hb);
       }
     for (size_t i = 0; i < l->n; i++) {
       leak_group_t *g = &l->g[i];

@@ -72,18 +72,20 @@ static void print_report(const proc_t *p, const jnode_t *rep) {
   char b[8][32], cmdline[256];
   int64_t cached = jint(rep, "cached_bytes", 0), orph = jint(rep, "orphaned_bytes", 0), all = jint(rep, "all_bytes", 0);
   const jnode_t *ms = jget(rep, "ms");
+  long long orph_n = (long long)jint(rep, "orphaned_blocks", 0), all_n = (long long)jint(rep, "all_blocks", 0),
+            failed_n = (long long)jint(rep, "failed_blocks", 0);
   printf("%d (%s): released %s in %.2f ms (cached %s: pools %s, frameworks %s, releasers %s; orphaned %s in "
-         "%lld blocks",
+         "%lld block%s",
          (int)p->pid, cmd_command_of(p, cmdline, sizeof cmdline), cmd_bytes((uint64_t)(cached + orph + all), b[0], 32),
          ms && ms->type == JN_NUM ? ms->num : 0.0, cmd_bytes((uint64_t)cached, b[1], 32),
          cmd_bytes((uint64_t)jint(rep, "pool_bytes", 0), b[2], 32),
          cmd_bytes((uint64_t)jint(rep, "framework_bytes", 0), b[3], 32),
-         cmd_bytes((uint64_t)jint(rep, "releaser_bytes", 0), b[4], 32), cmd_bytes((uint64_t)orph, b[5], 32),
-         (long long)jint(rep, "orphaned_blocks", 0));
+         cmd_bytes((uint64_t)jint(rep, "releaser_bytes", 0), b[4], 32), cmd_bytes((uint64_t)orph, b[5], 32), orph_n,
+         cmd_s(orph_n));
   if (all)
-    printf("; all %s in %lld blocks", cmd_bytes((uint64_t)all, b[6], 32), (long long)jint(rep, "all_blocks", 0));
-  if (jint(rep, "failed_blocks", 0))
-    printf("; %lld blocks the driver refused to free", (long long)jint(rep, "failed_blocks", 0));
+    printf("; all %s in %lld block%s", cmd_bytes((uint64_t)all, b[6], 32), all_n, cmd_s(all_n));
+  if (failed_n)
+    printf("; %lld block%s the driver refused to free", failed_n, cmd_s(failed_n));
   printf(")\n");
   const jnode_t *d = jget(rep, "devices");
   for (size_t i = 0; d && d->type == JN_ARR && i < d->n; i++)

@@ -43,10 +43,11 @@ static void print_snapshot(const jnode_t *snap) {
   qsort(g, ng, sizeof *g, by_bytes);
   const jnode_t *t = jget(snap, "total");
   char b1[32], b2[32], b3[32], b4[32], b5[32];
-  printf("pid %lld: %lld live blocks, %s live (peak %s), %lld orphans (%s), pools hold %s, %s pinned host memory\n",
-         (long long)jint(snap, "pid", 0), (long long)jint(t, "live_blocks", 0),
+  long long live_n = (long long)jint(t, "live_blocks", 0), orph_n = (long long)jint(t, "orphan_blocks", 0);
+  printf("pid %lld: %lld live block%s, %s live (peak %s), %lld orphan%s (%s), pools hold %s, %s pinned host memory\n",
+         (long long)jint(snap, "pid", 0), live_n, cmd_s(live_n),
          cmd_bytes((uint64_t)jint(t, "live_bytes", 0), b1, 32), cmd_bytes((uint64_t)jint(t, "peak_bytes", 0), b2, 32),
-         (long long)jint(t, "orphan_blocks", 0), cmd_bytes((uint64_t)jint(t, "orphan_bytes", 0), b3, 32),
+         orph_n, cmd_s(orph_n), cmd_bytes((uint64_t)jint(t, "orphan_bytes", 0), b3, 32),
          cmd_bytes((uint64_t)jint(t, "pool_reserved_bytes", 0), b4, 32),
          cmd_bytes((uint64_t)jint(t, "host_pinned_bytes", 0), b5, 32));
   printf("\n%-6s %-16s %-12s %-32s %8s %8s %12s\n", "DEVICE", "CONTEXT", "KIND", "LIBRARY", "BLOCKS", "ORPHANS",
@@ -65,8 +66,9 @@ static void print_snapshot(const jnode_t *snap) {
 static void print_leaks(const jnode_t *l) {
   char b[32];
   printf("=================================================================\n");
-  printf("gpureclaim: pid %lld: %lld blocks (%s) were never freed\n", (long long)jint(l, "pid", 0),
-         (long long)jint(l, "blocks", 0), cmd_bytes((uint64_t)jint(l, "bytes", 0), b, 32));
+  long long n = (long long)jint(l, "blocks", 0);
+  printf("gpureclaim: pid %lld: %lld block%s (%s) %s never freed\n", (long long)jint(l, "pid", 0), n, cmd_s(n),
+         cmd_bytes((uint64_t)jint(l, "bytes", 0), b, 32), n == 1 ? "was" : "were");
   const jnode_t *d = jget(l, "devices");
   for (size_t i = 0; d && d->type == JN_ARR && i < d->n; i++) {
     int64_t dev = jint(&d->kids[i], "device", -1);
@@ -74,14 +76,15 @@ static void print_leaks(const jnode_t *l) {
       printf("Host (pinned): ");
     else
       printf("Device %lld: ", (long long)dev);
-    printf("%lld blocks, %s\n", (long long)jint(&d->kids[i], "blocks", 0),
-           cmd_bytes((uint64_t)jint(&d->kids[i], "bytes", 0), b, 32));
+    long long dn = (long long)jint(&d->kids[i], "blocks", 0);
+    printf("%lld block%s, %s\n", dn, cmd_s(dn), cmd_bytes((uint64_t)jint(&d->kids[i], "bytes", 0), b, 32));
   }
   const jnode_t *g = jget(l, "groups");
   for (size_t i = 0; g && g->type == JN_ARR && i < g->n; i++) {
     const jnode_t *x = &g->kids[i];
     const char *sym = jstr(x, "symbol", NULL);
-    printf("\n%lld block(s), %s (%s) allocated by %s at %s%s%s%s\n", (long long)jint(x, "blocks", 0),
+    long long gn = (long long)jint(x, "blocks", 0);
+    printf("\n%lld block%s, %s (%s) allocated by %s at %s%s%s%s\n", gn, cmd_s(gn),
            cmd_bytes((uint64_t)jint(x, "bytes", 0), b, 32), jstr(x, "kind", "?"), jstr(x, "library", "?"),
            jstr(x, "caller", "?"), sym ? " (" : "", sym ? sym : "", sym ? ")" : "");
     const jnode_t *fr = jget(x, "frames");

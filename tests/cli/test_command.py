@@ -134,7 +134,7 @@ class CommandTest(unittest.TestCase):
     def test_snapshot_and_leaks(self):
         h = self.hold()
         text = run("snapshot", str(h.pid), env=self.env, check=0).stdout
-        self.assertIn("4 live blocks, 8.0 MiB live (peak 67.0 MiB), 1 orphans (5.0 MiB), pools hold 64.0 MiB, "
+        self.assertIn("4 live blocks, 8.0 MiB live (peak 67.0 MiB), 1 orphan (5.0 MiB), pools hold 64.0 MiB, "
                       "64.0 KiB pinned host memory", text)
         self.assertRegex(text, r"(?m)^0\s+0x[0-9a-f]+\s+device\s+hold\s+4\s+1\s+8\.0 MiB$")
         self.assertRegex(text, r"(?m)^host\s+\S+\s+host\s+hold\s+1\s+0\s+64\.0 KiB$")
@@ -144,7 +144,7 @@ class CommandTest(unittest.TestCase):
         leaks = run("snapshot", str(h.pid), "--leaks", env=self.env, check=0).stdout
         self.assertIn("gpureclaim: pid %d: 5 blocks (8.1 MiB) were never freed" % h.pid, leaks)
         self.assertIn("Device 0: 4 blocks, 8.0 MiB", leaks)
-        self.assertRegex(leaks, r"(?m)^1 block\(s\), 5\.0 MiB \(device\) allocated by hold at 0x[0-9a-f]+")
+        self.assertRegex(leaks, r"(?m)^1 block, 5\.0 MiB \(device\) allocated by hold at 0x[0-9a-f]+")
         lj = json.loads(run("snapshot", str(h.pid), "--leaks", "--json", env=self.env, check=0).stdout)
         self.assertEqual((lj["pid"], lj["blocks"]), (h.pid, 5))
         self.assertEqual([g["bytes"] for g in lj["groups"]], sorted((g["bytes"] for g in lj["groups"]), reverse=True))
@@ -325,6 +325,11 @@ with open(path) as f:
     snap = json.load(f)
 assert snap["pid"] == os.getpid() and snap["total"]["live_bytes"] == 1 << 20, snap
 assert [b["bytes"] for b in snap["blocks"]] == [1 << 20], snap["blocks"]
+try:
+    gpureclaim.snapshot("/nonexistent-dir/snap.json")
+    assert False, "no error"
+except OSError as e:
+    assert "cannot write /nonexistent-dir/snap.json: no such directory: /nonexistent-dir" in str(e), str(e)
 
 assert {b["kind"] for b in gpureclaim.blocks()} == {"device"}
 try:

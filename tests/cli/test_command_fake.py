@@ -182,7 +182,7 @@ class FakeTest(unittest.TestCase):
         out = self.cmd("release", str(f.pid), check=0).stdout
         self.assertEqual(out.splitlines()[0],
                          '%d (fakeproc train.py --fake "quoted" --out=/tmp/x): released 1.5 GiB in 12.50 ms (cached 1.0 GiB: pools '
-                         "1.0 GiB, frameworks 0 B, releasers 0 B; orphaned 512.0 MiB in 1 blocks)" % f.pid)
+                         "1.0 GiB, frameworks 0 B, releasers 0 B; orphaned 512.0 MiB in 1 block)" % f.pid)
         self.assertEqual(out.splitlines()[1].strip(), "device 0: free 10.0 GiB -> 11.5 GiB of 80.0 GiB")
         self.cmd("release", str(f.pid), "--what", "orphaned", check=0)
         self.assertEqual(self.received(), ["request release", "request release orphaned"])
@@ -274,7 +274,7 @@ class FakeTest(unittest.TestCase):
     def test_snapshot_groups_largest_first(self):
         f = self.fake()
         out = self.cmd("snapshot", str(f.pid), check=0).stdout.splitlines()
-        self.assertEqual(out[0], "pid %d: 4 live blocks, 3.5 GiB live (peak 4.5 GiB), 1 orphans (512.0 MiB), "
+        self.assertEqual(out[0], "pid %d: 4 live blocks, 3.5 GiB live (peak 4.5 GiB), 1 orphan (512.0 MiB), "
                                  "pools hold 1.5 GiB, 2.0 MiB pinned host memory" % f.pid)
         rows = [line.split() for line in out[3:]]
         self.assertEqual(rows, [["0", "-", "async", "libmodel.so", "1", "1", "3.0", "GiB"],
@@ -288,8 +288,8 @@ class FakeTest(unittest.TestCase):
         f = self.fake()
         out = self.cmd("snapshot", str(f.pid), "--leaks", check=0).stdout
         self.assertIn("gpureclaim: pid %d: 3 blocks (3.5 GiB) were never freed" % f.pid, out)
-        self.assertIn("Device 0: 2 blocks, 3.0 GiB\nDevice 1: 1 blocks, 512.0 MiB\n", out)
-        self.assertIn("2 block(s), 3.0 GiB (async) allocated by libmodel.so at 0x5678 (load_model+0x4c)\n"
+        self.assertIn("Device 0: 2 blocks, 3.0 GiB\nDevice 1: 1 block, 512.0 MiB\n", out)
+        self.assertIn("2 blocks, 3.0 GiB (async) allocated by libmodel.so at 0x5678 (load_model+0x4c)\n"
                       "    #0 0x5678\n    #1 0x9999\n", out)
         leaks = json.loads(self.cmd("snapshot", str(f.pid), "--leaks", "--json", check=0).stdout)
         self.assertEqual([g["bytes"] for g in leaks["groups"]], [3 * GiB, 512 * MiB])
