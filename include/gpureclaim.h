@@ -139,9 +139,11 @@ typedef struct gpureclaim_block {
 GPURECLAIM_API int gpureclaim_foreach_block(int (*fn)(const gpureclaim_block_t *block, void *arg), void *arg);
 
 /* Writes every live block and the per-context and per-device totals as one JSON document to path ("-" for
- * stdout). A new path or a regular file is written to a temporary name in the same directory and renamed into
- * place; anything else there (a symbolic link, a device such as /dev/null, a FIFO) is written into, as a
- * shell's > would, and stays what it is. */
+ * stdout). A new path or a regular file is written to a temporary name in the same directory, flushed and
+ * renamed into place; a symbolic link is followed and its target treated so (the link stays); a device such as
+ * /dev/null or a FIFO is written into (a FIFO that gets no reader within 2 seconds fails); /dev/stdout,
+ * /dev/stderr and /dev/fd/N write to that descriptor. A link, device or FIFO owned by another user (root
+ * excepted) is refused. */
 GPURECLAIM_API int gpureclaim_snapshot(const char *path);
 
 /* Writes the leak report (blocks never freed, grouped by calling library and return address, with totals per

@@ -69,8 +69,9 @@ void gr_ctl_forget(void) {
  * or busy in a long release) has closed its end and told its user the release did not happen: its request is
  * withdrawn, and running it later would free memory behind that user's back. */
 static bool client_waiting(int fd) {
-  struct pollfd p = {fd, POLLRDHUP, 0};
-  return poll(&p, 1, 0) == 0 || !(p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+  /* POLLHUP only: a client that shut down its writing half after its line (socat, nc -U) still reads. */
+  struct pollfd p = {fd, 0, 0};
+  return poll(&p, 1, 0) == 0 || !(p.revents & (POLLHUP | POLLERR));
 }
 
 static void answer(int fd, const char *line) {

@@ -1,14 +1,20 @@
 /*
  * outfile.c -- see outfile.h. Renaming over a path replaces whatever the name pointed at: done to /dev/null by a
- * process running as root, it leaves a regular file where every program expects the null device. So only
- * regular files (and new names) are replaced; everything else is written through.
+ * process running as root, it leaves a regular file where every program expects the null device; done to a
+ * symbolic link, it replaces the link and never writes its target. So only regular files (and new names) are
+ * replaced, links are followed to their target, and devices and FIFOs are written into.
  */
 #include "outfile.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 static int write_all(int fd, const char *p, size_t len) {
@@ -25,25 +31,34 @@ static int write_all(int fd, const char *p, size_t len) {
   return 0;
 }
 
-/* In place, following links, as `>` does. */
-static int write_through(const char *path, const void *data, size_t len, mode_t mode) {
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
-  if (fd < 0)
-    return -errno;
+/* A device or FIFO: opened without truncation. A FIFO nobody reads gets 2 seconds for a reader to come, then
+ * ENXIO: never a hang (a cron job writing its metrics, a signal-driven snapshot). */
+static int write_into(const char *path, const void *data, size_t len) {
+  int fd;
+  for (int tries = 0; (fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY)) < 0; tries++) {
+    if (errno != ENXIO || tries == 200)
+      return -errno;
+    struct timespec nap = {0, 10 * 1000 * 1000};
+    nanosleep(&nap, NULL);
+  }
+  int fl = fcntl(fd, F_GETFL);
+  if (fl >= 0)
+    (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK); /* a reader exists: let writes wait for it */
   int rc = write_all(fd, data, len);
-  if (close(fd) != 0 && rc == 0 && errno != EINTR)
-    rc = -errno;
+  close(fd);
   return rc;
 }
 
 static int write_replacing(const char *path, const void *data, size_t len, mode_t mode) {
-  char tmp[4200];
+  char tmp[PATH_MAX + 32];
   if ((size_t)snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid()) >= sizeof tmp)
     return -ENAMETOOLONG;
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode);
   if (fd < 0)
     return -errno;
   int rc = write_all(fd, data, len);
+  if (rc == 0 && fsync(fd) != 0 && errno != EINVAL && errno != EROFS)
+    rc = -errno;
   if (close(fd) != 0 && rc == 0)
     rc = -errno;
   if (rc == 0 && rename(tmp, path) != 0)
@@ -53,18 +68,67 @@ static int write_replacing(const char *path, const void *data, size_t len, mode_
   return rc;
 }
 
+/* /dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N: the descriptor, or -1. */
+static int std_fd(const char *path) {
+  if (!strcmp(path, "/dev/stdout"))
+    return 1;
+  if (!strcmp(path, "/dev/stderr"))
+    return 2;
+  const char *n = !strncmp(path, "/dev/fd/", 8) ? path + 8 : !strncmp(path, "/proc/self/fd/", 14) ? path + 14 : NULL;
+  if (!n || *n < '0' || *n > '9')
+    return -1;
+  char *end;
+  long v = strtol(n, &end, 10);
+  return *end || v > INT_MAX ? -1 : (int)v;
+}
+
+static bool trusted_owner(const struct stat *st) { return st->st_uid == geteuid() || st->st_uid == 0; }
+
 int gr_out_write(const char *path, const void *data, size_t len, mode_t mode) {
   if (!path || !*path)
     return -EINVAL;
+  int fd = std_fd(path);
+  if (fd >= 0)
+    return fcntl(fd, F_GETFD) < 0 ? -EBADF : write_all(fd, data, len);
   struct stat st;
-  if (lstat(path, &st) != 0) {
-    if (errno != ENOENT)
-      return -errno;
-    return write_replacing(path, data, len, mode); /* a new file */
-  }
-  if (S_ISDIR(st.st_mode))
-    return -EISDIR;
+  if (lstat(path, &st) != 0)
+    return errno == ENOENT ? write_replacing(path, data, len, mode) : -errno; /* a new file */
   if (S_ISREG(st.st_mode))
     return write_replacing(path, data, len, mode);
-  return write_through(path, data, len, mode);
+  if (S_ISDIR(st.st_mode))
+    return -EISDIR;
+  if (!trusted_owner(&st))
+    return -EACCES;
+  if (!S_ISLNK(st.st_mode))
+    return write_into(path, data, len);
+  /* A link (of ours): its target, wherever the links lead. */
+  char *target = realpath(path, NULL);
+  if (!target) {
+    if (errno != ENOENT)
+      return -errno;
+    /* Dangling: the target is created where the link says, as a shell's > would; it is new, so nobody can
+     * be reading half of it. */
+    int nfd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+    if (nfd < 0 && errno == EEXIST) /* O_EXCL does not follow the link: create through it */
+      nfd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+    if (nfd < 0)
+      return -errno;
+    int rc = write_all(nfd, data, len);
+    if (close(nfd) != 0 && rc == 0)
+      rc = -errno;
+    return rc;
+  }
+  int rc;
+  if (stat(target, &st) != 0)
+    rc = -errno;
+  else if (S_ISREG(st.st_mode))
+    rc = write_replacing(target, data, len, mode);
+  else if (S_ISDIR(st.st_mode))
+    rc = -EISDIR;
+  else if (!trusted_owner(&st))
+    rc = -EACCES;
+  else
+    rc = write_into(target, data, len);
+  free(target);
+  return rc;
 }

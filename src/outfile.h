@@ -8,11 +8,18 @@
 #include <stddef.h>
 #include <sys/types.h>
 
-/* Writes len bytes of data to path. A path that does not exist or names a regular file is written to a
- * temporary name in the same directory and renamed into place, so a reader never sees half a file. Anything
- * else that exists there (a symbolic link, a device such as /dev/null or /dev/stdout, a FIFO) is opened and
- * written as a shell's `>` would: a link's target gets the content, and the link and the device stay what
- * they are. Returns 0 or a negative errno value (-EISDIR for a directory). */
+/* Writes len bytes of data to path:
+ * - /dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N: written to that descriptor, at its offset (so a
+ *   shell's >> keeps what it had);
+ * - a new path, or a regular file: written to a temporary name in the same directory, flushed to disk and
+ *   renamed into place, so a reader never sees half a file;
+ * - a symbolic link: followed; its target is then treated as above (a regular target is replaced, the link
+ *   stays);
+ * - a device (/dev/null) or FIFO: written into; a FIFO that gets no reader within 2 s is an error (ENXIO),
+ *   not a hang.
+ * A link, device or FIFO owned by another user (root excepted) is refused (EACCES): in a directory others
+ * can write to, it could send the content to a file or reader of their choosing. A directory gives EISDIR.
+ * Returns 0 or a negative errno value. */
 int gr_out_write(const char *path, const void *data, size_t len, mode_t mode);
 
 #endif /* GR_OUTFILE_H */

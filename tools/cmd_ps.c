@@ -236,9 +236,9 @@ static void prom_rows(FILE *f, const row_t *rows, size_t n) {
   }
 }
 
-/* "-" is standard output. A regular file is written to a temporary name in the same directory and renamed,
- * so the collector never reads half a file (the temporary name does not end in .prom, so the collector
- * ignores it); a device, FIFO or symbolic link is written into, as a shell's > would (outfile.c). */
+/* "-" is standard output. A regular file (or a link's regular target) is written to a temporary name in the
+ * same directory and renamed, so the collector never reads half a file (the temporary name does not end in
+ * .prom, so the collector ignores it); outfile.h says what happens to anything else. */
 static int write_prometheus(const char *path, const row_t *rows, size_t n) {
   char *text = NULL;
   size_t len = 0;

@@ -184,8 +184,12 @@ int cmd_run(int argc, char **argv) {
         setenv(flags[k].var, flags[k].value, 1);
         known = true;
       }
-    if (!known && !strncmp(a, "--verbose=", 10))
-      return set_checked("GPURECLAIM_VERBOSE", a + 10, NULL, NULL);
+    if (!known && !strncmp(a, "--verbose=", 10)) { /* a spelling the flags above do not list ("01") */
+      int rc = set_checked("GPURECLAIM_VERBOSE", a + 10, NULL, NULL);
+      if (rc != EX_OK)
+        return rc;
+      known = true;
+    }
     if (!known)
       return cmd_usage_error("run: unknown option %s", a);
   }

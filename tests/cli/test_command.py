@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -113,6 +114,28 @@ class CommandTest(unittest.TestCase):
         self.assertEqual(sorted(x["pid"] for x in out), sorted([h.pid, h2.pid]))
         self.assertTrue(all(x["ok"] for x in out))
 
+    def test_a_client_that_half_closes_is_still_served(self):
+        """Only a client that hung up withdraws its release: one that shut down its writing half (socat, nc -U)
+        still reads the answer."""
+        h = self.hold()
+        with open(os.path.join(self.rundir, "%d.json" % h.pid)) as f:
+            sock_path = json.load(f)["socket"]
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(20)
+        s.connect(sock_path)
+        s.sendall(b"release orphaned\n")
+        s.shutdown(socket.SHUT_WR)
+        data = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        s.close()
+        ans = json.loads(data)
+        self.assertTrue(ans["ok"], ans)
+        self.assertEqual(ans["report"]["orphaned_bytes"], 5 * MiB)
+
     def test_a_release_that_timed_out_is_withdrawn(self):
         h = self.hold()
         before = h.sim()
@@ -168,6 +191,15 @@ class CommandTest(unittest.TestCase):
         self.assertTrue(os.path.islink(link), "the link was replaced by a file")
         with open(target) as f:
             self.assertIn('gpureclaim_up{pid="%d"' % h.pid, f.read())
+        # /dev/stdout is the command's standard output, at its offset: a shell's >> keeps what the file had.
+        log = os.path.join(self.tmp, "appended.log")
+        with open(log, "w") as f:
+            f.write("first line\n")
+        subprocess.run("%s ps --prometheus /dev/stdout >> %s" % (CMD, log), shell=True, env=self.env, check=True)
+        with open(log) as f:
+            text = f.read()
+        self.assertTrue(text.startswith("first line\n"), text[:200])
+        self.assertIn('gpureclaim_up{pid="%d"' % h.pid, text)
         r = run("ps", "--prometheus", self.tmp, env=self.env, check=None)
         self.assertEqual(r.returncode, 1)
         self.assertIn("Is a directory", r.stderr)

@@ -481,6 +481,7 @@ class FakeTest(unittest.TestCase):
                           "GPURECLAIM_LEAK_REPORT": "1", "GPURECLAIM_BACKTRACE": "1", "GPURECLAIM_VERBOSE": "2",
                           "GPURECLAIM_STATUS": "0", "GPURECLAIM_DISABLE": "1"})
         self.assertEqual(self.run_env("--signal=off")["GPURECLAIM_SIGNAL"], "off")
+        self.assertEqual(self.run_env("--verbose=01")["GPURECLAIM_VERBOSE"], "01", "a valid spelling runs CMD")
         self.assertEqual(self.run_env("--rundir=" + self.rundir)["GPURECLAIM_RUNDIR"], self.rundir, "an existing one")
         open_dir = os.path.join(self.tmp, "open")
         os.mkdir(open_dir, 0o755)

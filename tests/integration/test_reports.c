@@ -12,6 +12,7 @@
 #include <sys/sysmacros.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define OK(call) cr_assert_eq((call), CUDA_SUCCESS, "%s", #call)
@@ -94,9 +95,31 @@ Test(reports, snapshot_into_devices_links_and_fifos) {
   cr_assert_eq(lstat(link, &st), 0);
   cr_assert(S_ISLNK(st.st_mode), "the link was replaced");
   cr_assert_eq(py("import json,sys; d=json.load(open(sys.argv[1])); assert len(d[\"blocks\"])==1", target), 0);
+  struct stat before;
+  cr_assert_eq(stat(target, &before), 0);
   cr_assert_eq(gpureclaim_snapshot(link), 0, "a link to an existing file");
   cr_assert_eq(lstat(link, &st), 0);
   cr_assert(S_ISLNK(st.st_mode));
+  cr_assert_eq(stat(target, &st), 0);
+  cr_assert_neq(st.st_ino, before.st_ino, "the target was rewritten in place, not replaced atomically");
+
+  /* A link someone else owns (possible as root only) is not followed: in a directory others can write to,
+   * it could aim the snapshot at any file. */
+  if (geteuid() == 0) {
+    char other[256], victim[256];
+    snprintf(other, sizeof other, "%s/other.json", dir);
+    snprintf(victim, sizeof victim, "%s/victim", dir);
+    FILE *v = fopen(victim, "w");
+    cr_assert_not_null(v);
+    fputs("precious\n", v);
+    fclose(v);
+    cr_assert_eq(symlink(victim, other), 0);
+    cr_assert_eq(lchown(other, 65534, 65534), 0);
+    cr_assert_eq(gpureclaim_snapshot(other), -EIO);
+    cr_assert_str_eq(slurp(victim), "precious\n", "a foreign link was followed");
+    unlink(other);
+    unlink(victim);
+  }
 
   /* A FIFO: a reader gets the whole document. */
   cr_assert_eq(mkfifo(fifo, 0600), 0);
@@ -109,6 +132,10 @@ Test(reports, snapshot_into_devices_links_and_fifos) {
   cr_assert_eq(WEXITSTATUS(pclose(reader)), 0, "the reader of the FIFO did not get the snapshot");
   cr_assert_eq(lstat(fifo, &st), 0);
   cr_assert(S_ISFIFO(st.st_mode));
+  /* Nobody reads it: an error after a short wait for a reader, not a hang. */
+  time_t t0 = time(NULL);
+  cr_assert_eq(gpureclaim_snapshot(fifo), -EIO);
+  cr_assert_lt(time(NULL) - t0, 30);
 
   cr_assert_eq(gpureclaim_snapshot(dir), -EIO, "a directory is not written");
   cr_assert_eq(lstat(dir, &st), 0);
