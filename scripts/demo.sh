@@ -6,8 +6,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
 build="${BUILD_DIR:-build}"
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build "$build" -j"$(nproc 2>/dev/null || echo 2)" >/dev/null
+mkdir -p "$build"
+log="$build/demo-build.log"
+echo "== building in $build (about a minute on 2 cores; output in $log)"
+if ! { cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo && cmake --build "$build" -j"$(nproc 2>/dev/null || echo 2)"; } >"$log" 2>&1; then
+  tail -n 40 "$log" >&2
+  echo "demo: the build failed (whole output in $log)" >&2
+  exit 1
+fi
 export GPURECLAIM_RUNDIR="${GPURECLAIM_RUNDIR:-$(mktemp -d)/run}"
 if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q GPU; then
   echo "== demo on the real driver: $(nvidia-smi -L | head -1)"
