@@ -108,9 +108,7 @@ int gr_out_write(const char *path, const void *data, size_t len, mode_t mode) {
       return -errno;
     /* Dangling: the target is created where the link says, as a shell's > would; it is new, so nobody can
      * be reading half of it. */
-    int nfd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
-    if (nfd < 0 && errno == EEXIST) /* O_EXCL does not follow the link: create through it */
-      nfd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+    int nfd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
     if (nfd < 0)
       return -errno;
     int rc = write_all(nfd, data, len);

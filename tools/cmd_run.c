@@ -115,6 +115,8 @@ static int chk_rundir(const char *v) {
   struct stat st;
   if (lstat(v, &st) == 0)
     return S_ISDIR(st.st_mode) && st.st_uid == geteuid() && !(st.st_mode & 077) ? 0 : -1;
+  if (errno != ENOENT)
+    return -1;
   char parent[PATH_MAX];
   snprintf(parent, sizeof parent, "%s", v);
   size_t n = strlen(parent);
@@ -125,8 +127,7 @@ static int chk_rundir(const char *v) {
     slash[1] = '\0';
   else if (slash)
     *slash = '\0';
-  return errno == ENOENT && stat(parent, &st) == 0 && S_ISDIR(st.st_mode) && access(parent, W_OK | X_OK) == 0 ? 0
-                                                                                                             : -1;
+  return stat(parent, &st) == 0 && S_ISDIR(st.st_mode) && access(parent, W_OK | X_OK) == 0 ? 0 : -1;
 }
 
 /* Whether path starts with an ELF header: LD_PRELOAD of anything else fails in the dynamic loader with a
