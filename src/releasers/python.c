@@ -7,6 +7,9 @@
  *   PyTorch: torch.cuda.empty_cache(), after clearing its cuBLAS workspaces (which go back to its cache);
  *   CuPy: the default memory pool's and pinned memory pool's free_all_blocks();
  *   any module that defines a callable __gpureclaim_release__() returning the bytes it freed.
+ * Each step runs on its own: one that raises is reported (with its traceback) and skipped, the others still
+ * run and count. A module's return value must be a non-negative int (None counts as 0); anything else is
+ * reported as its error.
  * The bytes a framework gave back are what its own counter says (torch.cuda.memory_reserved, the pool's
  * total_bytes) before minus after. gpureclaim declares the few C API functions it calls itself and finds
  * them with dlsym: it does not link against libpython.
@@ -79,29 +82,46 @@ static bool python_up(void) {
 /* The release, in Python: it runs in the program's interpreter, on gpureclaim's thread, holding the GIL. */
 static const char g_code[] =
     "def _gpureclaim_release():\n"
-    "    import sys\n"
+    "    import os, sys, traceback\n"
     "    freed = 0\n"
+    "    def failed(what):\n"
+    "        sys.stderr.write('gpureclaim[%d]: warning: %s raised an exception; it is skipped, the rest of the '\n"
+    "                         'release goes on\\n' % (os.getpid(), what))\n"
+    "        traceback.print_exc()\n"
     "    t = sys.modules.get('torch')\n"
-    "    c = getattr(t, 'cuda', None) if t is not None else None\n"
-    "    if c is not None and c.is_initialized():\n"
-    "        n = c.device_count()\n"
-    "        before = sum(c.memory_reserved(d) for d in range(n))\n"
-    "        clear = getattr(getattr(t, '_C', None), '_cuda_clearCublasWorkspaces', None)\n"
-    "        if clear is not None:\n"
-    "            clear()\n"
-    "        c.empty_cache()\n"
-    "        freed += max(0, before - sum(c.memory_reserved(d) for d in range(n)))\n"
+    "    try:\n"
+    "        c = getattr(t, 'cuda', None) if t is not None else None\n"
+    "        if c is not None and c.is_initialized():\n"
+    "            n = c.device_count()\n"
+    "            before = sum(c.memory_reserved(d) for d in range(n))\n"
+    "            clear = getattr(getattr(t, '_C', None), '_cuda_clearCublasWorkspaces', None)\n"
+    "            if clear is not None:\n"
+    "                clear()\n"
+    "            c.empty_cache()\n"
+    "            freed += max(0, before - sum(c.memory_reserved(d) for d in range(n)))\n"
+    "    except Exception:\n"
+    "        failed('torch.cuda.empty_cache()')\n"
     "    cp = sys.modules.get('cupy')\n"
-    "    if cp is not None and hasattr(cp, 'get_default_memory_pool'):\n"
-    "        pool = cp.get_default_memory_pool()\n"
-    "        before = pool.total_bytes()\n"
-    "        pool.free_all_blocks()\n"
-    "        freed += max(0, before - pool.total_bytes())\n"
-    "        cp.get_default_pinned_memory_pool().free_all_blocks()\n"
-    "    for m in list(sys.modules.values()):\n"
-    "        f = getattr(m, '__dict__', {}).get('__gpureclaim_release__')\n"
-    "        if callable(f):\n"
-    "            freed += int(f() or 0)\n"
+    "    try:\n"
+    "        if cp is not None and hasattr(cp, 'get_default_memory_pool'):\n"
+    "            pool = cp.get_default_memory_pool()\n"
+    "            before = pool.total_bytes()\n"
+    "            pool.free_all_blocks()\n"
+    "            freed += max(0, before - pool.total_bytes())\n"
+    "            cp.get_default_pinned_memory_pool().free_all_blocks()\n"
+    "    except Exception:\n"
+    "        failed('cupy free_all_blocks()')\n"
+    "    for name, m in list(sys.modules.items()):\n"
+    "        try:\n"
+    "            f = getattr(m, '__dict__', {}).get('__gpureclaim_release__')\n"
+    "            if not callable(f):\n"
+    "                continue\n"
+    "            r = f()\n"
+    "            if r is not None and (isinstance(r, bool) or not isinstance(r, int) or r < 0):\n"
+    "                raise TypeError('returned %r, not a number of bytes' % (r,))\n"
+    "            freed += r or 0\n"
+    "        except Exception:\n"
+    "            failed('%s.__gpureclaim_release__()' % name)\n"
     "    return freed\n";
 
 static PyObject *g_fn; /* the compiled function, kept for the process's life */

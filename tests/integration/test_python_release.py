@@ -2,6 +2,7 @@
 framework's own release (here the PyTorch stand-in in python/torch) while the main thread runs Python code,
 plus a module that takes part through __gpureclaim_release__. Run under LD_PRELOAD with the simulator."""
 import ctypes
+import io
 import json
 import os
 import signal
@@ -48,6 +49,17 @@ class Extra:
     calls = 0
 
 
+# Modules whose hook fails, registered before extra_cache: each is reported and skipped, and the modules
+# after it are still called and counted.
+broken = type(sys)("broken_cache")
+def _broken_release():
+    return 1 // 0
+broken.__gpureclaim_release__ = _broken_release
+sys.modules["broken_cache"] = broken
+negative = type(sys)("negative_cache")
+negative.__gpureclaim_release__ = lambda: -5
+sys.modules["negative_cache"] = negative
+
 extra = type(sys)("extra_cache")
 def _extra_release():
     Extra.calls += 1
@@ -66,6 +78,8 @@ def main():
         torch.cuda.free(p)  # cached, as PyTorch's allocator does
     assert torch.cuda.memory_reserved() == 10 * MiB
     assert sim_live_bytes() == 10 * MiB
+    captured = io.StringIO()  # the worker thread writes its warnings to sys.stderr
+    real_stderr, sys.stderr = sys.stderr, captured
     os.kill(os.getpid(), signal.SIGUSR1)
     # The main thread keeps running Python while the worker thread does the release. The report line is
     # written once the whole release is over (every framework called), so wait for it before checking:
@@ -76,7 +90,13 @@ def main():
     while report is None and time.time() < deadline:
         spins += sum(i * i for i in range(1000)) > 0
         report = signal_report(os.environ["GPURECLAIM_LOG"])
+    sys.stderr = real_stderr
     assert report is not None, "no release report"
+    warnings = captured.getvalue()
+    assert "broken_cache.__gpureclaim_release__() raised an exception; it is skipped" in warnings, warnings
+    assert "ZeroDivisionError" in warnings, warnings
+    assert "negative_cache.__gpureclaim_release__() raised an exception" in warnings, warnings
+    assert "returned -5, not a number of bytes" in warnings, warnings
     assert spins > 0, "the main thread did not run while waiting"
     assert torch.cuda.memory_reserved() == 0, "the cache was not emptied"
     assert torch.cuda.empty_cache_calls == 1
