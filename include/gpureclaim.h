@@ -117,7 +117,8 @@ typedef struct gpureclaim_block {
   int state;                /* gpureclaim_block_state_t */
   int device;               /* device ordinal, -1 when none (pinned host memory) or unknown */
   uint32_t thread_id;       /* Linux thread id of the allocating thread */
-  void *context;            /* CUcontext the block belongs to, NULL for pool and VMM memory */
+  void *context;            /* CUcontext the block belongs to: the current one of its allocating call; for a
+                               stream-ordered block, its stream's; NULL for VMM memory, or when none was current */
   void *pool;               /* CUmemoryPool of a stream-ordered block, else NULL */
   uint64_t scope;           /* scope the block was allocated in, 0 for none */
   uint64_t alloc_time_ms;   /* CLOCK_MONOTONIC milliseconds at allocation */
@@ -207,8 +208,10 @@ typedef struct gpureclaim_report {
  * Returns 0, -EINVAL for what == 0 or unknown bits, -ENOTSUP when disabled or before CUDA was initialised. */
 GPURECLAIM_API int gpureclaim_release(unsigned what, gpureclaim_report_t *out);
 
-/* GPURECLAIM_ALL for one context: frees every tracked block that belongs to ctx (a CUcontext). Pools and VMM
- * memory belong to no context and are left alone. Returns -ENOENT for a context gpureclaim has not seen. */
+/* GPURECLAIM_ALL for one context: frees every tracked block that belongs to ctx (a CUcontext), stream-ordered
+ * blocks allocated on its streams included; the pools those came from are then trimmed, as a release of cached
+ * memory trims them. VMM memory belongs to no context and is left alone. Returns -ENOENT for a context
+ * gpureclaim has not seen. */
 GPURECLAIM_API int gpureclaim_release_context(void *ctx, gpureclaim_report_t *out);
 
 /* A releaser frees memory a program caches itself (a C/C++ inference binary's pool) and returns the bytes it

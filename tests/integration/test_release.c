@@ -243,19 +243,32 @@ Test(release, all_frees_every_tracked_block_and_context_scoped_all) {
   CUcontext c2, popped;
   OK(cuCtxCreate_v2(&c2, 0, 0));
   OK(cuMemAlloc(&b2, 2 * MiB));
+  /* A stream-ordered block on one of c2's streams belongs to c2 (header: gpureclaim_block_t.context). */
+  CUstream s2;
+  CUdeviceptr as2;
+  OK(cuStreamCreate(&s2, 0));
+  OK(cuMemAllocAsync(&as2, 64 * 1024, s2));
+  OK(cuStreamSynchronize(s2));
+  gpureclaim_block_t b;
+  cr_assert(h_find(as2, &b));
+  cr_assert_eq(b.context, (void *)c2, "a stream-ordered block has its stream's context");
+  cr_assert_not_null(b.pool);
   OK(cuCtxPopCurrent(&popped));
   gpureclaim_report_t r = {.size = sizeof r};
   cr_assert_eq(gpureclaim_release_context(c2, &r), 0);
-  cr_assert_eq(r.all_blocks, 1);
-  cr_assert_eq(r.all_bytes, 2 * MiB);
+  cr_assert_eq(r.all_blocks, 2);
+  cr_assert_eq(r.all_bytes, 2 * MiB + 64 * 1024);
+  cr_assert(!h_find(as2, &b), "the stream-ordered block of c2 was freed too");
   cr_assert(h_table_matches_sim("context release"));
-  gpureclaim_block_t b;
   cr_assert(h_find(a, &b), "other contexts untouched");
   cr_assert_eq(gpureclaim_release(GPURECLAIM_ALL, &r), 0);
   cr_assert_eq(r.all_blocks, 2);
   cr_assert_eq(sim().live_blocks, 0);
   cr_assert_eq(sim().host_blocks, 0);
   cr_assert(h_table_matches_sim("release all"));
+  OK(cuCtxPushCurrent(c2));
+  OK(cuStreamDestroy(s2));
+  OK(cuCtxPopCurrent(&popped));
   OK(cuCtxDestroy(c2));
 }
 
