@@ -141,15 +141,15 @@ GPURECLAIM_API int gpureclaim_foreach_block(int (*fn)(const gpureclaim_block_t *
 
 /* Writes every live block and the per-context and per-device totals as one JSON document to path ("-" for
  * stdout). A new path or a regular file is written to a temporary name in the same directory, flushed and
- * renamed into place; a symbolic link is followed and its target treated so (the link stays); a device such as
- * /dev/null or a FIFO is written into (a FIFO that gets no reader within 2 seconds fails); /dev/stdout,
- * /dev/stderr and /dev/fd/N write to that descriptor. A link, device or FIFO owned by another user (root
- * excepted) is refused. */
+ * renamed into place (a replaced file keeps its permissions; a new one is 0644 less the umask); a symbolic
+ * link is followed and its target treated so (the link stays); a device such as /dev/null or a FIFO is written
+ * into (a FIFO that gets no reader within 2 seconds fails); /dev/stdout, /dev/stderr and /dev/fd/N write to
+ * that descriptor. A link, device or FIFO owned by another user (root excepted) is refused. */
 GPURECLAIM_API int gpureclaim_snapshot(const char *path);
 
 /* Writes the leak report (blocks never freed, grouped by calling library and return address, with totals per
- * device) to path ("-" for stderr), as gpureclaim_snapshot() writes files. With GPURECLAIM_LEAK_REPORT=1 it is also written at exit. json != 0 gives
- * JSON instead of text. */
+ * device) to path ("-" for stderr), as gpureclaim_snapshot() writes files. With GPURECLAIM_LEAK_REPORT=1 it is
+ * also written at exit. json != 0 gives JSON instead of text. */
 GPURECLAIM_API int gpureclaim_leak_report(const char *path, int json);
 
 /* ------------------------------------------------------------------------------------------------------------

@@ -53,10 +53,14 @@ static int write_replacing(const char *path, const void *data, size_t len, mode_
   char tmp[PATH_MAX + 32];
   if ((size_t)snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid()) >= sizeof tmp)
     return -ENAMETOOLONG;
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode);
+  struct stat old;
+  bool keep = stat(path, &old) == 0 && S_ISREG(old.st_mode); /* a replaced file keeps its permissions */
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, keep ? (old.st_mode & 0600) : mode);
   if (fd < 0)
     return -errno;
-  int rc = write_all(fd, data, len);
+  int rc = keep && fchmod(fd, old.st_mode & 07777) != 0 ? -errno : 0;
+  if (rc == 0)
+    rc = write_all(fd, data, len);
   if (rc == 0 && fsync(fd) != 0 && errno != EINVAL && errno != EROFS)
     rc = -errno;
   if (close(fd) != 0 && rc == 0)

@@ -12,7 +12,8 @@
  * - /dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N: written to that descriptor, at its offset (so a
  *   shell's >> keeps what it had);
  * - a new path, or a regular file: written to a temporary name in the same directory, flushed to disk and
- *   renamed into place, so a reader never sees half a file;
+ *   renamed into place, so a reader never sees half a file; a replaced file keeps its permission bits, a new
+ *   one gets mode (less the umask);
  * - a symbolic link: followed; its target is then treated as above (a regular target is replaced, the link
  *   stays);
  * - a device (/dev/null) or FIFO: written into; a FIFO that gets no reader within 2 s is an error (ENXIO),

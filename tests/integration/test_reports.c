@@ -95,6 +95,7 @@ Test(reports, snapshot_into_devices_links_and_fifos) {
   cr_assert_eq(lstat(link, &st), 0);
   cr_assert(S_ISLNK(st.st_mode), "the link was replaced");
   cr_assert_eq(py("import json,sys; d=json.load(open(sys.argv[1])); assert len(d[\"blocks\"])==1", target), 0);
+  cr_assert_eq(chmod(target, 0600), 0); /* private: replacing it must not make it readable by others */
   struct stat before;
   cr_assert_eq(stat(target, &before), 0);
   cr_assert_eq(gpureclaim_snapshot(link), 0, "a link to an existing file");
@@ -102,6 +103,7 @@ Test(reports, snapshot_into_devices_links_and_fifos) {
   cr_assert(S_ISLNK(st.st_mode));
   cr_assert_eq(stat(target, &st), 0);
   cr_assert_neq(st.st_ino, before.st_ino, "the target was rewritten in place, not replaced atomically");
+  cr_assert_eq(st.st_mode & 07777, 0600, "the replaced file's permissions changed to %o", st.st_mode & 07777);
 
   /* A link someone else owns (possible as root only) is not followed: in a directory others can write to,
    * it could aim the snapshot at any file. */
