@@ -84,8 +84,11 @@ typedef struct gpureclaim_stats {
   uint64_t pools;                /* stream-ordered pools seen and not destroyed */
 } gpureclaim_stats_t;
 
-/* Totals for one device ordinal, or for all devices when device is -1. Pinned host memory belongs to no device
- * and is counted under -1 only. Returns -EINVAL for a NULL out, a too small out->size or a device < -1. */
+/* Totals for one device ordinal (0 to 63; one gpureclaim has not seen reads all zeros), or for all devices when
+ * device is -1. Pinned host memory belongs to no device and is counted under -1 only, as are the process-wide
+ * counts (untracked_frees, late_frees, untracked_routes, releases, released_bytes, oom_retries,
+ * oom_retry_successes, table_bytes): 0 for one device. contexts and pools count that device's own. Returns
+ * -EINVAL for a NULL out, a too small out->size, a device < -1 or a device > 63. */
 GPURECLAIM_API int gpureclaim_stats(int device, gpureclaim_stats_t *out);
 
 /* ------------------------------------------------------------------------------------------------------------
@@ -240,7 +243,8 @@ GPURECLAIM_API int gpureclaim_unregister_releaser(int id);
 
 #define GPURECLAIM_FREE_NOW 0x1u
 
-/* Returns the new scope's id (never 0), or 0 when disabled or when 65,535 scopes hold live blocks at once. */
+/* Returns the new scope's id (never 0), or 0 when disabled, when 65,535 scopes hold live blocks at once, or when
+ * the calling thread already has 32 scopes open (nested). */
 GPURECLAIM_API uint64_t gpureclaim_scope_begin(void);
 /* Returns 0, -EINVAL for scope 0 or unknown flags, -ENOENT for a scope that does not exist or already ended. */
 GPURECLAIM_API int gpureclaim_scope_end(uint64_t scope, unsigned flags);

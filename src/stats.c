@@ -279,14 +279,26 @@ static uint64_t sum(int d, int c) {
 
 typedef struct pool_sum {
   int device;
-  uint64_t reserved, used;
+  uint64_t reserved, used, count;
 } pool_sum_t;
+
+typedef struct ctx_count {
+  int device;
+  uint64_t n;
+} ctx_count_t;
+
+static void count_ctx(uint16_t id, CUcontext ctx, int device, void *arg) {
+  (void)id, (void)ctx;
+  ctx_count_t *c = arg;
+  c->n += device == c->device;
+}
 
 static void add_pool(uint16_t id, CUmemoryPool pool, int device, void *arg) {
   (void)id;
   pool_sum_t *ps = arg;
   if (ps->device >= 0 && device != ps->device)
     return;
+  ps->count++;
   cuuint64_t v = 0;
   if (gr_drv.cuMemPoolGetAttribute &&
       gr_drv.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v) == CUDA_SUCCESS)
@@ -345,12 +357,17 @@ int gr_stats_get(int device, gpureclaim_stats_t *out) {
     s.pools = gr_reg_pool_count();
   } else {
     s.peak_bytes = atomic_load_explicit(&g_dev[device].peak, memory_order_relaxed);
+    ctx_count_t cc = {device, 0};
+    gr_reg_foreach_ctx(count_ctx, &cc);
+    s.contexts = cc.n;
   }
-  pool_sum_t ps = {device, 0, 0};
+  pool_sum_t ps = {device, 0, 0, 0};
   if (atomic_load_explicit(&gr_core_state, memory_order_acquire) == 1)
     gr_reg_foreach_pool(add_pool, &ps);
   s.pool_reserved_bytes = ps.reserved;
   s.pool_used_bytes = ps.used;
+  if (device >= 0)
+    s.pools = ps.count;
   /* Sums of relaxed counters can be read mid-update; never report a transient underflow. */
   if ((int64_t)s.live_blocks < 0)
     s.live_blocks = 0;

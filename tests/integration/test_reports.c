@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #define OK(call) cr_assert_eq((call), CUDA_SUCCESS, "%s", #call)
+CUresult cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice); /* cuda.h maps cuCtxCreate to a later version */
 
 static CUcontext g_ctx;
 static void init(void) {
@@ -147,6 +148,36 @@ Test(reports, snapshot_into_devices_links_and_fifos) {
   unlink(fifo);
   cr_assert_eq(rmdir(dir), 0, "temporary files were left in %s", dir);
   OK(cuMemFree(a));
+}
+
+/* One device's statistics: its own contexts and pools; process-wide counts under -1 only (the header). */
+Test(reports, stats_of_one_device) {
+  CUcontext c2, popped;
+  OK(cuCtxCreate_v2(&c2, 0, 0));
+  OK(cuCtxPopCurrent(&popped));
+  CUmemoryPool pool;
+  OK(cuDeviceGetDefaultMemPool(&pool, 0));
+  CUdeviceptr p;
+  OK(cuMemAllocAsync(&p, 4096, NULL));
+  OK(cuMemFreeAsync(p, NULL));
+  gpureclaim_report_t rep = {.size = sizeof rep};
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_CACHED, &rep), 0);
+  gpureclaim_stats_t all = {.size = sizeof all}, d0 = {.size = sizeof d0}, d1 = {.size = sizeof d1};
+  cr_assert_eq(gpureclaim_stats(-1, &all), 0);
+  cr_assert_eq(gpureclaim_stats(0, &d0), 0);
+  cr_assert_eq(gpureclaim_stats(1, &d1), 0);
+  cr_assert_geq(all.contexts, 2);
+  cr_assert_eq(d0.contexts, all.contexts, "the simulator has one device: every context is device 0's");
+  cr_assert_geq(all.pools, 1);
+  cr_assert_eq(d0.pools, all.pools);
+  cr_assert_eq(d1.contexts + d1.pools + d1.live_blocks, 0, "device 1 was never used");
+  cr_assert_geq(all.releases, 1);
+  cr_assert_eq(d0.releases + d0.released_bytes + d0.table_bytes + d0.untracked_routes, 0, "process-wide: -1 only");
+  cr_assert_gt(all.table_bytes, 0);
+  cr_assert_eq(gpureclaim_stats(63, &d1), 0);
+  cr_assert_eq(gpureclaim_stats(64, &d1), -EINVAL);
+  cr_assert_eq(gpureclaim_stats(-2, &d1), -EINVAL);
+  OK(cuCtxDestroy(c2));
 }
 
 __attribute__((noinline)) static void leaky(CUdeviceptr *p) {
