@@ -3,8 +3,8 @@
  *
  * A Unix stream socket in the private run directory, served by the worker thread one client at a time: one
  * request line in, one JSON object out. Only a peer with the same effective uid is answered (SO_PEERCRED), on
- * top of the directory's 0700 and the socket's 0600. A silent client is dropped after 5 seconds. A release
- * whose client hung up before it was served is not run (client_waiting()).
+ * top of the directory's 0700 and the socket's 0600. A client silent for a second is dropped unanswered. A
+ * release whose client hung up before it was served is not run (client_waiting()).
  */
 #include "gpureclaim_internal.h"
 #include "json.h"
@@ -136,16 +136,28 @@ void gr_ctl_serve_one(void) {
     close(fd);
     return;
   }
-  struct timeval tv = {5, 0};
+  /* The worker serves releases by signal too: a client that connects and says nothing holds them up for at
+   * most a second (the command writes its line as soon as it is connected). */
+  struct timeval tv = {1, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  tv.tv_sec = 5;
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   char line[256];
   size_t n = 0;
+  bool ended = false;
   while (n < sizeof line - 1) {
     ssize_t r = read(fd, line + n, 1);
-    if (r <= 0 || line[n] == '\n')
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0 || line[n] == '\n') {
+      ended = r > 0 || (r == 0 && n > 0); /* a newline, or the client's end after a line without one */
       break;
+    }
     n++;
+  }
+  if (!ended && n < sizeof line - 1) { /* silent, or gone mid-line: nothing to answer */
+    close(fd);
+    return;
   }
   while (n && (line[n - 1] == '\r' || line[n - 1] == '\n'))
     n--;

@@ -136,6 +136,17 @@ class CommandTest(unittest.TestCase):
         self.assertTrue(ans["ok"], ans)
         self.assertEqual(ans["report"]["orphaned_bytes"], 5 * MiB)
 
+    def test_a_silent_client_is_dropped_unanswered(self):
+        h = self.hold()
+        with open(os.path.join(self.rundir, "%d.json" % h.pid)) as f:
+            sock_path = json.load(f)["socket"]
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(20)
+        s.connect(sock_path)
+        self.assertEqual(s.recv(65536), b"", "a client that said nothing got an answer")
+        s.close()
+        self.assertTrue(json.loads(run("ps", "--json", env=self.env, check=0).stdout)[0]["answered"])
+
     def test_a_release_that_timed_out_is_withdrawn(self):
         h = self.hold()
         before = h.sim()
