@@ -108,8 +108,11 @@ def _check(rc, what, path=None):
 
 
 def _flags(what):
-    if isinstance(what, int):
+    if isinstance(what, int) and not isinstance(what, bool):
         return what
+    if not isinstance(what, str):
+        raise TypeError("release categories are a str (\"cached\", \"orphaned\", \"all\", comma-separated) or "
+                        "int flags, not %s" % type(what).__name__)
     flags = 0
     for word in what.split(","):
         word = word.strip().lower()
@@ -131,6 +134,8 @@ def enabled():
 
 def stats(device=-1):
     """Counters for one device ordinal, or all devices (-1), as a dict (gpureclaim_stats_t's fields)."""
+    if not isinstance(device, int) or isinstance(device, bool):
+        raise TypeError("device is an int ordinal, or -1 for all devices, not %s" % type(device).__name__)
     s = _Stats(size=ctypes.sizeof(_Stats))
     _check(_load().gpureclaim_stats(device, ctypes.byref(s)), "stats")
     return {name: getattr(s, name) for name, _ in _Stats._fields_ if name != "size"}
@@ -139,6 +144,7 @@ def stats(device=-1):
 def _report(r):
     out = {name: getattr(r, name) for name, _ in _Report._fields_ if name not in ("size", "devices", "ndevices")}
     out["trigger"] = _TRIGGERS.get(r.trigger, r.trigger)
+    out["what"] = ",".join(n for n in ("cached", "orphaned", "all") if r.what & _WHAT[n])  # as the JSON writes it
     out["ms"] = r.duration_ns / 1e6
     out["devices"] = [{name: getattr(d, name) for name, _ in _DeviceReport._fields_}
                       for d in r.devices[:r.ndevices]]
@@ -187,7 +193,8 @@ def blocks():
                     "state": _STATES.get(b.state, b.state), "device": b.device, "thread": b.thread_id,
                     "context": b.context, "pool": b.pool, "scope": b.scope, "time_ms": b.alloc_time_ms,
                     "caller": b.caller, "library": (b.library or b"").decode(errors="replace"),
-                    "api": (b.api or b"").decode(), "owner": b.owner.decode() if b.owner else None})
+                    "api": (b.api or b"").decode(), "owner": b.owner.decode() if b.owner else None,
+                    "handle": b.handle})
         return 0
 
     _check(_load().gpureclaim_foreach_block(each, None), "blocks")

@@ -329,6 +329,18 @@ with gpureclaim.scope() as s:
 assert gpureclaim.stats()["orphan_bytes"] == 3 << 20
 r = gpureclaim.release("orphaned")
 assert r["orphaned_bytes"] == 3 << 20 and r["orphaned_blocks"] == 1 and r["trigger"] == "api", r
+assert r["what"] == "orphaned", r  # as the JSON reports write it
+for bad in (None, ["cached"], True):
+    try:
+        gpureclaim.release(bad)
+        assert False, "no error for %r" % (bad,)
+    except TypeError as e:
+        assert "release categories are a str" in str(e), e
+try:
+    gpureclaim.stats("0")
+    assert False, "no error"
+except TypeError as e:
+    assert "device is an int" in str(e), e
 assert r["devices"][0]["free_after"] - r["devices"][0]["free_before"] == 3 << 20, r
 assert gpureclaim.stats()["live_bytes"] == 1 << 20
 
@@ -375,6 +387,7 @@ except OSError as e:
     assert "cannot write /nonexistent-dir/snap.json: no such directory: /nonexistent-dir" in str(e), str(e)
 
 assert {b["kind"] for b in gpureclaim.blocks()} == {"device"}
+assert all(b["handle"] == 0 for b in gpureclaim.blocks()), "handle: the mapped VMM handle, 0 for other kinds"
 try:
     gpureclaim.release("bogus")
     raise SystemExit("no error for a bad category")
