@@ -109,6 +109,8 @@ def _check(rc, what, path=None):
 
 def _flags(what):
     if isinstance(what, int) and not isinstance(what, bool):
+        if not 0 <= what < 1 << 32:
+            raise ValueError("release flags out of range: %d" % what)
         return what
     if not isinstance(what, str):
         raise TypeError("release categories are a str (\"cached\", \"orphaned\", \"all\", comma-separated) or "
@@ -136,6 +138,8 @@ def stats(device=-1):
     """Counters for one device ordinal, or all devices (-1), as a dict (gpureclaim_stats_t's fields)."""
     if not isinstance(device, int) or isinstance(device, bool):
         raise TypeError("device is an int ordinal, or -1 for all devices, not %s" % type(device).__name__)
+    if not -1 <= device < 1 << 31:
+        raise ValueError("device out of range: %d" % device)  # the library refuses the rest of the int range
     s = _Stats(size=ctypes.sizeof(_Stats))
     _check(_load().gpureclaim_stats(device, ctypes.byref(s)), "stats")
     return {name: getattr(s, name) for name, _ in _Stats._fields_ if name != "size"}

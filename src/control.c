@@ -16,6 +16,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 static _Atomic int g_fd = -1;
@@ -74,11 +75,15 @@ static bool client_waiting(int fd) {
   return poll(&p, 1, 0) == 0 || !(p.revents & (POLLHUP | POLLERR));
 }
 
+/* Answers one request line; NULL for a line longer than the protocol allows. */
 static void answer(int fd, const char *line) {
   jbuf_t b;
   jb_init(&b);
   jb_obj(&b);
-  if (strcmp(line, "ping") == 0) {
+  if (!line) {
+    jb_bool(&b, "ok", false);
+    jb_str(&b, "error", "request line longer than 255 bytes");
+  } else if (strcmp(line, "ping") == 0) {
     jb_bool(&b, "ok", true);
     jb_i64(&b, "pid", getpid());
     jb_str(&b, "version", GPURECLAIM_VERSION_STRING);
@@ -123,6 +128,58 @@ static void answer(int fd, const char *line) {
   jb_free(&b);
 }
 
+/* Milliseconds until deadline (CLOCK_MONOTONIC), 0 when passed. */
+static int ms_until(const struct timespec *deadline) {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  int64_t ms = (int64_t)(deadline->tv_sec - now.tv_sec) * 1000 + (deadline->tv_nsec - now.tv_nsec) / 1000000;
+  return ms <= 0 ? 0 : (int)ms;
+}
+
+/* Reads the request line, one deadline for the whole of it (a client sending a byte now and then gets no more
+ * time than a silent one). Returns 1 with the line (without its newline; a line the client ended by closing
+ * counts), 0 when nothing complete came in time or the client left mid-line, -1 when it is longer than
+ * cap - 1 bytes. */
+static int read_line(int fd, char *line, size_t cap, size_t *len, const struct timespec *deadline) {
+  size_t n = 0;
+  for (;;) {
+    if (n == cap - 1)
+      return -1;
+    struct pollfd p = {fd, POLLIN, 0};
+    int left = ms_until(deadline);
+    int pr = left ? poll(&p, 1, left) : 0;
+    if (pr < 0 && errno == EINTR)
+      continue;
+    if (pr <= 0)
+      return 0;
+    ssize_t r = read(fd, line + n, 1);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r < 0)
+      return 0;
+    if (r == 0 || line[n] == '\n') {
+      *len = n;
+      return r > 0 || n > 0;
+    }
+    n++;
+  }
+}
+
+/* Reads what is left of an over-long line until its end or the deadline: closing with unread bytes would
+ * reset the connection before the client read its answer. */
+static void drain(int fd, const struct timespec *deadline) {
+  char buf[512];
+  for (;;) {
+    struct pollfd p = {fd, POLLIN, 0};
+    int left = ms_until(deadline);
+    if (!left || poll(&p, 1, left) <= 0)
+      return;
+    ssize_t r = read(fd, buf, sizeof buf);
+    if (r <= 0 || memchr(buf, '\n', (size_t)r))
+      return;
+  }
+}
+
 void gr_ctl_serve_one(void) {
   int lfd = gr_ctl_fd();
   if (lfd < 0)
@@ -136,32 +193,24 @@ void gr_ctl_serve_one(void) {
     close(fd);
     return;
   }
-  /* The worker serves releases by signal too: a client that connects and says nothing holds them up for at
-   * most a second (the command writes its line as soon as it is connected). */
-  struct timeval tv = {1, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  tv.tv_sec = 5;
+  struct timeval tv = {5, 0};
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  /* The worker serves releases by signal too: a client that does not send its line within a second (the
+   * command writes it as soon as it is connected) is dropped unanswered. */
+  struct timespec deadline;
+  clock_gettime(CLOCK_MONOTONIC, &deadline);
+  deadline.tv_sec += 1;
   char line[256];
   size_t n = 0;
-  bool ended = false;
-  while (n < sizeof line - 1) {
-    ssize_t r = read(fd, line + n, 1);
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r <= 0 || line[n] == '\n') {
-      ended = r > 0 || (r == 0 && n > 0); /* a newline, or the client's end after a line without one */
-      break;
-    }
-    n++;
+  int got = read_line(fd, line, sizeof line, &n, &deadline);
+  if (got < 0) {
+    answer(fd, NULL);
+    drain(fd, &deadline);
+  } else if (got > 0) {
+    while (n && line[n - 1] == '\r')
+      n--;
+    line[n] = '\0';
+    answer(fd, line);
   }
-  if (!ended && n < sizeof line - 1) { /* silent, or gone mid-line: nothing to answer */
-    close(fd);
-    return;
-  }
-  while (n && (line[n - 1] == '\r' || line[n - 1] == '\n'))
-    n--;
-  line[n] = '\0';
-  answer(fd, line);
   close(fd);
 }

@@ -7,9 +7,10 @@
  *   PyTorch: torch.cuda.empty_cache(), after clearing its cuBLAS workspaces (which go back to its cache);
  *   CuPy: the default memory pool's and pinned memory pool's free_all_blocks();
  *   any module that defines a callable __gpureclaim_release__() returning the bytes it freed.
- * Each step runs on its own: one that raises is reported (with its traceback) and skipped, the others still
- * run and count. A module's return value must be a non-negative int (None counts as 0); anything else is
- * reported as its error.
+ * Each step runs on its own: one that raises (SystemExit included) is reported, with its traceback, and
+ * skipped; the others still run and count. A module's return value must be a non-negative integer below 2^62
+ * (None counts as 0); anything else is reported as its error. A KeyboardInterrupt stops the remaining steps
+ * and is passed on to the main thread.
  * The bytes a framework gave back are what its own counter says (torch.cuda.memory_reserved, the pool's
  * total_bytes) before minus after. gpureclaim declares the few C API functions it calls itself and finds
  * them with dlsym: it does not link against libpython.
@@ -40,7 +41,7 @@ static struct {
   void (*DecRef)(PyObject *);
   PyObject *(*Err_Occurred)(void);
   void (*Err_Clear)(void);
-  void (*Err_Print)(void);
+  void (*Err_WriteUnraisable)(PyObject *);
 } py;
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
@@ -66,7 +67,7 @@ static void resolve(void) {
   R(DecRef, "Py_DecRef");
   R(Err_Occurred, "PyErr_Occurred");
   R(Err_Clear, "PyErr_Clear");
-  R(Err_Print, "PyErr_Print");
+  R(Err_WriteUnraisable, "PyErr_WriteUnraisable");
 #undef R
   g_have = py.IsInitialized && py.GILState_Ensure && py.GILState_Release && py.GILState_Check &&
            py.Eval_SaveThread && py.Eval_RestoreThread && py.Dict_New && py.Dict_GetItemString &&
@@ -82,46 +83,65 @@ static bool python_up(void) {
 /* The release, in Python: it runs in the program's interpreter, on gpureclaim's thread, holding the GIL. */
 static const char g_code[] =
     "def _gpureclaim_release():\n"
-    "    import os, sys, traceback\n"
+    "    import operator, os, sys\n"
     "    freed = 0\n"
+    "    interrupted = False\n"
     "    def failed(what):\n"
-    "        sys.stderr.write('gpureclaim[%d]: warning: %s raised an exception; it is skipped, the rest of the '\n"
-    "                         'release goes on\\n' % (os.getpid(), what))\n"
-    "        traceback.print_exc()\n"
+    "        try:\n"
+    "            import traceback\n"
+    "            sys.stderr.write('gpureclaim[%d]: warning: %s raised an exception; it is skipped, the rest of '\n"
+    "                             'the release goes on\\n' % (os.getpid(), what))\n"
+    "            traceback.print_exc()\n"
+    "        except BaseException:\n"
+    "            pass  # no usable stderr: the release goes on regardless\n"
+    "    def step(what, fn):\n"
+    "        nonlocal freed, interrupted\n"
+    "        if interrupted:\n"
+    "            return\n"
+    "        try:\n"
+    "            n = fn()\n"
+    "            if n is not None:\n"
+    "                n = operator.index(n)\n"
+    "                if not 0 <= n < 1 << 62:\n"
+    "                    raise ValueError('returned %d, not a number of bytes' % n)\n"
+    "                freed = min(freed + n, (1 << 63) - 1)\n"
+    "        except KeyboardInterrupt:\n"
+    "            interrupted = True  # Ctrl-C: stop here, and give it back to the main thread below\n"
+    "        except BaseException:  # SystemExit included: a release hook does not end the program\n"
+    "            failed(what)\n"
     "    t = sys.modules.get('torch')\n"
-    "    try:\n"
+    "    def torch_step():\n"
     "        c = getattr(t, 'cuda', None) if t is not None else None\n"
-    "        if c is not None and c.is_initialized():\n"
-    "            n = c.device_count()\n"
-    "            before = sum(c.memory_reserved(d) for d in range(n))\n"
-    "            clear = getattr(getattr(t, '_C', None), '_cuda_clearCublasWorkspaces', None)\n"
-    "            if clear is not None:\n"
-    "                clear()\n"
-    "            c.empty_cache()\n"
-    "            freed += max(0, before - sum(c.memory_reserved(d) for d in range(n)))\n"
-    "    except Exception:\n"
-    "        failed('torch.cuda.empty_cache()')\n"
+    "        if c is None or not c.is_initialized():\n"
+    "            return 0\n"
+    "        n = c.device_count()\n"
+    "        before = sum(c.memory_reserved(d) for d in range(n))\n"
+    "        clear = getattr(getattr(t, '_C', None), '_cuda_clearCublasWorkspaces', None)\n"
+    "        if clear is not None:\n"
+    "            clear()\n"
+    "        c.empty_cache()\n"
+    "        return max(0, before - sum(c.memory_reserved(d) for d in range(n)))\n"
+    "    step('torch.cuda.empty_cache()', torch_step)\n"
     "    cp = sys.modules.get('cupy')\n"
-    "    try:\n"
-    "        if cp is not None and hasattr(cp, 'get_default_memory_pool'):\n"
-    "            pool = cp.get_default_memory_pool()\n"
-    "            before = pool.total_bytes()\n"
-    "            pool.free_all_blocks()\n"
-    "            freed += max(0, before - pool.total_bytes())\n"
-    "            cp.get_default_pinned_memory_pool().free_all_blocks()\n"
-    "    except Exception:\n"
-    "        failed('cupy free_all_blocks()')\n"
+    "    def cupy_step():\n"
+    "        if cp is None or not hasattr(cp, 'get_default_memory_pool'):\n"
+    "            return 0\n"
+    "        pool = cp.get_default_memory_pool()\n"
+    "        before = pool.total_bytes()\n"
+    "        pool.free_all_blocks()\n"
+    "        cp.get_default_pinned_memory_pool().free_all_blocks()\n"
+    "        return max(0, before - pool.total_bytes())\n"
+    "    step('cupy free_all_blocks()', cupy_step)\n"
     "    for name, m in list(sys.modules.items()):\n"
     "        try:\n"
     "            f = getattr(m, '__dict__', {}).get('__gpureclaim_release__')\n"
-    "            if not callable(f):\n"
-    "                continue\n"
-    "            r = f()\n"
-    "            if r is not None and (isinstance(r, bool) or not isinstance(r, int) or r < 0):\n"
-    "                raise TypeError('returned %r, not a number of bytes' % (r,))\n"
-    "            freed += r or 0\n"
-    "        except Exception:\n"
-    "            failed('%s.__gpureclaim_release__()' % name)\n"
+    "        except BaseException:\n"
+    "            continue\n"
+    "        if callable(f):\n"
+    "            step('%s.__gpureclaim_release__()' % name, f)\n"
+    "    if interrupted:\n"
+    "        import _thread\n"
+    "        _thread.interrupt_main()\n"
     "    return freed\n";
 
 static PyObject *g_fn; /* the compiled function, kept for the process's life */
@@ -148,10 +168,11 @@ uint64_t gr_py_release(void) {
       py.DecRef(r);
     }
   }
-  if (py.Err_Occurred()) {
-    gr_warn_once(w_py, "a framework's release call raised an exception (shown below); it is skipped");
-    if (py.Err_Print)
-      py.Err_Print();
+  if (py.Err_Occurred()) { /* outside the steps, which report their own: never PyErr_Print (it exits on
+                              * SystemExit) */
+    gr_warn_once(w_py, "the Python part of a release failed (shown below); it is skipped");
+    if (py.Err_WriteUnraisable)
+      py.Err_WriteUnraisable(NULL);
     py.Err_Clear();
     freed = freed == (uint64_t)-1 ? 0 : freed;
   }

@@ -145,6 +145,31 @@ class CommandTest(unittest.TestCase):
         s.connect(sock_path)
         self.assertEqual(s.recv(65536), b"", "a client that said nothing got an answer")
         s.close()
+        # One deadline for the whole line: a byte every 0.4 s does not buy more time.
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(20)
+        s.connect(sock_path)
+        try:
+            for ch in b"ping\n":
+                s.sendall(bytes([ch]))
+                time.sleep(0.4)
+        except OSError:
+            pass  # the server closed meanwhile
+        self.assertEqual(s.recv(65536), b"", "a client dripping its line got more than its second")
+        s.close()
+        # A line longer than the protocol's 255 bytes gets an error answer, readable without a reset.
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(20)
+        s.connect(sock_path)
+        s.sendall(b"x" * 300 + b"\n")
+        data = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        s.close()
+        self.assertEqual(json.loads(data), {"ok": False, "error": "request line longer than 255 bytes"})
         self.assertTrue(json.loads(run("ps", "--json", env=self.env, check=0).stdout)[0]["answered"])
 
     def test_a_release_that_timed_out_is_withdrawn(self):
@@ -341,6 +366,17 @@ try:
     assert False, "no error"
 except TypeError as e:
     assert "device is an int" in str(e), e
+for bad in (1 << 40, -2):  # not truncated to another device
+    try:
+        gpureclaim.stats(bad)
+        assert False, "no error for %d" % bad
+    except (ValueError, OSError) as e:
+        pass
+try:
+    gpureclaim.release((1 << 32) | 2)  # not truncated to "orphaned"
+    assert False, "no error"
+except ValueError as e:
+    assert "out of range" in str(e), e
 assert r["devices"][0]["free_after"] - r["devices"][0]["free_before"] == 3 << 20, r
 assert gpureclaim.stats()["live_bytes"] == 1 << 20
 

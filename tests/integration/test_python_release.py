@@ -30,18 +30,25 @@ def sim_live_bytes():
     return s.live_bytes
 
 
-def signal_report(log):
-    """This process's report of a signal-triggered release, or None (the log may not exist yet)."""
+def signal_report(log, nth=1):
+    """This process's nth report of a signal-triggered release, or None (the log may not exist yet)."""
     try:
         with open(log) as f:
             lines = f.readlines()
     except FileNotFoundError:
         return None
-    for line in lines:
-        ev = json.loads(line)
-        if ev.get("event") == "release" and ev.get("pid") == os.getpid() and ev["report"]["trigger"] == "signal":
-            return ev["report"]
-    return None
+    found = [ev["report"] for ev in map(json.loads, lines) if ev.get("event") == "release" and
+             ev.get("pid") == os.getpid() and ev["report"]["trigger"] == "signal"]
+    return found[nth - 1] if len(found) >= nth else None
+
+
+def wait_report(nth):
+    deadline = time.time() + 20
+    report = None
+    while report is None and time.time() < deadline:
+        time.sleep(0.01)
+        report = signal_report(os.environ["GPURECLAIM_LOG"], nth)
+    return report
 
 
 class Extra:
@@ -59,6 +66,12 @@ sys.modules["broken_cache"] = broken
 negative = type(sys)("negative_cache")
 negative.__gpureclaim_release__ = lambda: -5
 sys.modules["negative_cache"] = negative
+exiting = type(sys)("exiting_cache")  # sys.exit() in a hook must not end the program
+exiting.__gpureclaim_release__ = lambda: sys.exit(3)
+sys.modules["exiting_cache"] = exiting
+huge = type(sys)("huge_cache")  # more than 64 bits: an error, not a count that wipes out the others
+huge.__gpureclaim_release__ = lambda: 1 << 64
+sys.modules["huge_cache"] = huge
 
 extra = type(sys)("extra_cache")
 def _extra_release():
@@ -97,6 +110,8 @@ def main():
     assert "ZeroDivisionError" in warnings, warnings
     assert "negative_cache.__gpureclaim_release__() raised an exception" in warnings, warnings
     assert "returned -5, not a number of bytes" in warnings, warnings
+    assert "exiting_cache.__gpureclaim_release__() raised an exception" in warnings and "SystemExit" in warnings
+    assert "huge_cache.__gpureclaim_release__() raised" in warnings and "returned %d" % (1 << 64) in warnings
     assert spins > 0, "the main thread did not run while waiting"
     assert torch.cuda.memory_reserved() == 0, "the cache was not emptied"
     assert torch.cuda.empty_cache_calls == 1
@@ -105,6 +120,17 @@ def main():
     assert sim_live_bytes() == 0, "the driver still holds the memory"
     # The report line says what the frameworks gave back.
     assert report["framework_bytes"] == 10 * MiB + 12345, report
+    # Again with no usable sys.stderr: the failing hooks cannot be reported, the others still count.
+    blocks = [torch.cuda.alloc(MiB) for _ in range(3)]
+    for p in blocks:
+        torch.cuda.free(p)
+    real_stderr, sys.stderr = sys.stderr, None
+    os.kill(os.getpid(), signal.SIGUSR1)
+    second = wait_report(2)
+    sys.stderr = real_stderr
+    assert second is not None, "no second release report"
+    assert second["framework_bytes"] == 3 * MiB + 12345, second
+    assert Extra.calls == 2
     print("test_python_release: ok", report["framework_bytes"], "bytes from the frameworks")
     return 0
 
