@@ -233,7 +233,9 @@ GPURECLAIM_API int gpureclaim_unregister_releaser(int id);
  * (through any route) is tagged with it, until the scope ends. Scopes nest; a block takes the innermost one.
  * gpureclaim_scope_end() ends a scope (from any thread): its blocks that are still live become orphans, freed
  * by the next release with GPURECLAIM_ORPHANED, or at once with GPURECLAIM_FREE_NOW. Blocks that a framework's
- * allocator made (attributed to PyTorch, CuPy or XLA) belong to the framework and never become orphans.
+ * allocator made (attributed to PyTorch, CuPy or XLA) belong to the framework and never become orphans. A
+ * cuMemCreate handle that is still mapped stays an orphan until the program unmaps it (a release does not
+ * unmap the program's address space; GPURECLAIM_ALL does).
  *
  * A free of a pointer that a release already freed does not reach the driver while the driver has not handed
  * that address out again: it returns CUDA_SUCCESS, is counted (late_frees) and warned about once. Once the

@@ -48,8 +48,9 @@
  * Migration (growth does not stop other threads)
  *   A thread that finds the root generation G more than 75% live (it reads epoch.c's approximate count every
  *   32nd of its inserts, and after any insert that probed 24 slots, and confirms with the exact sum; so the
- *   load may pass 75% by up to 62 records per inserting thread) or less than 62.5% live maps a generation N
- *   sized for 68% load and links it as G->next. (Linear probing with inserts into the first free slot degrades
+ *   load may pass 75% by up to 62 records per inserting thread) or mapping more than 64 bytes per live record
+ *   (about 62.5% live; a thread checks every 32nd of its changes) maps a generation N sized for 68% load and
+ *   links it as G->next. (Linear probing with inserts into the first free slot degrades
  *   fast past 75%: a churn at a constant 78% load cost 120 ns per insert+take, at 66% 25 ns.) From then on inserts go to
  *   N, and every operation that sees G->next first helps: it claims a chunk of G's slots and migrates each:
  *     empty/deleted/busy slot:  CAS ctl -> MOVED|DONE (an insert that owned a busy slot sees its publish CAS
@@ -148,13 +149,16 @@ typedef struct gen {
  * 40-byte slots, at most 64 bytes per record). */
 #define GROW_PERMILLE 750u
 #define TARGET_PERMILLE 680u
-#define SHRINK_PERMILLE 625u
+#define SHRINK_BYTES 64u /* a generation mapping more than this per live record is replaced by a smaller one */
+#define SHRINK_EVERY 31u /* a thread checks for a shrink every 32nd change. A table emptied quickly overshoots
+                          * SHRINK_BYTES by those changes: 65.6 B per record near 1,000 (every 256th: 144 B);
+                          * every 8th halves that and costs 1-2 ns per free */
 
 static _Atomic(gen_t *) g_root;
 static _Atomic size_t g_bytes;
 static _Atomic uint64_t g_migrations;
 static GR_TLS_IE unsigned t_ops;     /* operations of this thread: reclamation every 64th */
-static GR_TLS_IE unsigned t_changes; /* updates and takes of this thread: a shrink check every 256th */
+static GR_TLS_IE unsigned t_changes; /* updates and takes of this thread: a shrink check every 32nd */
 static GR_TLS_IE unsigned t_inserts; /* inserts of this thread: a load check every 32nd */
 
 static inline unsigned ctl_state(uint64_t c) { return (unsigned)(c & ST_MASK); }
@@ -493,8 +497,11 @@ static void move_root(gen_t *g) {
   gen_t *n = atomic_load_explicit(&g->next, memory_order_acquire);
   gen_t *expected = g;
   if (atomic_compare_exchange_strong_explicit(&g_root, &expected, n, memory_order_seq_cst,
-                                              memory_order_seq_cst))
+                                              memory_order_seq_cst)) {
     gr_epoch_retire(g, g->bytes, unmap_gen);
+    t_ops |= 63; /* this thread's next maybe_reclaim() tries to free g at once: two generations of memory
+                  * would otherwise stay mapped for up to 64 more operations */
+  }
 }
 
 static uint64_t sized_cap(void) {
@@ -780,19 +787,22 @@ int gr_table_update(unsigned ks, uint64_t key, unsigned state_mask, gr_edit_fn f
     /* Changed, moved or gone: look it up again. */
   }
   gr_epoch_exit();
-  if (rc == 0 && (++t_changes & 255) == 0)
+  if (rc == 0 && (++t_changes & SHRINK_EVERY) == 0)
     maybe_shrink();
   maybe_reclaim();
   return rc;
 }
 
-/* Every 256th change of a thread: a generation below its shrink load is replaced by a smaller one. */
+/* Every 32nd change of a thread: a generation below its shrink load is replaced by a smaller one. */
 GR_TABLE_COLD static void maybe_shrink(void) {
   gr_epoch_enter();
   gen_t *g = load_root();
+  /* The bound is on mapped bytes (header and page rounding included), so it holds as measured: at most
+   * SHRINK_BYTES per live record once the table is past its minimum size. The approximate count can read
+   * high by a batch per thread, so it only filters (with 1/16 to spare); the exact sum decides. */
   if (g && g->cap > MIN_CAP && !atomic_load_explicit(&g->next, memory_order_acquire) &&
-      (uint64_t)gr_epoch_live_approx() * 1000 < g->cap * SHRINK_PERMILLE &&
-      (uint64_t)gr_epoch_live_sum() * 1000 < g->cap * SHRINK_PERMILLE)
+      (uint64_t)gr_epoch_live_approx() * (SHRINK_BYTES - SHRINK_BYTES / 16) < g->bytes &&
+      (uint64_t)gr_epoch_live_sum() * SHRINK_BYTES < g->bytes)
     start_migration(g);
   gr_epoch_exit();
 }
@@ -856,7 +866,7 @@ int gr_table_take_kind(unsigned ks, uint64_t key, unsigned state_mask, unsigned 
   gr_epoch_exit();
   if (rc == 0) {
     gr_epoch_count_live(-1);
-    if (GR_TABLE_UNLIKELY((++t_changes & 255) == 0))
+    if (GR_TABLE_UNLIKELY((++t_changes & SHRINK_EVERY) == 0))
       maybe_shrink();
   }
   maybe_reclaim();

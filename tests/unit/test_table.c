@@ -114,6 +114,27 @@ Test(table, growth_keeps_every_record_and_the_memory_bound) {
   cr_assert_eq(gr_epoch_live_sum(), (int64_t)n);
 }
 
+/* The bound as a program reading table_bytes sees it, after every operation, not only once settled: growing,
+ * at most 64 bytes per live record from 1,000 on; shrinking, the shrink check every 32nd change lets it pass
+ * 64 by at most those changes (table.c, SHRINK_EVERY). */
+Test(table, memory_bound_after_every_operation) {
+  const uint64_t n = 30000;
+  for (uint64_t i = 0; i < n; i++) {
+    gr_rec_t r = rec(addr(i), 256);
+    cr_assert_eq(gr_table_insert(&r), 0);
+    if (i + 1 >= 1000) {
+      double per = (double)gr_table_bytes() / (double)(i + 1);
+      cr_assert_leq(per, 64.0, "growing: %.1f bytes per live record at %lu", per, (unsigned long)(i + 1));
+    }
+  }
+  for (uint64_t live = n; live-- > 1000;) {
+    cr_assert_eq(gr_table_take(GR_KS_ADDR, addr(live), GR_PRESENT_MASK, NULL), 0);
+    double per = (double)gr_table_bytes() / (double)live, allowed = 64.0 * (double)(live + 32) / (double)live;
+    cr_assert_leq(per, allowed, "shrinking: %.1f bytes per live record at %lu", per, (unsigned long)live);
+  }
+  cr_assert_eq(gr_table_check(), 0);
+}
+
 Test(table, shrinks_after_random_deletes) {
   const uint64_t n = 200000, keep = 2000;
   for (uint64_t i = 0; i < n; i++) {
@@ -134,7 +155,7 @@ Test(table, shrinks_after_random_deletes) {
   }
   for (uint64_t i = keep; i < n; i++)
     cr_assert_eq(gr_table_take(GR_KS_ADDR, addr(order[i]), GR_PRESENT_MASK, NULL), 0);
-  gr_table_compact(); /* deletes trigger shrinking every 256 ops; make the end state deterministic */
+  gr_table_compact(); /* deletes trigger shrinking every 32nd change; make the end state deterministic */
   settle();
   size_t small = gr_table_bytes();
   cr_assert_lt(small * 20, big, "memory did not shrink: %zu -> %zu", big, small);
