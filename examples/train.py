@@ -70,10 +70,12 @@ def main():
     try:
         import gpureclaim
         gpureclaim.version()
-        under = True
+        under = bool(gpureclaim.enabled())
+        state = "loaded" if under else "loaded but disabled (GPURECLAIM_DISABLE)"
     except Exception:
         under = False
-    print("framework: %s; gpureclaim %s; pid %d" % (fw_name, "loaded" if under else "not loaded", os.getpid()))
+        state = "not loaded"
+    print("framework: %s; gpureclaim %s; pid %d" % (fw_name, state, os.getpid()))
 
     train("model 1", fw_name, fw, args.steps, args.width)
     left = reserved(fw_name, fw)
