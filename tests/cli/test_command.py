@@ -28,6 +28,18 @@ def run(*args, env=None, check=None):
     return p
 
 
+def read_all(s):
+    """Everything the server sends until it closes, then closes s."""
+    data = b""
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    s.close()
+    return data
+
+
 class Held:
     """A program holding memory under `gpureclaim run`: 3 MiB live, 64 MiB cached in a pool, a 5 MiB orphan,
     64 KiB pinned."""
@@ -70,6 +82,15 @@ class CommandTest(unittest.TestCase):
         h = Held(self.env, *opts)
         self.held.append(h)
         return h
+
+    def connect(self, h):
+        """A raw connection to h's control socket (docs/PROTOCOL.md)."""
+        with open(os.path.join(self.rundir, "%d.json" % h.pid)) as f:
+            path = json.load(f)["socket"]
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(20)
+        s.connect(path)
+        return s
 
     def test_ps_lists_the_process_with_its_memory(self):
         h = self.hold()
@@ -118,37 +139,20 @@ class CommandTest(unittest.TestCase):
         """Only a client that hung up withdraws its release: one that shut down its writing half (socat, nc -U)
         still reads the answer."""
         h = self.hold()
-        with open(os.path.join(self.rundir, "%d.json" % h.pid)) as f:
-            sock_path = json.load(f)["socket"]
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(20)
-        s.connect(sock_path)
+        s = self.connect(h)
         s.sendall(b"release orphaned\n")
         s.shutdown(socket.SHUT_WR)
-        data = b""
-        while True:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-        s.close()
-        ans = json.loads(data)
+        ans = json.loads(read_all(s))
         self.assertTrue(ans["ok"], ans)
         self.assertEqual(ans["report"]["orphaned_bytes"], 5 * MiB)
 
     def test_a_silent_client_is_dropped_unanswered(self):
         h = self.hold()
-        with open(os.path.join(self.rundir, "%d.json" % h.pid)) as f:
-            sock_path = json.load(f)["socket"]
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(20)
-        s.connect(sock_path)
+        s = self.connect(h)
         self.assertEqual(s.recv(65536), b"", "a client that said nothing got an answer")
         s.close()
         # One deadline for the whole line: a byte every 0.4 s does not buy more time.
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(20)
-        s.connect(sock_path)
+        s = self.connect(h)
         try:
             for ch in b"ping\n":
                 s.sendall(bytes([ch]))
@@ -158,18 +162,9 @@ class CommandTest(unittest.TestCase):
         self.assertEqual(s.recv(65536), b"", "a client dripping its line got more than its second")
         s.close()
         # A line longer than the protocol's 255 bytes gets an error answer, readable without a reset.
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(20)
-        s.connect(sock_path)
+        s = self.connect(h)
         s.sendall(b"x" * 300 + b"\n")
-        data = b""
-        while True:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-        s.close()
-        self.assertEqual(json.loads(data), {"ok": False, "error": "request line longer than 255 bytes"})
+        self.assertEqual(json.loads(read_all(s)), {"ok": False, "error": "request line longer than 255 bytes"})
         self.assertTrue(json.loads(run("ps", "--json", env=self.env, check=0).stdout)[0]["answered"])
 
     def test_a_release_that_timed_out_is_withdrawn(self):
