@@ -72,7 +72,6 @@ typedef struct retired {
 } retired_t;
 
 _Atomic uint64_t gr_epoch_global = 1;
-#define g_epoch gr_epoch_global
 static _Atomic(gr_thread_rec_t *) g_threads;
 static _Atomic(retired_t *) g_retired;
 static _Atomic size_t g_pending;
@@ -80,12 +79,10 @@ static _Atomic int g_reclaiming;
 static _Atomic int64_t g_exited_live; /* live counts of threads that exited */
 
 GR_TLS_IE gr_thread_rec_t *gr_epoch_t_rec;
-#define t_rec gr_epoch_t_rec
 static _Atomic int64_t g_live_approx; /* sum of the flushed batches */
 
 /* 1 when readers may use a plain store (membarrier registered), 0 until decided or when unavailable. */
 _Atomic int gr_epoch_asym;
-#define g_asym gr_epoch_asym
 static pthread_once_t g_asym_once = PTHREAD_ONCE_INIT;
 
 static void decide_asym(void) {
@@ -93,7 +90,7 @@ static void decide_asym(void) {
   long cmds = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
   if (cmds > 0 && (cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED) &&
       syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0)
-    atomic_store_explicit(&g_asym, 1, memory_order_seq_cst);
+    atomic_store_explicit(&gr_epoch_asym, 1, memory_order_seq_cst);
 #endif
 }
 
@@ -103,17 +100,17 @@ static void full_fence(void) { (void)atomic_fetch_add_explicit(&g_fence_word, 0,
 
 /* The heavy side: makes every running thread's announcement visible and orders their later loads. */
 static void heavy_barrier(void) {
-  if (atomic_load_explicit(&g_asym, memory_order_seq_cst) &&
+  if (atomic_load_explicit(&gr_epoch_asym, memory_order_seq_cst) &&
       syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0) {
     /* Cannot happen once registered. If it did, readers and inserts switch to their fenced forms from now
      * on; those already in flight are only as safe as this fence makes them. */
-    atomic_store_explicit(&g_asym, 0, memory_order_seq_cst);
+    atomic_store_explicit(&gr_epoch_asym, 0, memory_order_seq_cst);
     full_fence();
   }
 }
 
 void gr_epoch_heavy_barrier(void) {
-  if (atomic_load_explicit(&g_asym, memory_order_seq_cst))
+  if (atomic_load_explicit(&gr_epoch_asym, memory_order_seq_cst))
     heavy_barrier();
   else
     full_fence();
@@ -133,8 +130,8 @@ static void thread_exit(void *arg) {
   r->batch = 0;
   atomic_store_explicit(&r->announce, 0, memory_order_release);
   r->depth = 0;
-  if (t_rec == r)
-    t_rec = NULL;
+  if (gr_epoch_t_rec == r)
+    gr_epoch_t_rec = NULL;
   atomic_store_explicit(&r->owned, 0, memory_order_release);
 }
 
@@ -164,7 +161,7 @@ __attribute__((noinline, cold)) static gr_thread_rec_t *register_thread(void) {
   }
   r->depth = 0;
   r->batch = 0;
-  t_rec = r;
+  gr_epoch_t_rec = r;
   pthread_once(&g_asym_once, decide_asym);
   pthread_once(&g_key_once, make_key);
   (void)pthread_setspecific(g_key, r);
@@ -172,7 +169,7 @@ __attribute__((noinline, cold)) static gr_thread_rec_t *register_thread(void) {
 }
 
 gr_thread_rec_t *gr_epoch_self(void) {
-  gr_thread_rec_t *r = t_rec;
+  gr_thread_rec_t *r = gr_epoch_t_rec;
   return __builtin_expect(r != NULL, 1) ? r : register_thread();
 }
 
@@ -203,7 +200,7 @@ void gr_epoch_retire(void *p, size_t bytes, void (*fn)(void *p, size_t bytes)) {
   n->p = p;
   n->bytes = bytes;
   n->fn = fn;
-  n->epoch = atomic_load_explicit(&g_epoch, memory_order_seq_cst);
+  n->epoch = atomic_load_explicit(&gr_epoch_global, memory_order_seq_cst);
   retired_t *head = atomic_load_explicit(&g_retired, memory_order_relaxed);
   do {
     n->next = head;
@@ -216,7 +213,7 @@ size_t gr_epoch_pending(void) { return atomic_load_explicit(&g_pending, memory_o
 
 static bool try_advance(void) {
   heavy_barrier();
-  uint64_t e = atomic_load_explicit(&g_epoch, memory_order_seq_cst);
+  uint64_t e = atomic_load_explicit(&gr_epoch_global, memory_order_seq_cst);
   uint64_t want = (e << 1) | 1;
   for (gr_thread_rec_t *r = atomic_load_explicit(&g_threads, memory_order_acquire); r; r = r->next) {
     uint64_t a = atomic_load_explicit(&r->announce, memory_order_seq_cst);
@@ -226,7 +223,7 @@ static bool try_advance(void) {
   if (atomic_load_explicit(&g_anon_inside, memory_order_seq_cst))
     return false;
   /* Only the holder of the reclaim try-lock advances, so a plain increment is enough. */
-  atomic_store_explicit(&g_epoch, e + 1, memory_order_seq_cst);
+  atomic_store_explicit(&gr_epoch_global, e + 1, memory_order_seq_cst);
   return true;
 }
 
@@ -240,7 +237,7 @@ size_t gr_epoch_reclaim(void) {
   /* Two advances may be needed before anything retired at the current epoch can go. */
   if (try_advance())
     (void)try_advance();
-  uint64_t e = atomic_load_explicit(&g_epoch, memory_order_seq_cst);
+  uint64_t e = atomic_load_explicit(&gr_epoch_global, memory_order_seq_cst);
   retired_t *list = atomic_exchange_explicit(&g_retired, NULL, memory_order_acquire);
   size_t freed = 0;
   while (list) {
@@ -290,24 +287,24 @@ int64_t gr_epoch_live_sum(void) {
 void gr_epoch_atfork_child(void) {
   /* The other threads are gone: their records may be marked inside a critical section forever. */
   for (gr_thread_rec_t *r = atomic_load_explicit(&g_threads, memory_order_relaxed); r; r = r->next) {
-    if (r == t_rec)
+    if (r == gr_epoch_t_rec)
       continue;
     atomic_store_explicit(&r->announce, 0, memory_order_relaxed);
     atomic_store_explicit(&r->live, 0, memory_order_relaxed);
     atomic_store_explicit(&r->owned, 0, memory_order_relaxed);
   }
-  if (t_rec) {
-    atomic_store_explicit(&t_rec->live, 0, memory_order_relaxed);
-    if (!t_rec->depth)
-      atomic_store_explicit(&t_rec->announce, 0, memory_order_relaxed);
+  if (gr_epoch_t_rec) {
+    atomic_store_explicit(&gr_epoch_t_rec->live, 0, memory_order_relaxed);
+    if (!gr_epoch_t_rec->depth)
+      atomic_store_explicit(&gr_epoch_t_rec->announce, 0, memory_order_relaxed);
   }
   atomic_store_explicit(&g_exited_live, 0, memory_order_relaxed);
   atomic_store_explicit(&g_live_approx, 0, memory_order_relaxed);
-  if (t_rec)
-    t_rec->batch = 0;
+  if (gr_epoch_t_rec)
+    gr_epoch_t_rec->batch = 0;
   atomic_store_explicit(&g_anon_inside, t_anon_depth ? 1u : 0u, memory_order_relaxed);
   /* A new process: its own membarrier registration. */
-  atomic_store_explicit(&g_asym, 0, memory_order_seq_cst);
+  atomic_store_explicit(&gr_epoch_asym, 0, memory_order_seq_cst);
   decide_asym();
   atomic_store_explicit(&g_reclaiming, 0, memory_order_relaxed);
 }
