@@ -80,6 +80,8 @@ void gr_opt_reload(void);
 void gr_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* v bytes for people, in binary units ("512 B", "1.5 GiB"), in buf; returns buf. Shared with the command. */
 const char *gr_log_bytes(uint64_t v, char *buf, size_t len);
+/* "s" unless n is 1, for "%llu block%s". Shared with the command. */
+static inline const char *gr_plural(unsigned long long n) { return n == 1 ? "" : "s"; }
 #define gr_warn(...) gr_log(0, __VA_ARGS__)
 #define gr_info(...) gr_log(1, __VA_ARGS__)
 #define gr_debug(...) gr_log(2, __VA_ARGS__)

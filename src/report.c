@@ -481,16 +481,16 @@ int gr_rep_leaks(jbuf_t *b, bool json) {
     gr_log_bytes(l->bytes, hb, sizeof hb);
     jb_printf(b, "=================================================================\n");
     jb_printf(b, "gpureclaim[%d]: %llu block%s (%s) %s never freed\n", (int)getpid(), (unsigned long long)l->blocks,
-              l->blocks == 1 ? "" : "s", hb, l->blocks == 1 ? "was" : "were");
+              gr_plural(l->blocks), hb, l->blocks == 1 ? "was" : "were");
     for (int d = 0; d <= GR_MAX_DEV; d++)
       if (l->dev_blocks[d]) {
         gr_log_bytes(l->dev_bytes[d], hb, sizeof hb);
         if (d == GR_MAX_DEV)
           jb_printf(b, "Host (pinned): %llu block%s, %s\n", (unsigned long long)l->dev_blocks[d],
-                    l->dev_blocks[d] == 1 ? "" : "s", hb);
+                    gr_plural(l->dev_blocks[d]), hb);
         else
           jb_printf(b, "Device %d: %llu block%s, %s\n", d, (unsigned long long)l->dev_blocks[d],
-                    l->dev_blocks[d] == 1 ? "" : "s", hb);
+                    gr_plural(l->dev_blocks[d]), hb);
       }
     for (size_t i = 0; i < l->n; i++) {
       leak_group_t *g = &l->g[i];
@@ -498,7 +498,7 @@ int gr_rep_leaks(jbuf_t *b, bool json) {
       gr_log_bytes(g->bytes, hb, sizeof hb);
       symbolize(g->pc, sym, sizeof sym);
       jb_printf(b, "\n%llu block%s, %s (%s) allocated by %s at %#lx%s%s%s\n", (unsigned long long)g->blocks,
-                g->blocks == 1 ? "" : "s", hb, kind_name(g->kind), lib.name, (unsigned long)g->pc, sym[0] ? " (" : "",
+                gr_plural(g->blocks), hb, kind_name(g->kind), lib.name, (unsigned long)g->pc, sym[0] ? " (" : "",
                 sym, sym[0] ? ")" : "");
       uintptr_t frames[GR_STACK_MAX];
       int nf = gr_stack_frames(g->caller, frames, GR_STACK_MAX);

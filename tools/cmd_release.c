@@ -81,11 +81,11 @@ static void print_report(const proc_t *p, const jnode_t *rep) {
          cmd_bytes((uint64_t)jint(rep, "pool_bytes", 0), b[2], 32),
          cmd_bytes((uint64_t)jint(rep, "framework_bytes", 0), b[3], 32),
          cmd_bytes((uint64_t)jint(rep, "releaser_bytes", 0), b[4], 32), cmd_bytes((uint64_t)orph, b[5], 32), orph_n,
-         cmd_s(orph_n));
+         gr_plural(orph_n));
   if (all)
-    printf("; all %s in %lld block%s", cmd_bytes((uint64_t)all, b[6], 32), all_n, cmd_s(all_n));
+    printf("; all %s in %lld block%s", cmd_bytes((uint64_t)all, b[6], 32), all_n, gr_plural(all_n));
   if (failed_n)
-    printf("; %lld block%s the driver refused to free", failed_n, cmd_s(failed_n));
+    printf("; %lld block%s the driver refused to free", failed_n, gr_plural(failed_n));
   printf(")\n");
   const jnode_t *d = jget(rep, "devices");
   for (size_t i = 0; d && d->type == JN_ARR && i < d->n; i++)

@@ -3,6 +3,7 @@
  * context, kind and calling library, largest group first; or its leak report, laid out like LeakSanitizer's.
  */
 #include "command.h"
+#include "gpureclaim_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,9 +46,9 @@ static void print_snapshot(const jnode_t *snap) {
   char b1[32], b2[32], b3[32], b4[32], b5[32];
   long long live_n = (long long)jint(t, "live_blocks", 0), orph_n = (long long)jint(t, "orphan_blocks", 0);
   printf("pid %lld: %lld live block%s, %s live (peak %s), %lld orphan%s (%s), pools hold %s, %s pinned host memory\n",
-         (long long)jint(snap, "pid", 0), live_n, cmd_s(live_n),
+         (long long)jint(snap, "pid", 0), live_n, gr_plural(live_n),
          cmd_bytes((uint64_t)jint(t, "live_bytes", 0), b1, 32), cmd_bytes((uint64_t)jint(t, "peak_bytes", 0), b2, 32),
-         orph_n, cmd_s(orph_n), cmd_bytes((uint64_t)jint(t, "orphan_bytes", 0), b3, 32),
+         orph_n, gr_plural(orph_n), cmd_bytes((uint64_t)jint(t, "orphan_bytes", 0), b3, 32),
          cmd_bytes((uint64_t)jint(t, "pool_reserved_bytes", 0), b4, 32),
          cmd_bytes((uint64_t)jint(t, "host_pinned_bytes", 0), b5, 32));
   printf("\n%-6s %-16s %-12s %-32s %8s %8s %12s\n", "DEVICE", "CONTEXT", "KIND", "LIBRARY", "BLOCKS", "ORPHANS",
@@ -67,7 +68,7 @@ static void print_leaks(const jnode_t *l) {
   char b[32];
   printf("=================================================================\n");
   long long n = (long long)jint(l, "blocks", 0);
-  printf("gpureclaim: pid %lld: %lld block%s (%s) %s never freed\n", (long long)jint(l, "pid", 0), n, cmd_s(n),
+  printf("gpureclaim: pid %lld: %lld block%s (%s) %s never freed\n", (long long)jint(l, "pid", 0), n, gr_plural(n),
          cmd_bytes((uint64_t)jint(l, "bytes", 0), b, 32), n == 1 ? "was" : "were");
   const jnode_t *d = jget(l, "devices");
   for (size_t i = 0; d && d->type == JN_ARR && i < d->n; i++) {
@@ -77,14 +78,14 @@ static void print_leaks(const jnode_t *l) {
     else
       printf("Device %lld: ", (long long)dev);
     long long dn = (long long)jint(&d->kids[i], "blocks", 0);
-    printf("%lld block%s, %s\n", dn, cmd_s(dn), cmd_bytes((uint64_t)jint(&d->kids[i], "bytes", 0), b, 32));
+    printf("%lld block%s, %s\n", dn, gr_plural(dn), cmd_bytes((uint64_t)jint(&d->kids[i], "bytes", 0), b, 32));
   }
   const jnode_t *g = jget(l, "groups");
   for (size_t i = 0; g && g->type == JN_ARR && i < g->n; i++) {
     const jnode_t *x = &g->kids[i];
     const char *sym = jstr(x, "symbol", NULL);
     long long gn = (long long)jint(x, "blocks", 0);
-    printf("\n%lld block%s, %s (%s) allocated by %s at %s%s%s%s\n", gn, cmd_s(gn),
+    printf("\n%lld block%s, %s (%s) allocated by %s at %s%s%s%s\n", gn, gr_plural(gn),
            cmd_bytes((uint64_t)jint(x, "bytes", 0), b, 32), jstr(x, "kind", "?"), jstr(x, "library", "?"),
            jstr(x, "caller", "?"), sym ? " (" : "", sym ? sym : "", sym ? ")" : "");
     const jnode_t *fr = jget(x, "frames");

@@ -57,8 +57,6 @@ int cmd_usage_error(const char *fmt, const char *arg); /* prints, returns EX_USA
  * 1 with *value set, 0 when it is another argument, -1 (usage error printed) when the value is missing. */
 int cmd_opt_value(int argc, char **argv, int *i, const char *name, const char **value);
 bool cmd_parse_seconds(const char *s, double *out);     /* 0..86400 */
-/* "s" unless n is 1: "%lld block%s". */
-static inline const char *cmd_s(long long n) { return n == 1 ? "" : "s"; }
 bool cmd_parse_pid(const char *s, pid_t *out);
 /* The command line to show for a process: paths shortened to file names ("python3 train.py --steps 5"), in
  * buf; with --json the whole command line as recorded. */
