@@ -268,7 +268,7 @@ int cmd_ps(int argc, char **argv) {
     int m;
     if (!strcmp(argv[i], "--json"))
       cmd_set_json(true);
-    else if ((m = cmd_opt_value(argc, argv, &i, "--prometheus", &prom)) < 0)
+    else if ((m = cmd_opt_value(argc, argv, &i, "ps", "--prometheus", &prom)) < 0)
       return EX_USAGE;
     else if (m == 0)
       return cmd_usage_error("ps: unknown option: %s", argv[i]);
@@ -294,12 +294,12 @@ int cmd_top(int argc, char **argv) {
   for (int i = 0; i < argc; i++) {
     const char *v = NULL;
     int m;
-    if ((m = cmd_opt_value(argc, argv, &i, "--interval", &v)) != 0) {
+    if ((m = cmd_opt_value(argc, argv, &i, "top", "--interval", &v)) != 0) {
       if (m < 0)
         return EX_USAGE;
       if (!cmd_parse_seconds(v, &interval) || interval < 0.1)
         return cmd_usage_error("top: bad interval %s (0.1 to 86400 seconds)", v);
-    } else if ((m = cmd_opt_value(argc, argv, &i, "--iterations", &v)) != 0) {
+    } else if ((m = cmd_opt_value(argc, argv, &i, "top", "--iterations", &v)) != 0) {
       if (m < 0)
         return EX_USAGE;
       char *end;

@@ -150,13 +150,13 @@ int cmd_release(int argc, char **argv) {
   for (int i = 0; i < argc && rc == EX_OK; i++) {
     const char *v = NULL;
     int m;
-    if ((m = cmd_opt_value(argc, argv, &i, "--what", &v)) != 0) {
+    if ((m = cmd_opt_value(argc, argv, &i, "release", "--what", &v)) != 0) {
       rq.what = v;
       if (m < 0)
         rc = EX_USAGE;
       else if (gr_opt_parse_what(rq.what, &rq.what_flags) != 0)
         rc = cmd_usage_error("release: bad --what %s (expected cached, orphaned, all, comma-separated)", rq.what);
-    } else if ((m = cmd_opt_value(argc, argv, &i, "--timeout", &v)) != 0) {
+    } else if ((m = cmd_opt_value(argc, argv, &i, "release", "--timeout", &v)) != 0) {
       if (m < 0)
         rc = EX_USAGE;
       else if (!cmd_parse_seconds(v, &rq.timeout) || rq.timeout <= 0)

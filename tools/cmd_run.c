@@ -169,11 +169,13 @@ int cmd_run(int argc, char **argv) {
       break; /* the program */
     bool known = false;
     for (size_t k = 0; k < sizeof valued / sizeof valued[0] && !known; k++) {
-      size_t len = strlen(valued[k].opt);
-      if (strncmp(a, valued[k].opt, len) != 0 || (a[len] != '\0' && a[len] != '='))
+      const char *v = NULL;
+      int m = cmd_opt_value(argc, argv, &i, "run", valued[k].opt, &v);
+      if (m == 0)
         continue;
-      const char *v = a[len] == '=' ? a + len + 1 : i + 1 < argc ? argv[++i] : NULL;
-      if (!v || !strcmp(v, "--"))
+      if (m < 0)
+        return EX_USAGE;
+      if (!strcmp(v, "--")) /* the end of run's options, not a value */
         return cmd_usage_error("run: %s needs a value", valued[k].opt);
       int rc = set_checked(valued[k].var, v, valued[k].check, valued[k].expected);
       if (rc != EX_OK)

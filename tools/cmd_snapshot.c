@@ -105,7 +105,7 @@ int cmd_snapshot(int argc, char **argv) {
       cmd_set_json(true);
     else if (!strcmp(argv[i], "--leaks"))
       leaks = true;
-    else if ((m = cmd_opt_value(argc, argv, &i, "--timeout", &v)) != 0) {
+    else if ((m = cmd_opt_value(argc, argv, &i, "snapshot", "--timeout", &v)) != 0) {
       if (m < 0)
         return EX_USAGE;
       if (!cmd_parse_seconds(v, &timeout) || timeout <= 0)

@@ -53,9 +53,10 @@ void cmd_json_dump(FILE *f, const jnode_t *n); /* n == NULL: null */
 
 /* Shared by the subcommands' argument parsers. */
 int cmd_usage_error(const char *fmt, const char *arg); /* prints, returns EX_USAGE */
-/* Whether argv[*i] is option name, given as "name value" (*i then moves past the value) or "name=value":
- * 1 with *value set, 0 when it is another argument, -1 (usage error printed) when the value is missing. */
-int cmd_opt_value(int argc, char **argv, int *i, const char *name, const char **value);
+/* Whether argv[*i] is subcommand cmd's option name, given as "name value" (*i then moves past the value) or
+ * "name=value": 1 with *value set, 0 when it is another argument, -1 (usage error printed) when the value is
+ * missing. */
+int cmd_opt_value(int argc, char **argv, int *i, const char *cmd, const char *name, const char **value);
 bool cmd_parse_seconds(const char *s, double *out);     /* 0..86400 */
 bool cmd_parse_pid(const char *s, pid_t *out);
 /* The command line to show for a process: paths shortened to file names ("python3 train.py --steps 5"), in

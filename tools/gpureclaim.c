@@ -65,7 +65,7 @@ int cmd_usage_error(const char *fmt, const char *arg) {
   return EX_USAGE;
 }
 
-int cmd_opt_value(int argc, char **argv, int *i, const char *name, const char **value) {
+int cmd_opt_value(int argc, char **argv, int *i, const char *cmd, const char *name, const char **value) {
   const char *a = argv[*i];
   size_t len = strlen(name);
   if (strncmp(a, name, len) != 0 || (a[len] != '\0' && a[len] != '='))
@@ -75,7 +75,7 @@ int cmd_opt_value(int argc, char **argv, int *i, const char *name, const char **
   } else if (*i + 1 < argc) {
     *value = argv[++*i];
   } else {
-    cmd_usage_error("%s needs a value", name);
+    fprintf(stderr, "gpureclaim: %s: %s needs a value\n(see gpureclaim --help)\n", cmd, name);
     return -1;
   }
   return 1;
