@@ -1,12 +1,12 @@
 /* json.c -- see json.h. */
 #include "json.h"
+#include "outfile.h"
 
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 void jb_init(jbuf_t *b) { memset(b, 0, sizeof *b); }
 void jb_free(jbuf_t *b) {
@@ -144,18 +144,4 @@ void jb_null(jbuf_t *b, const char *key) {
   jb_raw(b, "null", 4);
 }
 
-int jb_write_fd(const jbuf_t *b, int fd) {
-  if (b->failed)
-    return -ENOMEM;
-  size_t off = 0;
-  while (off < b->len) {
-    ssize_t n = write(fd, b->p + off, b->len - off);
-    if (n < 0) {
-      if (errno == EINTR)
-        continue;
-      return -errno;
-    }
-    off += (size_t)n;
-  }
-  return 0;
-}
+int jb_write_fd(const jbuf_t *b, int fd) { return b->failed ? -ENOMEM : gr_out_write_fd(fd, b->p, b->len); }

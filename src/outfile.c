@@ -17,7 +17,8 @@
 #include <time.h>
 #include <unistd.h>
 
-static int write_all(int fd, const char *p, size_t len) {
+int gr_out_write_fd(int fd, const void *data, size_t len) {
+  const char *p = data;
   while (len > 0) {
     ssize_t n = write(fd, p, len);
     if (n < 0) {
@@ -44,7 +45,7 @@ static int write_into(const char *path, const void *data, size_t len) {
   int fl = fcntl(fd, F_GETFL);
   if (fl >= 0)
     (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK); /* a reader exists: let writes wait for it */
-  int rc = write_all(fd, data, len);
+  int rc = gr_out_write_fd(fd, data, len);
   close(fd);
   return rc;
 }
@@ -60,7 +61,7 @@ static int write_replacing(const char *path, const void *data, size_t len, mode_
     return -errno;
   int rc = keep && fchmod(fd, old.st_mode & 07777) != 0 ? -errno : 0;
   if (rc == 0)
-    rc = write_all(fd, data, len);
+    rc = gr_out_write_fd(fd, data, len);
   if (rc == 0 && fsync(fd) != 0 && errno != EINVAL && errno != EROFS)
     rc = -errno;
   if (close(fd) != 0 && rc == 0)
@@ -93,7 +94,7 @@ int gr_out_write(const char *path, const void *data, size_t len, mode_t mode) {
     return -EINVAL;
   int fd = std_fd(path);
   if (fd >= 0)
-    return fcntl(fd, F_GETFD) < 0 ? -EBADF : write_all(fd, data, len);
+    return fcntl(fd, F_GETFD) < 0 ? -EBADF : gr_out_write_fd(fd, data, len);
   struct stat st;
   if (lstat(path, &st) != 0)
     return errno == ENOENT ? write_replacing(path, data, len, mode) : -errno; /* a new file */
@@ -115,7 +116,7 @@ int gr_out_write(const char *path, const void *data, size_t len, mode_t mode) {
     int nfd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
     if (nfd < 0)
       return -errno;
-    int rc = write_all(nfd, data, len);
+    int rc = gr_out_write_fd(nfd, data, len);
     if (close(nfd) != 0 && rc == 0)
       rc = -errno;
     return rc;

@@ -22,5 +22,7 @@
  * can write to, it could send the content to a file or reader of their choosing. A directory gives EISDIR.
  * Returns 0 or a negative errno value. */
 int gr_out_write(const char *path, const void *data, size_t len, mode_t mode);
+/* Writes all len bytes to fd (retrying short writes and EINTR). Returns 0 or a negative errno value. */
+int gr_out_write_fd(int fd, const void *data, size_t len);
 
 #endif /* GR_OUTFILE_H */
