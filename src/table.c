@@ -10,8 +10,8 @@
  *     w2    caller address (for mappings: the handle)
  *     w3    allocation time in ms (40) | tag (2) | thread id (22)
  *   The table is one "generation": an mmap()ed array of cap slots, cap any integer; the home slot of a key is
- *   fastrange(key * 2^64/phi, cap) (Fibonacci hashing, see hash_key()). A generation is replaced by a new one (growth or shrink) through a
- *   cooperative migration; old generations are unmapped through epoch.c.
+ *   fastrange(key * 2^64/phi, cap) (Fibonacci hashing, see hash_key()). A generation is replaced by a new one
+ *   (growth or shrink) through a cooperative migration; old generations are unmapped through epoch.c.
  *
  * Deletion without tombstones
  *   A delete makes its slot free for good (DELETED is a free state, like EMPTY), so a changing set of keys
@@ -50,9 +50,9 @@
  *   32nd of its inserts, and after any insert that probed 24 slots, and confirms with the exact sum; so the
  *   load may pass 75% by up to 62 records per inserting thread) or mapping more than 64 bytes per live record
  *   (about 62.5% live; a thread checks every 32nd of its changes) maps a generation N sized for 68% load and
- *   links it as G->next. (Linear probing with inserts into the first free slot degrades
- *   fast past 75%: a churn at a constant 78% load cost 120 ns per insert+take, at 66% 25 ns.) From then on inserts go to
- *   N, and every operation that sees G->next first helps: it claims a chunk of G's slots and migrates each:
+ *   links it as G->next. (Linear probing with inserts into the first free slot degrades fast past 75%: a
+ *   churn at a constant 78% load cost 120 ns per insert+take, at 66% 25 ns.) From then on inserts go to N,
+ *   and every operation that sees G->next first helps: it claims a chunk of G's slots and migrates each:
  *     empty/deleted/busy slot:  CAS ctl -> MOVED|DONE (an insert that owned a busy slot sees its publish CAS
  *                               fail and inserts into N itself);
  *     unwritten record:         the helper runs epoch.c's asymmetric barrier once (membarrier: every thread's
@@ -81,7 +81,8 @@
  * helper waits for an insert in progress: it freezes the slot and the inserter redoes its own work.
  * Cost: an insert is one CAS, a take one CAS; there is no shared counter (record counts are per thread).
  * Memory: 40 bytes a slot at 62.5%..75% load, so at most 64 bytes per live record once the table is past its
- * minimum size (1024 slots), plus a second generation while a migration runs.
+ * minimum size (1024 slots), plus a second generation while a migration runs (the thread that ends it frees
+ * the old one on its next operation). Shrinking lags by the changes between two checks (SHRINK_EVERY).
  */
 #include "table.h"
 
@@ -145,8 +146,8 @@ typedef struct gen {
 /* An insert that probed this far checks the load at once (else every 32nd insert of a thread does). */
 #define LONG_PROBE 24u
 #define CHUNK 128u
-/* Loads, in 1/1000. Growth at 75% live, a new generation at 68%, shrink below 62.5% live (the memory bound:
- * 40-byte slots, at most 64 bytes per record). */
+/* Loads, in 1/1000: growth at 75% live, a new generation at 68%. A shrink follows the memory bound itself
+ * (SHRINK_BYTES: with 40-byte slots, about 62.5% live). */
 #define GROW_PERMILLE 750u
 #define TARGET_PERMILLE 680u
 #define SHRINK_BYTES 64u /* a generation mapping more than this per live record is replaced by a smaller one */
