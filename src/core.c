@@ -1,7 +1,8 @@
 /*
  * core.c -- gpureclaim's life in a process.
  *
- * Nothing happens until the process initialises CUDA: the constructor only reads GPURECLAIM_DISABLE, and
+ * Nothing happens until the process initialises CUDA: the constructor only reads GPURECLAIM_DISABLE and checks
+ * the link order (one symbol lookup; a warning if libcuda would hide gpureclaim's driver entry points), and
  * until the first cuInit (or the first allocation) seen through a hook, gpureclaim starts no thread, installs
  * no handler, writes no file and allocates nothing (LD_PRELOAD reaches every child process a program starts).
  * Then gr_core_start_slow() maps the table, installs the signal handler, starts the worker thread and writes
@@ -9,6 +10,7 @@
  */
 #include "gpureclaim_internal.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -24,9 +26,28 @@ static _Atomic int g_once_registered;
 static uint64_t g_start_realtime_ms;
 static _Atomic int g_exiting;
 
+/* A program linked with -lcuda before -lgpureclaim binds its calls to the driver's exported names to libcuda:
+ * gpureclaim would see none of them, and the program would run untracked without a word. One symbol lookup
+ * (no allocation, no file) finds out; the warning names the library that comes first. */
+static void check_link_order(void) {
+  const gr_real_libc_t *r = gr_real_libc();
+  void *first = r->dlsym ? r->dlsym(RTLD_DEFAULT, "cuMemAlloc_v2") : NULL;
+  Dl_info mine, theirs;
+  if (!first || !dladdr((void *)&check_link_order, &mine) || !dladdr(first, &theirs) ||
+      theirs.dli_fbase == mine.dli_fbase)
+    return;
+  gr_warn("%s comes before libgpureclaim in this program's link order, so the program's direct calls to the CUDA "
+          "driver (cuMemAlloc, cuMemFree, ...) bypass gpureclaim and are not tracked: link -lgpureclaim before "
+          "-lcuda, or preload libgpureclaim.so",
+          theirs.dli_fname && theirs.dli_fname[0] ? theirs.dli_fname : "the program itself");
+}
+
 __attribute__((constructor)) static void gr_core_ctor(void) {
-  if (gr_opt_disabled_early())
+  if (gr_opt_disabled_early()) {
     atomic_store_explicit(&gr_core_state, -1, memory_order_release);
+    return;
+  }
+  check_link_order();
 }
 
 uint32_t gr_core_tid(void) {
