@@ -129,13 +129,6 @@ static void answer(int fd, const char *line) {
 }
 
 /* Milliseconds until deadline (CLOCK_MONOTONIC), 0 when passed. */
-static int ms_until(const struct timespec *deadline) {
-  struct timespec now;
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  int64_t ms = (int64_t)(deadline->tv_sec - now.tv_sec) * 1000 + (deadline->tv_nsec - now.tv_nsec) / 1000000;
-  return ms <= 0 ? 0 : (int)ms;
-}
-
 /* Reads the request line, one deadline for the whole of it (a client sending a byte now and then gets no more
  * time than a silent one). Returns 1 with the line (without its newline; a line the client ended by closing
  * counts), 0 when nothing complete came in time or the client left mid-line, -1 when it is longer than
@@ -146,7 +139,7 @@ static int read_line(int fd, char *line, size_t cap, size_t *len, const struct t
     if (n == cap - 1)
       return -1;
     struct pollfd p = {fd, POLLIN, 0};
-    int left = ms_until(deadline);
+    int left = gr_ms_until(deadline);
     int pr = left ? poll(&p, 1, left) : 0;
     if (pr < 0 && errno == EINTR)
       continue;
@@ -171,7 +164,7 @@ static void drain(int fd, const struct timespec *deadline) {
   char buf[512];
   for (;;) {
     struct pollfd p = {fd, POLLIN, 0};
-    int left = ms_until(deadline);
+    int left = gr_ms_until(deadline);
     if (!left || poll(&p, 1, left) <= 0)
       return;
     ssize_t r = read(fd, buf, sizeof buf);

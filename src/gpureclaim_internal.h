@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <time.h>
 
 #define GR_EXPORT __attribute__((visibility("default")))
 #define GR_HIDDEN __attribute__((visibility("hidden")))
@@ -82,6 +83,14 @@ void gr_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)
 const char *gr_log_bytes(uint64_t v, char *buf, size_t len);
 /* "s" unless n is 1, for "%llu block%s". Shared with the command. */
 static inline const char *gr_plural(unsigned long long n) { return n == 1 ? "" : "s"; }
+/* Milliseconds from now to a CLOCK_MONOTONIC deadline, for poll(): 0 once it has passed, else rounded up (a
+ * poll never wakes before the deadline and spins), at most a day. Shared with the command. */
+static inline int gr_ms_until(const struct timespec *deadline) {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  int64_t ns = (int64_t)(deadline->tv_sec - now.tv_sec) * 1000000000 + (deadline->tv_nsec - now.tv_nsec);
+  return ns <= 0 ? 0 : ns >= INT64_C(86400) * 1000000000 ? 86400000 : (int)((ns + 999999) / 1000000);
+}
 #define gr_warn(...) gr_log(0, __VA_ARGS__)
 #define gr_info(...) gr_log(1, __VA_ARGS__)
 #define gr_debug(...) gr_log(2, __VA_ARGS__)

@@ -247,13 +247,6 @@ void cmd_free(proc_t *p) {
 }
 
 /* Seconds left until deadline (CLOCK_MONOTONIC), as a poll timeout in milliseconds; 0 once it passed. */
-static int ms_left(const struct timespec *deadline) {
-  struct timespec now;
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  double left = (double)(deadline->tv_sec - now.tv_sec) * 1e3 + (double)(deadline->tv_nsec - now.tv_nsec) / 1e6;
-  return left <= 0 ? 0 : left > 86400e3 ? 86400000 : (int)left + 1;
-}
-
 const char cmd_why_timed_out[] = "timed out waiting for its answer";
 
 jnode_t *cmd_ask(const proc_t *p, const char *request, double timeout, const char **why, bool *no_listener) {
@@ -309,7 +302,7 @@ jnode_t *cmd_ask(const proc_t *p, const char *request, double timeout, const cha
   bool timed_out = false;
   while (buf) {
     struct pollfd pfd = {fd, POLLIN, 0};
-    int wait = ms_left(&deadline);
+    int wait = gr_ms_until(&deadline);
     int pr = wait ? poll(&pfd, 1, wait) : 0;
     if (pr < 0 && errno == EINTR)
       continue;
