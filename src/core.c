@@ -14,6 +14,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -36,10 +37,18 @@ static void check_link_order(void) {
   if (!first || !dladdr((void *)&check_link_order, &mine) || !dladdr(first, &theirs) ||
       theirs.dli_fbase == mine.dli_fbase)
     return;
-  gr_warn("%s comes before libgpureclaim in this program's link order, so the program's direct calls to the CUDA "
-          "driver (cuMemAlloc, cuMemFree, ...) bypass gpureclaim and are not tracked: link -lgpureclaim before "
-          "-lcuda, or preload libgpureclaim.so",
-          theirs.dli_fname && theirs.dli_fname[0] ? theirs.dli_fname : "the program itself");
+  const char *who = theirs.dli_fname && theirs.dli_fname[0] ? theirs.dli_fname : "the program itself";
+  const char *base = strrchr(who, '/');
+  if (!strncmp(base ? base + 1 : who, "libcuda.so", 10))
+    gr_warn("%s comes before libgpureclaim in this program's link order, so the program's direct calls to the "
+            "CUDA driver (cuMemAlloc, cuMemFree, ...) bypass gpureclaim and are not tracked: link -lgpureclaim "
+            "before -lcuda, or preload libgpureclaim.so",
+            who);
+  else /* another interposer, or a program defining the names: it may pass the calls on (RTLD_NEXT) */
+    gr_warn("%s defines the CUDA driver's entry points and comes before libgpureclaim: the program's direct calls "
+            "to the driver (cuMemAlloc, cuMemFree, ...) reach it first, and gpureclaim tracks them only if it "
+            "passes them on with dlsym(RTLD_NEXT)",
+            who);
 }
 
 __attribute__((constructor)) static void gr_core_ctor(void) {

@@ -12,8 +12,15 @@ typedef struct {
   int status;
 } run_t;
 
+/* LD_PRELOAD of the given libraries, after the sanitizer runtime in sanitizer builds (it must come first). */
+static const char *preload(const char *libs) {
+  static char buf[8192];
+  snprintf(buf, sizeof buf, "%s%s%s", SAN_PRELOAD, SAN_PRELOAD[0] ? ":" : "", libs);
+  return buf;
+}
+
 /* Runs prog with stdout and stderr into one buffer. */
-static run_t run(const char *prog, const char *disable) {
+static run_t run(const char *prog, const char *disable, const char *preload) {
   run_t r = {.status = -1};
   int fd[2];
   cr_assert_eq(pipe(fd), 0);
@@ -23,7 +30,10 @@ static run_t run(const char *prog, const char *disable) {
     dup2(fd[1], 1);
     dup2(fd[1], 2);
     close(fd[0]);
-    unsetenv("LD_PRELOAD");
+    if (preload)
+      setenv("LD_PRELOAD", preload, 1);
+    else
+      unsetenv("LD_PRELOAD");
     if (disable)
       setenv("GPURECLAIM_DISABLE", disable, 1);
     execl(prog, prog, (char *)NULL);
@@ -50,7 +60,7 @@ static size_t count(const char *hay, const char *needle) {
 #define WARNING "comes before libgpureclaim in this program's link order"
 
 Test(link_order, wrong_order_is_reported_once) {
-  run_t r = run(LINK_ORDER_WRONG, NULL);
+  run_t r = run(LINK_ORDER_WRONG, NULL, NULL);
   cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0, "%s", r.out);
   cr_assert_eq(count(r.out, WARNING), 1, "one warning expected:\n%s", r.out);
   cr_assert(strstr(r.out, "libcuda.so.1 " WARNING), "the warning names the library that comes first:\n%s", r.out);
@@ -60,13 +70,29 @@ Test(link_order, wrong_order_is_reported_once) {
 }
 
 Test(link_order, right_order_is_silent) {
-  run_t r = run(LINK_ORDER_RIGHT, NULL);
+  run_t r = run(LINK_ORDER_RIGHT, NULL, NULL);
   cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0, "%s", r.out);
   cr_assert_str_eq(r.out, "stats 0 tracked 1\n");
 }
 
 Test(link_order, disabled_is_silent) {
-  run_t r = run(LINK_ORDER_WRONG, "1");
+  run_t r = run(LINK_ORDER_WRONG, "1", NULL);
   cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0, "%s", r.out);
   cr_assert_eq(count(r.out, WARNING), 0, "GPURECLAIM_DISABLE=1 is a pure pass-through:\n%s", r.out);
+}
+
+Test(link_order, preloading_fixes_the_order) {
+  run_t r = run(LINK_ORDER_WRONG, NULL, preload(GR_LIB));
+  cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0, "%s", r.out);
+  cr_assert_str_eq(r.out, "stats 0 tracked 1\n");
+}
+
+/* Another interposer ahead of gpureclaim may pass the calls on: the warning says that much, no more. Its
+ * stand-in fails every driver call, so the program itself exits 2. */
+Test(link_order, another_interposer_first) {
+  run_t r = run(LINK_ORDER_RIGHT, NULL, preload(SIM_PRELOAD ":" GR_LIB));
+  cr_assert_eq(count(r.out, "libsimpreload.so defines the CUDA driver's entry points and comes before libgpureclaim"),
+               1, "%s", r.out);
+  cr_assert(strstr(r.out, "passes them on with dlsym(RTLD_NEXT)"), "%s", r.out);
+  cr_assert_eq(count(r.out, WARNING), 0, "%s", r.out);
 }
