@@ -4,7 +4,9 @@
  * A scope occupies one of 65,535 slots; records store the slot (16 bits), the API hands out a 64-bit id
  * (sequence << 16 | slot) so a stale or repeated id is recognised. A slot is held by the open scope and by
  * every live record tagged with it; it is reused only when the scope has ended and its last record left, so a
- * record can never be mistaken for a block of a later scope. Each thread keeps its own stack of open scopes.
+ * record can never be mistaken for a block of a later scope. Each thread keeps its own stack of open scopes,
+ * by id: a scope ended from another thread leaves it lazily, and its slot may meanwhile be open again for
+ * another scope, which must not claim this thread's blocks.
  */
 #include "gpureclaim_internal.h"
 
@@ -16,7 +18,7 @@
 #define NSLOTS 65536 /* slot 0 means "no scope" */
 #define MAX_NEST 32
 
-enum { S_FREE = 0, S_OPEN = 1, S_ENDED = 2 };
+enum { S_FREE = 0, S_OPEN = 1, S_ENDED = 2, S_OPENING = 3 };
 
 typedef struct slot {
   _Atomic uint64_t id;
@@ -30,7 +32,8 @@ static _Atomic(scope_slot_t *) g_slots_p;
 static _Atomic uint64_t g_seq;
 static _Atomic uint32_t g_cursor;
 
-static GR_TLS uint16_t t_stack[MAX_NEST];
+static GR_TLS uint64_t t_stack[MAX_NEST]; /* ids, not slots: an ended scope's slot may be open again, for
+                                           * another scope of another thread */
 static GR_TLS unsigned t_depth;
 
 static inline bool is_open(uint16_t s, uint64_t id) {
@@ -55,12 +58,15 @@ uint64_t gr_scope_id(uint16_t slot) {
   return slot && g_slots ? atomic_load_explicit(&g_slots[slot].id, memory_order_relaxed) : 0;
 }
 
-/* Innermost scope of this thread that is still open, dropping ended ones from the top. */
-static uint16_t innermost(void) {
+static inline uint16_t slot_of(uint64_t id) { return (uint16_t)(id & 0xffff); }
+
+/* Innermost scope of this thread that is still open (its slot open under its id), dropping ended ones from the
+ * top. Returns its id, or 0. */
+static uint64_t innermost(void) {
   while (t_depth) {
-    uint16_t s = t_stack[t_depth - 1];
-    if (atomic_load_explicit(&g_slots[s].state, memory_order_acquire) == S_OPEN)
-      return s;
+    uint64_t id = t_stack[t_depth - 1];
+    if (is_open(slot_of(id), id))
+      return id;
     t_depth--;
   }
   return 0;
@@ -69,11 +75,13 @@ static uint16_t innermost(void) {
 uint16_t gr_scope_tag(void) {
   if (GR_LIKELY(t_depth == 0))
     return 0;
-  uint16_t s = innermost();
+  uint64_t id = innermost();
+  uint16_t s = slot_of(id);
   if (s) {
     atomic_fetch_add_explicit(&g_slots[s].refs, 1, memory_order_acq_rel);
-    /* Ended between the check and the reference: the block is not part of it (it stays live). */
-    if (atomic_load_explicit(&g_slots[s].state, memory_order_acquire) != S_OPEN) {
+    /* Ended between the check and the reference (its slot maybe reused since): the block is not part of it
+     * (it stays live). */
+    if (!is_open(s, id)) {
       unref(s);
       return 0;
     }
@@ -106,23 +114,25 @@ GR_EXPORT uint64_t gpureclaim_scope_begin(void) {
     int free_state = S_FREE;
     if (atomic_load_explicit(&g_slots[s].state, memory_order_relaxed) != S_FREE ||
         atomic_load_explicit(&g_slots[s].refs, memory_order_relaxed) != 0 ||
-        !atomic_compare_exchange_strong_explicit(&g_slots[s].state, &free_state, S_OPEN, memory_order_acq_rel,
+        !atomic_compare_exchange_strong_explicit(&g_slots[s].state, &free_state, S_OPENING, memory_order_acq_rel,
                                                  memory_order_relaxed))
       continue;
     uint64_t id = ((atomic_fetch_add_explicit(&g_seq, 1, memory_order_relaxed) + 1) << 16) | s;
     atomic_store_explicit(&g_slots[s].id, id, memory_order_relaxed);
-    atomic_store_explicit(&g_slots[s].refs, 1, memory_order_release); /* the open scope's own reference */
-    t_stack[t_depth++] = s;
+    /* The open scope's own reference. An add, not a store: a thread tagging a block may hold a passing
+     * reference to this slot (gr_scope_tag() takes it before it checks the id) and drops it later. */
+    atomic_fetch_add_explicit(&g_slots[s].refs, 1, memory_order_acq_rel);
+    /* Open only now, with the new id in place: a thread still holding an earlier scope's id for this slot
+     * sees it open only together with the new id, so never as its own. */
+    atomic_store_explicit(&g_slots[s].state, S_OPEN, memory_order_release);
+    t_stack[t_depth++] = id;
     return id;
   }
   gr_warn_once(w_full, "65,535 scopes hold live blocks at once; gpureclaim_scope_begin() returns 0");
   return 0;
 }
 
-GR_EXPORT uint64_t gpureclaim_scope_current(void) {
-  uint16_t s = innermost();
-  return s ? atomic_load_explicit(&g_slots[s].id, memory_order_relaxed) : 0;
-}
+GR_EXPORT uint64_t gpureclaim_scope_current(void) { return innermost(); }
 
 /* ---- ending ---- */
 
@@ -181,7 +191,7 @@ GR_EXPORT int gpureclaim_scope_end(uint64_t scope, unsigned flags) {
     return -ENOENT; /* ended concurrently */
   /* Leave this thread's stack if it is there (another thread's stack drops it lazily). */
   for (unsigned i = t_depth; i-- > 0;)
-    if (t_stack[i] == s) {
+    if (t_stack[i] == scope) {
       memmove(&t_stack[i], &t_stack[i + 1], (t_depth - i - 1) * sizeof t_stack[0]);
       t_depth--;
       break;

@@ -153,6 +153,52 @@ Test(release, free_now) {
   cr_assert(h_table_matches_sim("free now"));
 }
 
+/* A scope ended from another thread leaves its thread's stack lazily. When its slot is open again, for a scope
+ * of another thread, the first thread's blocks must not join that scope (and be freed as its orphans). */
+typedef struct {
+  uint64_t ended, reopened;
+} reuse_t;
+
+static void *end_and_reopen_its_slot(void *arg) {
+  reuse_t *r = arg;
+  if (gpureclaim_scope_end(r->ended, 0) != 0)
+    return NULL;
+  for (int i = 0; i < 2 * 65536; i++) {
+    uint64_t s = gpureclaim_scope_begin();
+    if (!s)
+      return NULL;
+    if ((s & 0xffff) == (r->ended & 0xffff)) {
+      r->reopened = s; /* left open, on this thread's stack */
+      return NULL;
+    }
+    gpureclaim_scope_end(s, 0);
+  }
+  return NULL;
+}
+
+Test(release, a_reused_scope_slot_does_not_adopt_another_threads_blocks) {
+  reuse_t r = {.ended = gpureclaim_scope_begin()};
+  cr_assert_neq(r.ended, 0);
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, end_and_reopen_its_slot, &r), 0);
+  pthread_join(t, NULL);
+  cr_assert_neq(r.reopened, 0, "the slot is open again, for another scope");
+  cr_assert_neq(r.reopened, r.ended);
+  cr_assert_eq(gpureclaim_scope_current(), 0, "this thread's scope ended; the slot's new scope is not this thread's");
+  CUdeviceptr p;
+  OK(cuMemAlloc(&p, 1 * MiB));
+  gpureclaim_block_t b;
+  cr_assert(h_find(p, &b));
+  cr_assert_eq(b.scope, 0, "allocated under no scope");
+  cr_assert_eq(gpureclaim_scope_end(r.reopened, 0), 0);
+  gpureclaim_report_t rep = {.size = sizeof rep};
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &rep), 0);
+  cr_assert_eq(rep.orphaned_blocks, 0, "this thread's live block is no orphan of the other thread's scope");
+  cr_assert(h_find(p, &b) && b.state == GPURECLAIM_BLOCK_LIVE);
+  OK(cuMemFree(p));
+  cr_assert(h_table_matches_sim("after the free"));
+}
+
 /* A stand-in for a framework allocator: a library whose file name says it is PyTorch's. */
 typedef CUresult (*fw_alloc_t)(CUdeviceptr *, size_t);
 
