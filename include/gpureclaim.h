@@ -207,7 +207,10 @@ typedef struct gpureclaim_report {
 /* Releases the categories in what (GPURECLAIM_CACHED | GPURECLAIM_ORPHANED | GPURECLAIM_ALL) and fills out (may
  * be NULL). Concurrent calls coalesce: a call that arrives while a release runs waits for it and then for one
  * more release covering every request made meanwhile, and gets that one's report. Called from inside an
- * intercepted allocation (a releaser that allocates, say), it returns -EDEADLK instead of running.
+ * intercepted allocation, or from a releaser (C or Python) of a release the same thread is running, it returns
+ * -EDEADLK instead of waiting for itself. A release that frees blocks holds off cuCtxDestroy,
+ * cuDevicePrimaryCtxReset/Release/Retain on other threads until the blocks it claimed are freed (those calls
+ * wait), so a context never takes claimed blocks with it.
  * Returns 0, -EINVAL for what == 0 or unknown bits, -ENOTSUP when disabled or before CUDA was initialised. */
 GPURECLAIM_API int gpureclaim_release(unsigned what, gpureclaim_report_t *out);
 

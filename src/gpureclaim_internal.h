@@ -394,6 +394,12 @@ void gr_rel_address_reused(uint64_t key);
 void gr_rel_tombstone_gone(void);
 void gr_rel_atfork_child(void);
 uint64_t gr_rel_count(void);
+/* The context gate: a release holds it while it claims and frees blocks, and the hooks that destroy, reset,
+ * release or retain a context hold it around the driver call and the table's update. So a context never goes
+ * (and its addresses are never handed out again) while a release holds claimed blocks of it, and a final
+ * primary release and the driver's state read after it are not split by a retain. Reentrant per thread. */
+void gr_rel_gate_enter(void);
+void gr_rel_gate_exit(void);
 
 int gr_sig_install(void);
 /* The descriptor the handler writes to; the worker polls it. -1 when the signal is off. */

@@ -364,10 +364,28 @@ static void free_claimed(free_job_t *j, const gr_rec_t *expect) {
   }
 }
 
+/* ---- the context gate ---- */
+
+static pthread_mutex_t g_gate = PTHREAD_MUTEX_INITIALIZER;
+static GR_TLS unsigned t_gate;
+
+void gr_rel_gate_enter(void) {
+  if (t_gate++ == 0)
+    pthread_mutex_lock(&g_gate);
+}
+
+void gr_rel_gate_exit(void) {
+  if (--t_gate == 0)
+    pthread_mutex_unlock(&g_gate);
+}
+
 /* One pass of a release: claim what it frees, then free it in address order; again while the claim array
- * could not hold everything. */
+ * could not hold everything. Each round holds the context gate: a context destroyed between the claim and the
+ * free would take the claimed blocks with it, and the driver could hand their addresses to another context's
+ * allocations before this release freed them. */
 static void free_pass(free_job_t *j) {
   do {
+    gr_rel_gate_enter();
     j->nclaimed = 0;
     j->more = false;
     gr_table_visit(claim_one, j);
@@ -375,6 +393,7 @@ static void free_pass(free_job_t *j) {
       qsort(j->claimed, j->nclaimed, sizeof *j->claimed, by_key);
     for (size_t i = 0; i < j->nclaimed; i++)
       free_claimed(j, &j->claimed[i]);
+    gr_rel_gate_exit();
   } while (j->more && j->nclaimed);
 }
 
@@ -445,7 +464,10 @@ typedef struct {
 
 static _Atomic uint64_t g_seq;
 
+static GR_TLS unsigned t_releasing; /* > 0 while this thread runs a release (its releasers included) */
+
 static void do_release(const rel_args_t *a, gpureclaim_report_t *rep) {
+  t_releasing++;
   memset(rep, 0, sizeof *rep);
   rep->size = sizeof *rep;
   rep->what = a->what;
@@ -488,6 +510,7 @@ static void do_release(const rel_args_t *a, gpureclaim_report_t *rep) {
   rep->duration_ns = now_ns() - t0;
   gr_stats_release(rep->cached_bytes + rep->orphaned_bytes + rep->all_bytes);
   gr_rep_release(rep);
+  t_releasing--;
 }
 
 /* ---- coalescing ---- */
@@ -555,8 +578,8 @@ static int check_what(unsigned what) {
     return -EINVAL;
   if (gr_core_disabled() || atomic_load_explicit(&gr_core_state, memory_order_acquire) != 1)
     return -ENOTSUP;
-  if (gr_tls.hook_depth)
-    return -EDEADLK;
+  if (gr_tls.hook_depth || t_releasing)
+    return -EDEADLK; /* inside an allocation, or a releaser of a release this thread runs: it would wait for itself */
   return 0;
 }
 
@@ -659,6 +682,9 @@ void gr_rel_atfork_child(void) {
   pthread_mutex_init(&g_mu, NULL);
   pthread_cond_init(&g_cv, NULL);
   pthread_mutex_init(&g_rel_lock, NULL);
+  pthread_mutex_init(&g_gate, NULL);
+  t_gate = 0;
+  t_releasing = 0;
   g_running = false;
   g_pending_what = 0;
   g_pending_trigger = 0;

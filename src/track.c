@@ -79,7 +79,9 @@ typedef struct {
 
 static int detach_one(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
   detach_t *a = arg;
-  if (r->ctx_id != a->ctx_id || r->state == GR_ST_RECLAIMING) /* a release in flight finishes that one */
+  /* RECLAIMING: claimed by a release, which holds the context gate until it has freed it, so a detach (which
+   * holds the gate too) never meets one; were it to, the release settles that record itself. */
+  if (r->ctx_id != a->ctx_id || r->state == GR_ST_RECLAIMING)
     return 0;
   gr_rec_t expect = *r, want = *r;
   want.state = GR_ST_DELETED;

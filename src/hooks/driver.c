@@ -489,9 +489,14 @@ static CUresult b_dev_set_pool(void *realp, uintptr_t ra, CUdevice dev, CUmemory
 static CUresult b_primary_retain(void *realp, uintptr_t ra, CUcontext *pctx, CUdevice dev) {
   (void)ra;
   NEED_REAL(realp);
-  CUresult rc = ((PFN_cuDevicePrimaryCtxRetain_v7000)realp)(pctx, dev);
-  if (rc == CUDA_SUCCESS && gr_core_active())
+  PFN_cuDevicePrimaryCtxRetain_v7000 real = (PFN_cuDevicePrimaryCtxRetain_v7000)realp;
+  if (!gr_core_active())
+    return real(pctx, dev);
+  gr_rel_gate_enter(); /* not between a final release and its state check (b_primary_release) */
+  CUresult rc = real(pctx, dev);
+  if (rc == CUDA_SUCCESS)
     gr_reg_primary(dev, *pctx);
+  gr_rel_gate_exit();
   return rc;
 }
 
@@ -534,6 +539,7 @@ static CUresult b_ctx_destroy(void *realp, uintptr_t ra, CUcontext ctx) {
   PFN_cuCtxDestroy_v4000 real = (PFN_cuCtxDestroy_v4000)realp;
   if (!ctx || !gr_core_active())
     return real(ctx);
+  gr_rel_gate_enter(); /* not while a release holds claimed blocks of it */
   uint16_t id = gr_reg_ctx_find(ctx);
   gr_detached_t d = {0};
   if (id)
@@ -544,6 +550,7 @@ static CUresult b_ctx_destroy(void *realp, uintptr_t ra, CUcontext ctx) {
     if (rc == CUDA_SUCCESS)
       gr_reg_ctx_destroyed(id);
   }
+  gr_rel_gate_exit();
   return rc;
 }
 
@@ -553,6 +560,7 @@ static CUresult b_primary_reset(void *realp, uintptr_t ra, CUdevice dev) {
   PFN_cuDevicePrimaryCtxReset_v11000 real = (PFN_cuDevicePrimaryCtxReset_v11000)realp;
   if (!gr_core_active())
     return real(dev);
+  gr_rel_gate_enter();
   uint16_t id = gr_reg_primary_id(dev);
   gr_detached_t d = {0};
   if (id)
@@ -562,16 +570,19 @@ static CUresult b_primary_reset(void *realp, uintptr_t ra, CUdevice dev) {
     gr_track_ctx_commit(&d, rc == CUDA_SUCCESS);
   if (rc == CUDA_SUCCESS)
     gr_reg_device_reset(dev);
+  gr_rel_gate_exit();
   return rc;
 }
 
-/* Only the final release destroys the primary context; the driver's state says whether this was it. */
+/* Only the final release destroys the primary context; the driver's state says whether this was it. The gate
+ * keeps a retain (b_primary_retain) from making the context active again between the two calls. */
 static CUresult b_primary_release(void *realp, uintptr_t ra, CUdevice dev) {
   (void)ra;
   NEED_REAL(realp);
   PFN_cuDevicePrimaryCtxRelease_v11000 real = (PFN_cuDevicePrimaryCtxRelease_v11000)realp;
   if (!gr_core_active())
     return real(dev);
+  gr_rel_gate_enter();
   CUresult rc = real(dev);
   unsigned flags = 0;
   int active = 1;
@@ -585,6 +596,7 @@ static CUresult b_primary_release(void *realp, uintptr_t ra, CUdevice dev) {
     }
     gr_reg_device_reset(dev);
   }
+  gr_rel_gate_exit();
   return rc;
 }
 

@@ -346,6 +346,29 @@ Test(release, releasers) {
     cr_assert_eq(gpureclaim_unregister_releaser(ids[i]), 0);
 }
 
+/* A releaser that asks for a release itself would wait for the release that calls it. */
+static atomic_int g_nested_rc = 1;
+static size_t releases_again(void *arg) {
+  (void)arg;
+  gpureclaim_report_t r = {.size = sizeof r};
+  atomic_store(&g_nested_rc, gpureclaim_release(GPURECLAIM_CACHED, &r));
+  return 5;
+}
+
+Test(release, a_releaser_that_releases_gets_edeadlk, .timeout = 30) {
+  int id = gpureclaim_register_releaser("nested", releases_again, NULL);
+  cr_assert_gt(id, 0);
+  gpureclaim_report_t r = {.size = sizeof r};
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_CACHED, &r), 0);
+  cr_assert_eq(atomic_load(&g_nested_rc), -EDEADLK);
+  cr_assert_eq(r.releaser_bytes, 5);
+  /* The engine is not stuck: the next release runs (and the releaser is refused again). */
+  atomic_store(&g_nested_rc, 1);
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_CACHED, &r), 0);
+  cr_assert_eq(atomic_load(&g_nested_rc), -EDEADLK);
+  cr_assert_eq(gpureclaim_unregister_releaser(id), 0);
+}
+
 static size_t slow_releaser(void *arg) {
   (void)arg;
   usleep(30000);

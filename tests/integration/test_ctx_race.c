@@ -1,0 +1,121 @@
+/* Contexts that go while a release runs (found by an adversarial pass): a release must never free a block of a
+ * context that is still alive, and records of a destroyed context must leave the table. Both races are timing
+ * dependent; before the context gate each test failed in most runs. */
+#include "harness.h"
+
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+CUresult cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice);
+
+#define OK(call) cr_assert_eq((call), CUDA_SUCCESS, "%s", #call)
+
+static simcuda_stats_t sim(CUcontext ctx) {
+  simcuda_stats_t s = {.size = sizeof s};
+  cr_assert_eq(simcuda_stats(-1, ctx, &s), CUDA_SUCCESS);
+  return s;
+}
+
+static gpureclaim_stats_t grs(void) {
+  gpureclaim_stats_t s = {.size = sizeof s};
+  cr_assert_eq(gpureclaim_stats(-1, &s), 0);
+  return s;
+}
+
+static void orphans(size_t n, size_t size) {
+  uint64_t s = gpureclaim_scope_begin();
+  cr_assert_neq(s, 0);
+  for (size_t i = 0; i < n; i++) {
+    CUdeviceptr p;
+    OK(cuMemAlloc(&p, size));
+  }
+  cr_assert_eq(gpureclaim_scope_end(s, 0), 0);
+}
+
+static atomic_int g_go;
+
+static void *release_orphans(void *arg) {
+  gpureclaim_report_t *rep = arg;
+  while (!atomic_load(&g_go))
+    ;
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, rep), 0);
+  return NULL;
+}
+
+#define N 8000
+
+/* A release frees context A's orphans while the program destroys A and allocates in B: the driver may hand A's
+ * addresses to B, and the release must not free B's blocks at them. */
+Test(ctx_race, a_context_destroyed_during_a_release) {
+  CUdevice dev;
+  CUcontext a, b;
+  OK(cuInit(0));
+  OK(cuDeviceGet(&dev, 0));
+  OK(cuCtxCreate_v2(&b, 0, dev));
+  OK(cuCtxPopCurrent(NULL));
+  OK(cuCtxCreate_v2(&a, 0, dev));
+  orphans(N, 4096);
+  OK(cuCtxPopCurrent(NULL));
+  gpureclaim_report_t rep = {.size = sizeof rep};
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, release_orphans, &rep), 0);
+  atomic_store(&g_go, 1);
+  uint64_t start = sim(a).live_blocks;
+  while (sim(a).live_blocks == start) /* the release has begun to free */
+    ;
+  OK(cuCtxDestroy(a));
+  OK(cuCtxPushCurrent(b));
+  static CUdeviceptr mine[N];
+  for (size_t i = 0; i < N; i++)
+    OK(cuMemAlloc(&mine[i], 4096));
+  pthread_join(t, NULL);
+  cr_assert_eq(sim(b).live_blocks, N, "the release freed none of B's blocks");
+  cr_assert_eq(rep.failed_blocks, 0);
+  cr_assert_eq(grs().orphan_blocks, 0, "A's orphans were freed or went with A");
+  cr_assert(h_table_matches_sim("after the race"));
+  rep = (gpureclaim_report_t){.size = sizeof rep};
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &rep), 0);
+  cr_assert_eq(rep.orphaned_blocks, 0);
+  cr_assert_eq(sim(b).live_blocks, N);
+  for (size_t i = 0; i < N; i++)
+    OK(cuMemFree(mine[i]));
+}
+
+static pthread_barrier_t g_bar;
+
+static void *retain_primary(void *arg) {
+  (void)arg;
+  CUcontext c;
+  pthread_barrier_wait(&g_bar);
+  for (volatile int i = 0, n = rand() % 100000; i < n; i++)
+    ;
+  OK(cuDevicePrimaryCtxRetain(&c, 0));
+  return NULL;
+}
+
+/* The final cuDevicePrimaryCtxRelease destroys the primary context and its blocks; a retain on another thread
+ * creates it again. Whichever comes first, gpureclaim's records must match the driver's blocks afterwards. */
+Test(ctx_race, a_retain_racing_the_final_primary_release, .timeout = 120) {
+  OK(cuInit(0));
+  srand(7);
+  for (int it = 0; it < 60; it++) {
+    CUcontext c;
+    OK(cuDevicePrimaryCtxRetain(&c, 0));
+    OK(cuCtxSetCurrent(c));
+    orphans(1024, 4096);
+    cr_assert_eq(pthread_barrier_init(&g_bar, NULL, 2), 0);
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, retain_primary, NULL), 0);
+    pthread_barrier_wait(&g_bar);
+    OK(cuDevicePrimaryCtxRelease(0));
+    pthread_join(t, NULL);
+    pthread_barrier_destroy(&g_bar);
+    cr_assert(h_table_matches_sim("after the race"), "iteration %d", it);
+    cr_assert_eq(grs().orphan_blocks, sim(NULL).live_blocks, "iteration %d", it);
+    OK(cuDevicePrimaryCtxRelease(0)); /* the other thread's retain: now the context goes */
+    cr_assert_eq(sim(NULL).live_blocks, 0);
+    cr_assert_eq(grs().orphan_blocks, 0, "iteration %d", it);
+  }
+}
