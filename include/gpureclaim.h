@@ -240,8 +240,9 @@ GPURECLAIM_API int gpureclaim_unregister_releaser(int id);
  * cuMemCreate handle that is still mapped stays an orphan until the program unmaps it (a release does not
  * unmap the program's address space; GPURECLAIM_ALL does).
  *
- * A free of a pointer that a release already freed does not reach the driver while the driver has not handed
- * that address out again: it returns CUDA_SUCCESS, is counted (late_frees) and warned about once. Once the
+ * A free of a pointer that a release already freed (cuMemFree, cuMemFreeAsync, cuMemFreeHost; cuMemRelease
+ * of a cuMemCreate handle) does not reach the driver while the driver has not handed that address (handle)
+ * out again: it returns CUDA_SUCCESS, is counted (late_frees) and warned about once. Once the
  * address has been handed out again, the free is indistinguishable from a free of the new block and frees it:
  * do not free memory you declared abandoned.
  * ---------------------------------------------------------------------------------------------------------- */

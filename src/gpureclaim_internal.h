@@ -320,6 +320,9 @@ void gr_track_insert(gr_rec_t *r);
  *   0  not tracked: pass the free to the driver unchanged;
  *  -1  a late free of a block a release already freed: return CUDA_SUCCESS without calling the driver. */
 int gr_track_take(unsigned ks, uint64_t key, unsigned kind_mask, gr_rec_t *out);
+/* Whether freeing (ks, key), which is not live, is a late free of a block (or VMM handle) a release freed or
+ * is freeing: then it is counted and the caller returns CUDA_SUCCESS without calling the driver. */
+bool gr_track_late_free(unsigned ks, uint64_t key);
 void gr_track_freed(const gr_rec_t *r);
 void gr_track_restore(const gr_rec_t *r);
 /* Destroying a context frees its blocks: they are detached from the table before the driver call and either
@@ -388,8 +391,8 @@ uint64_t gr_rel_for_oom(void);
 void gr_rel_free_scope_now(uint16_t slot, gpureclaim_report_t *rep);
 int gr_rel_start_worker(void);
 void gr_rel_stop_worker(void);
-/* A block was allocated at key: a tombstone of a reclaimed block at that address leaves. */
-void gr_rel_address_reused(uint64_t key);
+/* A block was allocated at key (an address, or a VMM handle): a tombstone of a reclaimed block there leaves. */
+void gr_rel_key_reused(unsigned ks, uint64_t key);
 /* A RECLAIMED tombstone left the table another way (late free consumed it, its context went). */
 void gr_rel_tombstone_gone(void);
 void gr_rel_atfork_child(void);

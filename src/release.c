@@ -324,7 +324,8 @@ static void free_claimed(free_job_t *j, const gr_rec_t *expect) {
     return;
   }
   /* Remember the address until the driver hands it out again (late frees), within a bound. */
-  uint8_t done = atomic_load_explicit(&g_reclaimed, memory_order_relaxed) < MAX_RECLAIMED && ks == GR_KS_ADDR
+  uint8_t done = atomic_load_explicit(&g_reclaimed, memory_order_relaxed) < MAX_RECLAIMED &&
+                         (ks == GR_KS_ADDR || ks == GR_KS_HANDLE)
                      ? GR_ST_RECLAIMED
                      : GR_ST_DELETED;
   (void)gr_table_update(ks, expect->key, GR_STMASK(GR_ST_RECLAIMING), edit_state, &done, NULL);
@@ -398,11 +399,11 @@ static void free_pass(free_job_t *j) {
 }
 
 /* A RECLAIMED tombstone leaves when its address comes back from the driver (track.c calls this). */
-void gr_rel_address_reused(uint64_t key) {
+void gr_rel_key_reused(unsigned ks, uint64_t key) {
   if (GR_LIKELY(atomic_load_explicit(&g_reclaimed, memory_order_relaxed) == 0))
     return;
   gr_rec_t r;
-  if (gr_table_take(GR_KS_ADDR, key, GR_STMASK(GR_ST_RECLAIMED), &r) == 0)
+  if (gr_table_take(ks, key, GR_STMASK(GR_ST_RECLAIMED), &r) == 0)
     atomic_fetch_sub_explicit(&g_reclaimed, 1, memory_order_relaxed);
 }
 

@@ -31,8 +31,9 @@ void gr_track_fill(gr_rec_t *r, unsigned kind, uint64_t key, uint64_t size, unsi
 }
 
 void gr_track_insert(gr_rec_t *r) {
-  if (gr_kind_keyspace(r->kind) == GR_KS_ADDR)
-    gr_rel_address_reused(r->key); /* a freed orphan's address is back: late frees of it are frees of this */
+  unsigned ks = gr_kind_keyspace(r->kind);
+  if (ks == GR_KS_ADDR || ks == GR_KS_HANDLE)
+    gr_rel_key_reused(ks, r->key); /* a freed orphan's address (handle) is back: late frees of it are this one's */
   if (GR_UNLIKELY(gr_table_insert(r) != 0)) {
     gr_warn_once(w_nomem, "no memory for the block table: new blocks are not tracked until memory frees up");
     gr_scope_unref(r->scope);
@@ -41,22 +42,27 @@ void gr_track_insert(gr_rec_t *r) {
   gr_stats_alloc(r);
 }
 
+bool gr_track_late_free(unsigned ks, uint64_t key) {
+  /* A block a release freed (or is freeing) must not be freed again by the driver. */
+  bool consumed = false;
+  if ((ks != GR_KS_ADDR && ks != GR_KS_HANDLE) ||
+      !((consumed = gr_table_take(ks, key, GR_STMASK(GR_ST_RECLAIMED), NULL) == 0) ||
+        gr_table_lookup(ks, key, GR_STMASK(GR_ST_RECLAIMING), NULL) == 0))
+    return false;
+  if (consumed)
+    gr_rel_tombstone_gone();
+  gr_stats_late_free();
+  gr_warn_once(w_late, "the program freed %#llx, which a release had already freed as an orphan; the free was "
+                       "not passed to the driver (further late frees are counted in late_frees)",
+               (unsigned long long)key);
+  return true;
+}
+
 int gr_track_take(unsigned ks, uint64_t key, unsigned kind_mask, gr_rec_t *out) {
   if (GR_LIKELY(gr_table_take_kind(ks, key, GR_STMASK(GR_ST_LIVE) | GR_STMASK(GR_ST_ORPHAN), kind_mask, out) == 0))
     return 1;
-  /* Not live. A block a release freed (or is freeing) must not be freed again by the driver. */
-  bool consumed = false;
-  if (ks == GR_KS_ADDR &&
-      ((consumed = gr_table_take(ks, key, GR_STMASK(GR_ST_RECLAIMED), NULL) == 0) ||
-       gr_table_lookup(ks, key, GR_STMASK(GR_ST_RECLAIMING), NULL) == 0)) {
-    if (consumed)
-      gr_rel_tombstone_gone();
-    gr_stats_late_free();
-    gr_warn_once(w_late, "the program freed %#llx, which a release had already freed as an orphan; the free was "
-                         "not passed to the driver (further late frees are counted in late_frees)",
-                 (unsigned long long)key);
+  if (gr_track_late_free(ks, key))
     return -1;
-  }
   gr_stats_untracked_free();
   return 0;
 }

@@ -307,6 +307,8 @@ static CUresult b_mem_release(void *realp, uintptr_t ra, CUmemGenericAllocationH
   gr_rec_t before;
   bool known = gr_table_update(GR_KS_HANDLE, (uint64_t)handle, GR_STMASK(GR_ST_LIVE) | GR_STMASK(GR_ST_ORPHAN),
                                edit_release, NULL, &before) == 0;
+  if (!known && gr_track_late_free(GR_KS_HANDLE, (uint64_t)handle))
+    return CUDA_SUCCESS; /* a release freed this orphan's memory already: as a late cuMemFree */
   if (!known)
     gr_stats_untracked_free();
   CUresult rc = real(handle);

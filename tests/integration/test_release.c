@@ -153,6 +153,30 @@ Test(release, free_now) {
   cr_assert(h_table_matches_sim("free now"));
 }
 
+/* A cuMemCreate handle abandoned in a scope and freed by a release: the program's late cuMemRelease returns
+ * what it would have returned without gpureclaim (CUDA_SUCCESS), and does not reach the driver. */
+Test(release, a_late_cumemrelease_is_swallowed_like_a_late_free) {
+  CUmemAllocationProp prop;
+  memset(&prop, 0, sizeof prop);
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  size_t gran = 0;
+  OK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  uint64_t s = gpureclaim_scope_begin();
+  CUmemGenericAllocationHandle h;
+  OK(cuMemCreate(&h, gran, &prop, 0));
+  cr_assert_eq(gpureclaim_scope_end(s, 0), 0);
+  gpureclaim_report_t r = {.size = sizeof r};
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &r), 0);
+  cr_assert_eq(r.orphaned_blocks, 1);
+  uint64_t late = grs().late_frees;
+  OK(cuMemRelease(h));
+  cr_assert_eq(grs().late_frees, late + 1);
+  cr_assert(h_table_matches_sim("after the late release"));
+  cr_assert_neq(cuMemRelease(h), CUDA_SUCCESS, "a second one is the program's own double release");
+}
+
 /* A scope ended from another thread leaves its thread's stack lazily. When its slot is open again, for a scope
  * of another thread, the first thread's blocks must not join that scope (and be freed as its orphans). */
 typedef struct {
