@@ -51,8 +51,25 @@ static void check_link_order(void) {
             who);
 }
 
+/* Two copies of gpureclaim in one process (one preloaded by hand, another by `gpureclaim run` or linked): the
+ * first copy's definitions serve the whole process, and its dlsym() resolves the driver through the second
+ * copy's dlsym, which would hand back the first copy's own hooks (endless recursion). The copy that comes
+ * second finds the first one's gpureclaim_version ahead of its own, and passes every call through. */
+static bool another_copy_first(void) {
+  const gr_real_libc_t *r = gr_real_libc();
+  void *first = r->dlsym ? r->dlsym(RTLD_DEFAULT, "gpureclaim_version") : NULL;
+  Dl_info mine, theirs;
+  if (!first || !dladdr((void *)&another_copy_first, &mine) || !dladdr(first, &theirs) ||
+      theirs.dli_fbase == mine.dli_fbase)
+    return false;
+  gr_warn("two copies of libgpureclaim in this process: %s comes first and tracks everything; this one (%s) "
+          "passes every call through",
+          theirs.dli_fname && theirs.dli_fname[0] ? theirs.dli_fname : "the program", mine.dli_fname);
+  return true;
+}
+
 __attribute__((constructor)) static void gr_core_ctor(void) {
-  if (gr_opt_disabled_early()) {
+  if (gr_opt_disabled_early() || another_copy_first()) {
     atomic_store_explicit(&gr_core_state, -1, memory_order_release);
     return;
   }

@@ -56,20 +56,30 @@ static bool find_library(char *out, size_t len) {
   return false;
 }
 
-static bool is_sanitizer_runtime(const char *entry, size_t n) {
+/* Whether the file name of an LD_PRELOAD entry (entry[0..n), a path or a bare name) starts with prefix. */
+static bool base_starts(const char *entry, size_t n, const char *prefix) {
   const char *base = entry;
   for (size_t i = 0; i < n; i++)
     if (entry[i] == '/')
       base = entry + i + 1;
+  size_t k = strlen(prefix);
+  return (size_t)(entry + n - base) >= k && !strncmp(base, prefix, k);
+}
+
+static bool is_sanitizer_runtime(const char *entry, size_t n) {
   static const char *const names[] = {"libasan", "libtsan", "libubsan", "liblsan", "libhwasan", "libclang_rt."};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-    if (!strncmp(base, names[i], strlen(names[i])))
+    if (base_starts(entry, n, names[i]))
       return true;
   return false;
 }
 
+/* Whether an LD_PRELOAD entry is a libgpureclaim (any path, any version). */
+static bool is_gpureclaim(const char *entry, size_t n) { return base_starts(entry, n, "libgpureclaim.so"); }
+
 /* The new LD_PRELOAD: gpureclaim first, except after sanitizer runtimes, which insist on being first; the
- * entries already there are kept in order (an earlier copy of lib is dropped, so nested runs do not stack). */
+ * entries already there are kept in order, except any libgpureclaim: nested runs do not stack, and a copy
+ * preloaded by hand (another build, another version) would be a second copy in one process. */
 static char *preload_list(const char *old, const char *lib) {
   size_t cap = strlen(old) + strlen(lib) + 2, used = 0;
   char *out = malloc(cap);
@@ -87,7 +97,7 @@ static char *preload_list(const char *old, const char *lib) {
     }
     if (!n)
       break;
-    if (!(n == strlen(lib) && !strncmp(p, lib, n)))
+    if (!(n == strlen(lib) && !strncmp(p, lib, n)) && !is_gpureclaim(p, n))
       used += (size_t)snprintf(out + used, cap - used, "%s%.*s", used ? ":" : "", (int)n, p);
     p += n;
   }

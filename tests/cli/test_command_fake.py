@@ -517,6 +517,10 @@ class FakeTest(unittest.TestCase):
                          "/usr/lib/libasan.so.8:" + real + ":libfoo.so", "sanitizer runtimes stay first")
         self.assertEqual(self.run_env(preload="libfoo.so:" + real)["LD_PRELOAD"], real + ":libfoo.so",
                          "a nested run does not preload it twice")
+        self.assertEqual(self.run_env(preload="/opt/other/libgpureclaim.so.0:libfoo.so:./libgpureclaim.so")["LD_PRELOAD"],
+                         real + ":libfoo.so", "nor another copy preloaded by hand")
+        self.assertEqual(self.run_env(preload="libgpureclaimx.so:/x/libgpureclaim")["LD_PRELOAD"],
+                         real + ":libgpureclaimx.so:/x/libgpureclaim", "other names stay")
 
     def test_run_without_dashes_and_its_exit_status(self):
         env = dict(self.env, GPURECLAIM_LIBRARY=self.dummy_library())

@@ -96,3 +96,23 @@ Test(link_order, another_interposer_first) {
   cr_assert(strstr(r.out, "passes them on with dlsym(RTLD_NEXT)"), "%s", r.out);
   cr_assert_eq(count(r.out, WARNING), 0, "%s", r.out);
 }
+
+/* Two copies of gpureclaim preloaded (another build preloaded by hand, say): the first serves the process, the
+ * second passes every call through and says so. Before, each copy's dlsym resolved the driver through the
+ * other's, and the first cuInit recursed until the stack overflowed. */
+Test(link_order, a_second_copy_passes_through) {
+  char dir[] = "/tmp/gr_link_order_XXXXXX", copy[256], cmd[1024], both[600];
+  cr_assert_not_null(mkdtemp(dir));
+  snprintf(copy, sizeof copy, "%s/libgpureclaim.so.0", dir);
+  snprintf(cmd, sizeof cmd, "cp '%s' '%s'", GR_LIB, copy);
+  cr_assert_eq(system(cmd), 0);
+  snprintf(both, sizeof both, "%s:%s", GR_LIB, copy);
+  run_t r = run(LINK_ORDER_RIGHT, NULL, preload(both));
+  unlink(copy);
+  rmdir(dir);
+  cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0, "%s", r.out);
+  cr_assert_eq(count(r.out, "two copies of libgpureclaim in this process"), 1, "%s", r.out);
+  cr_assert(strstr(r.out, "stats 0 tracked 1\n"), "the first copy tracks:\n%s", r.out);
+  cr_assert_eq(count(r.out, WARNING), 0, "%s", r.out);
+  cr_assert_eq(count(r.out, "defines the CUDA driver's entry points"), 0, "%s", r.out);
+}
