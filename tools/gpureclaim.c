@@ -101,14 +101,28 @@ bool cmd_parse_pid(const char *s, pid_t *out) {
   return true;
 }
 
+/* Output that could not be written is a failure (exit 1), as a file that could not be written is: `ps --json >
+ * /dev/full` must not exit 0 having printed nothing. A reader that went away (`| head`) is not: the output it
+ * wanted was written. */
+static int finish(int rc) {
+  if (fflush(stdout) == 0 && !ferror(stdout))
+    return rc;
+  if (errno != EPIPE) {
+    fprintf(stderr, "gpureclaim: cannot write the output: %s\n", strerror(errno ? errno : EIO));
+    if (rc == EX_OK)
+      rc = 1;
+  }
+  return rc;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
     fputs(g_usage, argc < 2 ? stderr : stdout);
-    return argc < 2 ? EX_USAGE : EX_OK;
+    return argc < 2 ? EX_USAGE : finish(EX_OK);
   }
   if (!strcmp(argv[1], "--version")) {
     printf("gpureclaim %s\n", GPURECLAIM_VERSION_STRING);
-    return EX_OK;
+    return finish(EX_OK);
   }
   static const struct {
     const char *name;
@@ -123,9 +137,9 @@ int main(int argc, char **argv) {
     for (int a = 2; a < argc && !(is_run && (!strcmp(argv[a], "--") || argv[a][0] != '-')); a++)
       if (!strcmp(argv[a], "--help") || !strcmp(argv[a], "-h")) {
         fputs(g_usage, stdout);
-        return EX_OK;
+        return finish(EX_OK);
       }
-    return cmds[i].fn(argc - 2, argv + 2);
+    return finish(cmds[i].fn(argc - 2, argv + 2));
   }
   return cmd_usage_error("unknown command: %s", argv[1]);
 }

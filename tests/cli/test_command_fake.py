@@ -92,6 +92,20 @@ class FakeTest(unittest.TestCase):
                           r["pinned_bytes"], r["orphan_bytes"], r["releases"], r["signal"], r["last_release"]),
                          (True, [0, 1], 4, 3 * GiB + 512 * MiB, GiB, 2 * MiB, 512 * MiB, 0, "USR1", None))
 
+    def test_output_that_cannot_be_written_fails(self):
+        self.fake()
+        for args in (("ps", "--json"), ("ps",), ("--version",), ("ps", "--help")):
+            with open("/dev/full", "w") as full:
+                p = subprocess.run([CMD, *args], stdout=full, stderr=subprocess.PIPE, text=True, env=self.env,
+                                   timeout=60)
+            self.assertEqual(p.returncode, 1, args)
+            self.assertIn("gpureclaim: cannot write the output: No space left on device", p.stderr, args)
+        # A reader that stops early is not an error of the command's.
+        p = subprocess.run("%s ps --json | head -c 1 >/dev/null; echo ${PIPESTATUS[0]}" % CMD, shell=True,
+                           executable="/bin/bash", capture_output=True, text=True, env=self.env, timeout=60)
+        self.assertIn(p.stdout.strip(), ("0", "141"), p.stderr)
+        self.assertNotIn("cannot write", p.stderr)
+
     def test_ps_lists_a_process_that_does_not_answer(self):
         f = self.fake("--mode", "close")
         out = self.cmd("ps", check=0).stdout
