@@ -83,6 +83,22 @@ void gr_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)
 const char *gr_log_bytes(uint64_t v, char *buf, size_t len);
 /* "s" unless n is 1, for "%llu block%s". Shared with the command. */
 static inline const char *gr_plural(unsigned long long n) { return n == 1 ? "" : "s"; }
+/* Length (1-4) of the well-formed UTF-8 sequence at p (NUL-terminated), or 0 where p starts none (a stray
+ * byte, an overlong form, a surrogate, past U+10FFFF). Command lines and paths are bytes: what gpureclaim
+ * writes as JSON or shows to people goes through this. Shared with the command. */
+static inline size_t gr_utf8_len(const unsigned char *p) {
+  unsigned c = p[0];
+  if (c < 0x80)
+    return 1;
+  size_t n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+  for (size_t i = 1; i < n; i++)
+    if ((p[i] & 0xc0) != 0x80)
+      return 0;
+  if ((c == 0xe0 && p[1] < 0xa0) || (c == 0xed && p[1] >= 0xa0) || (c == 0xf0 && p[1] < 0x90) ||
+      (c == 0xf4 && p[1] >= 0x90))
+    return 0; /* overlong, surrogate, or beyond U+10FFFF */
+  return n;
+}
 /* Milliseconds from now to a CLOCK_MONOTONIC deadline, for poll(): 0 once it has passed, else rounded up (a
  * poll never wakes before the deadline and spins), at most a day. Shared with the command. */
 static inline int gr_ms_until(const struct timespec *deadline) {

@@ -1,5 +1,6 @@
 /* json.c -- see json.h. */
 #include "json.h"
+#include "gpureclaim_internal.h"
 #include "outfile.h"
 
 #include <errno.h>
@@ -80,7 +81,13 @@ static void escaped(jbuf_t *b, const char *s) {
     } else if (*p < 0x20) {
       jb_printf(b, "\\u%04x", *p);
     } else {
-      jb_raw(b, (const char *)p, 1);
+      size_t n = gr_utf8_len(p);
+      if (n) {
+        jb_raw(b, (const char *)p, n);
+        p += n - 1;
+      } else {
+        jb_raw(b, "\\ufffd", 6); /* JSON is UTF-8: a byte that is not becomes U+FFFD */
+      }
     }
   }
   jb_raw(b, "\"", 1);

@@ -4,6 +4,7 @@
  * not answer is still listed, from its status file, marked as not answering.
  */
 #include "command.h"
+#include "gpureclaim_internal.h"
 #include "outfile.h"
 
 #include <errno.h>
@@ -160,14 +161,21 @@ static void print_table(FILE *f, const row_t *rows, size_t n) {
 
 /* ---- Prometheus text format, for node_exporter's textfile collector ---- */
 
+/* Label values: UTF-8 with \\, " and newline escaped. A byte that is not UTF-8 becomes U+FFFD: the collector
+ * rejects a whole file with one bad label, every process's metrics with it. */
 static void prom_escaped(FILE *f, const char *s) {
   for (; *s; s++) {
-    if (*s == '\\' || *s == '"')
+    size_t n;
+    if (*s == '\\' || *s == '"') {
       fprintf(f, "\\%c", *s);
-    else if (*s == '\n')
+    } else if (*s == '\n') {
       fputs("\\n", f);
-    else
-      fputc(*s, f);
+    } else if ((n = gr_utf8_len((const unsigned char *)s)) != 0) {
+      fwrite(s, 1, n, f);
+      s += n - 1;
+    } else {
+      fputs("\xef\xbf\xbd", f);
+    }
   }
 }
 

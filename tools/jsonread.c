@@ -28,6 +28,38 @@ static int hexval(char c) {
   return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
 }
 
+/* Four hex digits of a \\u escape at p->p; -1 if they are not. */
+static long hex4(P *p) {
+  long v = 0;
+  for (int i = 0; i < 4; i++) {
+    int h = hexval(p->p[i]);
+    if (h < 0)
+      return -1;
+    v = v * 16 + h;
+  }
+  p->p += 4;
+  return v;
+}
+
+/* UTF-8 of code point v into out; returns its length. */
+static size_t utf8(unsigned long v, unsigned char out[4]) {
+  if (v < 0x80)
+    return out[0] = (unsigned char)v, 1;
+  if (v < 0x800)
+    return out[0] = (unsigned char)(0xc0 | v >> 6), out[1] = (unsigned char)(0x80 | (v & 0x3f)), 2;
+  if (v < 0x10000) {
+    out[0] = (unsigned char)(0xe0 | v >> 12);
+    out[1] = (unsigned char)(0x80 | ((v >> 6) & 0x3f));
+    out[2] = (unsigned char)(0x80 | (v & 0x3f));
+    return 3;
+  }
+  out[0] = (unsigned char)(0xf0 | v >> 18);
+  out[1] = (unsigned char)(0x80 | ((v >> 12) & 0x3f));
+  out[2] = (unsigned char)(0x80 | ((v >> 6) & 0x3f));
+  out[3] = (unsigned char)(0x80 | (v & 0x3f));
+  return 4;
+}
+
 static char *string(P *p) {
   if (*p->p != '"')
     return fail(p, "expected a string"), NULL;
@@ -38,6 +70,8 @@ static char *string(P *p) {
     return fail(p, "out of memory"), NULL;
   while (*p->p != '"') {
     unsigned char c = (unsigned char)*p->p++;
+    unsigned char bytes[4] = {c};
+    size_t nb = 1;
     if (!c || c < 0x20) {
       free(s);
       return fail(p, "unterminated string"), NULL;
@@ -45,23 +79,30 @@ static char *string(P *p) {
     if (c == '\\') {
       char e = *p->p++;
       switch (e) {
-      case '"': case '\\': case '/': c = (unsigned char)e; break;
-      case 'n': c = '\n'; break;
-      case 't': c = '\t'; break;
-      case 'r': c = '\r'; break;
-      case 'b': c = '\b'; break;
-      case 'f': c = '\f'; break;
+      case '"': case '\\': case '/': bytes[0] = (unsigned char)e; break;
+      case 'n': bytes[0] = '\n'; break;
+      case 't': bytes[0] = '\t'; break;
+      case 'r': bytes[0] = '\r'; break;
+      case 'b': bytes[0] = '\b'; break;
+      case 'f': bytes[0] = '\f'; break;
       case 'u': {
-        int v = 0;
-        for (int i = 0; i < 4; i++) {
-          int h = hexval(*p->p++);
-          if (h < 0) {
-            free(s);
-            return fail(p, "bad \\u escape"), NULL;
-          }
-          v = v * 16 + h;
+        long v = hex4(p);
+        if (v < 0) {
+          free(s);
+          return fail(p, "bad \\u escape"), NULL;
         }
-        c = v < 0x80 ? (unsigned char)v : '?'; /* the protocol escapes control characters only */
+        if (v >= 0xd800 && v <= 0xdbff && p->p[0] == '\\' && p->p[1] == 'u') { /* a surrogate pair */
+          const char *at = p->p;
+          p->p += 2;
+          long lo = hex4(p);
+          if (lo >= 0xdc00 && lo <= 0xdfff)
+            v = 0x10000 + ((v - 0xd800) << 10) + (lo - 0xdc00);
+          else
+            p->p = at;
+        }
+        if (v >= 0xd800 && v <= 0xdfff)
+          v = 0xfffd; /* a lone surrogate */
+        nb = utf8((unsigned long)v, bytes);
         break;
       }
       default:
@@ -69,7 +110,7 @@ static char *string(P *p) {
         return fail(p, "bad escape"), NULL;
       }
     }
-    if (n + 2 > cap) {
+    if (n + nb + 1 > cap) {
       char *t = realloc(s, cap *= 2);
       if (!t) {
         free(s);
@@ -77,7 +118,8 @@ static char *string(P *p) {
       }
       s = t;
     }
-    s[n++] = (char)c;
+    memcpy(s + n, bytes, nb);
+    n += nb;
   }
   p->p++;
   s[n] = '\0';

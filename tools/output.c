@@ -28,14 +28,35 @@ const char *cmd_age(uint64_t then_ms, uint64_t now_ms, char *buf, size_t len) {
 void cmd_json_str(FILE *f, const char *s) {
   fputc('"', f);
   for (; *s; s++) {
-    if (*s == '"' || *s == '\\')
+    if (*s == '"' || *s == '\\') {
       fprintf(f, "\\%c", *s);
-    else if ((unsigned char)*s < 0x20)
+    } else if ((unsigned char)*s < 0x20) {
       fprintf(f, "\\u%04x", (unsigned)*s);
-    else
-      fputc(*s, f);
+    } else {
+      size_t n = gr_utf8_len((const unsigned char *)s);
+      if (n) {
+        fwrite(s, 1, n, f);
+        s += n - 1;
+      } else {
+        fputs("\\ufffd", f); /* JSON is UTF-8: a byte that is not becomes U+FFFD */
+      }
+    }
   }
   fputc('"', f);
+}
+
+char *cmd_printable(char *s) {
+  for (unsigned char *p = (unsigned char *)s; *p;) {
+    size_t n = gr_utf8_len(p);
+    if (n == 2 && p[0] == 0xc2 && p[1] < 0xa0) /* a C1 control (U+0080..U+009F), as terminals read it */
+      n = 0, p[1] = '?';
+    if (!n || *p < 0x20 || *p == 0x7f) {
+      *p++ = '?';
+      continue;
+    }
+    p += n;
+  }
+  return s;
 }
 
 void cmd_json_dump(FILE *f, const jnode_t *n) {

@@ -374,7 +374,7 @@ const char *cmd_command_of(const proc_t *p, char *buf, size_t len) {
     while (*w == ' ')
       w++;
   }
-  return buf;
+  return cmd_printable(buf);
 }
 
 void cmd_program_of(const proc_t *p, char *buf, size_t len) {

@@ -44,9 +44,9 @@ class Held:
     """A program holding memory under `gpureclaim run`: 3 MiB live, 64 MiB cached in a pool, a 5 MiB orphan,
     64 KiB pinned."""
 
-    def __init__(self, env, *run_opts):
-        self.p = subprocess.Popen([CMD, "run", *run_opts, "--", HOLD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, env=env)
+    def __init__(self, env, *run_opts, program=HOLD, args=()):
+        self.p = subprocess.Popen([CMD, "run", *run_opts, "--", program, *args], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         line = self.p.stdout.readline()
         assert line.startswith("ready "), (line, self.p.stderr.read() if self.p.poll() is not None else "")
         self.pid = int(line.split()[1])
@@ -283,6 +283,35 @@ class CommandTest(unittest.TestCase):
         p = run("ps", env=self.env, check=0)
         self.assertIn("removed the stale status file of pid %d (the process is gone)" % h3.pid, p.stderr)
         self.assertFalse({"%d.json" % h3.pid, "%d.sock" % h3.pid} & set(os.listdir(self.rundir)))
+
+    def test_odd_bytes_in_a_command_line(self):
+        """Command lines are bytes: JSON and Prometheus output stay UTF-8, tables show no control characters."""
+        odd = os.path.join(os.fsencode(self.tmp), b"ho\xffld\x1b[2J")
+        os.symlink(HOLD, odd)
+        h = Held(self.env, program=odd, args=(b"\xfe\xc3", "caf\u00e9", "line\nbreak"))
+        self.held.append(h)
+        with open(os.path.join(self.rundir, "%d.json" % h.pid), "rb") as f:
+            status = json.loads(f.read().decode("utf-8"))  # strict: fails on a stray byte
+        self.assertIn("\ufffd", status["cmdline"])
+        self.assertIn("caf\u00e9", status["cmdline"])
+        p = subprocess.run([CMD, "ps", "--json"], capture_output=True, env=self.env, timeout=60)
+        row = [r for r in json.loads(p.stdout.decode("utf-8")) if r["pid"] == h.pid][0]
+        self.assertIn("\x1b[2J", row["command"])  # escaped in JSON, intact for whoever reads it
+        self.assertIn("line\nbreak", row["command"])
+        table = subprocess.run([CMD, "ps"], capture_output=True, env=self.env, timeout=60).stdout
+        self.assertNotIn(b"\x1b", table)
+        lines = [l for l in table.splitlines() if l.strip().startswith(b"%d " % h.pid)]
+        self.assertEqual(len(lines), 1, table)  # the newline in an argument does not break the row
+        self.assertIn("ho\ufffdld?[2J".encode(), lines[0])  # the escape character is shown as ?
+        table.decode("utf-8")
+        prom = os.path.join(self.tmp, "x.prom")
+        run("ps", "--prometheus", prom, env=self.env, check=0)
+        with open(prom, "rb") as f:
+            text = f.read().decode("utf-8")
+        self.assertIn('command="ho\ufffdld\x1b[2J"', text)
+        out = subprocess.run([CMD, "release", str(h.pid)], capture_output=True, env=self.env, timeout=60).stdout
+        self.assertNotIn(b"\x1b", out)
+        self.assertIn(("%d (ho\ufffdld?[2J \ufffd\ufffd caf\u00e9 line?break)" % h.pid).encode(), out)
 
     def test_run_maps_options_to_variables(self):
         log = os.path.join(self.tmp, "custom.log")
