@@ -432,7 +432,7 @@ uint64_t gr_py_release(void);
 void *gr_py_save_if_held(void);
 void gr_py_restore(void *state);
 
-void gr_rep_release(const gpureclaim_report_t *r);
+void gr_rep_release(const gpureclaim_report_t *r, bool served_signal);
 int gr_rep_status_update(void);
 void gr_rep_status_remove(void);
 struct jbuf;

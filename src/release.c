@@ -461,6 +461,7 @@ typedef struct {
   bool only_ctx;
   uint16_t ctx_id;
   uint16_t scope;
+  bool served_signal; /* a release signal asked for it (alone or coalesced with other requests) */
 } rel_args_t;
 
 static _Atomic uint64_t g_seq;
@@ -510,7 +511,7 @@ static void do_release(const rel_args_t *a, gpureclaim_report_t *rep) {
   mem_info(rep, true);
   rep->duration_ns = now_ns() - t0;
   gr_stats_release(rep->cached_bytes + rep->orphaned_bytes + rep->all_bytes);
-  gr_rep_release(rep);
+  gr_rep_release(rep, a->served_signal);
   t_releasing--;
 }
 
@@ -521,6 +522,7 @@ static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
 static bool g_running;
 static unsigned g_pending_what;
 static int g_pending_trigger;
+static bool g_pending_signal;
 static uint64_t g_requested, g_served;
 static gpureclaim_report_t g_last;
 
@@ -538,14 +540,17 @@ int gr_rel_run(unsigned what, int trigger, gpureclaim_report_t *out) {
   g_pending_what |= what;
   if (!g_pending_trigger)
     g_pending_trigger = trigger;
+  g_pending_signal |= trigger == GPURECLAIM_TRIGGER_SIGNAL;
   void *gil = NULL;
   while (g_served < ticket) {
     if (!g_running) {
       g_running = true;
-      rel_args_t a = {.what = g_pending_what, .trigger = g_pending_trigger, .python = true};
+      rel_args_t a = {.what = g_pending_what, .trigger = g_pending_trigger, .python = true,
+                      .served_signal = g_pending_signal};
       uint64_t covers = g_requested;
       g_pending_what = 0;
       g_pending_trigger = 0;
+      g_pending_signal = false;
       pthread_mutex_unlock(&g_mu);
       if (gil) { /* we run the release ourselves: we may need the GIL back for step 1 */
         gr_py_restore(gil);
@@ -689,6 +694,7 @@ void gr_rel_atfork_child(void) {
   g_running = false;
   g_pending_what = 0;
   g_pending_trigger = 0;
+  g_pending_signal = false;
   g_requested = g_served = 0;
   atomic_store_explicit(&g_oom_busy, 0, memory_order_relaxed);
   atomic_store_explicit(&g_seq, 0, memory_order_relaxed);

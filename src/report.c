@@ -187,6 +187,10 @@ static uint64_t start_ticks(void) {
 static _Atomic uint64_t g_status_releases;
 static gpureclaim_report_t g_last_report;
 static bool g_have_last;
+/* Releases that served a release signal, and the last of them: `gpureclaim release --signal` waits for this
+ * count to grow and shows that report, not whatever release (of another client) happened to end first. */
+static uint64_t g_signal_releases;
+static gpureclaim_report_t g_last_signal_report;
 static pthread_mutex_t g_status_lock = PTHREAD_MUTEX_INITIALIZER;
 
 int gr_rep_status_update(void) {
@@ -230,6 +234,13 @@ int gr_rep_status_update(void) {
   } else {
     jb_null(&b, "last_release");
   }
+  jb_u64(&b, "signal_releases", g_signal_releases);
+  if (g_signal_releases) {
+    jb_key(&b, "last_signal_release");
+    gr_rep_report_json(&b, &g_last_signal_report);
+  } else {
+    jb_null(&b, "last_signal_release");
+  }
   pthread_mutex_unlock(&g_status_lock);
   jb_obj_end(&b);
   jb_raw(&b, "\n", 1);
@@ -242,6 +253,7 @@ void gr_rep_atfork_child(void) {
   pthread_mutex_init(&g_status_lock, NULL);
   atomic_store_explicit(&g_status_releases, 0, memory_order_relaxed);
   g_have_last = false;
+  g_signal_releases = 0;
 }
 
 void gr_rep_status_remove(void) {
@@ -255,7 +267,7 @@ void gr_rep_status_remove(void) {
 
 /* ---- release reports ---- */
 
-void gr_rep_release(const gpureclaim_report_t *r) {
+void gr_rep_release(const gpureclaim_report_t *r, bool served_signal) {
   jbuf_t b;
   jb_init(&b);
   jb_obj(&b);
@@ -283,6 +295,10 @@ void gr_rep_release(const gpureclaim_report_t *r) {
   g_last_report = *r;
   g_have_last = true;
   atomic_fetch_add_explicit(&g_status_releases, 1, memory_order_relaxed);
+  if (served_signal) {
+    g_last_signal_report = *r;
+    g_signal_releases++;
+  }
   pthread_mutex_unlock(&g_status_lock);
   if (gr_opt()->status)
     gr_rep_status_update();

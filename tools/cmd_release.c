@@ -19,8 +19,18 @@ static double seconds_since(const struct timespec *t0) {
   return (double)(t.tv_sec - t0->tv_sec) + (double)(t.tv_nsec - t0->tv_nsec) / 1e9;
 }
 
-/* Sends the process's release signal and waits for its status file to count one more release; returns the
- * re-read status file (its last_release is the report). */
+/* The count a signalled release is awaited on, and its report: releases that served a release signal (a
+ * library that writes them), else every release (older libraries: another client's release that ends first is
+ * then taken for the signal's). */
+static const char *signal_count_key(const jnode_t *status) {
+  return jget(status, "signal_releases") ? "signal_releases" : "releases";
+}
+static const char *signal_report_key(const jnode_t *status) {
+  return jget(status, "signal_releases") ? "last_signal_release" : "last_release";
+}
+
+/* Sends the process's release signal and waits for its status file to count one more release that served a
+ * signal; returns the re-read status file (signal_report_key() names the report). */
 static jnode_t *release_by_signal(const proc_t *p, double timeout, bool explicit, const char **why) {
   int sig = 0;
   const char *name = jstr(p->status, "signal", "USR1");
@@ -35,7 +45,9 @@ static jnode_t *release_by_signal(const proc_t *p, double timeout, bool explicit
   }
   /* Counted from the status file as read now, just before the signal: an earlier release is not taken for ours. */
   jnode_t *now = cmd_read_status(p);
-  int64_t before = jint(now ? now : p->status, "releases", 0);
+  const jnode_t *base = now ? now : p->status;
+  const char *count = signal_count_key(base), *report = signal_report_key(base);
+  int64_t before = jint(base, count, 0);
   if (now) {
     jfree(now);
     free(now);
@@ -48,7 +60,7 @@ static jnode_t *release_by_signal(const proc_t *p, double timeout, bool explicit
   clock_gettime(CLOCK_MONOTONIC, &t0);
   for (;;) {
     jnode_t *s = cmd_read_status(p);
-    if (s && jint(s, "releases", 0) > before && jget(s, "last_release") && jget(s, "last_release")->type == JN_OBJ)
+    if (s && jint(s, count, 0) > before && jget(s, report) && jget(s, report)->type == JN_OBJ)
       return s;
     if (s) {
       jfree(s);
@@ -137,7 +149,7 @@ static jnode_t *release_one(const proc_t *p, const request_t *rq, const jnode_t 
   }
   jnode_t *st = release_by_signal(p, rq->timeout, rq->by_signal, why);
   if (st)
-    *rep = jget(st, "last_release");
+    *rep = jget(st, signal_report_key(st));
   return st;
 }
 

@@ -5,6 +5,7 @@ refusals without the library, and to make it misbehave in ways the library never
 
     python3 fakeproc.py RUNDIR [--mode normal|silent|garbage|refuse|close] [--uid N] [--no-socket]
                                [--socket-gone] [--signal USR1] [--deaf] [--program NAME] [--log FILE]
+                               [--other-release-first] [--old-status]
 
 Prints "ready PID" once the status file and the socket exist; exits when stdin closes. Every request line and
 every signal it receives is appended to --log, so a test can tell that nothing reached it.
@@ -81,6 +82,8 @@ class Fake:
         self.lock = threading.Lock()
         self.releases = 0
         self.last = None
+        self.signal_releases = 0
+        self.last_signal = None
         os.makedirs(args.rundir, mode=0o700, exist_ok=True)
         self.status_path = os.path.join(args.rundir, "%d.json" % self.pid)
         self.sock_path = os.path.join(args.rundir, "%d.sock" % self.pid)
@@ -101,6 +104,8 @@ class Fake:
               "started_ms": self.started, "updated_ms": int(time.time() * 1000), "signal": self.args.signal,
               "on_signal": "cached,orphaned", "socket": socket_field, "releases": self.releases,
               "last_release": self.last}
+        if not self.args.old_status:
+            st.update(signal_releases=self.signal_releases, last_signal_release=self.last_signal)
         tmp = self.status_path + ".tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -111,6 +116,9 @@ class Fake:
         with self.lock:
             self.releases += 1
             self.last = report(self.releases, trigger, what)
+            if trigger == "signal":
+                self.signal_releases += 1
+                self.last_signal = self.last
             self.write_status()
             return self.last
 
@@ -159,6 +167,11 @@ class Fake:
 
     def on_signal(self, signum, frame):
         self.log("signal %d" % signum)
+        if self.args.other_release_first:
+            # Another client's release ends first; the signal's comes a moment later.
+            self.release("command", "cached")
+            threading.Timer(0.5, self.release, ("signal", "cached,orphaned")).start()
+            return
         self.release("signal", "cached,orphaned")
 
     def run(self):
@@ -190,6 +203,9 @@ def main():
     ap.add_argument("--signal", default="USR1", choices=["USR1", "USR2", "off"])
     ap.add_argument("--deaf", action="store_true", help="ignore the release signal")
     ap.add_argument("--program", default="fakeproc")
+    ap.add_argument("--other-release-first", action="store_true",
+                    help="on the signal, a command release ends first and the signal's 0.5 s later")
+    ap.add_argument("--old-status", action="store_true", help="no signal_releases (a library before 0.1.1)")
     ap.add_argument("--log")
     Fake(ap.parse_args()).run()
 

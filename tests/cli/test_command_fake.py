@@ -265,6 +265,17 @@ class FakeTest(unittest.TestCase):
         self.assertIn("GPURECLAIM_ON_SIGNAL", p.stderr)
         self.cmd("release", "--signal", "--what", "orphaned,cached", str(f.pid), check=0)
 
+    def test_release_by_signal_waits_for_the_signals_own_release(self):
+        f = self.fake("--other-release-first")
+        out = json.loads(self.cmd("release", "--signal", "--json", str(f.pid), check=0).stdout)
+        rep = out[0]["report"]
+        self.assertEqual((rep["trigger"], rep["seq"], rep["what"]), ("signal", 2, "cached,orphaned"),
+                         "not the command release that ended first")
+        # A library that does not count signal releases: the first release to end is all the command can see.
+        g = self.fake("--other-release-first", "--old-status")
+        out = json.loads(self.cmd("release", "--signal", "--json", str(g.pid), check=0).stdout)
+        self.assertEqual(out[0]["report"]["seq"], 1)
+
     def test_a_deaf_process_times_out_by_signal(self):
         f = self.fake("--no-socket", "--deaf")
         t0 = time.monotonic()
