@@ -151,6 +151,65 @@ static bool is_elf(const char *path) {
   return ok;
 }
 
+/* A log file the library can append to: an existing writable file, or a new one in a writable directory.
+ * (stderr, and the empty value, mean standard error.) The library would otherwise only warn, at its first
+ * release, and write to standard error. */
+static int chk_log(const char *v) {
+  if (!*v || !strcmp(v, "stderr"))
+    return 0;
+  if (access(v, F_OK) == 0)
+    return access(v, W_OK);
+  char dir[PATH_MAX];
+  snprintf(dir, sizeof dir, "%s", v);
+  char *slash = strrchr(dir, '/');
+  if (!slash)
+    snprintf(dir, sizeof dir, ".");
+  else if (slash == dir)
+    dir[1] = '\0';
+  else
+    *slash = '\0';
+  struct stat st;
+  return stat(dir, &st) == 0 && S_ISDIR(st.st_mode) && access(dir, W_OK | X_OK) == 0 ? 0 : -1;
+}
+
+/* GPURECLAIM_* variables already in the environment reach the program too: they are checked as the options
+ * are, so that `GPURECLAIM_RUNDIR=/tmp gpureclaim run CMD` is refused as `run --rundir /tmp CMD` is. */
+static int chk_environment(void) {
+  static const struct {
+    const char *var;
+    int (*check)(const char *);
+  } vars[] = {{"GPURECLAIM_DISABLE", NULL},     {"GPURECLAIM_SIGNAL", NULL},    {"GPURECLAIM_ON_SIGNAL", NULL},
+              {"GPURECLAIM_OOM_RETRY", NULL},   {"GPURECLAIM_LOG", chk_log},    {"GPURECLAIM_RUNDIR", chk_rundir},
+              {"GPURECLAIM_LEAK_REPORT", NULL}, {"GPURECLAIM_BACKTRACE", NULL}, {"GPURECLAIM_PYTHON", NULL},
+              {"GPURECLAIM_STATUS", NULL},      {"GPURECLAIM_VERBOSE", NULL}};
+  for (size_t k = 0; k < sizeof vars / sizeof vars[0]; k++) {
+    const char *v = getenv(vars[k].var), *expected = "";
+    if (!v)
+      continue;
+    if (gr_opt_check(vars[k].var, v, &expected) != 0 || (vars[k].check && vars[k].check(v) != 0)) {
+      if (vars[k].check == chk_rundir)
+        expected = "an existing directory of yours with mode 0700, or a new one in an existing directory";
+      else if (vars[k].check == chk_log)
+        expected = "stderr, or a file you can write (in an existing directory)";
+      fprintf(stderr, "gpureclaim: run: bad value in the environment: %s=%s (expected %s)\n", vars[k].var, v,
+              expected);
+      return EX_USAGE;
+    }
+  }
+  return EX_OK;
+}
+
+/* A relative GPURECLAIM_LOG would be opened in whatever directory the program is in when it first releases:
+ * made absolute here, where the user typed it. */
+static void absolute_log(void) {
+  const char *v = getenv("GPURECLAIM_LOG");
+  char cwd[PATH_MAX], abs[2 * PATH_MAX + 2];
+  if (!v || !*v || v[0] == '/' || !strcmp(v, "stderr") || !getcwd(cwd, sizeof cwd))
+    return;
+  snprintf(abs, sizeof abs, "%s/%s", cwd, v);
+  setenv("GPURECLAIM_LOG", abs, 1);
+}
+
 int cmd_run(int argc, char **argv) {
   static const struct {
     const char *opt, *var;
@@ -159,7 +218,7 @@ int cmd_run(int argc, char **argv) {
   } valued[] = {{"--signal", "GPURECLAIM_SIGNAL", NULL, NULL},
                 {"--on-signal", "GPURECLAIM_ON_SIGNAL", NULL, NULL},
                 {"--oom-retry", "GPURECLAIM_OOM_RETRY", NULL, NULL},
-                {"--log", "GPURECLAIM_LOG", NULL, NULL},
+                {"--log", "GPURECLAIM_LOG", chk_log, "stderr, or a file you can write (in an existing directory)"},
                 {"--rundir", "GPURECLAIM_RUNDIR", chk_rundir,
                  "an existing directory of yours with mode 0700, or a new one in an existing directory"}};
   static const struct {
@@ -208,6 +267,10 @@ int cmd_run(int argc, char **argv) {
   }
   if (i >= argc)
     return cmd_usage_error("run: give the program to run (gpureclaim run [options] -- CMD ARGS...)%s", "");
+  int env_rc = chk_environment();
+  if (env_rc != EX_OK)
+    return env_rc;
+  absolute_log();
   char lib[PATH_MAX];
   if (!find_library(lib, sizeof lib)) {
     const char *env = getenv("GPURECLAIM_LIBRARY");

@@ -497,12 +497,13 @@ class FakeTest(unittest.TestCase):
 
     def test_run_maps_options_to_variables(self):
         rundir = os.path.join(self.tmp, "newrun")  # new, in an existing directory: the library can create it
-        env = self.run_env("--signal", "RTMIN+2", "--on-signal", "all", "--oom-retry", "3", "--log", "/x/y.log",
+        log = os.path.join(self.tmp, "y.log")
+        env = self.run_env("--signal", "RTMIN+2", "--on-signal", "all", "--oom-retry", "3", "--log", log,
                            "--rundir", rundir, "--leak-report", "--backtrace", "--verbose=2", "--no-status",
                            "--disable")
         self.assertEqual({k: v for k, v in env.items() if k.startswith("GPURECLAIM_") and k != "GPURECLAIM_LIBRARY"},
                          {"GPURECLAIM_SIGNAL": "RTMIN+2", "GPURECLAIM_ON_SIGNAL": "all", "GPURECLAIM_OOM_RETRY": "3",
-                          "GPURECLAIM_LOG": "/x/y.log", "GPURECLAIM_RUNDIR": rundir,
+                          "GPURECLAIM_LOG": log, "GPURECLAIM_RUNDIR": rundir,
                           "GPURECLAIM_LEAK_REPORT": "1", "GPURECLAIM_BACKTRACE": "1", "GPURECLAIM_VERBOSE": "2",
                           "GPURECLAIM_STATUS": "0", "GPURECLAIM_DISABLE": "1"})
         self.assertEqual(self.run_env("--signal=off")["GPURECLAIM_SIGNAL"], "off")
@@ -513,13 +514,29 @@ class FakeTest(unittest.TestCase):
         os.chmod(open_dir, 0o755)
         for bad in (["--signal", "USR7"], ["--on-signal", "everything"], ["--oom-retry", "17"],
                     ["--rundir", "relative"], ["--rundir", open_dir], ["--rundir", "/nonexistent/parent/run"],
-                    ["--rundir", self.dummy_library()], ["--verbose=3"], ["--verbose=x"], ["--bogus"], ["--log"]):
+                    ["--rundir", self.dummy_library()], ["--verbose=3"], ["--verbose=x"], ["--bogus"], ["--log"],
+                    ["--log", "/nonexistent/dir/x.log"], ["--log", self.tmp + "/nodir/x.log"]):
             p = self.cmd("run", *bad, "--", "true")
             self.assertEqual(p.returncode, 2, bad)
             self.assertTrue("bad value for" in p.stderr or "unknown option" in p.stderr or "needs a value" in p.stderr,
                             (bad, p.stderr))
         self.assertIn("expected 0, 1 or 2", self.cmd("run", "--verbose=3", "--", "true").stderr)
         self.assertIn("mode 0700", self.cmd("run", "--rundir", open_dir, "--", "true").stderr)
+        self.assertIn("a file you can write", self.cmd("run", "--log", "/nonexistent/x", "--", "true").stderr)
+        # The same values in the environment reach the program too: refused the same way.
+        for var, val in (("GPURECLAIM_RUNDIR", open_dir), ("GPURECLAIM_VERBOSE", "7"),
+                         ("GPURECLAIM_LOG", "/nonexistent/dir/x.log"), ("GPURECLAIM_SIGNAL", "USR7")):
+            p = self.cmd("run", "--", "sh", "-c", "echo ran", env=dict(self.env, **{var: val}), check=2)
+            self.assertIn("bad value in the environment: %s=%s" % (var, val), p.stderr)
+            self.assertNotIn("ran", p.stdout)
+        # A relative log is the user's, not the program's working directory's.
+        wd = os.path.join(self.tmp, "wd")
+        os.mkdir(wd)
+        env = dict(self.env, GPURECLAIM_LIBRARY=self.dummy_library())
+        env.pop("LD_PRELOAD", None)
+        p = subprocess.run([CMD, "run", "--log", "rel.log", "--", "sh", "-c", "cd / && echo $GPURECLAIM_LOG"],
+                           capture_output=True, text=True, env=env, cwd=wd, timeout=60)
+        self.assertEqual(p.stdout.strip(), os.path.join(os.path.realpath(wd), "rel.log"), p.stderr)
         # Not a library: refused before the program runs, rather than a loader warning and a run without it.
         env = dict(self.env, GPURECLAIM_LIBRARY="/etc/passwd")
         p = self.cmd("run", "--", "sh", "-c", "echo ran", env=env, check=1)
