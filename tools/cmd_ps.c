@@ -280,7 +280,11 @@ int cmd_ps(int argc, char **argv) {
       return EX_USAGE;
     else if (m == 0)
       return cmd_usage_error("ps: unknown option: %s", argv[i]);
+    else if (!*prom)
+      return cmd_usage_error("ps: --prometheus needs a file (or - for standard output)%s", "");
   }
+  if (prom && cmd_json_out())
+    return cmd_usage_error("ps: --json and --prometheus are two formats: give one%s", "");
   row_t *rows;
   size_t n = collect(&rows);
   int rc = EX_OK;

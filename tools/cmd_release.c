@@ -172,19 +172,23 @@ int cmd_release(int argc, char **argv) {
       if (m < 0)
         rc = EX_USAGE;
       else if (!cmd_parse_seconds(v, &rq.timeout) || rq.timeout <= 0)
-        rc = cmd_usage_error("release: bad timeout %s (seconds, more than 0)", v);
+        rc = cmd_usage_error("release: bad timeout %s (seconds, more than 0 and at most 86400)", v);
     } else if (!strcmp(argv[i], "--all")) {
       all = true;
     } else if (!strcmp(argv[i], "--signal")) {
       rq.by_signal = true;
     } else if (!strcmp(argv[i], "--json")) {
       cmd_set_json(true);
+    } else if (argv[i][0] == '-' && argv[i][1]) {
+      rc = cmd_usage_error("release: unknown option: %s", argv[i]);
     } else if (!pids || !cmd_parse_pid(argv[i], &pids[npids++])) {
-      rc = cmd_usage_error("release: not a pid or an option: %s", argv[i]);
+      rc = cmd_usage_error("release: not a pid: %s", argv[i]);
     }
   }
-  if (rc == EX_OK && all == (npids > 0))
-    rc = cmd_usage_error("release: give pids or --all (not both)%s", "");
+  if (rc == EX_OK && all && npids > 0)
+    rc = cmd_usage_error("release: give pids or --all, not both%s", "");
+  else if (rc == EX_OK && !all && !npids)
+    rc = cmd_usage_error("release: give the pids to release, or --all%s", "");
   if (rc != EX_OK) {
     free(pids);
     return rc;

@@ -109,9 +109,14 @@ int cmd_snapshot(int argc, char **argv) {
       if (m < 0)
         return EX_USAGE;
       if (!cmd_parse_seconds(v, &timeout) || timeout <= 0)
-        return cmd_usage_error("snapshot: bad timeout %s (seconds, more than 0)", v);
-    } else if (pid || !cmd_parse_pid(argv[i], &pid))
-      return cmd_usage_error("snapshot: expected one pid, got %s", argv[i]);
+        return cmd_usage_error("snapshot: bad timeout %s (seconds, more than 0 and at most 86400)", v);
+    } else if (argv[i][0] == '-' && argv[i][1]) {
+      return cmd_usage_error("snapshot: unknown option: %s", argv[i]);
+    } else if (pid) {
+      return cmd_usage_error("snapshot: one pid at a time (got %s too)", argv[i]);
+    } else if (!cmd_parse_pid(argv[i], &pid)) {
+      return cmd_usage_error("snapshot: not a pid: %s", argv[i]);
+    }
   }
   if (!pid)
     return cmd_usage_error("snapshot: give a pid%s", "");

@@ -474,6 +474,18 @@ class FakeTest(unittest.TestCase):
         self.cmd("snapshot", "1", "2", check=2)
         self.cmd("ps", "--bogus", check=2)
         self.cmd("ps", "--prometheus", check=2)
+        # Each mistake is named for what it is.
+        for args, says in ((("release",), "give the pids to release, or --all"),
+                           (("release", "--all", "1"), "give pids or --all, not both"),
+                           (("release", "--bogus", "1"), "unknown option: --bogus"),
+                           (("release", "12x"), "not a pid: 12x"),
+                           (("release", "--timeout", "1e9", "1"), "at most 86400"),
+                           (("snapshot", "123", "--bogus"), "unknown option: --bogus"),
+                           (("snapshot", "abc"), "not a pid: abc"),
+                           (("snapshot", "1", "2"), "one pid at a time"),
+                           (("ps", "--prometheus="), "--prometheus needs a file"),
+                           (("ps", "--json", "--prometheus", "x.prom"), "--json and --prometheus are two formats")):
+            self.assertIn(says, self.cmd(*args, check=2).stderr, args)
 
     # ---- run ----
 
