@@ -72,6 +72,9 @@ sys.modules["exiting_cache"] = exiting
 huge = type(sys)("huge_cache")  # more than 64 bits: an error, not a count that wipes out the others
 huge.__gpureclaim_release__ = lambda: 1 << 64
 sys.modules["huge_cache"] = huge
+boolean = type(sys)("boolean_cache")  # True is not one byte
+boolean.__gpureclaim_release__ = lambda: True
+sys.modules["boolean_cache"] = boolean
 
 extra = type(sys)("extra_cache")
 def _extra_release():
@@ -106,12 +109,13 @@ def main():
     sys.stderr = real_stderr
     assert report is not None, "no release report"
     warnings = captured.getvalue()
-    assert "broken_cache.__gpureclaim_release__() raised an exception; it is skipped" in warnings, warnings
+    assert "broken_cache.__gpureclaim_release__() failed (below); it is skipped" in warnings, warnings
     assert "ZeroDivisionError" in warnings, warnings
-    assert "negative_cache.__gpureclaim_release__() raised an exception" in warnings, warnings
+    assert "negative_cache.__gpureclaim_release__() failed" in warnings, warnings
     assert "returned -5, not a number of bytes" in warnings, warnings
-    assert "exiting_cache.__gpureclaim_release__() raised an exception" in warnings and "SystemExit" in warnings
-    assert "huge_cache.__gpureclaim_release__() raised" in warnings and "returned %d" % (1 << 64) in warnings
+    assert "exiting_cache.__gpureclaim_release__() failed" in warnings and "SystemExit" in warnings
+    assert "huge_cache.__gpureclaim_release__() failed" in warnings and "returned %d" % (1 << 64) in warnings
+    assert "boolean_cache.__gpureclaim_release__() failed" in warnings and "returned True" in warnings
     assert spins > 0, "the main thread did not run while waiting"
     assert torch.cuda.memory_reserved() == 0, "the cache was not emptied"
     assert torch.cuda.empty_cache_calls == 1
