@@ -63,6 +63,11 @@ int gr_track_take(unsigned ks, uint64_t key, unsigned kind_mask, gr_rec_t *out) 
     return 1;
   if (gr_track_late_free(ks, key))
     return -1;
+  /* The driver may have handed the address out again meanwhile (a late free racing another thread's
+   * allocation, which consumed the tombstone): this free is then a free of that block, record included, or
+   * its record would outlive it. */
+  if (gr_table_take_kind(ks, key, GR_STMASK(GR_ST_LIVE) | GR_STMASK(GR_ST_ORPHAN), kind_mask, out) == 0)
+    return 1;
   gr_stats_untracked_free();
   return 0;
 }
