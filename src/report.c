@@ -447,6 +447,16 @@ static void symbolize(uintptr_t pc, char *buf, size_t len) {
     buf[0] = '\0';
 }
 
+/* "module+0xoffset" of pc (the module's file name and pc's offset from its load address): what addr2line -e
+ * and LeakSanitizer's reports use, stable across runs of a position-independent program. */
+static void locate(uintptr_t pc, char *buf, size_t len) {
+  Dl_info info;
+  if (pc && dladdr((void *)pc, &info) && info.dli_fbase) /* named as "library" is (the main program too) */
+    snprintf(buf, len, "%s+0x%lx", gr_reg_library(pc).name, (unsigned long)(pc - (uintptr_t)info.dli_fbase));
+  else
+    snprintf(buf, len, "?");
+}
+
 int gr_rep_leaks(jbuf_t *b, bool json) {
   leaks_t *l = calloc(1, sizeof *l);
   if (!l)
@@ -489,6 +499,12 @@ int gr_rep_leaks(jbuf_t *b, bool json) {
       for (int f = 0; f < nf; f++)
         jb_hex(b, NULL, frames[f]);
       jb_arr_end(b);
+      jb_arr(b, "locations");
+      for (int f = 0; f < nf; f++) {
+        locate(frames[f], sym, sizeof sym);
+        jb_str(b, NULL, sym);
+      }
+      jb_arr_end(b);
       jb_obj_end(b);
     }
     jb_arr_end(b);
@@ -519,9 +535,10 @@ int gr_rep_leaks(jbuf_t *b, bool json) {
       uintptr_t frames[GR_STACK_MAX];
       int nf = gr_stack_frames(g->caller, frames, GR_STACK_MAX);
       for (int f = 0; f < nf; f++) {
+        char at[300];
         symbolize(frames[f], sym, sizeof sym);
-        jb_printf(b, "    #%d %#lx in %s (%s)\n", f, (unsigned long)frames[f], sym[0] ? sym : "??",
-                  gr_reg_library(frames[f]).name);
+        locate(frames[f], at, sizeof at);
+        jb_printf(b, "    #%d %#lx in %s (%s)\n", f, (unsigned long)frames[f], sym[0] ? sym : "??", at);
       }
     }
     if (!l->n)

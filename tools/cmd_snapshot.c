@@ -88,9 +88,15 @@ static void print_leaks(const jnode_t *l) {
     printf("\n%lld block%s, %s (%s) allocated by %s at %s%s%s%s\n", gn, gr_plural(gn),
            cmd_bytes((uint64_t)jint(x, "bytes", 0), b, 32), jstr(x, "kind", "?"), jstr(x, "library", "?"),
            jstr(x, "caller", "?"), sym ? " (" : "", sym ? sym : "", sym ? ")" : "");
-    const jnode_t *fr = jget(x, "frames");
-    for (size_t k = 0; fr && fr->type == JN_ARR && k < fr->n; k++)
-      printf("    #%zu %s\n", k, fr->kids[k].type == JN_STR ? fr->kids[k].s : "?");
+    const jnode_t *fr = jget(x, "frames"), *at = jget(x, "locations");
+    for (size_t k = 0; fr && fr->type == JN_ARR && k < fr->n; k++) {
+      /* module+offset, for addr2line (libraries before 0.1.1 send frames only) */
+      const char *loc = at && at->type == JN_ARR && k < at->n && at->kids[k].type == JN_STR ? at->kids[k].s : NULL;
+      char where[300] = "";
+      if (loc)
+        snprintf(where, sizeof where, " (%s)", loc);
+      printf("    #%zu %s%s\n", k, fr->kids[k].type == JN_STR ? fr->kids[k].s : "?", cmd_printable(where));
+    }
   }
 }
 

@@ -70,7 +70,8 @@ SNAPSHOT_BLOCKS = [  # device 0: 2 GiB of libtorch_cuda.so blocks, 3 GiB in one 
 LEAKS = {"blocks": 3, "bytes": 3 * GiB + 512 * MiB,
          "devices": [{"device": 0, "blocks": 2, "bytes": 3 * GiB}, {"device": 1, "blocks": 1, "bytes": 512 * MiB}],
          "groups": [{"library": "libmodel.so", "caller": "0x5678", "symbol": "load_model+0x4c", "kind": "async",
-                     "blocks": 2, "bytes": 3 * GiB, "frames": ["0x5678", "0x9999"]},
+                     "blocks": 2, "bytes": 3 * GiB, "frames": ["0x5678", "0x9999"],
+                     "locations": ["libmodel.so+0x678", "libmodel.so+0x999"]},
                     {"library": "libmodel.so", "caller": "0x9abc", "symbol": None, "kind": "device", "blocks": 1,
                      "bytes": 512 * MiB, "frames": ["0x9abc"]}]}
 

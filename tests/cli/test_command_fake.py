@@ -315,7 +315,8 @@ class FakeTest(unittest.TestCase):
         self.assertIn("gpureclaim: pid %d: 3 blocks (3.5 GiB) were never freed" % f.pid, out)
         self.assertIn("Device 0: 2 blocks, 3.0 GiB\nDevice 1: 1 block, 512.0 MiB\n", out)
         self.assertIn("2 blocks, 3.0 GiB (async) allocated by libmodel.so at 0x5678 (load_model+0x4c)\n"
-                      "    #0 0x5678\n    #1 0x9999\n", out)
+                      "    #0 0x5678 (libmodel.so+0x678)\n    #1 0x9999 (libmodel.so+0x999)\n", out)
+        self.assertIn("    #0 0x9abc\n", out, "an older library's report has no locations")
         leaks = json.loads(self.cmd("snapshot", str(f.pid), "--leaks", "--json", check=0).stdout)
         self.assertEqual([g["bytes"] for g in leaks["groups"]], [3 * GiB, 512 * MiB])
 

@@ -202,7 +202,9 @@ Test(reports, leak_report_text_and_json) {
   cr_assert_eq(py("import json,sys; d=json.load(open(sys.argv[1]));"
                   "assert d[\"blocks\"]==3 and d[\"bytes\"]==4*1048576+5000;"
                   "g=d[\"groups\"]; assert g[0][\"bytes\"]>=g[-1][\"bytes\"] and g[0][\"blocks\"]==2, g;"
-                  "assert g[0][\"frames\"] and g[0][\"library\"]",
+                  "assert g[0][\"frames\"] and g[0][\"library\"];"
+                  "assert len(g[0][\"locations\"]) == len(g[0][\"frames\"]), g[0];"
+                  "assert g[0][\"locations\"][0].startswith(\"test_reports+0x\"), g[0]",
                   path),
                0);
   unlink(path);
@@ -219,6 +221,8 @@ Test(reports, leak_report_at_exit_names_the_caller) {
   cr_assert_not_null(strstr(out, "3 blocks (6.0 MiB) were never freed"), "%s", out);
   cr_assert_not_null(strstr(out, "load_model"), "the backtrace names the function:\n%s", out);
   cr_assert_not_null(strstr(out, "leak_probe"), "and the binary:\n%s", out);
+  cr_assert_not_null(strstr(out, " in load_model+0x"), "%s", out);
+  cr_assert_not_null(strstr(out, "(leak_probe+0x"), "frames give module+offset, for addr2line:\n%s", out);
 }
 
 Test(reports, status_file_and_run_directory) {
