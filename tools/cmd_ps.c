@@ -8,6 +8,7 @@
 #include "outfile.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +46,23 @@ static void devices_text(const row_t *r, char *buf, size_t len) {
     snprintf(buf, len, r->stats ? "-" : "?");
 }
 
+/* Asks one process for its stats (a thread of collect()). */
+static void *ask_stats(void *arg) {
+  row_t *r = arg;
+  r->stats = cmd_ask(&r->p, "stats", 2.0, &r->why, NULL);
+  if (r->stats && !jbool(r->stats, "ok", false)) {
+    r->why = "it refused the stats request";
+    jfree(r->stats);
+    free(r->stats);
+    r->stats = NULL;
+  }
+  return NULL;
+}
+
+/* Processes are asked at once, up to ASK_AT_ONCE at a time: one that does not answer (stopped, busy with a
+ * long release) costs the 2 s of its timeout once, not once per process. */
+#define ASK_AT_ONCE 32
+
 static size_t collect(row_t **out) {
   proc_t *ps;
   size_t n = cmd_list(&ps);
@@ -57,13 +75,17 @@ static size_t collect(row_t **out) {
   for (size_t i = 0; i < n; i++) {
     rows[i].p = ps[i];
     rows[i].why = "";
-    rows[i].stats = cmd_ask(&ps[i], "stats", 2.0, &rows[i].why, NULL);
-    if (rows[i].stats && !jbool(rows[i].stats, "ok", false)) {
-      rows[i].why = "it refused the stats request";
-      jfree(rows[i].stats);
-      free(rows[i].stats);
-      rows[i].stats = NULL;
-    }
+  }
+  for (size_t first = 0; first < n; first += ASK_AT_ONCE) {
+    pthread_t th[ASK_AT_ONCE];
+    bool started[ASK_AT_ONCE] = {false};
+    size_t end = first + ASK_AT_ONCE < n ? first + ASK_AT_ONCE : n;
+    for (size_t i = first; i < end; i++)
+      if (!(started[i - first] = pthread_create(&th[i - first], NULL, ask_stats, &rows[i]) == 0))
+        ask_stats(&rows[i]); /* no thread: ask it here */
+    for (size_t i = first; i < end; i++)
+      if (started[i - first])
+        pthread_join(th[i - first], NULL);
   }
   free(ps);
   *out = rows;

@@ -228,6 +228,17 @@ class FakeTest(unittest.TestCase):
         self.assertTrue(r[0]["error"].startswith("timed out waiting for its answer; the request is withdrawn"),
                         r[0]["error"])
 
+    def test_ps_asks_processes_at_once(self):
+        silent = [self.fake("--mode", "silent") for _ in range(4)]
+        good = self.fake()
+        t0 = time.monotonic()
+        rows = json.loads(self.cmd("ps", "--json", check=0).stdout)
+        took = time.monotonic() - t0
+        self.assertLess(took, 7, "four silent processes, 2 s each, asked one after another would take 8 s")
+        by_pid = {r["pid"]: r for r in rows}
+        self.assertTrue(by_pid[good.pid]["answered"])
+        self.assertEqual([by_pid[f.pid]["answered"] for f in silent], [False] * 4)
+
     def test_one_failure_fails_the_whole_command(self):
         good, bad = self.fake(), self.fake("--mode", "close")
         p = self.cmd("release", str(good.pid), str(bad.pid), check=1)
