@@ -158,6 +158,7 @@ typedef struct gr_drv {
   CUresult (*cuMemFree)(CUdeviceptr);
   CUresult (*cuMemFreeHost)(void *);
   CUresult (*cuMemRelease)(CUmemGenericAllocationHandle);
+  CUresult (*cuMemGetAllocationPropertiesFromHandle)(CUmemAllocationProp *, CUmemGenericAllocationHandle);
   CUresult (*cuMemUnmap)(CUdeviceptr, size_t);
   CUresult (*cuMemAddressFree)(CUdeviceptr, size_t);
   CUresult (*cuGetErrorName)(CUresult, const char **);
@@ -410,7 +411,7 @@ void gr_rel_stop_worker(void);
 /* A block was allocated at key (an address, or a VMM handle): a tombstone of a reclaimed block there leaves. */
 void gr_rel_key_reused(unsigned ks, uint64_t key);
 /* A RECLAIMED tombstone left the table another way (late free consumed it, its context went). */
-void gr_rel_tombstone_gone(void);
+void gr_rel_tombstone_gone(unsigned ks);
 void gr_rel_atfork_child(void);
 uint64_t gr_rel_count(void);
 /* The context gate: a release holds it while it claims and frees blocks, and the hooks that destroy, reset,

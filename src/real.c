@@ -108,6 +108,7 @@ int gr_real_resolve_drv(void) {
   R(cuMemFree, "cuMemFree_v2");
   R(cuMemFreeHost, "cuMemFreeHost");
   R(cuMemRelease, "cuMemRelease");
+  R(cuMemGetAllocationPropertiesFromHandle, "cuMemGetAllocationPropertiesFromHandle");
   R(cuMemUnmap, "cuMemUnmap");
   R(cuMemAddressFree, "cuMemAddressFree");
   R(cuGetErrorName, "cuGetErrorName");

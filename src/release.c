@@ -221,8 +221,11 @@ typedef struct free_job {
   bool more;         /* the array could not grow: another round claims the rest */
 } free_job_t;
 
-static _Atomic uint64_t g_reclaimed; /* RECLAIMED tombstones in the table */
-#define MAX_RECLAIMED 65536
+/* RECLAIMED tombstones in the table, per key space: addresses (GR_KS_ADDR) and VMM handles (GR_KS_HANDLE).
+ * Each has its own bound: a driver that never hands a handle value out again leaves handle tombstones in place
+ * for good, and they must not use up the addresses' room. */
+static _Atomic uint64_t g_reclaimed[2];
+static const uint64_t k_max_reclaimed[2] = {65536, 4096};
 
 static bool in_pass(const free_job_t *j, unsigned kind) {
   switch (j->pass) {
@@ -324,13 +327,13 @@ static void free_claimed(free_job_t *j, const gr_rec_t *expect) {
     return;
   }
   /* Remember the address until the driver hands it out again (late frees), within a bound. */
-  uint8_t done = atomic_load_explicit(&g_reclaimed, memory_order_relaxed) < MAX_RECLAIMED &&
-                         (ks == GR_KS_ADDR || ks == GR_KS_HANDLE)
+  uint8_t done = (ks == GR_KS_ADDR || ks == GR_KS_HANDLE) &&
+                         atomic_load_explicit(&g_reclaimed[ks], memory_order_relaxed) < k_max_reclaimed[ks]
                      ? GR_ST_RECLAIMED
                      : GR_ST_DELETED;
   (void)gr_table_update(ks, expect->key, GR_STMASK(GR_ST_RECLAIMING), edit_state, &done, NULL);
   if (done == GR_ST_RECLAIMED)
-    atomic_fetch_add_explicit(&g_reclaimed, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&g_reclaimed[ks], 1, memory_order_relaxed);
   gr_stats_free(expect);
   gr_scope_unref(expect->scope);
   if (expect->kind == GPURECLAIM_KIND_VMM_MAPPING) {
@@ -400,14 +403,14 @@ static void free_pass(free_job_t *j) {
 
 /* A RECLAIMED tombstone leaves when its address comes back from the driver (track.c calls this). */
 void gr_rel_key_reused(unsigned ks, uint64_t key) {
-  if (GR_LIKELY(atomic_load_explicit(&g_reclaimed, memory_order_relaxed) == 0))
+  if (GR_LIKELY(atomic_load_explicit(&g_reclaimed[ks], memory_order_relaxed) == 0))
     return;
   gr_rec_t r;
   if (gr_table_take(ks, key, GR_STMASK(GR_ST_RECLAIMED), &r) == 0)
-    atomic_fetch_sub_explicit(&g_reclaimed, 1, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&g_reclaimed[ks], 1, memory_order_relaxed);
 }
 
-void gr_rel_tombstone_gone(void) { atomic_fetch_sub_explicit(&g_reclaimed, 1, memory_order_relaxed); }
+void gr_rel_tombstone_gone(unsigned ks) { atomic_fetch_sub_explicit(&g_reclaimed[ks], 1, memory_order_relaxed); }
 
 /* ---- pools ---- */
 
@@ -698,7 +701,8 @@ void gr_rel_atfork_child(void) {
   g_requested = g_served = 0;
   atomic_store_explicit(&g_oom_busy, 0, memory_order_relaxed);
   atomic_store_explicit(&g_seq, 0, memory_order_relaxed);
-  atomic_store_explicit(&g_reclaimed, 0, memory_order_relaxed);
+  atomic_store_explicit(&g_reclaimed[GR_KS_ADDR], 0, memory_order_relaxed);
+  atomic_store_explicit(&g_reclaimed[GR_KS_HANDLE], 0, memory_order_relaxed);
   for (int i = 0; i < MAX_RELEASERS; i++)
     atomic_store_explicit(&g_rel[i].running, 0, memory_order_relaxed);
 }

@@ -42,6 +42,15 @@ void gr_track_insert(gr_rec_t *r) {
   gr_stats_alloc(r);
 }
 
+/* Whether the driver knows VMM handle h now: a value a release freed can be live again without cuMemCreate
+ * (cuMemImportFromShareableHandle), or still live by a reference the program took (cuMemRetainAllocationHandle):
+ * then cuMemRelease is the program's own, for the driver. Unknown (no such entry point): not live. */
+static bool handle_live(uint64_t h) {
+  CUmemAllocationProp prop;
+  return gr_drv.cuMemGetAllocationPropertiesFromHandle &&
+         gr_drv.cuMemGetAllocationPropertiesFromHandle(&prop, (CUmemGenericAllocationHandle)h) == CUDA_SUCCESS;
+}
+
 bool gr_track_late_free(unsigned ks, uint64_t key) {
   /* A block a release freed (or is freeing) must not be freed again by the driver. */
   bool consumed = false;
@@ -50,7 +59,9 @@ bool gr_track_late_free(unsigned ks, uint64_t key) {
         gr_table_lookup(ks, key, GR_STMASK(GR_ST_RECLAIMING), NULL) == 0))
     return false;
   if (consumed)
-    gr_rel_tombstone_gone();
+    gr_rel_tombstone_gone(ks);
+  if (consumed && ks == GR_KS_HANDLE && handle_live(key))
+    return false;
   gr_stats_late_free();
   gr_warn_once(w_late, "the program freed %#llx, which a release had already freed as an orphan; the free was "
                        "not passed to the driver (further late frees are counted in late_frees)",
@@ -132,7 +143,7 @@ void gr_track_ctx_commit(gr_detached_t *d, bool destroyed) {
       continue;
     }
     if (r->state == GR_ST_RECLAIMED) {
-      gr_rel_tombstone_gone(); /* counted, and its scope released, when the release freed it */
+      gr_rel_tombstone_gone(gr_kind_keyspace(r->kind)); /* counted, and its scope released, when the release freed it */
       continue;
     }
     gr_stats_ctx_destroyed(r);

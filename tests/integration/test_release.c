@@ -177,6 +177,60 @@ Test(release, a_late_cumemrelease_is_swallowed_like_a_late_free) {
   cr_assert_neq(cuMemRelease(h), CUDA_SUCCESS, "a second one is the program's own double release");
 }
 
+/* A handle value a release freed can be live again without cuMemCreate (imported, or still referenced through
+ * cuMemRetainAllocationHandle): when the driver knows it, cuMemRelease is the program's own and reaches it.
+ * The simulator never reuses handle values, so its answer is injected here. */
+Test(release, a_cumemrelease_of_a_handle_the_driver_knows_reaches_the_driver) {
+  CUmemAllocationProp prop;
+  memset(&prop, 0, sizeof prop);
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  size_t gran = 0;
+  OK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  uint64_t s = gpureclaim_scope_begin();
+  CUmemGenericAllocationHandle h;
+  OK(cuMemCreate(&h, gran, &prop, 0));
+  cr_assert_eq(gpureclaim_scope_end(s, 0), 0);
+  gpureclaim_report_t r = {.size = sizeof r};
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &r), 0);
+  cr_assert_eq(r.orphaned_blocks, 1);
+  uint64_t late = grs().late_frees, calls = simcuda_calls("cuMemRelease");
+  cr_assert_eq(simcuda_inject("cuMemGetAllocationPropertiesFromHandle", CUDA_SUCCESS, 1), 0);
+  cr_assert_eq(cuMemRelease(h), CUDA_ERROR_INVALID_VALUE, "the driver's answer (it released h already)");
+  cr_assert_eq(simcuda_calls("cuMemRelease"), calls + 1, "it reached the driver");
+  cr_assert_eq(grs().late_frees, late);
+}
+
+/* Handle tombstones stay for good when the driver never hands a handle value out again (the simulator does
+ * not): more than the addresses' bound of them must not cost a late cuMemFree its tombstone. */
+Test(release, many_handle_tombstones_leave_room_for_addresses) {
+  CUmemAllocationProp prop;
+  memset(&prop, 0, sizeof prop);
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  size_t gran = 0;
+  OK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  gpureclaim_report_t r = {.size = sizeof r};
+  for (int round = 0; round < 5; round++) { /* 5 x 14,000 > 65,536, in rounds the device can hold */
+    uint64_t s = gpureclaim_scope_begin();
+    for (int i = 0; i < 14000; i++) {
+      CUmemGenericAllocationHandle h;
+      OK(cuMemCreate(&h, gran, &prop, 0));
+    }
+    cr_assert_eq(gpureclaim_scope_end(s, 0), 0);
+    cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &r), 0);
+    cr_assert_eq(r.orphaned_blocks, 14000);
+  }
+  uint64_t s = gpureclaim_scope_begin();
+  CUdeviceptr p;
+  OK(cuMemAlloc(&p, 1 * MiB));
+  cr_assert_eq(gpureclaim_scope_end(s, 0), 0);
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &r), 0);
+  uint64_t late = grs().late_frees;
+  OK(cuMemFree(p));
+  cr_assert_eq(grs().late_frees, late + 1, "the late free was recognised, not passed to the driver");
+}
+
 /* A scope ended from another thread leaves its thread's stack lazily. When its slot is open again, for a scope
  * of another thread, the first thread's blocks must not join that scope (and be freed as its orphans). */
 typedef struct {

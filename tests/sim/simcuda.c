@@ -65,7 +65,7 @@
   X(cuMemPoolSetAttribute) X(cuMemPoolGetAttribute) X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool)        \
   X(cuDeviceSetMemPool) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap) \
   X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAllocationGranularity) X(cuGetErrorName) X(cuGetErrorString)      \
-  X(cuGetProcAddress) X(cuGetProcAddress_v2)
+  X(cuGetProcAddress) X(cuGetProcAddress_v2) X(cuMemGetAllocationPropertiesFromHandle)
 
 enum {
 #define X(n) SIMFN_##n,
@@ -2057,6 +2057,25 @@ SIM_API cuMemRelease(CUmemGenericAllocationHandle handle) {
   LEAVE(cuMemRelease, r);
 }
 
+/* Properties of a handle the program still holds (not released); the driver's way to ask whether a handle is
+ * valid. */
+SIM_API cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle handle) {
+  ENTER(cuMemGetAllocationPropertiesFromHandle);
+  if (!inited()) LEAVE(cuMemGetAllocationPropertiesFromHandle, CUDA_ERROR_NOT_INITIALIZED);
+  if (!prop) LEAVE(cuMemGetAllocationPropertiesFromHandle, CUDA_ERROR_INVALID_VALUE);
+  LOCK();
+  vmm_handle_t *h = handle ? simmap_get(&g.vmm, handle) : NULL;
+  CUresult r = (!h || h->released) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+  if (r == CUDA_SUCCESS) {
+    memset(prop, 0, sizeof *prop);
+    prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop->location.id = h->device;
+  }
+  UNLOCK();
+  LEAVE(cuMemGetAllocationPropertiesFromHandle, r);
+}
+
 SIM_API cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
                             unsigned long long flags) {
   ENTER(cuMemAddressReserve);
@@ -2316,6 +2335,7 @@ static const struct pa_entry {
     PA("cuMemAddressFree", 10020, 0, cuMemAddressFree)
     PA("cuMemCreate", 10020, 0, cuMemCreate)
     PA("cuMemRelease", 10020, 0, cuMemRelease)
+    PA("cuMemGetAllocationPropertiesFromHandle", 10020, 0, cuMemGetAllocationPropertiesFromHandle)
     PA("cuMemMap", 10020, 0, cuMemMap)
     PA("cuMemUnmap", 10020, 0, cuMemUnmap)
     PA("cuMemSetAccess", 10020, 0, cuMemSetAccess)

@@ -237,3 +237,20 @@ Test(sim_vmm, vmm_memory_is_not_owned_by_a_context) {
   cr_assert_eq(s.vmm_mappings, 1);
   cr_assert_eq(sim_stats(0, c).live_blocks, 0);
 }
+
+/* cuMemGetAllocationPropertiesFromHandle answers for a handle the program holds, and fails once it released
+ * it (gpureclaim asks it whether a handle value is live again). */
+Test(sim_vmm, properties_of_a_held_handle_only) {
+  OK(cuInit(0));
+  CUmemAllocationProp p = prop_for(0), got;
+  CUmemGenericAllocationHandle h;
+  OK(cuMemCreate(&h, GRAN, &p, 0));
+  OK(cuMemGetAllocationPropertiesFromHandle(&got, h));
+  cr_assert_eq(got.type, CU_MEM_ALLOCATION_TYPE_PINNED);
+  cr_assert_eq(got.location.type, CU_MEM_LOCATION_TYPE_DEVICE);
+  cr_assert_eq(got.location.id, 0);
+  ERR(cuMemGetAllocationPropertiesFromHandle(NULL, h), CUDA_ERROR_INVALID_VALUE);
+  ERR(cuMemGetAllocationPropertiesFromHandle(&got, h + 1), CUDA_ERROR_INVALID_VALUE);
+  OK(cuMemRelease(h));
+  ERR(cuMemGetAllocationPropertiesFromHandle(&got, h), CUDA_ERROR_INVALID_VALUE);
+}
