@@ -271,6 +271,10 @@ static bool edit_unmapped(gr_rec_t *r, void *arg) {
   return true;
 }
 
+/* Blocks claimed (and so freed under the context gate) per round: a context's destroy, reset or retain waits
+ * for one round at most, not for a whole release of a hundred thousand blocks. */
+#define ROUND_MAX 4096
+
 /* Blocks are claimed while the table is visited, then freed in address order. The driver's cost depends on the
  * order: 10,000 1 MiB blocks freed in address order take about what cudaFree in allocation order takes, in the
  * table's hash order 1.5-1.6 times that (H100, bench/gpu/bench_release.cu). */
@@ -281,6 +285,10 @@ static int claim_one(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
     return 0;
   if (r->kind == GPURECLAIM_KIND_VMM && r->aux)
     return 0; /* still mapped: the mapping pass (ALL) or the program unmaps it first */
+  if (j->nclaimed == ROUND_MAX) {
+    j->more = true; /* the next round claims the rest: the context gate is held one round at a time */
+    return 1;
+  }
   if (j->nclaimed == j->cap) {
     size_t cap = j->cap ? j->cap * 2 : 256;
     gr_rec_t *v = realloc(j->claimed, cap * sizeof *v);

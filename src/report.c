@@ -12,6 +12,7 @@
 #include "outfile.h"
 
 #include <dlfcn.h>
+#include <link.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -451,8 +452,11 @@ static void symbolize(uintptr_t pc, char *buf, size_t len) {
  * and LeakSanitizer's reports use, stable across runs of a position-independent program. */
 static void locate(uintptr_t pc, char *buf, size_t len) {
   Dl_info info;
-  if (pc && dladdr((void *)pc, &info) && info.dli_fbase) /* named as "library" is (the main program too) */
-    snprintf(buf, len, "%s+0x%lx", gr_reg_library(pc).name, (unsigned long)(pc - (uintptr_t)info.dli_fbase));
+  struct link_map *lm = NULL;
+  /* The offset is from the module's load bias (l_addr), not the address it is mapped at: 0 for a program
+   * linked at a fixed address (-no-pie), whose file addresses are the absolute ones addr2line expects. */
+  if (pc && dladdr1((void *)pc, &info, (void **)&lm, RTLD_DL_LINKMAP) && lm)
+    snprintf(buf, len, "%s+0x%lx", gr_reg_library(pc).name, (unsigned long)(pc - (uintptr_t)lm->l_addr));
   else
     snprintf(buf, len, "?");
 }

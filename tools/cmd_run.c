@@ -91,13 +91,17 @@ static char *preload_list(const char *old, const char *lib) {
     while (*p == ':' || *p == ' ')
       p++;
     size_t n = strcspn(p, ": ");
+    if (n && is_gpureclaim(p, n)) { /* dropped (see above): it must not decide where lib goes either */
+      p += n;
+      continue;
+    }
     if (!placed && (!n || !is_sanitizer_runtime(p, n))) {
       used += (size_t)snprintf(out + used, cap - used, "%s%s", used ? ":" : "", lib);
       placed = true;
     }
     if (!n)
       break;
-    if (!(n == strlen(lib) && !strncmp(p, lib, n)) && !is_gpureclaim(p, n))
+    if (!(n == strlen(lib) && !strncmp(p, lib, n)))
       used += (size_t)snprintf(out + used, cap - used, "%s%.*s", used ? ":" : "", (int)n, p);
     p += n;
   }
@@ -157,8 +161,9 @@ static bool is_elf(const char *path) {
 static int chk_log(const char *v) {
   if (!*v || !strcmp(v, "stderr"))
     return 0;
-  if (access(v, F_OK) == 0)
-    return access(v, W_OK);
+  struct stat st;
+  if (stat(v, &st) == 0)
+    return !S_ISDIR(st.st_mode) && access(v, W_OK) == 0 ? 0 : -1; /* a file, or a device such as /dev/null */
   char dir[PATH_MAX];
   snprintf(dir, sizeof dir, "%s", v);
   char *slash = strrchr(dir, '/');
@@ -168,7 +173,6 @@ static int chk_log(const char *v) {
     dir[1] = '\0';
   else
     *slash = '\0';
-  struct stat st;
   return stat(dir, &st) == 0 && S_ISDIR(st.st_mode) && access(dir, W_OK | X_OK) == 0 ? 0 : -1;
 }
 

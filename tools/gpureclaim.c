@@ -105,6 +105,7 @@ bool cmd_parse_pid(const char *s, pid_t *out) {
  * /dev/full` must not exit 0 having printed nothing. A reader that went away (`| head`) is not: the output it
  * wanted was written. */
 static int finish(int rc) {
+  errno = 0; /* a write that failed earlier left its errno behind, maybe overwritten since: EIO then */
   if (fflush(stdout) == 0 && !ferror(stdout))
     return rc;
   if (errno != EPIPE) {

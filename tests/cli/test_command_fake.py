@@ -539,7 +539,7 @@ class FakeTest(unittest.TestCase):
         for bad in (["--signal", "USR7"], ["--on-signal", "everything"], ["--oom-retry", "17"],
                     ["--rundir", "relative"], ["--rundir", open_dir], ["--rundir", "/nonexistent/parent/run"],
                     ["--rundir", self.dummy_library()], ["--verbose=3"], ["--verbose=x"], ["--bogus"], ["--log"],
-                    ["--log", "/nonexistent/dir/x.log"], ["--log", self.tmp + "/nodir/x.log"]):
+                    ["--log", "/nonexistent/dir/x.log"], ["--log", self.tmp + "/nodir/x.log"], ["--log", self.tmp]):
             p = self.cmd("run", *bad, "--", "true")
             self.assertEqual(p.returncode, 2, bad)
             self.assertTrue("bad value for" in p.stderr or "unknown option" in p.stderr or "needs a value" in p.stderr,
@@ -547,6 +547,7 @@ class FakeTest(unittest.TestCase):
         self.assertIn("expected 0, 1 or 2", self.cmd("run", "--verbose=3", "--", "true").stderr)
         self.assertIn("mode 0700", self.cmd("run", "--rundir", open_dir, "--", "true").stderr)
         self.assertIn("a file you can write", self.cmd("run", "--log", "/nonexistent/x", "--", "true").stderr)
+        self.assertEqual(self.run_env("--log", "/dev/null")["GPURECLAIM_LOG"], "/dev/null", "a device is a file")
         # The same values in the environment reach the program too: refused the same way.
         for var, val in (("GPURECLAIM_RUNDIR", open_dir), ("GPURECLAIM_VERBOSE", "7"),
                          ("GPURECLAIM_LOG", "/nonexistent/dir/x.log"), ("GPURECLAIM_SIGNAL", "USR7")):
@@ -585,6 +586,8 @@ class FakeTest(unittest.TestCase):
                          "a nested run does not preload it twice")
         self.assertEqual(self.run_env(preload="/opt/other/libgpureclaim.so.0:libfoo.so:./libgpureclaim.so")["LD_PRELOAD"],
                          real + ":libfoo.so", "nor another copy preloaded by hand")
+        self.assertEqual(self.run_env(preload="/x/libgpureclaim.so.0:/usr/lib/libasan.so.8:libfoo.so")["LD_PRELOAD"],
+                         "/usr/lib/libasan.so.8:" + real + ":libfoo.so", "a dropped copy does not push it before ASan")
         self.assertEqual(self.run_env(preload="libgpureclaimx.so:/x/libgpureclaim")["LD_PRELOAD"],
                          real + ":libgpureclaimx.so:/x/libgpureclaim", "other names stay")
 

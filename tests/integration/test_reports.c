@@ -210,14 +210,42 @@ Test(reports, leak_report_text_and_json) {
   unlink(path);
 }
 
-Test(reports, leak_report_at_exit_names_the_caller) {
+/* The leak report leak_probe (or leak_probe_nopie) prints at exit. */
+static const char *probe_leaks(const char *var) {
   char cmd[4096];
-  snprintf(cmd, sizeof cmd, "ASAN_OPTIONS=detect_leaks=0 GPURECLAIM_LEAK_REPORT=1 GPURECLAIM_BACKTRACE=1 %s 2>&1", getenv("LEAK_PROBE"));
+  snprintf(cmd, sizeof cmd, "ASAN_OPTIONS=detect_leaks=0 GPURECLAIM_LEAK_REPORT=1 GPURECLAIM_BACKTRACE=1 %s 2>&1",
+           getenv(var));
   FILE *f = popen(cmd, "r");
   static char out[1 << 16];
   size_t n = fread(out, 1, sizeof out - 1, f);
   out[n] = '\0';
   cr_assert_eq(WEXITSTATUS(pclose(f)), 0, "%s", out);
+  return out;
+}
+
+/* Frame #0's address and the offset its location gives in module `module`. */
+static void frame0(const char *out, const char *module, unsigned long *addr, unsigned long *off) {
+  const char *f = strstr(out, "    #0 0x");
+  cr_assert_not_null(f, "%s", out);
+  *addr = strtoul(f + 7, NULL, 16);
+  char at[128];
+  snprintf(at, sizeof at, "(%s+0x", module);
+  const char *o = strstr(f, at);
+  cr_assert_not_null(o, "%s", out);
+  *off = strtoul(o + strlen(at), NULL, 16);
+}
+
+Test(reports, leak_frames_give_the_offset_addr2line_takes) {
+  unsigned long addr, off;
+  frame0(probe_leaks("LEAK_PROBE_NOPIE"), "leak_probe_nopie", &addr, &off);
+  cr_assert_eq(off, addr, "linked at a fixed address: the offset is the address (%#lx, %#lx)", addr, off);
+  frame0(probe_leaks("LEAK_PROBE"), "leak_probe", &addr, &off);
+  cr_assert_lt(off, addr, "position-independent: the offset from its load address");
+  cr_assert_lt(off, 1ul << 24, "within the program's file");
+}
+
+Test(reports, leak_report_at_exit_names_the_caller) {
+  const char *out = probe_leaks("LEAK_PROBE");
   cr_assert_not_null(strstr(out, "3 blocks (6.0 MiB) were never freed"), "%s", out);
   cr_assert_not_null(strstr(out, "load_model"), "the backtrace names the function:\n%s", out);
   cr_assert_not_null(strstr(out, "leak_probe"), "and the binary:\n%s", out);
