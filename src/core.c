@@ -27,18 +27,27 @@ static _Atomic int g_once_registered;
 static uint64_t g_start_realtime_ms;
 static _Atomic int g_exiting;
 
-/* A program linked with -lcuda before -lgpureclaim binds its calls to the driver's exported names to libcuda:
- * gpureclaim would see none of them, and the program would run untracked without a word. One symbol lookup
- * (no allocation, no file) finds out; the warning names the library that comes first. */
-static void check_link_order(void) {
+/* Whether another object than this library provides `name` first in the process's global scope (one symbol
+ * lookup: no allocation, no file). *theirs and *mine name the two objects. */
+static bool defined_first_elsewhere(const char *name, Dl_info *theirs, Dl_info *mine) {
   const gr_real_libc_t *r = gr_real_libc();
-  void *first = r->dlsym ? r->dlsym(RTLD_DEFAULT, "cuMemAlloc_v2") : NULL;
+  void *first = r->dlsym ? r->dlsym(RTLD_DEFAULT, name) : NULL;
+  return first && dladdr((void *)&defined_first_elsewhere, mine) && dladdr(first, theirs) &&
+         theirs->dli_fbase != mine->dli_fbase;
+}
+
+static const char *object_name(const Dl_info *info) {
+  return info->dli_fname && info->dli_fname[0] ? info->dli_fname : "the program itself";
+}
+
+/* A program linked with -lcuda before -lgpureclaim binds its calls to the driver's exported names to libcuda:
+ * gpureclaim would see none of them, and the program would run untracked without a word. The warning names
+ * the library that comes first. */
+static void check_link_order(void) {
   Dl_info mine, theirs;
-  if (!first || !dladdr((void *)&check_link_order, &mine) || !dladdr(first, &theirs) ||
-      theirs.dli_fbase == mine.dli_fbase)
+  if (!defined_first_elsewhere("cuMemAlloc_v2", &theirs, &mine))
     return;
-  const char *who = theirs.dli_fname && theirs.dli_fname[0] ? theirs.dli_fname : "the program itself";
-  const char *base = strrchr(who, '/');
+  const char *who = object_name(&theirs), *base = strrchr(who, '/');
   if (!strncmp(base ? base + 1 : who, "libcuda.so", 10))
     gr_warn("%s comes before libgpureclaim in this program's link order, so the program's direct calls to the "
             "CUDA driver (cuMemAlloc, cuMemFree, ...) bypass gpureclaim and are not tracked: link -lgpureclaim "
@@ -56,15 +65,12 @@ static void check_link_order(void) {
  * copy's dlsym, which would hand back the first copy's own hooks (endless recursion). The copy that comes
  * second finds the first one's gpureclaim_version ahead of its own, and passes every call through. */
 static bool another_copy_first(void) {
-  const gr_real_libc_t *r = gr_real_libc();
-  void *first = r->dlsym ? r->dlsym(RTLD_DEFAULT, "gpureclaim_version") : NULL;
   Dl_info mine, theirs;
-  if (!first || !dladdr((void *)&another_copy_first, &mine) || !dladdr(first, &theirs) ||
-      theirs.dli_fbase == mine.dli_fbase)
+  if (!defined_first_elsewhere("gpureclaim_version", &theirs, &mine))
     return false;
   gr_warn("two copies of libgpureclaim in this process: %s comes first and tracks everything; this one (%s) "
           "passes every call through",
-          theirs.dli_fname && theirs.dli_fname[0] ? theirs.dli_fname : "the program", mine.dli_fname);
+          object_name(&theirs), mine.dli_fname);
   return true;
 }
 

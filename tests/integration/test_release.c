@@ -153,16 +153,20 @@ Test(release, free_now) {
   cr_assert(h_table_matches_sim("free now"));
 }
 
-/* A cuMemCreate handle abandoned in a scope and freed by a release: the program's late cuMemRelease returns
- * what it would have returned without gpureclaim (CUDA_SUCCESS), and does not reach the driver. */
-Test(release, a_late_cumemrelease_is_swallowed_like_a_late_free) {
-  CUmemAllocationProp prop;
-  memset(&prop, 0, sizeof prop);
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = 0;
+/* Properties of a cuMemCreate on device 0; returns the allocation granularity. */
+static size_t vmm_prop(CUmemAllocationProp *prop) {
+  memset(prop, 0, sizeof *prop);
+  prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   size_t gran = 0;
-  OK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  OK(cuMemGetAllocationGranularity(&gran, prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  return gran;
+}
+
+/* A cuMemCreate handle abandoned in a scope, which a release then freed. */
+static CUmemGenericAllocationHandle released_orphan_handle(void) {
+  CUmemAllocationProp prop;
+  size_t gran = vmm_prop(&prop);
   uint64_t s = gpureclaim_scope_begin();
   CUmemGenericAllocationHandle h;
   OK(cuMemCreate(&h, gran, &prop, 0));
@@ -170,6 +174,13 @@ Test(release, a_late_cumemrelease_is_swallowed_like_a_late_free) {
   gpureclaim_report_t r = {.size = sizeof r};
   cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &r), 0);
   cr_assert_eq(r.orphaned_blocks, 1);
+  return h;
+}
+
+/* A cuMemCreate handle abandoned in a scope and freed by a release: the program's late cuMemRelease returns
+ * what it would have returned without gpureclaim (CUDA_SUCCESS), and does not reach the driver. */
+Test(release, a_late_cumemrelease_is_swallowed_like_a_late_free) {
+  CUmemGenericAllocationHandle h = released_orphan_handle();
   uint64_t late = grs().late_frees;
   OK(cuMemRelease(h));
   cr_assert_eq(grs().late_frees, late + 1);
@@ -181,19 +192,7 @@ Test(release, a_late_cumemrelease_is_swallowed_like_a_late_free) {
  * cuMemRetainAllocationHandle): when the driver knows it, cuMemRelease is the program's own and reaches it.
  * The simulator never reuses handle values, so its answer is injected here. */
 Test(release, a_cumemrelease_of_a_handle_the_driver_knows_reaches_the_driver) {
-  CUmemAllocationProp prop;
-  memset(&prop, 0, sizeof prop);
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  size_t gran = 0;
-  OK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
-  uint64_t s = gpureclaim_scope_begin();
-  CUmemGenericAllocationHandle h;
-  OK(cuMemCreate(&h, gran, &prop, 0));
-  cr_assert_eq(gpureclaim_scope_end(s, 0), 0);
-  gpureclaim_report_t r = {.size = sizeof r};
-  cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &r), 0);
-  cr_assert_eq(r.orphaned_blocks, 1);
+  CUmemGenericAllocationHandle h = released_orphan_handle();
   uint64_t late = grs().late_frees, calls = simcuda_calls("cuMemRelease");
   cr_assert_eq(simcuda_inject("cuMemGetAllocationPropertiesFromHandle", CUDA_SUCCESS, 1), 0);
   cr_assert_eq(cuMemRelease(h), CUDA_ERROR_INVALID_VALUE, "the driver's answer (it released h already)");
@@ -205,11 +204,7 @@ Test(release, a_cumemrelease_of_a_handle_the_driver_knows_reaches_the_driver) {
  * not): more than the addresses' bound of them must not cost a late cuMemFree its tombstone. */
 Test(release, many_handle_tombstones_leave_room_for_addresses) {
   CUmemAllocationProp prop;
-  memset(&prop, 0, sizeof prop);
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  size_t gran = 0;
-  OK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  size_t gran = vmm_prop(&prop);
   gpureclaim_report_t r = {.size = sizeof r};
   for (int round = 0; round < 5; round++) { /* 5 x 14,000 > 65,536, in rounds the device can hold */
     uint64_t s = gpureclaim_scope_begin();
