@@ -324,7 +324,7 @@ static bool edit_state(gr_rec_t *r, void *arg) {
 }
 
 /* Frees one claimed block and settles its record: back to its old state when the driver refused. */
-static void free_claimed(free_job_t *j, const gr_rec_t *expect) {
+static bool free_claimed(free_job_t *j, const gr_rec_t *expect) {
   unsigned ks = gr_kind_keyspace(expect->kind);
   CUresult fr = driver_free(expect);
   if (fr != CUDA_SUCCESS) {
@@ -332,7 +332,7 @@ static void free_claimed(free_job_t *j, const gr_rec_t *expect) {
     (void)gr_table_update(ks, expect->key, GR_STMASK(GR_ST_RECLAIMING), edit_state, &back, NULL);
     j->rep->failed_blocks++;
     gr_warn_once(w_fail, "the driver refused to free a block during a release (%d); it stays tracked", (int)fr);
-    return;
+    return false;
   }
   /* Remember the address until the driver hands it out again (late frees), within a bound. */
   uint8_t done = (ks == GR_KS_ADDR || ks == GR_KS_HANDLE) &&
@@ -374,6 +374,7 @@ static void free_claimed(free_job_t *j, const gr_rec_t *expect) {
       dr->orphaned_bytes += expect->size;
     }
   }
+  return true;
 }
 
 /* ---- the context gate ---- */
@@ -403,9 +404,13 @@ static void free_pass(free_job_t *j) {
     gr_table_visit(claim_one, j);
     if (j->nclaimed > 1) /* (qsort of NULL, even of nothing, is undefined) */
       qsort(j->claimed, j->nclaimed, sizeof *j->claimed, by_key);
+    size_t freed = 0;
     for (size_t i = 0; i < j->nclaimed; i++)
-      free_claimed(j, &j->claimed[i]);
+      freed += free_claimed(j, &j->claimed[i]);
     gr_rel_gate_exit();
+    /* A round that freed nothing (the driver refused every block) would claim the same blocks again. */
+    if (!freed)
+      break;
   } while (j->more && j->nclaimed);
 }
 

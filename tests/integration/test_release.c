@@ -200,6 +200,29 @@ Test(release, a_cumemrelease_of_a_handle_the_driver_knows_reaches_the_driver) {
   cr_assert_eq(grs().late_frees, late);
 }
 
+/* A release frees in rounds of 4,096 blocks (the context gate is held one round at a time). When the driver
+ * refuses every free of a round, the release ends there instead of claiming the same blocks again forever;
+ * the blocks stay tracked, and the next release frees them. */
+Test(release, a_driver_that_refuses_every_free_ends_the_release) {
+  uint64_t s = gpureclaim_scope_begin();
+  for (int i = 0; i < 5000; i++) {
+    CUdeviceptr p;
+    OK(cuMemAlloc(&p, 4096));
+  }
+  cr_assert_eq(gpureclaim_scope_end(s, 0), 0);
+  cr_assert_eq(simcuda_inject("cuMemFree_v2", CUDA_ERROR_LAUNCH_FAILED, 1 << 30), 0);
+  gpureclaim_report_t r = {.size = sizeof r};
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &r), 0);
+  cr_assert_eq(r.orphaned_blocks, 0);
+  cr_assert_eq(r.failed_blocks, 4096, "one round, then it stops");
+  cr_assert_eq(grs().orphan_blocks, 5000, "all still tracked");
+  cr_assert_eq(simcuda_inject("cuMemFree_v2", CUDA_SUCCESS, 0), 0);
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &r), 0);
+  cr_assert_eq(r.orphaned_blocks, 5000);
+  cr_assert_eq(grs().orphan_blocks, 0);
+  cr_assert(h_table_matches_sim("after the second release"));
+}
+
 /* Handle tombstones stay for good when the driver never hands a handle value out again (the simulator does
  * not): more than the addresses' bound of them must not cost a late cuMemFree its tombstone. */
 Test(release, many_handle_tombstones_leave_room_for_addresses) {
