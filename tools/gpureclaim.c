@@ -25,7 +25,7 @@ static const char g_usage[] =
     "      --rundir DIR      private directory of status files and sockets           GPURECLAIM_RUNDIR\n"
     "      --leak-report     blocks never freed, printed at exit                     GPURECLAIM_LEAK_REPORT=1\n"
     "      --backtrace       a short backtrace per allocation for leak reports       GPURECLAIM_BACKTRACE=1\n"
-    "      --verbose[=N]     informational (1) or debugging (2) messages             GPURECLAIM_VERBOSE\n"
+    "      --verbose[=N]     informational (1) or debugging (2) messages (N with =)  GPURECLAIM_VERBOSE\n"
     "      --no-status       no status file or control socket (the signal works)     GPURECLAIM_STATUS=0\n"
     "      --disable         load but interpose nothing                              GPURECLAIM_DISABLE=1\n"
     "      The library is found next to the command (../LIBDIR/libgpureclaim.so.0) or in GPURECLAIM_LIBRARY.\n"
@@ -53,7 +53,7 @@ static const char g_usage[] =
     "Exit status:\n"
     "  0  success\n"
     "  1  a process did not answer in time or refused the request, the run directory was refused,\n"
-    "     a file could not be written, or run could not find the library\n"
+    "     a file or standard output could not be written, or run could not find the library\n"
     "  2  bad usage\n"
     "  3  no such process, another user's process, or a process not running gpureclaim\n"
     "  run: the exit status of CMD; 126 when it cannot be executed, 127 when it is not found\n";
