@@ -89,6 +89,12 @@ def main():
     if not hasattr(me, "gpureclaim_version"):
         print("not running under gpureclaim", file=sys.stderr)
         return 1
+    # The log is this test's own; an earlier run's lines could carry this run's pid (pids wrap), and their
+    # report be taken for this one's before this release has even run.
+    try:
+        os.unlink(os.environ["GPURECLAIM_LOG"])
+    except FileNotFoundError:
+        pass
     blocks = [torch.cuda.alloc(MiB) for _ in range(10)]
     for p in blocks:
         torch.cuda.free(p)  # cached, as PyTorch's allocator does
