@@ -71,7 +71,23 @@ static char *read_all(const char *path) {
   return buf;
 }
 
-/* Field 22 of /proc/<pid>/stat (start time in clock ticks), 0 if unknown; *uid the owner. */
+/* Whether pid is a zombie whose threads are all gone (an exited process its parent has not reaped). A main
+ * thread that called pthread_exit() is a zombie too, while the process's other threads still run. */
+static bool reaped_only(pid_t pid, const char *stat_text) {
+  const char *p = strrchr(stat_text, ')');
+  if (!p || p[1] != ' ' || p[2] != 'Z')
+    return false;
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+  char *s = read_all(path);
+  const char *t = s ? strstr(s, "\nThreads:") : NULL;
+  bool gone = !t || strtol(t + 9, NULL, 10) <= 1;
+  free(s);
+  return gone;
+}
+
+/* Field 22 of /proc/<pid>/stat (start time in clock ticks), 0 if unknown or the process has exited (a zombie);
+ * *uid the owner. */
 static uint64_t proc_start(pid_t pid, uid_t *uid) {
   char path[64];
   snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
@@ -83,6 +99,10 @@ static uint64_t proc_start(pid_t pid, uid_t *uid) {
   char *s = read_all(path);
   if (!s)
     return 0;
+  if (reaped_only(pid, s)) {
+    free(s);
+    return 0;
+  }
   const char *p = strrchr(s, ')');
   for (int field = 2; field < 22 && p; field++)
     p = strchr(p + 1, ' ');

@@ -228,6 +228,22 @@ class FakeTest(unittest.TestCase):
         self.assertTrue(r[0]["error"].startswith("timed out waiting for its answer; the request is withdrawn"),
                         r[0]["error"])
 
+    def test_a_zombie_is_a_process_that_is_gone(self):
+        f = self.fake()
+        f.p.kill()  # not reaped yet: a zombie, its status file still there
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            with open("/proc/%d/stat" % f.pid) as st:
+                if st.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            time.sleep(0.01)
+        p = self.cmd("release", str(f.pid), check=3)
+        self.assertIn("no such process: %d" % f.pid, p.stderr)
+        p = self.cmd("ps", check=0)
+        self.assertIn("removed the stale status file of pid %d (the process is gone)" % f.pid, p.stderr)
+        self.assertNotIn(" %d " % f.pid, p.stdout)
+        f.p.wait()
+
     def test_ps_asks_processes_at_once(self):
         silent = [self.fake("--mode", "silent") for _ in range(4)]
         good = self.fake()
