@@ -120,6 +120,25 @@ static int set_checked(const char *var, const char *value, int (*check)(const ch
   return EX_OK;
 }
 
+/* 0 when the directory path would be created in (its parent; "." for a bare name) is a directory this user
+ * can create files in, else -1. */
+static int parent_dir_writable(const char *path) {
+  char parent[PATH_MAX];
+  snprintf(parent, sizeof parent, "%s", path);
+  size_t n = strlen(parent);
+  while (n > 1 && parent[n - 1] == '/')
+    parent[--n] = '\0';
+  char *slash = strrchr(parent, '/');
+  if (!slash)
+    snprintf(parent, sizeof parent, ".");
+  else if (slash == parent)
+    slash[1] = '\0';
+  else
+    *slash = '\0';
+  struct stat st;
+  return stat(parent, &st) == 0 && S_ISDIR(st.st_mode) && access(parent, W_OK | X_OK) == 0 ? 0 : -1;
+}
+
 /* The run directory as the library will judge it (report.c): absolute; if it exists, a directory of this user
  * open to nobody else; if not, one the library can create (its parent exists). Otherwise the program would
  * run with only a warning, and never appear in `gpureclaim ps`. */
@@ -129,19 +148,7 @@ static int chk_rundir(const char *v) {
   struct stat st;
   if (lstat(v, &st) == 0)
     return S_ISDIR(st.st_mode) && st.st_uid == geteuid() && !(st.st_mode & 077) ? 0 : -1;
-  if (errno != ENOENT)
-    return -1;
-  char parent[PATH_MAX];
-  snprintf(parent, sizeof parent, "%s", v);
-  size_t n = strlen(parent);
-  while (n > 1 && parent[n - 1] == '/')
-    parent[--n] = '\0';
-  char *slash = strrchr(parent, '/');
-  if (slash == parent)
-    slash[1] = '\0';
-  else if (slash)
-    *slash = '\0';
-  return stat(parent, &st) == 0 && S_ISDIR(st.st_mode) && access(parent, W_OK | X_OK) == 0 ? 0 : -1;
+  return errno == ENOENT ? parent_dir_writable(v) : -1;
 }
 
 /* Whether path starts with an ELF header: LD_PRELOAD of anything else fails in the dynamic loader with a
@@ -164,39 +171,42 @@ static int chk_log(const char *v) {
   struct stat st;
   if (stat(v, &st) == 0)
     return !S_ISDIR(st.st_mode) && access(v, W_OK) == 0 ? 0 : -1; /* a file, or a device such as /dev/null */
-  char dir[PATH_MAX];
-  snprintf(dir, sizeof dir, "%s", v);
-  char *slash = strrchr(dir, '/');
-  if (!slash)
-    snprintf(dir, sizeof dir, ".");
-  else if (slash == dir)
-    dir[1] = '\0';
-  else
-    *slash = '\0';
-  return stat(dir, &st) == 0 && S_ISDIR(st.st_mode) && access(dir, W_OK | X_OK) == 0 ? 0 : -1;
+  return parent_dir_writable(v);
 }
 
-/* GPURECLAIM_* variables already in the environment reach the program too: they are checked as the options
- * are, so that `GPURECLAIM_RUNDIR=/tmp gpureclaim run CMD` is refused as `run --rundir /tmp CMD` is. */
+/* run's options that set a variable from a value, with what run checks beyond the library's own parser. */
+static const struct {
+  const char *opt, *var;
+  int (*check)(const char *);
+  const char *expected;
+} g_valued[] = {{"--signal", "GPURECLAIM_SIGNAL", NULL, NULL},
+                {"--on-signal", "GPURECLAIM_ON_SIGNAL", NULL, NULL},
+                {"--oom-retry", "GPURECLAIM_OOM_RETRY", NULL, NULL},
+                {"--log", "GPURECLAIM_LOG", chk_log, "stderr, or a file you can write (in an existing directory)"},
+                {"--rundir", "GPURECLAIM_RUNDIR", chk_rundir,
+                 "an existing directory of yours with mode 0700, or a new one in an existing directory"}};
+
+/* GPURECLAIM_* variables already in the environment reach the program too: every one the library reads is
+ * checked as its option is, so that `GPURECLAIM_RUNDIR=/tmp gpureclaim run CMD` is refused as
+ * `run --rundir /tmp CMD` is. */
 static int chk_environment(void) {
-  static const struct {
-    const char *var;
-    int (*check)(const char *);
-  } vars[] = {{"GPURECLAIM_DISABLE", NULL},     {"GPURECLAIM_SIGNAL", NULL},    {"GPURECLAIM_ON_SIGNAL", NULL},
-              {"GPURECLAIM_OOM_RETRY", NULL},   {"GPURECLAIM_LOG", chk_log},    {"GPURECLAIM_RUNDIR", chk_rundir},
-              {"GPURECLAIM_LEAK_REPORT", NULL}, {"GPURECLAIM_BACKTRACE", NULL}, {"GPURECLAIM_PYTHON", NULL},
-              {"GPURECLAIM_STATUS", NULL},      {"GPURECLAIM_VERBOSE", NULL}};
-  for (size_t k = 0; k < sizeof vars / sizeof vars[0]; k++) {
-    const char *v = getenv(vars[k].var), *expected = "";
-    if (!v)
+  for (char **e = environ; *e; e++) {
+    const char *eq = strchr(*e, '=');
+    char var[64];
+    if (strncmp(*e, "GPURECLAIM_", 11) != 0 || !eq || (size_t)(eq - *e) >= sizeof var)
       continue;
-    if (gr_opt_check(vars[k].var, v, &expected) != 0 || (vars[k].check && vars[k].check(v) != 0)) {
-      if (vars[k].check == chk_rundir)
-        expected = "an existing directory of yours with mode 0700, or a new one in an existing directory";
-      else if (vars[k].check == chk_log)
-        expected = "stderr, or a file you can write (in an existing directory)";
-      fprintf(stderr, "gpureclaim: run: bad value in the environment: %s=%s (expected %s)\n", vars[k].var, v,
-              expected);
+    snprintf(var, sizeof var, "%.*s", (int)(eq - *e), *e);
+    const char *v = eq + 1, *expected = "";
+    int rc = gr_opt_check(var, v, &expected);
+    if (rc == -ENOENT)
+      continue; /* not the library's (GPURECLAIM_LIBRARY is the command's) */
+    for (size_t k = 0; rc == 0 && k < sizeof g_valued / sizeof g_valued[0]; k++)
+      if (!strcmp(var, g_valued[k].var) && g_valued[k].check && g_valued[k].check(v) != 0) {
+        expected = g_valued[k].expected;
+        rc = -EINVAL;
+      }
+    if (rc != 0) {
+      fprintf(stderr, "gpureclaim: run: bad value in the environment: %s=%s (expected %s)\n", var, v, expected);
       return EX_USAGE;
     }
   }
@@ -216,16 +226,6 @@ static void absolute_log(void) {
 
 int cmd_run(int argc, char **argv) {
   static const struct {
-    const char *opt, *var;
-    int (*check)(const char *); /* beyond what the library's parser checks */
-    const char *expected;
-  } valued[] = {{"--signal", "GPURECLAIM_SIGNAL", NULL, NULL},
-                {"--on-signal", "GPURECLAIM_ON_SIGNAL", NULL, NULL},
-                {"--oom-retry", "GPURECLAIM_OOM_RETRY", NULL, NULL},
-                {"--log", "GPURECLAIM_LOG", chk_log, "stderr, or a file you can write (in an existing directory)"},
-                {"--rundir", "GPURECLAIM_RUNDIR", chk_rundir,
-                 "an existing directory of yours with mode 0700, or a new one in an existing directory"}};
-  static const struct {
     const char *opt, *var, *value;
   } flags[] = {{"--leak-report", "GPURECLAIM_LEAK_REPORT", "1"}, {"--backtrace", "GPURECLAIM_BACKTRACE", "1"},
                {"--verbose", "GPURECLAIM_VERBOSE", "1"},         {"--verbose=0", "GPURECLAIM_VERBOSE", "0"},
@@ -241,16 +241,16 @@ int cmd_run(int argc, char **argv) {
     if (a[0] != '-')
       break; /* the program */
     bool known = false;
-    for (size_t k = 0; k < sizeof valued / sizeof valued[0] && !known; k++) {
+    for (size_t k = 0; k < sizeof g_valued / sizeof g_valued[0] && !known; k++) {
       const char *v = NULL;
-      int m = cmd_opt_value(argc, argv, &i, "run", valued[k].opt, &v);
+      int m = cmd_opt_value(argc, argv, &i, "run", g_valued[k].opt, &v);
       if (m == 0)
         continue;
       if (m < 0)
         return EX_USAGE;
       if (!strcmp(v, "--")) /* the end of run's options, not a value */
-        return cmd_usage_error("run: %s needs a value", valued[k].opt);
-      int rc = set_checked(valued[k].var, v, valued[k].check, valued[k].expected);
+        return cmd_usage_error("run: %s needs a value", g_valued[k].opt);
+      int rc = set_checked(g_valued[k].var, v, g_valued[k].check, g_valued[k].expected);
       if (rc != EX_OK)
         return rc;
       known = true;
