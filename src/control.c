@@ -128,7 +128,6 @@ static void answer(int fd, const char *line) {
   jb_free(&b);
 }
 
-/* Milliseconds until deadline (CLOCK_MONOTONIC), 0 when passed. */
 /* Reads the request line, one deadline for the whole of it (a client sending a byte now and then gets no more
  * time than a silent one). Returns 1 with the line (without its newline; a line the client ended by closing
  * counts), 0 when nothing complete came in time or the client left mid-line, -1 when it is longer than
