@@ -252,7 +252,9 @@ GPURECLAIM_API int gpureclaim_unregister_releaser(int id);
 /* Returns the new scope's id (never 0), or 0 when disabled, when 65,535 scopes hold live blocks at once, or when
  * the calling thread already has 32 scopes open (nested). */
 GPURECLAIM_API uint64_t gpureclaim_scope_begin(void);
-/* Returns 0, -EINVAL for scope 0 or unknown flags, -ENOENT for a scope that does not exist or already ended. */
+/* Returns 0, -EINVAL for scope 0 or unknown flags, -ENOENT for a scope that does not exist or already ended.
+ * Of threads ending one scope at once, one gets 0 and the others -ENOENT; an id that ended never ends a later
+ * scope, even one that reuses its slot. */
 GPURECLAIM_API int gpureclaim_scope_end(uint64_t scope, unsigned flags);
 /* The calling thread's innermost open scope, 0 for none. */
 GPURECLAIM_API uint64_t gpureclaim_scope_current(void);

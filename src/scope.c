@@ -19,6 +19,13 @@
 #define MAX_NEST 32
 
 enum { S_FREE = 0, S_OPEN = 1, S_ENDED = 2, S_OPENING = 3 };
+/* Set in a slot's id when its scope ends; never in an id handed out (sequence numbers stay below 2^47). */
+#define ID_ENDED (UINT64_C(1) << 63)
+
+/* Where a test interleaves a concurrent end (tests/unit/test_scope.c); nothing in the library. */
+#ifndef GR_SCOPE_END_RACE_POINT
+#define GR_SCOPE_END_RACE_POINT(scope) ((void)0)
+#endif
 
 typedef struct slot {
   _Atomic uint64_t id;
@@ -55,7 +62,7 @@ static void unref(uint16_t s) {
 void gr_scope_unref(uint16_t slot) { unref(slot); }
 
 uint64_t gr_scope_id(uint16_t slot) {
-  return slot && g_slots ? atomic_load_explicit(&g_slots[slot].id, memory_order_relaxed) : 0;
+  return slot && g_slots ? atomic_load_explicit(&g_slots[slot].id, memory_order_relaxed) & ~ID_ENDED : 0;
 }
 
 static inline uint16_t slot_of(uint64_t id) { return (uint16_t)(id & 0xffff); }
@@ -183,12 +190,17 @@ GR_EXPORT int gpureclaim_scope_end(uint64_t scope, unsigned flags) {
   if (scope == 0 || (flags & ~GPURECLAIM_FREE_NOW))
     return -EINVAL;
   uint16_t s = (uint16_t)(scope & 0xffff);
-  if (s == 0 || !g_slots || !is_open(s, scope))
+  if (s == 0 || (scope & ID_ENDED) || !g_slots || !is_open(s, scope))
     return -ENOENT;
-  int open = S_OPEN;
-  if (!atomic_compare_exchange_strong_explicit(&g_slots[s].state, &open, S_ENDED, memory_order_acq_rel,
+  GR_SCOPE_END_RACE_POINT(scope);
+  /* One compare-and-swap on the whole id: of two threads ending this scope at once only one wins, and a
+   * thread that checked the scope open before another ended it cannot end a later scope that has taken the
+   * slot meanwhile (its id differs). */
+  uint64_t expect = scope;
+  if (!atomic_compare_exchange_strong_explicit(&g_slots[s].id, &expect, scope | ID_ENDED, memory_order_acq_rel,
                                                memory_order_relaxed))
     return -ENOENT; /* ended concurrently */
+  atomic_store_explicit(&g_slots[s].state, S_ENDED, memory_order_release);
   /* Leave this thread's stack if it is there (another thread's stack drops it lazily). */
   for (unsigned i = t_depth; i-- > 0;)
     if (t_stack[i] == scope) {
