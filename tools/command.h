@@ -63,7 +63,7 @@ bool cmd_parse_pid(const char *s, pid_t *out);
  * buf; with --json the whole command line as recorded. */
 const char *cmd_command_of(const proc_t *p, char *buf, size_t len);
 /* Makes s safe to show on a terminal, in place: control characters (an escape sequence could clear the
- * screen), C1 controls and bytes that are not UTF-8 become '?'. Returns s. */
+ * screen), C1 controls and bytes that are not UTF-8 become one '?' each (s may get shorter). Returns s. */
 char *cmd_printable(char *s);
 /* Just the program's file name ("python3"), for labels. */
 void cmd_program_of(const proc_t *p, char *buf, size_t len);

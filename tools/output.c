@@ -3,6 +3,7 @@
 #include "command.h"
 #include "gpureclaim_internal.h"
 
+#include <string.h>
 #include <stdio.h>
 #include <time.h>
 
@@ -46,16 +47,21 @@ void cmd_json_str(FILE *f, const char *s) {
 }
 
 char *cmd_printable(char *s) {
-  for (unsigned char *p = (unsigned char *)s; *p;) {
+  unsigned char *w = (unsigned char *)s;
+  for (const unsigned char *p = w; *p;) {
     size_t n = gr_utf8_len(p);
-    if (n == 2 && p[0] == 0xc2 && p[1] < 0xa0) /* a C1 control (U+0080..U+009F), as terminals read it */
-      n = 0, p[1] = '?';
-    if (!n || *p < 0x20 || *p == 0x7f) {
-      *p++ = '?';
+    /* Not UTF-8, a C0 control or DEL (one byte), a C1 control (U+0080..U+009F, two bytes; a terminal may
+     * read U+009B as CSI): one '?' each. */
+    if (!n || *p < 0x20 || *p == 0x7f || (n == 2 && p[0] == 0xc2 && p[1] < 0xa0)) {
+      *w++ = '?';
+      p += n ? n : 1;
       continue;
     }
+    memmove(w, p, n);
+    w += n;
     p += n;
   }
+  *w = '\0';
   return s;
 }
 

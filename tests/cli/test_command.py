@@ -288,7 +288,7 @@ class CommandTest(unittest.TestCase):
         """Command lines are bytes: JSON and Prometheus output stay UTF-8, tables show no control characters."""
         odd = os.path.join(os.fsencode(self.tmp), b"ho\xffld\x1b[2J")
         os.symlink(HOLD, odd)
-        h = Held(self.env, program=odd, args=(b"\xfe\xc3", "caf\u00e9", "line\nbreak"))
+        h = Held(self.env, program=odd, args=(b"\xfe\xc3", "caf\u00e9", "line\nbreak", "c\u009b1"))
         self.held.append(h)
         with open(os.path.join(self.rundir, "%d.json" % h.pid), "rb") as f:
             status = json.loads(f.read().decode("utf-8"))  # strict: fails on a stray byte
@@ -311,7 +311,8 @@ class CommandTest(unittest.TestCase):
         self.assertIn('command="ho\ufffdld\x1b[2J"', text)
         out = subprocess.run([CMD, "release", str(h.pid)], capture_output=True, env=self.env, timeout=60).stdout
         self.assertNotIn(b"\x1b", out)
-        self.assertIn(("%d (ho\ufffdld?[2J \ufffd\ufffd caf\u00e9 line?break)" % h.pid).encode(), out)
+        self.assertIn(("%d (ho\ufffdld?[2J \ufffd\ufffd caf\u00e9 line?break c?1)" % h.pid).encode(), out)
+        self.assertNotIn("\u009b".encode(), out)  # a C1 control (CSI) is one '?', as one character
 
     def test_run_maps_options_to_variables(self):
         log = os.path.join(self.tmp, "custom.log")
