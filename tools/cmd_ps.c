@@ -8,7 +8,6 @@
 #include "outfile.h"
 
 #include <errno.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,7 +46,7 @@ static void devices_text(const row_t *r, char *buf, size_t len) {
 }
 
 /* Asks one process for its stats (a thread of collect()). */
-static void *ask_stats(void *arg) {
+static void ask_stats(void *arg) {
   row_t *r = arg;
   r->stats = cmd_ask(&r->p, "stats", 2.0, &r->why, NULL);
   if (r->stats && !jbool(r->stats, "ok", false)) {
@@ -56,12 +55,7 @@ static void *ask_stats(void *arg) {
     free(r->stats);
     r->stats = NULL;
   }
-  return NULL;
 }
-
-/* Processes are asked at once, up to ASK_AT_ONCE at a time: one that does not answer (stopped, busy with a
- * long release) costs the 2 s of its timeout once, not once per process. */
-#define ASK_AT_ONCE 32
 
 static size_t collect(row_t **out) {
   proc_t *ps;
@@ -76,17 +70,7 @@ static size_t collect(row_t **out) {
     rows[i].p = ps[i];
     rows[i].why = "";
   }
-  for (size_t first = 0; first < n; first += ASK_AT_ONCE) {
-    pthread_t th[ASK_AT_ONCE];
-    bool started[ASK_AT_ONCE] = {false};
-    size_t end = first + ASK_AT_ONCE < n ? first + ASK_AT_ONCE : n;
-    for (size_t i = first; i < end; i++)
-      if (!(started[i - first] = pthread_create(&th[i - first], NULL, ask_stats, &rows[i]) == 0))
-        ask_stats(&rows[i]); /* no thread: ask it here */
-    for (size_t i = first; i < end; i++)
-      if (started[i - first])
-        pthread_join(th[i - first], NULL);
-  }
+  cmd_each_at_once(rows, n, sizeof *rows, ask_stats); /* a silent process costs its 2 s once */
   free(ps);
   *out = rows;
   return n;

@@ -153,6 +153,23 @@ static jnode_t *release_one(const proc_t *p, const request_t *rq, const jnode_t 
   return st;
 }
 
+/* One process's release, done in a thread of its own (cmd_each_at_once) and printed afterwards, in order. */
+typedef struct job {
+  proc_t *p;
+  const request_t *rq;
+  bool skip; /* a pid given that was not found */
+  jnode_t *ans;
+  const jnode_t *rep;
+  const char *why, *via;
+} job_t;
+
+static void release_job(void *arg) {
+  job_t *j = arg;
+  j->why = j->via = "";
+  if (!j->skip)
+    j->ans = release_one(j->p, j->rq, &j->rep, &j->why, &j->via);
+}
+
 int cmd_release(int argc, char **argv) {
   request_t rq = {NULL, 0, 30, false};
   bool all = false;
@@ -220,11 +237,22 @@ int cmd_release(int argc, char **argv) {
     }
     n = npids;
   }
+  /* Every process is asked at once: one that does not answer costs --timeout once, not once per process. */
+  job_t *jobs = calloc(n ? n : 1, sizeof *jobs);
+  if (!jobs) {
+    fprintf(stderr, "gpureclaim: out of memory\n");
+    n = 0;
+    rc = EX_FAILED;
+  }
+  for (size_t i = 0; i < n; i++)
+    jobs[i] = (job_t){.p = &procs[i], .rq = &rq, .skip = found && !found[i]};
+  cmd_each_at_once(jobs, n, sizeof *jobs, release_job);
   if (cmd_json_out())
     printf("[");
   for (size_t i = 0; i < n; i++) {
     proc_t *p = &procs[i];
-    if (found && !found[i]) { /* cmd_find() said why on stderr */
+    job_t *j = &jobs[i];
+    if (j->skip) { /* cmd_find() said why on stderr */
       if (cmd_json_out()) {
         printf("%s{\"pid\":%d,\"ok\":false,\"via\":null,\"error\":", i ? "," : "", (int)p->pid);
         cmd_json_str(stdout, p->error);
@@ -232,34 +260,33 @@ int cmd_release(int argc, char **argv) {
       }
       continue;
     }
-    const char *why = "", *via = "";
-    const jnode_t *rep;
-    jnode_t *ans = release_one(p, &rq, &rep, &why, &via);
     if (cmd_json_out()) {
-      printf("%s{\"pid\":%d,\"ok\":%s,\"via\":\"%s\"", i ? "," : "", (int)p->pid, rep ? "true" : "false", via);
-      if (rep) {
+      printf("%s{\"pid\":%d,\"ok\":%s,\"via\":\"%s\"", i ? "," : "", (int)p->pid, j->rep ? "true" : "false",
+             j->via);
+      if (j->rep) {
         printf(",\"report\":");
-        cmd_json_dump(stdout, rep);
+        cmd_json_dump(stdout, j->rep);
       } else {
         printf(",\"error\":");
-        cmd_json_str(stdout, why);
+        cmd_json_str(stdout, j->why);
       }
       printf("}");
-    } else if (rep) {
-      print_report(p, rep);
+    } else if (j->rep) {
+      print_report(p, j->rep);
     } else {
-      fprintf(stderr, "gpureclaim: %d did not release: %s\n", (int)p->pid, why);
+      fprintf(stderr, "gpureclaim: %d did not release: %s\n", (int)p->pid, j->why);
     }
-    if (!rep && rc == EX_OK)
+    if (!j->rep && rc == EX_OK)
       rc = EX_FAILED;
-    if (ans) {
-      jfree(ans);
-      free(ans);
+    if (j->ans) {
+      jfree(j->ans);
+      free(j->ans);
     }
     cmd_free(p);
   }
   if (cmd_json_out())
     printf("]\n");
+  free(jobs);
   free(procs);
   free(found);
   free(pids);

@@ -37,7 +37,7 @@ static const char g_usage[] =
     "      orphaned, all, comma-separated (default: the process's GPURECLAIM_ON_SIGNAL). Over the process's\n"
     "      control socket; with --signal, or when nothing listens there, by its release signal, waiting for\n"
     "      its status file to report the release (--what must then match its GPURECLAIM_ON_SIGNAL).\n"
-    "      --timeout S: how long to wait for each process (default 30)\n"
+    "      --timeout S: how long to wait for the processes, asked at once (default 30)\n"
     "  snapshot PID [--json] [--leaks] [--timeout S]\n"
     "      live blocks grouped by device, context, kind and calling library, largest first;\n"
     "      --leaks: the leak report (blocks never freed, by library and caller); --timeout S: how long\n"

@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <pwd.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -407,4 +408,34 @@ void cmd_program_of(const proc_t *p, char *buf, size_t len) {
     if (c[i] == '/')
       base = c + i + 1;
   snprintf(buf, len, "%.*s", (int)(n - (size_t)(base - c)), base);
+}
+
+#define AT_ONCE 32
+
+typedef struct {
+  void (*fn)(void *item);
+  void *item;
+} call_t;
+
+static void *call_one(void *arg) {
+  call_t *c = arg;
+  c->fn(c->item);
+  return NULL;
+}
+
+void cmd_each_at_once(void *items, size_t n, size_t stride, void (*fn)(void *item)) {
+  for (size_t first = 0; first < n; first += AT_ONCE) {
+    pthread_t th[AT_ONCE];
+    call_t calls[AT_ONCE];
+    bool started[AT_ONCE] = {false};
+    size_t end = first + AT_ONCE < n ? first + AT_ONCE : n;
+    for (size_t i = first; i < end; i++) {
+      calls[i - first] = (call_t){fn, (char *)items + i * stride};
+      if (!(started[i - first] = pthread_create(&th[i - first], NULL, call_one, &calls[i - first]) == 0))
+        fn(calls[i - first].item);
+    }
+    for (size_t i = first; i < end; i++)
+      if (started[i - first])
+        pthread_join(th[i - first], NULL);
+  }
 }

@@ -255,6 +255,23 @@ class FakeTest(unittest.TestCase):
         self.assertTrue(by_pid[good.pid]["answered"])
         self.assertEqual([by_pid[f.pid]["answered"] for f in silent], [False] * 4)
 
+    def test_release_asks_processes_at_once(self):
+        silent = [self.fake("--mode", "silent") for _ in range(3)]
+        good = self.fake()
+        pids = [str(f.pid) for f in silent] + [str(good.pid)]
+        t0 = time.monotonic()
+        out = json.loads(self.cmd("release", "--timeout", "4", "--json", *pids, check=1).stdout)
+        took = time.monotonic() - t0
+        self.assertLess(took, 10, "three silent processes, 4 s each, asked one after another would take 12 s")
+        self.assertEqual([r["pid"] for r in out], [int(p) for p in pids], "reported in the order given")
+        self.assertEqual([r["ok"] for r in out], [False, False, False, True])
+        self.assertTrue(all(r["error"].startswith("timed out") for r in out[:3]), out)
+        t0 = time.monotonic()
+        p = self.cmd("release", "--all", "--timeout", "4", check=1)
+        self.assertLess(time.monotonic() - t0, 10)
+        self.assertIn("released 1.5 GiB", p.stdout)
+        self.assertEqual(p.stderr.count("did not release: timed out"), 3, p.stderr)
+
     def test_one_failure_fails_the_whole_command(self):
         good, bad = self.fake(), self.fake("--mode", "close")
         p = self.cmd("release", str(good.pid), str(bad.pid), check=1)
