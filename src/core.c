@@ -101,6 +101,10 @@ static void atfork_child(void) {
   gr_tls.last_ctx = NULL;
   gr_tls.hook_depth = 0;
   gr_tls.rt_depth = 0;
+  /* Registered as a start begins: a parent that had not got past it (0), or runs as a pass-through (-1), has
+   * nothing to hand down. A parent half-started (2) is reset as a running one: the child starts over. */
+  if (atomic_load_explicit(&gr_core_state, memory_order_relaxed) <= 0)
+    return;
   gr_epoch_atfork_child();
   gr_table_atfork_child();
   gr_stats_atfork_child();
@@ -110,9 +114,7 @@ static void atfork_child(void) {
   gr_sig_atfork_child();
   gr_ctl_forget();
   gr_rep_atfork_child();
-  int s = atomic_load_explicit(&gr_core_state, memory_order_relaxed);
-  if (s > 0)
-    atomic_store_explicit(&gr_core_state, 0, memory_order_release); /* start over on the child's first CUDA use */
+  atomic_store_explicit(&gr_core_state, 0, memory_order_release); /* start over on the child's first CUDA use */
 }
 
 static void core_exit(void) {
@@ -127,7 +129,36 @@ static void core_exit(void) {
   gr_rep_status_remove();
 }
 
+/* How long a CUDA call waits for another thread to start gpureclaim before it passes through untracked. The
+ * start takes well under a millisecond; the bound only matters if the starting thread waits for a lock the
+ * waiting one holds (the dynamic loader's, when a library constructor makes CUDA calls during a dlopen):
+ * then the call goes on untracked after this long, instead of the two threads waiting for each other. */
+#define START_WAIT_NS (INT64_C(2) * 1000000000)
+
+static bool wait_for_start(struct timespec *t0) {
+  struct timespec now;
+  if (t0->tv_sec == 0 && t0->tv_nsec == 0) {
+    clock_gettime(CLOCK_MONOTONIC, t0);
+    return true;
+  }
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  if ((int64_t)(now.tv_sec - t0->tv_sec) * 1000000000 + (now.tv_nsec - t0->tv_nsec) < START_WAIT_NS) {
+    sched_yield();
+    return true;
+  }
+  gr_warn_once(w_start_wait, "a CUDA call waited 2 s for another thread to start gpureclaim; it went on "
+                             "untracked (its block, if any, is not in the table)");
+  return false;
+}
+
 bool gr_core_start_slow(void) {
+  /* Registered before the state leaves 0: a fork() while another thread starts gpureclaim gives a child that
+   * starts over (atfork_child resets a state of 2), never one stuck half-started. */
+  if (!atomic_exchange_explicit(&g_once_registered, 1, memory_order_acq_rel)) {
+    pthread_atfork(NULL, NULL, atfork_child);
+    atexit(core_exit);
+  }
+  struct timespec t0 = {0, 0};
   for (;;) {
     int s = atomic_load_explicit(&gr_core_state, memory_order_acquire);
     if (s == 1)
@@ -141,7 +172,8 @@ bool gr_core_start_slow(void) {
         break;
       continue;
     }
-    sched_yield(); /* another thread is starting it (once per process) */
+    if (!wait_for_start(&t0)) /* another thread is starting it (once per process) */
+      return false;
   }
   t_starting = 1;
   const gr_options_t *o = gr_opt();
@@ -155,10 +187,6 @@ bool gr_core_start_slow(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   g_start_realtime_ms = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-  if (!atomic_exchange_explicit(&g_once_registered, 1, memory_order_acq_rel)) {
-    pthread_atfork(NULL, NULL, atfork_child);
-    atexit(core_exit);
-  }
   atomic_store_explicit(&gr_core_state, 1, memory_order_release);
   if (o->signal && gr_sig_install() != 0)
     gr_warn("could not install the release signal handler");

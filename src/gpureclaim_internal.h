@@ -368,14 +368,15 @@ int gr_stack_frames(uint64_t caller, uintptr_t *frames, int max);
  * core.c: start-up (when the process initialises CUDA), fork, exit
  * ---------------------------------------------------------------------------------------------------------- */
 
-/* 0 before CUDA init, 1 running, -1 disabled. */
+/* 0 before CUDA init, 1 running, -1 disabled, 2 being started by one thread. */
 extern _Atomic int gr_core_state;
-/* Starts gpureclaim's machinery (table, worker thread, signal handler, status file). Idempotent, cheap after
- * the first call. Returns true when tracking is on. */
+/* Starts gpureclaim's machinery (table, worker thread, signal handler, status file), or waits while another
+ * thread does. Idempotent, cheap after the first call. Returns true when tracking is on. */
 bool gr_core_start_slow(void);
 static inline bool gr_core_active(void) {
   int s = atomic_load_explicit(&gr_core_state, memory_order_acquire);
-  return GR_LIKELY(s == 1) || (s == 0 && gr_core_start_slow());
+  /* 2: another thread is starting it; a block allocated meanwhile must be tracked too, so wait for it. */
+  return GR_LIKELY(s == 1) || (s >= 0 && gr_core_start_slow());
 }
 static inline bool gr_core_disabled(void) {
   return atomic_load_explicit(&gr_core_state, memory_order_relaxed) < 0;
