@@ -5,8 +5,11 @@
  * Python's faulthandler.register). The handler is async-signal-safe: it writes to an eventfd and calls the
  * previous handler; the worker thread, which blocks every signal, does the release. If the program later
  * installs its own handler for the signal, gpureclaim says so once and does not fight it (the command's
- * control socket still reaches the process). A previous action of SIG_DFL (terminate) or SIG_IGN is not
- * chained: a process under gpureclaim survives the signal.
+ * control socket still reaches the process). A previous action of SIG_DFL (terminate) is not chained: a
+ * process under gpureclaim survives the signal. A program that ignores the signal (SIG_IGN) keeps ignoring it:
+ * gpureclaim installs nothing and says so (the control socket still reaches it), because a handler would be
+ * reset to the default action, termination, in every child it starts with posix_spawn() or system(), where
+ * no atfork handler runs to give the child its SIG_IGN back.
  */
 #include "gpureclaim_internal.h"
 
@@ -21,6 +24,10 @@ static struct sigaction g_prev;
 static _Atomic int g_fd = -1;
 static _Atomic int g_installed;
 
+static void handler(int sig, siginfo_t *info, void *uc);
+
+static bool is_ours(const struct sigaction *sa) { return (sa->sa_flags & SA_SIGINFO) && sa->sa_sigaction == handler; }
+
 static void handler(int sig, siginfo_t *info, void *uc) {
   int saved = errno;
   int fd = atomic_load_explicit(&g_fd, memory_order_relaxed);
@@ -30,7 +37,7 @@ static void handler(int sig, siginfo_t *info, void *uc) {
     (void)w;
   }
   if (g_prev.sa_flags & SA_SIGINFO) {
-    if (g_prev.sa_sigaction)
+    if (g_prev.sa_sigaction && g_prev.sa_sigaction != handler) /* never itself: see gr_sig_install() */
       g_prev.sa_sigaction(sig, info, uc);
   } else if (g_prev.sa_handler != SIG_DFL && g_prev.sa_handler != SIG_IGN && g_prev.sa_handler) {
     g_prev.sa_handler(sig);
@@ -42,6 +49,15 @@ int gr_sig_install(void) {
   int sig = gr_opt()->signal;
   if (!sig || atomic_load_explicit(&g_installed, memory_order_acquire))
     return 0;
+  struct sigaction cur;
+  if (sigaction(sig, NULL, &cur) == 0 && !(cur.sa_flags & SA_SIGINFO) && cur.sa_handler == SIG_IGN) {
+    char name[16];
+    gr_warn("the program ignores SIG%s, so gpureclaim installs no handler for it: releases by signal do not "
+            "reach this process (the gpureclaim command still does, through its control socket; or choose "
+            "another signal with GPURECLAIM_SIGNAL)",
+            gr_opt_signal_name(sig, name, sizeof name));
+    return 0;
+  }
   int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (fd < 0)
     return -errno;
@@ -52,12 +68,17 @@ int gr_sig_install(void) {
   sa.sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;
   sigemptyset(&sa.sa_mask);
   g_sig = sig;
-  if (sigaction(sig, &sa, &g_prev) != 0) {
+  struct sigaction prev;
+  if (sigaction(sig, &sa, &prev) != 0) {
     int e = errno;
     atomic_store_explicit(&g_fd, -1, memory_order_release);
     close(fd);
     return -e;
   }
+  /* Our own handler already there: a child forked between a parent's sigaction() and the flag below, where
+   * g_prev (inherited) still holds what came before it. Chaining to ourselves would recurse forever. */
+  if (!is_ours(&prev))
+    g_prev = prev;
   atomic_store_explicit(&g_installed, 1, memory_order_release);
   return 0;
 }
@@ -68,7 +89,7 @@ void gr_sig_check_replaced(void) {
   if (!atomic_load_explicit(&g_installed, memory_order_acquire))
     return;
   struct sigaction cur;
-  if (sigaction(g_sig, NULL, &cur) != 0 || ((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == handler))
+  if (sigaction(g_sig, NULL, &cur) != 0 || is_ours(&cur))
     return;
   char name[16];
   gr_warn_once(w_replaced,
@@ -79,10 +100,11 @@ void gr_sig_check_replaced(void) {
 }
 
 void gr_sig_atfork_child(void) {
-  /* A child that never uses CUDA carries no gpureclaim handler: give the signal back to what was there. */
+  /* A child that never uses CUDA carries no gpureclaim handler: give the signal back to what was there. Whether
+   * or not the flag was set: a fork between the parent's sigaction() and the flag hands down our handler too. */
   struct sigaction cur;
-  if (atomic_exchange_explicit(&g_installed, 0, memory_order_acq_rel) && sigaction(g_sig, NULL, &cur) == 0 &&
-      (cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == handler)
+  atomic_store_explicit(&g_installed, 0, memory_order_release);
+  if (g_sig && sigaction(g_sig, NULL, &cur) == 0 && is_ours(&cur))
     sigaction(g_sig, &g_prev, NULL); /* only ours: a handler the program installed since stays */
   int fd = atomic_exchange_explicit(&g_fd, -1, memory_order_acq_rel);
   if (fd >= 0)

@@ -1,0 +1,67 @@
+/* The release signal's handler and fork() (src/signal.c, compiled in here to reach its state), and a program
+ * that ignores the signal. Found by an adversarial pass: a fork between the parent's sigaction() and its
+ * "installed" flag gave a child that kept gpureclaim's handler and, once it used CUDA, chained that handler to
+ * itself (endless recursion on the first signal). */
+#include "gpureclaim_internal.h"
+
+#include <criterion/criterion.h>
+#include <signal.h>
+
+#include "../../src/signal.c"
+
+static volatile sig_atomic_t g_calls;
+static void counting(int sig) {
+  (void)sig;
+  g_calls++;
+}
+
+static void set_action(void (*fn)(int)) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = fn;
+  sigemptyset(&sa.sa_mask);
+  cr_assert_eq(sigaction(SIGUSR1, &sa, NULL), 0);
+}
+
+static bool current_is_ours(void) {
+  struct sigaction cur;
+  cr_assert_eq(sigaction(SIGUSR1, NULL, &cur), 0);
+  return is_ours(&cur);
+}
+
+Test(signal_install, installs_and_chains_to_the_previous_handler) {
+  set_action(counting);
+  cr_assert_eq(gr_sig_install(), 0);
+  cr_assert(current_is_ours());
+  raise(SIGUSR1);
+  cr_assert_eq(g_calls, 1);
+}
+
+Test(signal_install, a_child_forked_before_the_flag_was_set_gets_the_old_action_back) {
+  set_action(counting);
+  cr_assert_eq(gr_sig_install(), 0);
+  atomic_store(&g_installed, 0); /* as inherited by a child forked between sigaction() and the flag */
+  gr_sig_atfork_child();
+  cr_assert_not(current_is_ours(), "the child still carries gpureclaim's handler");
+  raise(SIGUSR1);
+  cr_assert_eq(g_calls, 1);
+}
+
+Test(signal_install, installing_over_its_own_handler_never_chains_to_itself) {
+  set_action(counting);
+  cr_assert_eq(gr_sig_install(), 0);
+  atomic_store(&g_installed, 0); /* that child, using CUDA: the handler is installed again */
+  cr_assert_eq(gr_sig_install(), 0);
+  raise(SIGUSR1); /* before the fix: the handler called itself until the stack ran out */
+  cr_assert_eq(g_calls, 1, "the program's handler runs once");
+}
+
+Test(signal_install, a_program_that_ignores_the_signal_keeps_ignoring_it) {
+  set_action(SIG_IGN);
+  cr_assert_eq(gr_sig_install(), 0);
+  struct sigaction cur;
+  cr_assert_eq(sigaction(SIGUSR1, NULL, &cur), 0);
+  cr_assert(!(cur.sa_flags & SA_SIGINFO) && cur.sa_handler == SIG_IGN,
+            "a handler would be reset to terminate in children started by posix_spawn");
+  cr_assert_eq(atomic_load(&g_installed), 0);
+}
