@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <strings.h>
 #include <unistd.h>
 
@@ -231,11 +232,17 @@ static void defaults(gr_options_t *o) {
   o->oom_retry = 1;
   o->python = true;
   o->status = true;
+  /* XDG_RUNTIME_DIR only when it is this (effective) user's: a root process run with a user's environment
+   * (sudo -E) would otherwise make a root-owned run directory inside the user's, which the user's processes
+   * and commands then refuse, and cannot remove. Ownership is checked against the effective uid, as the run
+   * directory's is, and the fallback is named by it. */
   const char *xdg = env_get("XDG_RUNTIME_DIR");
-  if (xdg && xdg[0] == '/' && strlen(xdg) + sizeof "/gpureclaim" < sizeof o->rundir)
+  struct stat st;
+  if (xdg && xdg[0] == '/' && strlen(xdg) + sizeof "/gpureclaim" < sizeof o->rundir && stat(xdg, &st) == 0 &&
+      st.st_uid == geteuid())
     snprintf(o->rundir, sizeof o->rundir, "%s/gpureclaim", xdg);
   else
-    snprintf(o->rundir, sizeof o->rundir, "/tmp/gpureclaim-%u", (unsigned)getuid());
+    snprintf(o->rundir, sizeof o->rundir, "/tmp/gpureclaim-%u", (unsigned)geteuid());
 }
 
 static gr_options_t g_opts;
