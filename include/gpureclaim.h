@@ -234,6 +234,8 @@ GPURECLAIM_API int gpureclaim_unregister_releaser(int id);
  *
  * gpureclaim_scope_begin() opens a scope on the calling thread: every block that thread allocates from then on
  * (through any route) is tagged with it, until the scope ends. Scopes nest; a block takes the innermost one.
+ * A scope outlives its thread: one still open when its thread exits stays open (its blocks stay live, and it
+ * counts against the 65,535) until some thread ends it by its id.
  * gpureclaim_scope_end() ends a scope (from any thread): its blocks that are still live become orphans, freed
  * by the next release with GPURECLAIM_ORPHANED, or at once with GPURECLAIM_FREE_NOW. Blocks that a framework's
  * allocator made (attributed to PyTorch, CuPy or XLA) belong to the framework and never become orphans. A
