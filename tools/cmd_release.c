@@ -29,6 +29,36 @@ static const char *signal_report_key(const jnode_t *status) {
   return jget(status, "signal_releases") ? "last_signal_release" : "last_release";
 }
 
+/* Whether pid has a handler for sig (bit sig-1 of SigCgt in /proc/PID/status), or NULL with why not. A signal
+ * nobody catches does what it does by default, and for the release signals that is to terminate: a process
+ * that exec'd another program since gpureclaim wrote its status file (same pid, same start time; the socket
+ * file is left behind, so the socket path falls back to the signal) would be killed. gpureclaim installs its
+ * handler with sigaction when the process initialises CUDA (src/signal.c), so a process running it catches
+ * the signal. */
+static bool catches(pid_t pid, int sig, const char **why) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+  FILE *f = fopen(path, "re");
+  if (!f) {
+    *why = errno == ENOENT ? "the process exited" : "cannot read its /proc status to check that it catches its "
+                                                    "release signal";
+    return false;
+  }
+  char line[256];
+  bool found = false, caught = false;
+  while (!found && fgets(line, sizeof line, f))
+    if (!strncmp(line, "SigCgt:", 7)) {
+      found = true;
+      caught = sig >= 1 && sig <= 64 && (strtoull(line + 7, NULL, 16) >> (sig - 1) & 1);
+    }
+  fclose(f);
+  if (!caught)
+    *why = found ? "it does not catch its release signal: it no longer runs gpureclaim (exec?) or ignores the "
+                   "signal; not sent"
+                 : "cannot read its /proc status to check that it catches its release signal";
+  return caught;
+}
+
 /* Sends the process's release signal and waits for its status file to count one more release that served a
  * signal; returns the re-read status file (signal_report_key() names the report). */
 static jnode_t *release_by_signal(const proc_t *p, double timeout, bool explicit, const char **why) {
@@ -52,6 +82,8 @@ static jnode_t *release_by_signal(const proc_t *p, double timeout, bool explicit
     jfree(now);
     free(now);
   }
+  if (!catches(p->pid, sig, why))
+    return NULL;
   if (kill(p->pid, sig) != 0) {
     *why = strerror(errno);
     return NULL;

@@ -121,6 +121,33 @@ jnode_t *cmd_read_status(const proc_t *p) {
   return j;
 }
 
+/* Whether pid now runs another program than the one whose status file says `recorded` (its exe): the process
+ * exec'd since it wrote the file, keeping its pid and start time, and the gpureclaim that wrote it is gone.
+ * Only a clear difference counts, as the files of a live gpureclaim process would be removed: not when either
+ * path is unknown, when the recorded one lost bytes to JSON (U+FFFD), or when the process is in another mount
+ * namespace (a container sees other paths); a binary replaced since it started reads "PATH (deleted)". */
+static bool exec_since(pid_t pid, const char *recorded) {
+  static const char deleted[] = " (deleted)";
+  char path[64], self_ns[64] = "", ns[64] = "", exe[4200];
+  if (!*recorded || strstr(recorded, "\xef\xbf\xbd"))
+    return false;
+  snprintf(path, sizeof path, "/proc/%d/ns/mnt", (int)pid);
+  ssize_t a = readlink("/proc/self/ns/mnt", self_ns, sizeof self_ns - 1), b = readlink(path, ns, sizeof ns - 1);
+  if (a <= 0 || b <= 0 || a != b || memcmp(self_ns, ns, (size_t)a) != 0)
+    return false;
+  snprintf(path, sizeof path, "/proc/%d/exe", (int)pid);
+  ssize_t n = readlink(path, exe, sizeof exe - 1);
+  if (n <= 0)
+    return false;
+  exe[n] = '\0';
+  size_t dl = sizeof deleted - 1, rl = strlen(recorded), el = (size_t)n;
+  if (rl > dl && !strcmp(recorded + rl - dl, deleted))
+    rl -= dl;
+  if (el > dl && !strcmp(exe + el - dl, deleted))
+    el -= dl;
+  return rl != el || memcmp(recorded, exe, rl) != 0;
+}
+
 static void remove_stale(const char *dir, pid_t pid, const char *why) {
   char path[4200];
   snprintf(path, sizeof path, "%s/%d.json", dir, (int)pid);
@@ -170,6 +197,13 @@ static int load(const char *dir, pid_t pid, proc_t *out) {
     out->foreign_uid = uid >= 0 ? (uid_t)uid : st.st_uid;
     cmd_free(out);
     return LOAD_FOREIGN;
+  }
+  /* Same pid, same start time, another program: exec keeps both, and the new program may not run gpureclaim
+   * at all (its release signal would then kill it). */
+  if (exec_since(pid, jstr(out->status, "exe", ""))) {
+    remove_stale(dir, pid, "the process now runs another program (exec)");
+    cmd_free(out);
+    return LOAD_STALE;
   }
   return LOAD_OK;
 }

@@ -4,7 +4,8 @@ signal by counting a release in its status file. The command's tests use it to c
 refusals without the library, and to make it misbehave in ways the library never does (silence, garbage).
 
     python3 fakeproc.py RUNDIR [--mode normal|silent|garbage|refuse|close] [--uid N] [--no-socket]
-                               [--socket-gone] [--signal USR1] [--deaf] [--program NAME] [--log FILE]
+                               [--socket-gone] [--signal USR1] [--deaf] [--ignore-signal] [--program NAME]
+                               [--log FILE]
                                [--other-release-first] [--old-status]
 
 Prints "ready PID" once the status file and the socket exist; exits when stdin closes. Every request line and
@@ -100,7 +101,7 @@ class Fake:
     def write_status(self):
         socket_field = None if self.args.no_socket else self.sock_path
         st = {"pid": self.pid, "uid": self.args.uid if self.args.uid is not None else os.geteuid(),
-              "version": "0.1.0", "exe": "/usr/bin/" + self.args.program,
+              "version": "0.1.0", "exe": os.readlink("/proc/self/exe"),  # as the library: checked for an exec
               "cmdline": "/usr/bin/%s /srv/jobs/train.py --fake \"quoted\" --out=/tmp/x" % self.args.program, "start_ticks": self.ticks,
               "started_ms": self.started, "updated_ms": int(time.time() * 1000), "signal": self.args.signal,
               "on_signal": "cached,orphaned", "socket": socket_field, "releases": self.releases,
@@ -175,9 +176,15 @@ class Fake:
             return
         self.release("signal", "cached,orphaned")
 
+    def on_deaf(self, signum, frame):
+        self.log("signal %d" % signum)  # caught, and never released
+
     def run(self):
         signum = signal.SIGUSR2 if self.args.signal == "USR2" else signal.SIGUSR1
-        signal.signal(signum, signal.SIG_IGN if self.args.deaf else self.on_signal)
+        if self.args.ignore_signal:
+            signal.signal(signum, signal.SIG_IGN)
+        else:
+            signal.signal(signum, self.on_deaf if self.args.deaf else self.on_signal)
         if not self.args.no_socket and not self.args.socket_gone:
             srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             srv.bind(self.sock_path)
@@ -202,7 +209,8 @@ def main():
     ap.add_argument("--no-socket", action="store_true", help='"socket": null in the status file')
     ap.add_argument("--socket-gone", action="store_true", help="the status file names a socket nobody listens on")
     ap.add_argument("--signal", default="USR1", choices=["USR1", "USR2", "off"])
-    ap.add_argument("--deaf", action="store_true", help="ignore the release signal")
+    ap.add_argument("--deaf", action="store_true", help="catch the release signal and never release")
+    ap.add_argument("--ignore-signal", action="store_true", help="the release signal ignored (SIG_IGN)")
     ap.add_argument("--program", default="fakeproc")
     ap.add_argument("--other-release-first", action="store_true",
                     help="on the signal, a command release ends first and the signal's 0.5 s later")

@@ -2,7 +2,8 @@
  * hold: a program that holds GPU memory and waits, for the command's tests. On the simulator (or a GPU):
  * 3 live 1 MiB blocks, 64 MiB cached in the default pool, a 5 MiB orphan (an ended scope), 64 KiB pinned host
  * memory. Prints "ready <pid>", then for every line "sim" on stdin prints the simulator's own view
- * ("sim live_bytes pool_reserved_bytes host_bytes"), and exits when stdin closes.
+ * ("sim live_bytes pool_reserved_bytes host_bytes"), for "exec" becomes `sleep 60` (a program that does not
+ * run gpureclaim, under the same pid and start time), and exits when stdin closes.
  */
 #include "simcuda.h"
 #include "gpureclaim.h"
@@ -10,6 +11,7 @@
 #include <cuda.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 #include <unistd.h>
 
 #define MiB (1024ull * 1024)
@@ -40,6 +42,10 @@ int main(void) {
   fflush(stdout);
   char line[64];
   while (fgets(line, sizeof line, stdin)) {
+    if (!strcmp(line, "exec\n")) {
+      execlp("sleep", "sleep", "60", (char *)NULL);
+      return 7;
+    }
     simcuda_stats_t st = {.size = sizeof st};
     simcuda_stats(-1, NULL, &st);
     printf("sim %llu %llu %llu\n", (unsigned long long)st.live_bytes, (unsigned long long)st.pool_reserved_bytes,

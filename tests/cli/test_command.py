@@ -284,6 +284,35 @@ class CommandTest(unittest.TestCase):
         self.assertIn("removed the stale status file of pid %d (the process is gone)" % h3.pid, p.stderr)
         self.assertFalse({"%d.json" % h3.pid, "%d.sock" % h3.pid} & set(os.listdir(self.rundir)))
 
+    def test_a_process_that_exec_d_another_program_is_left_alone(self):
+        """After exec the pid and start time stay, and so do the status file and the socket file; the new
+        program (sleep) has no handler for the release signal, which would kill it."""
+        h = self.hold()
+        h.p.stdin.write("exec\n")
+        h.p.stdin.flush()
+        deadline = time.monotonic() + 10
+        while os.readlink("/proc/%d/exe" % h.pid) == os.path.realpath(HOLD) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.assertTrue({"%d.json" % h.pid, "%d.sock" % h.pid} <= set(os.listdir(self.rundir)))
+        try:
+            for args in (("release", str(h.pid)), ("release", "--signal", str(h.pid)), ("release", "--all")):
+                p = run(*args, env=self.env)
+                if args[1] != "--all":  # --all: the stale files are gone, and nothing else runs
+                    self.assertNotEqual(p.returncode, 0, (args, p.stdout, p.stderr))
+                time.sleep(0.2)
+                self.assertIsNone(h.p.poll(), ("killed by", args, p.stderr))
+            p = run("release", str(h.pid), env=self.env, check=3)
+            self.assertIn("not running gpureclaim", p.stderr)
+            self.assertEqual(json.loads(run("ps", "--json", env=self.env, check=0).stdout), [])
+            self.assertFalse({"%d.json" % h.pid, "%d.sock" % h.pid} & set(os.listdir(self.rundir)))
+        finally:
+            h.p.kill()
+            h.p.wait()
+            self.held.remove(h)
+            h.p.stdout.close()
+            h.p.stderr.close()
+            h.p.stdin.close()
+
     def test_odd_bytes_in_a_command_line(self):
         """Command lines are bytes: JSON and Prometheus output stay UTF-8, tables show no control characters."""
         odd = os.path.join(os.fsencode(self.tmp), b"ho\xffld\x1b[2J")

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import stat
 import subprocess
 import sys
@@ -327,6 +328,8 @@ class FakeTest(unittest.TestCase):
         self.assertLess(time.monotonic() - t0, 5)
         self.assertIn("timed out waiting for its status file", p.stderr)
         self.assertIn("a signal cannot be withdrawn", p.stderr)
+        self.assertEqual(self.received(), ["signal 10"])
+        os.unlink(self.log)
         g = self.fake("--no-socket", "--signal", "off")
         self.assertIn("release signal is off (GPURECLAIM_SIGNAL=off) and nothing listens on its control socket",
                       self.cmd("release", str(g.pid), check=1).stderr)
@@ -337,6 +340,69 @@ class FakeTest(unittest.TestCase):
         self.assertIn("ask over its control socket (without --signal)",
                       self.cmd("release", "--signal", str(h.pid), check=1).stderr)
         self.cmd("release", str(h.pid), check=0)
+
+    def test_the_release_signal_only_reaches_a_process_that_catches_it(self):
+        """A process that exec'd another program keeps its pid and start time, and its status file and socket
+        file stay behind: nothing listens, and its release signal would kill the new program."""
+        self.fake()  # the run directory exists
+        victim = subprocess.Popen(["sleep", "30"])
+        try:
+            with open("/proc/%d/stat" % victim.pid) as fh:
+                ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+            sock = os.path.join(self.rundir, "%d.sock" % victim.pid)
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.bind(sock)
+            s.close()  # the file stays: connecting is refused
+            with open(os.path.join(self.rundir, "%d.json" % victim.pid), "w") as fh:
+                json.dump({"pid": victim.pid, "uid": os.geteuid(), "start_ticks": ticks,
+                           "exe": os.readlink("/proc/%d/exe" % victim.pid), "cmdline": "sleep 30",
+                           "signal": "USR1", "on_signal": "cached,orphaned", "socket": sock, "releases": 0,
+                           "last_release": None, "signal_releases": 0, "last_signal_release": None}, fh)
+            for args in (("release", str(victim.pid)), ("release", "--signal", str(victim.pid))):
+                p = self.cmd(*args, check=1)
+                self.assertIn("it does not catch its release signal: it no longer runs gpureclaim (exec?) or "
+                              "ignores the signal", p.stderr, args)
+            out = json.loads(self.cmd("release", "--all", "--json", check=1).stdout)
+            mine = [x for x in out if x["pid"] == victim.pid][0]
+            self.assertFalse(mine["ok"])
+            self.assertIn("does not catch its release signal", mine["error"])
+            time.sleep(0.2)
+            self.assertIsNone(victim.poll(), "the program was killed by the release signal")
+        finally:
+            victim.kill()
+            victim.wait()
+        g = self.fake("--no-socket", "--ignore-signal")
+        self.assertIn("does not catch its release signal", self.cmd("release", str(g.pid), check=1).stderr)
+
+    def test_a_status_file_of_another_program_is_stale(self):
+        """The same pid and start time but another executable than the status file's: the process exec'd."""
+        self.fake()
+        victim = subprocess.Popen(["sleep", "30"])
+        try:
+            with open("/proc/%d/stat" % victim.pid) as fh:
+                ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+            path = os.path.join(self.rundir, "%d.json" % victim.pid)
+            status = {"pid": victim.pid, "uid": os.geteuid(), "start_ticks": ticks, "exe": sys.executable + "-x",
+                      "cmdline": "python3 train.py", "signal": "USR1", "socket": None, "releases": 0}
+            with open(path, "w") as fh:
+                json.dump(status, fh)
+            p = self.cmd("ps", "--json", check=0)
+            self.assertNotIn(victim.pid, [r["pid"] for r in json.loads(p.stdout)])
+            self.assertIn("removed the stale status file of pid %d (the process now runs another program (exec))"
+                          % victim.pid, p.stderr)
+            self.assertFalse(os.path.exists(path))
+            with open(path, "w") as fh:
+                json.dump(status, fh)
+            self.assertIn("not running gpureclaim", self.cmd("release", str(victim.pid), check=3).stderr)
+            # The same program, its binary replaced since it started: not an exec.
+            status["exe"] = os.readlink("/proc/%d/exe" % victim.pid) + " (deleted)"
+            with open(path, "w") as fh:
+                json.dump(status, fh)
+            self.assertIn(victim.pid, [r["pid"] for r in json.loads(self.cmd("ps", "--json", check=0).stdout)])
+            self.assertIsNone(victim.poll())
+        finally:
+            victim.kill()
+            victim.wait()
 
     # ---- snapshot ----
 
