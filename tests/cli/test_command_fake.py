@@ -661,6 +661,20 @@ class FakeTest(unittest.TestCase):
         p = subprocess.run([CMD, "run", "--log", "rel.log", "--", "sh", "-c", "cd / && echo $GPURECLAIM_LOG"],
                            capture_output=True, text=True, env=env, cwd=wd, timeout=60)
         self.assertEqual(p.stdout.strip(), os.path.join(os.path.realpath(wd), "rel.log"), p.stderr)
+        # Standard error as the library spells it (src/options.c): not a file named "-" in the cwd. An
+        # unwritable cwd (for all but root) shows it too: a file there would be refused.
+        os.chmod(wd, 0o500)
+        try:
+            for spelling in ("-", "STDERR", "Stderr", "stderr"):
+                for how in (["--log", spelling], ["--log=" + spelling]):
+                    p = subprocess.run([CMD, "run", *how, "--", "sh", "-c", "echo $GPURECLAIM_LOG"],
+                                       capture_output=True, text=True, env=env, cwd=wd, timeout=60)
+                    self.assertEqual((p.returncode, p.stdout.strip()), (0, spelling), (how, p.stderr))
+                p = subprocess.run([CMD, "run", "--", "sh", "-c", "echo $GPURECLAIM_LOG"], capture_output=True,
+                                   text=True, env=dict(env, GPURECLAIM_LOG=spelling), cwd=wd, timeout=60)
+                self.assertEqual((p.returncode, p.stdout.strip()), (0, spelling), (spelling, p.stderr))
+        finally:
+            os.chmod(wd, 0o700)
         # Not a library: refused before the program runs, rather than a loader warning and a run without it.
         env = dict(self.env, GPURECLAIM_LIBRARY="/etc/passwd")
         p = self.cmd("run", "--", "sh", "-c", "echo ran", env=env, check=1)
