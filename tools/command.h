@@ -29,8 +29,9 @@ bool cmd_rundir_refused(void);
 /* Every live process of this user with a status file; stale files are removed and status files claiming
  * another user are ignored (both noted on stderr). */
 size_t cmd_list(proc_t **out);
-/* One process by pid. Returns 0, or EX_NOPROC after printing why (unknown pid, another user's process or
- * status file, no gpureclaim, an invalid status file). */
+/* One process by pid. Returns 0, EX_FAILED when the run directory is refused (cmd_rundir() printed why), or
+ * EX_NOPROC after printing why (unknown pid, another user's process or status file, no gpureclaim, an invalid
+ * status file). */
 int cmd_find(pid_t pid, proc_t *out);
 void cmd_free(proc_t *p);
 /* Sends one request over the process's control socket and returns the parsed answer (a JSON object), or NULL

@@ -278,6 +278,13 @@ int cmd_find(pid_t pid, proc_t *out) {
     return EX_NOPROC;
   }
   const char *dir = cmd_rundir(false);
+  if (!dir && cmd_rundir_refused()) {
+    /* cmd_rundir() said why. Not "not running gpureclaim" (exit 3): nobody can tell, and --help says a refused
+     * run directory is exit 1, as ps and release --all have it. */
+    snprintf(out->error, sizeof out->error, "the run directory %.300s is refused (not private to you)",
+             gr_opt()->rundir);
+    return EX_FAILED;
+  }
   int r = dir ? load(dir, pid, out) : LOAD_ABSENT;
   if (r == LOAD_FOREIGN) {
     not_found(out, "the status file of process %d says it belongs to %s: refused", (int)pid,

@@ -548,8 +548,14 @@ class FakeTest(unittest.TestCase):
             p = self.cmd(*args, check=1)
             self.assertIn("is not a directory private to you", p.stderr)
             self.assertEqual(p.stdout.strip("[]\n"), "", args)
-        p = self.cmd("release", str(f.pid), check=3)
-        self.assertIn("not a directory private to you", p.stderr)
+        # A pid given: exit 1 as well (--help), not 3: whether it runs gpureclaim cannot be told.
+        for args in (("release", str(f.pid)), ("release", "--signal", str(f.pid)), ("snapshot", str(f.pid))):
+            p = self.cmd(*args, check=1)
+            self.assertIn("not a directory private to you", p.stderr, args)
+            self.assertNotIn("not running gpureclaim", p.stderr, args)
+        out = json.loads(self.cmd("release", "--json", str(f.pid), check=1).stdout)
+        self.assertEqual((out[0]["ok"], out[0]["via"]), (False, None))
+        self.assertIn("run directory %s is refused" % self.rundir, out[0]["error"])
         self.assertEqual(self.received(), [])
         os.chmod(self.rundir, 0o700)
         if os.geteuid() == 0:  # someone else's directory, even private, is not ours to trust
