@@ -195,18 +195,26 @@ static const struct {
 
 /* GPURECLAIM_* variables already in the environment reach the program too: every one the library reads is
  * checked as its option is, so that `GPURECLAIM_RUNDIR=/tmp gpureclaim run CMD` is refused as
- * `run --rundir /tmp CMD` is. */
+ * `run --rundir /tmp CMD` is; and any other GPURECLAIM_ name but the command's own is refused as a
+ * misspelling (GPURECLAIM_LEAK_REPORTS=1), which the library would ignore without a word. */
 static int chk_environment(void) {
   for (char **e = environ; *e; e++) {
     const char *eq = strchr(*e, '=');
     char var[64];
-    if (strncmp(*e, "GPURECLAIM_", 11) != 0 || !eq || (size_t)(eq - *e) >= sizeof var)
+    if (strncmp(*e, "GPURECLAIM_", 11) != 0)
       continue;
-    snprintf(var, sizeof var, "%.*s", (int)(eq - *e), *e);
-    const char *v = eq + 1, *expected = "";
-    int rc = gr_opt_check(var, v, &expected);
-    if (rc == -ENOENT)
-      continue; /* not the library's (GPURECLAIM_LIBRARY is the command's) */
+    size_t len = eq ? (size_t)(eq - *e) : strlen(*e);
+    snprintf(var, sizeof var, "%.*s", (int)len, *e);
+    const char *v = eq ? eq + 1 : "", *expected = "";
+    /* A name too long for var is no library variable: gr_opt_check() then says so as for any unknown one. */
+    int rc = len < sizeof var ? gr_opt_check(var, v, &expected) : -ENOENT;
+    if (rc == -ENOENT) {
+      if (!strcmp(var, "GPURECLAIM_LIBRARY")) /* the command's own (find_library) */
+        continue;
+      fprintf(stderr, "gpureclaim: run: unknown variable in the environment: %.*s (misspelt? gpureclaim would "
+                      "ignore it; see gpureclaim --help)\n", (int)len, *e);
+      return EX_USAGE;
+    }
     for (size_t k = 0; rc == 0 && k < sizeof g_valued / sizeof g_valued[0]; k++)
       if (!strcmp(var, g_valued[k].var) && g_valued[k].check && g_valued[k].check(v) != 0) {
         expected = g_valued[k].expected;

@@ -659,6 +659,13 @@ class FakeTest(unittest.TestCase):
             p = self.cmd("run", "--", "sh", "-c", "echo ran", env=dict(self.env, **{var: val}), check=2)
             self.assertIn("bad value in the environment: %s=%s" % (var, val), p.stderr)
             self.assertNotIn("ran", p.stdout)
+        # A misspelt variable would be ignored by the library without a word: refused, named. The command's own
+        # GPURECLAIM_LIBRARY is not the library's, and is fine.
+        for var in ("GPURECLAIM_LEAK_REPORTS", "GPURECLAIM_", "GPURECLAIM_" + "X" * 80):
+            p = self.cmd("run", "--", "sh", "-c", "echo ran", env=dict(self.env, **{var: "1"}), check=2)
+            self.assertIn("unknown variable in the environment: %s" % var, p.stderr)
+            self.assertNotIn("ran", p.stdout)
+        self.assertEqual(self.run_env(extra={"GPURECLAIM_LEAK_REPORT": "1"})["GPURECLAIM_LEAK_REPORT"], "1")
         # A relative log is the user's, not the program's working directory's.
         wd = os.path.join(self.tmp, "wd")
         os.mkdir(wd)
