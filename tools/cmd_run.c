@@ -152,6 +152,25 @@ static int chk_rundir(const char *v) {
   return errno == ENOENT ? parent_dir_writable(v) : -1;
 }
 
+/* The default run directory (GPURECLAIM_RUNDIR unset: $XDG_RUNTIME_DIR/gpureclaim or /tmp/gpureclaim-UID, as
+ * gr_opt() resolves it with the program's environment) is judged as an explicit one is: the library would
+ * refuse one open to others, with only a warning, and the program would never appear in `gpureclaim ps`. One
+ * that does not exist yet is the library's to create; one the program never uses (no status file, or
+ * gpureclaim disabled) is not checked. */
+static int chk_default_rundir(void) {
+  const char *env = getenv("GPURECLAIM_RUNDIR");
+  if (env) /* checked as given (chk_environment(), or the option) */
+    return EX_OK;
+  const gr_options_t *o = gr_opt();
+  struct stat st;
+  if (o->disable || !o->status || lstat(o->rundir, &st) != 0 || chk_rundir(o->rundir) == 0)
+    return EX_OK;
+  fprintf(stderr, "gpureclaim: run: bad run directory %s (the default; GPURECLAIM_RUNDIR is not set): expected an "
+                  "existing directory of yours with mode 0700 (owner uid %u, mode %04o)\n",
+          o->rundir, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777));
+  return EX_USAGE;
+}
+
 /* Whether path starts with an ELF header: LD_PRELOAD of anything else fails in the dynamic loader with a
  * message that is easy to miss, and CMD would run without gpureclaim. */
 static bool is_elf(const char *path) {
@@ -287,6 +306,8 @@ int cmd_run(int argc, char **argv) {
   if (i >= argc)
     return cmd_usage_error("run: give the program to run (gpureclaim run [options] -- CMD ARGS...)%s", "");
   int env_rc = chk_environment();
+  if (env_rc == EX_OK)
+    env_rc = chk_default_rundir();
   if (env_rc != EX_OK)
     return env_rc;
   absolute_log();

@@ -666,6 +666,26 @@ class FakeTest(unittest.TestCase):
             self.assertIn("unknown variable in the environment: %s" % var, p.stderr)
             self.assertNotIn("ran", p.stdout)
         self.assertEqual(self.run_env(extra={"GPURECLAIM_LEAK_REPORT": "1"})["GPURECLAIM_LEAK_REPORT"], "1")
+        # The default run directory is judged as a given one: refused if the library would refuse it, fine if
+        # it does not exist yet (the library creates it) or is not used.
+        xdg = os.path.join(self.tmp, "xdg")
+        os.mkdir(xdg, 0o700)
+        default = os.path.join(xdg, "gpureclaim")
+        os.mkdir(default, 0o755)
+        os.chmod(default, 0o755)
+        denv = dict(self.env, XDG_RUNTIME_DIR=xdg, GPURECLAIM_LIBRARY=self.dummy_library())
+        denv.pop("GPURECLAIM_RUNDIR")
+        denv.pop("LD_PRELOAD", None)
+        p = self.cmd("run", "--", "sh", "-c", "echo ran", env=denv, check=2)
+        self.assertIn("bad run directory %s (the default; GPURECLAIM_RUNDIR is not set)" % default, p.stderr)
+        self.assertIn("mode 0755", p.stderr)
+        self.assertNotIn("ran", p.stdout)
+        self.assertEqual(self.cmd("run", "--no-status", "--", "sh", "-c", "echo ran", env=denv, check=0).stdout,
+                         "ran\n")
+        os.chmod(default, 0o700)
+        self.assertEqual(self.cmd("run", "--", "sh", "-c", "echo ran", env=denv, check=0).stdout, "ran\n")
+        os.rmdir(default)
+        self.assertEqual(self.cmd("run", "--", "sh", "-c", "echo ran", env=denv, check=0).stdout, "ran\n")
         # A relative log is the user's, not the program's working directory's.
         wd = os.path.join(self.tmp, "wd")
         os.mkdir(wd)
