@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdio_ext.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -355,8 +356,20 @@ int cmd_top(int argc, char **argv) {
              n, n == 1 ? "" : "es", interval);
       print_table(stdout, rows, n);
     }
-    fflush(stdout);
     free_rows(rows, n);
+    /* Output that cannot be written ends top, which would otherwise go on forever (`top > /dev/full`), with
+     * the error as main() reports it for the other commands; a reader that went away (EPIPE) ends it without
+     * one. What could not be written is discarded so that main() does not try, and report, it again. */
+    errno = 0;
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+      int e = errno ? errno : EIO;
+      __fpurge(stdout);
+      clearerr(stdout);
+      if (e == EPIPE)
+        return EX_OK;
+      fprintf(stderr, "gpureclaim: cannot write the output: %s\n", strerror(e));
+      return EX_FAILED;
+    }
   }
   return EX_OK;
 }

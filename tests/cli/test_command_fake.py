@@ -101,6 +101,16 @@ class FakeTest(unittest.TestCase):
                                    timeout=60)
             self.assertEqual(p.returncode, 1, args)
             self.assertIn("gpureclaim: cannot write the output: No space left on device", p.stderr, args)
+        # top stops at the first frame it cannot write, rather than running on.
+        for args in (("top", "--interval", "0.1"), ("top", "--interval", "0.1", "--json")):
+            with open("/dev/full", "w") as full:
+                p = subprocess.run([CMD, *args], stdout=full, stderr=subprocess.PIPE, text=True, env=self.env,
+                                   timeout=20)
+            self.assertEqual(p.returncode, 1, args)
+            self.assertEqual(p.stderr, "gpureclaim: cannot write the output: No space left on device\n", args)
+        p = subprocess.run("%s top --interval 0.1 | head -c 1 >/dev/null; echo ${PIPESTATUS[0]}" % CMD, shell=True,
+                           executable="/bin/bash", capture_output=True, text=True, env=self.env, timeout=20)
+        self.assertIn(p.stdout.strip(), ("0", "141"), p.stderr)
         # A reader that stops early is not an error of the command's.
         p = subprocess.run("%s ps --json | head -c 1 >/dev/null; echo ${PIPESTATUS[0]}" % CMD, shell=True,
                            executable="/bin/bash", capture_output=True, text=True, env=self.env, timeout=60)
