@@ -3,37 +3,61 @@
  * the CUDA libraries); no preload needed. Each model is loaded inside a scope; unloading ends the scope with
  * GPURECLAIM_FREE_NOW, so whatever the loader forgot to free goes too and memory stays flat.
  *     build/examples/inference [iterations]
- * Exits non-zero if live memory after an unload ever exceeds what it was after the first one.
+ * Exits 1 if live memory after an unload ever exceeds what it was after the first one, 2 on bad usage or when
+ * the model cannot be loaded.
  */
 #include "gpureclaim.h"
 
 #include <cuda_runtime_api.h>
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define MiB (1024ull * 1024)
 
-/* A loader with a leak, as real ones have: it frees its staging buffer but forgets the layer buffers. */
-static int load_model(int layers, void **keep) {
+static const char g_usage[] = "usage: inference [ITERATIONS]  (a whole number from 1 to 1000000; default 20)\n";
+
+/* A loader with a leak, as real ones have: it frees its staging buffer but forgets the layer buffers. What
+ * failed is returned, for its message. */
+static cudaError_t load_model(int layers, void **keep) {
   void *staging;
-  if (cudaMalloc(&staging, 64 * MiB) != cudaSuccess)
-    return -1;
-  for (int i = 0; i < layers; i++)
-    if (cudaMalloc(&keep[i], (size_t)(8 + i) * MiB) != cudaSuccess)
-      return -1;
-  cudaFree(staging);
-  return 0;
+  cudaError_t err = cudaMalloc(&staging, 64 * MiB);
+  for (int i = 0; err == cudaSuccess && i < layers; i++)
+    err = cudaMalloc(&keep[i], (size_t)(8 + i) * MiB);
+  if (err == cudaSuccess)
+    cudaFree(staging);
+  return err;
 }
 
 int main(int argc, char **argv) {
-  int iterations = argc > 1 ? atoi(argv[1]) : 20;
+  long iterations = 20;
+  if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+    fputs(g_usage, stdout);
+    return 0;
+  }
+  if (argc > 1) { /* strictly a number: atoi() made "--help" or "ten" zero model loads, and a success */
+    char *end;
+    errno = 0;
+    iterations = strtol(argv[1], &end, 10);
+    if (argc > 2 || errno || end == argv[1] || *end || iterations < 1 || iterations > 1000000) {
+      fprintf(stderr, "inference: bad arguments\n%s", g_usage);
+      return 2;
+    }
+  }
   uint64_t baseline = 0;
   void *layers[16];
-  for (int it = 0; it < iterations; it++) {
+  for (long it = 0; it < iterations; it++) {
     uint64_t scope = gpureclaim_scope_begin();
-    if (!scope || load_model(16, layers) != 0) {
-      fprintf(stderr, "inference: cannot load the model (is gpureclaim linked, is there a device?)\n");
+    if (!scope) {
+      fprintf(stderr, "inference: gpureclaim_scope_begin() failed (is gpureclaim linked and enabled?)\n");
+      return 2;
+    }
+    cudaError_t err = load_model(16, layers);
+    if (err != cudaSuccess) {
+      fprintf(stderr, "inference: cannot load the model: %s (%s)\n", cudaGetErrorString(err),
+              cudaGetErrorName(err));
       return 2;
     }
     /* ... serve requests with the model ... */
@@ -42,7 +66,7 @@ int main(int argc, char **argv) {
     gpureclaim_stats(-1, &s);
     if (it == 0)
       baseline = s.live_bytes;
-    printf("iteration %2d: live %6.1f MiB, released so far %8.1f MiB\n", it, (double)s.live_bytes / MiB,
+    printf("iteration %2ld: live %6.1f MiB, released so far %8.1f MiB\n", it, (double)s.live_bytes / MiB,
            (double)s.released_bytes / MiB);
     if (s.live_bytes > baseline) {
       fprintf(stderr, "inference: memory grew: %llu > %llu bytes\n", (unsigned long long)s.live_bytes,
@@ -50,6 +74,6 @@ int main(int argc, char **argv) {
       return 1;
     }
   }
-  printf("memory stayed flat over %d model loads\n", iterations);
+  printf("memory stayed flat over %ld model loads\n", iterations);
   return 0;
 }
