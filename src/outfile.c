@@ -9,11 +9,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -50,15 +52,30 @@ static int write_into(const char *path, const void *data, size_t len) {
   return rc;
 }
 
+/* Creates a temporary file next to path, named in tmp; returns its descriptor or a negative errno value. The
+ * name is new to every call (process, thread and a counter): two writes of one path at once, from two threads
+ * or two processes, each rename their own whole file into place; with one shared name, one renamed the other's
+ * half-written file, and the other's rename then failed. O_EXCL: a name that exists (left by a process that
+ * died, or put there by someone else, FIFO included) is never opened, only passed over. */
+static int create_temp(const char *path, char *tmp, size_t len, mode_t mode) {
+  static _Atomic unsigned counter;
+  for (int tries = 0;; tries++) {
+    unsigned n = atomic_fetch_add_explicit(&counter, 1, memory_order_relaxed);
+    if ((size_t)snprintf(tmp, len, "%s.%d.%ld.%u.tmp", path, (int)getpid(), (long)syscall(SYS_gettid), n) >= len)
+      return -ENAMETOOLONG;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
+    if (fd >= 0 || errno != EEXIST || tries == 100)
+      return fd >= 0 ? fd : -errno;
+  }
+}
+
 static int write_replacing(const char *path, const void *data, size_t len, mode_t mode) {
-  char tmp[PATH_MAX + 32];
-  if ((size_t)snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid()) >= sizeof tmp)
-    return -ENAMETOOLONG;
+  char tmp[PATH_MAX + 64];
   struct stat old;
   bool keep = stat(path, &old) == 0 && S_ISREG(old.st_mode); /* a replaced file keeps its permissions */
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, keep ? (old.st_mode & 0600) : mode);
+  int fd = create_temp(path, tmp, sizeof tmp, keep ? (old.st_mode & 0600) : mode);
   if (fd < 0)
-    return -errno;
+    return fd;
   int rc = keep && fchmod(fd, old.st_mode & 07777) != 0 ? -errno : 0;
   if (rc == 0)
     rc = gr_out_write_fd(fd, data, len);
