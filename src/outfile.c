@@ -69,11 +69,10 @@ static int create_temp(const char *path, char *tmp, size_t len, mode_t mode) {
   }
 }
 
-static int write_replacing(const char *path, const void *data, size_t len, mode_t mode) {
-  char tmp[PATH_MAX + 64];
+int gr_out_write_temp(const char *path, const void *data, size_t len, mode_t mode, char *tmp, size_t tmplen) {
   struct stat old;
   bool keep = stat(path, &old) == 0 && S_ISREG(old.st_mode); /* a replaced file keeps its permissions */
-  int fd = create_temp(path, tmp, sizeof tmp, keep ? (old.st_mode & 0600) : mode);
+  int fd = create_temp(path, tmp, tmplen, keep ? (old.st_mode & 0600) : mode);
   if (fd < 0)
     return fd;
   int rc = keep && fchmod(fd, old.st_mode & 07777) != 0 ? -errno : 0;
@@ -83,10 +82,18 @@ static int write_replacing(const char *path, const void *data, size_t len, mode_
     rc = -errno;
   if (close(fd) != 0 && rc == 0)
     rc = -errno;
-  if (rc == 0 && rename(tmp, path) != 0)
-    rc = -errno;
   if (rc != 0)
     unlink(tmp);
+  return rc;
+}
+
+static int write_replacing(const char *path, const void *data, size_t len, mode_t mode) {
+  char tmp[GR_OUT_TEMP_MAX];
+  int rc = gr_out_write_temp(path, data, len, mode, tmp, sizeof tmp);
+  if (rc == 0 && rename(tmp, path) != 0) {
+    rc = -errno;
+    unlink(tmp);
+  }
   return rc;
 }
 

@@ -193,6 +193,10 @@ static bool g_have_last;
 static uint64_t g_signal_releases;
 static gpureclaim_report_t g_last_signal_report;
 static pthread_mutex_t g_status_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Under g_status_lock: the state each status file shows is numbered when it is read, and a file is renamed into
+ * place only if its number is above that of the file there. Two updates at once (a release on one thread, a
+ * scope end on another) otherwise could rename theirs in either order and leave the older status in place. */
+static uint64_t g_status_numbered, g_status_placed;
 
 int gr_rep_status_update(void) {
   const gr_options_t *o = gr_opt();
@@ -220,14 +224,16 @@ int gr_rep_status_update(void) {
   jb_str(&b, "cmdline", cmd);
   jb_u64(&b, "start_ticks", start_ticks());
   jb_u64(&b, "started_ms", gr_core_start_time_ms());
-  jb_u64(&b, "updated_ms", realtime_ms());
   jb_str(&b, "signal", gr_opt_signal_name(o->signal, sig, sizeof sig));
   jb_str(&b, "on_signal", gr_opt_what_name(o->on_signal, what, sizeof what));
+  /* What changes is read under the lock, in the order the number gives (appending to memory only). */
+  pthread_mutex_lock(&g_status_lock);
+  uint64_t number = ++g_status_numbered;
+  jb_u64(&b, "updated_ms", realtime_ms());
   if (gr_ctl_fd() >= 0)
     jb_str(&b, "socket", sock);
   else
     jb_null(&b, "socket");
-  pthread_mutex_lock(&g_status_lock);
   jb_u64(&b, "releases", atomic_load_explicit(&g_status_releases, memory_order_relaxed));
   if (g_have_last) {
     jb_key(&b, "last_release");
@@ -245,7 +251,28 @@ int gr_rep_status_update(void) {
   pthread_mutex_unlock(&g_status_lock);
   jb_obj_end(&b);
   jb_raw(&b, "\n", 1);
-  int rc = write_file(path, &b, 0600);
+  int rc;
+  struct stat st;
+  if (b.failed) {
+    rc = -ENOMEM;
+  } else if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+    rc = write_file(path, &b, 0600); /* something put there (a link, a FIFO): written into, as outfile.c does */
+  } else {
+    /* Written and flushed outside the lock; only the rename, which does not wait on a reader, inside it. */
+    char tmp[GR_OUT_TEMP_MAX];
+    rc = gr_out_write_temp(path, b.p, b.len, 0600, tmp, sizeof tmp);
+    if (rc == 0) {
+      pthread_mutex_lock(&g_status_lock);
+      bool newest = number > g_status_placed;
+      if (newest && rename(tmp, path) == 0)
+        g_status_placed = number;
+      else if (newest)
+        rc = -errno;
+      pthread_mutex_unlock(&g_status_lock);
+      if (!newest || rc != 0)
+        unlink(tmp); /* a newer status is in place already, or the rename failed */
+    }
+  }
   jb_free(&b);
   return rc;
 }
