@@ -137,9 +137,12 @@ int gr_out_write(const char *path, const void *data, size_t len, mode_t mode) {
       return -errno;
     /* Dangling: the target is created where the link says, as a shell's > would; it is new, so nobody can
      * be reading half of it. */
-    int nfd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+    int nfd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, mode);
     if (nfd < 0)
-      return -errno;
+      return -errno; /* ENXIO: a FIFO without reader got there since realpath(); an error, not a hang */
+    int fl = fcntl(nfd, F_GETFL);
+    if (fl >= 0)
+      (void)fcntl(nfd, F_SETFL, fl & ~O_NONBLOCK);
     int rc = gr_out_write_fd(nfd, data, len);
     if (close(nfd) != 0 && rc == 0)
       rc = -errno;
