@@ -3,7 +3,12 @@
 #include "harness.h"
 
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -150,6 +155,103 @@ Test(reports, snapshot_into_devices_links_and_fifos) {
   OK(cuMemFree(a));
 }
 
+/* ---- two writers of one file at once ---- */
+
+/* A reader, as `gpureclaim ps` or a user's script reads: every time it finds the file, the file is whole, and
+ * its count of releases never goes back (an older file renamed into place after a newer one). */
+typedef struct {
+  const char *path;
+  atomic_bool stop;
+  atomic_int reads, torn, backwards;
+} reader_t;
+
+static void *read_whole(void *arg) {
+  reader_t *r = arg;
+  static char buf[1 << 20];
+  unsigned long last = 0;
+  while (!atomic_load(&r->stop)) {
+    sched_yield(); /* the writers (and other tests running) first */
+    int fd = open(r->path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+      continue;
+    size_t n = 0;
+    ssize_t got;
+    while (n < sizeof buf - 1 && (got = read(fd, buf + n, sizeof buf - 1 - n)) > 0)
+      n += (size_t)got;
+    close(fd);
+    buf[n] = '\0';
+    atomic_fetch_add(&r->reads, 1);
+    if (n < 2 || buf[n - 2] != '}' || buf[n - 1] != '\n') {
+      atomic_fetch_add(&r->torn, 1);
+      continue;
+    }
+    const char *rel = strstr(buf, "\"releases\":"); /* the status file's own, or the snapshot's total */
+    unsigned long releases = rel ? strtoul(rel + 11, NULL, 10) : 0;
+    if (releases < last)
+      atomic_fetch_add(&r->backwards, 1);
+    last = releases;
+  }
+  return NULL;
+}
+
+/* Files in dir whose name starts with prefix (temporary files left behind). */
+static int count_prefixed(const char *dir, const char *prefix) {
+  DIR *d = opendir(dir);
+  cr_assert_not_null(d, "%s: %s", dir, strerror(errno));
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d));)
+    n += !strncmp(e->d_name, prefix, strlen(prefix));
+  closedir(d);
+  return n;
+}
+
+#define SNAPSHOTS 200
+static char g_snap_path[256];
+static atomic_int g_snap_failed, g_snap_rc;
+
+static void *snapshot_many(void *arg) {
+  (void)arg;
+  for (int i = 0; i < SNAPSHOTS; i++) {
+    int rc = gpureclaim_snapshot(g_snap_path);
+    if (rc != 0 && atomic_fetch_add(&g_snap_failed, 1) == 0)
+      atomic_store(&g_snap_rc, rc);
+  }
+  return NULL;
+}
+
+/* Two threads snapshot one path at once (every function of the API may be called concurrently): each call
+ * succeeds and a reader only ever finds whole files. Both writes used one temporary name: one renamed the
+ * other's half-written file into place, and the other's rename then failed (-EIO). */
+Test(reports, snapshot_one_path_from_two_threads) {
+  CUdeviceptr p[200];
+  for (int i = 0; i < 200; i++)
+    OK(cuMemAlloc(&p[i], 4096)); /* a snapshot of some size: a write takes a while */
+  char dir[] = "/tmp/gr_snapraceXXXXXX";
+  cr_assert_not_null(mkdtemp(dir));
+  snprintf(g_snap_path, sizeof g_snap_path, "%s/snap.json", dir);
+  cr_assert_eq(gpureclaim_snapshot(g_snap_path), 0);
+  reader_t r = {.path = g_snap_path};
+  pthread_t a, b, rd;
+  cr_assert_eq(pthread_create(&rd, NULL, read_whole, &r), 0);
+  cr_assert_eq(pthread_create(&a, NULL, snapshot_many, NULL), 0);
+  cr_assert_eq(pthread_create(&b, NULL, snapshot_many, NULL), 0);
+  pthread_join(a, NULL);
+  pthread_join(b, NULL);
+  atomic_store(&r.stop, true);
+  pthread_join(rd, NULL);
+  cr_assert_eq(atomic_load(&g_snap_failed), 0, "%d of %d snapshots failed (the first: %d)",
+               atomic_load(&g_snap_failed), 2 * SNAPSHOTS, atomic_load(&g_snap_rc));
+  cr_assert_eq(atomic_load(&r.torn), 0, "%d of %d reads found half a file", atomic_load(&r.torn),
+               atomic_load(&r.reads));
+  cr_assert_eq(py("import json,sys; d=json.load(open(sys.argv[1])); assert len(d[\"blocks\"])==200", g_snap_path),
+               0);
+  cr_assert_eq(count_prefixed(dir, "snap.json."), 0, "temporary files were left in %s", dir);
+  unlink(g_snap_path);
+  cr_assert_eq(rmdir(dir), 0, "%s: %s", dir, strerror(errno));
+  for (int i = 0; i < 200; i++)
+    OK(cuMemFree(p[i]));
+}
+
 /* One device's statistics: its own contexts and pools; process-wide counts under -1 only (the header). */
 Test(reports, stats_of_one_device) {
   CUcontext c2, popped;
@@ -276,6 +378,64 @@ Test(reports, status_file_and_run_directory) {
                   "assert d[\"releases\"]==1 and d[\"last_release\"][\"trigger\"]==\"api\"",
                   path),
                0);
+}
+
+#define STATUS_RELEASES 500
+static atomic_int g_status_errors; /* counted on the threads, asserted on the test's own */
+
+static void *release_many(void *arg) {
+  (void)arg;
+  for (int i = 0; i < STATUS_RELEASES; i++)
+    if (gpureclaim_release(GPURECLAIM_CACHED, NULL) != 0)
+      atomic_fetch_add(&g_status_errors, 1);
+  return NULL;
+}
+
+static void *end_scopes(void *arg) {
+  (void)arg;
+  if (cuCtxSetCurrent(g_ctx) != CUDA_SUCCESS)
+    atomic_fetch_add(&g_status_errors, 1);
+  for (int i = 0; i < STATUS_RELEASES; i++) {
+    uint64_t s = gpureclaim_scope_begin();
+    CUdeviceptr p;
+    if (cuMemAlloc(&p, 4096) != CUDA_SUCCESS || gpureclaim_scope_end(s, GPURECLAIM_FREE_NOW) != 0)
+      atomic_fetch_add(&g_status_errors, 1);
+  }
+  return NULL;
+}
+
+/* Releases on two threads at once (gpureclaim_release, and scope ends that free at once) each rewrite the
+ * status file: a reader only ever finds it whole, and once both are done it shows every release, not an
+ * older status renamed into place after a newer one. */
+Test(reports, status_file_from_two_threads) {
+  const char *dir = getenv("GPURECLAIM_RUNDIR");
+  char path[4200], prefix[64];
+  snprintf(path, sizeof path, "%s/%d.json", dir, (int)getpid());
+  snprintf(prefix, sizeof prefix, "%d.json.", (int)getpid());
+  CUdeviceptr p;
+  OK(cuMemAlloc(&p, 100)); /* the library starts: the status file exists */
+  reader_t r = {.path = path};
+  pthread_t a, b, rd;
+  cr_assert_eq(pthread_create(&rd, NULL, read_whole, &r), 0);
+  cr_assert_eq(pthread_create(&a, NULL, release_many, NULL), 0);
+  cr_assert_eq(pthread_create(&b, NULL, end_scopes, NULL), 0);
+  pthread_join(a, NULL);
+  pthread_join(b, NULL);
+  atomic_store(&r.stop, true);
+  pthread_join(rd, NULL);
+  cr_assert_eq(atomic_load(&g_status_errors), 0);
+  cr_assert_eq(atomic_load(&r.torn), 0, "%d of %d reads found half a status file", atomic_load(&r.torn),
+               atomic_load(&r.reads));
+  cr_assert_eq(atomic_load(&r.backwards), 0, "%d of %d reads found an older status after a newer one",
+               atomic_load(&r.backwards), atomic_load(&r.reads));
+  char code[512];
+  snprintf(code, sizeof code,
+           "import json,sys; d=json.load(open(sys.argv[1]));"
+           "assert d[\"releases\"]==%d, d[\"releases\"]; assert d[\"last_release\"][\"seq\"]",
+           2 * STATUS_RELEASES);
+  cr_assert_eq(py(code, path), 0, "the status file does not show every release");
+  cr_assert_eq(count_prefixed(dir, prefix), 0, "temporary files were left in %s", dir);
+  OK(cuMemFree(p));
 }
 
 static int ask(const char *request, char *out, size_t len) {
