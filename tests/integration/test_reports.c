@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -436,6 +437,50 @@ Test(reports, status_file_from_two_threads) {
   cr_assert_eq(py(code, path), 0, "the status file does not show every release");
   cr_assert_eq(count_prefixed(dir, prefix), 0, "temporary files were left in %s", dir);
   OK(cuMemFree(p));
+}
+
+/* GPURECLAIM_LOG names a FIFO nobody reads: releases go on, their reports to stderr. Opening it blocked until
+ * a reader came, which was never: an allocation that ran out of memory (its retry releases on the allocating
+ * thread) and gpureclaim_release() hung. The probe runs in a child that an alarm ends if it hangs. */
+Test(reports, log_fifo_without_reader_blocks_no_release) {
+  char dir[] = "/tmp/gr_logfifoXXXXXX";
+  cr_assert_not_null(mkdtemp(dir));
+  char fifo[256];
+  snprintf(fifo, sizeof fifo, "%s/log", dir);
+  cr_assert_eq(mkfifo(fifo, 0600), 0);
+  int out[2];
+  cr_assert_eq(pipe(out), 0);
+  pid_t pid = fork();
+  cr_assert_geq(pid, 0);
+  if (pid == 0) {
+    dup2(out[1], 1);
+    dup2(out[1], 2);
+    close(out[0]);
+    setenv("GPURECLAIM_LOG", fifo, 1);
+    setenv("ASAN_OPTIONS", "detect_leaks=0", 1);
+    alarm(60); /* kept across exec: a hang ends in SIGALRM */
+    execl(getenv("LOG_PROBE"), "log_probe", (char *)NULL);
+    _exit(91);
+  }
+  close(out[1]);
+  static char text[1 << 16];
+  size_t n = 0;
+  ssize_t got;
+  while (n < sizeof text - 1 && (got = read(out[0], text + n, sizeof text - 1 - n)) > 0)
+    n += (size_t)got;
+  text[n] = '\0';
+  close(out[0]);
+  int status;
+  cr_assert_eq(waitpid(pid, &status, 0), pid);
+  cr_assert(!WIFSIGNALED(status), "the probe ended by signal %d (%d: it hung on the FIFO):\n%s", WTERMSIG(status),
+            SIGALRM, text);
+  cr_assert_eq(WEXITSTATUS(status), 0, "%s", text);
+  cr_assert_not_null(strstr(text, "oom=2 release=0"), "%s", text); /* CUDA_ERROR_OUT_OF_MEMORY after the retry */
+  cr_assert_not_null(strstr(text, "\"trigger\":\"oom\""), "the reports go to stderr:\n%s", text);
+  cr_assert_not_null(strstr(text, "\"trigger\":\"api\""), "%s", text);
+  cr_assert_not_null(strstr(text, "GPURECLAIM_LOG"), "one warning names the variable:\n%s", text);
+  unlink(fifo);
+  cr_assert_eq(rmdir(dir), 0);
 }
 
 static int ask(const char *request, char *out, size_t len) {
