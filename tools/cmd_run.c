@@ -7,6 +7,7 @@
 #include "gpureclaim_internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -174,11 +175,14 @@ static int chk_default_rundir(void) {
 /* Whether path starts with an ELF header: LD_PRELOAD of anything else fails in the dynamic loader with a
  * message that is easy to miss, and CMD would run without gpureclaim. */
 static bool is_elf(const char *path) {
-  FILE *f = fopen(path, "rb");
+  /* Without blocking, and regular files only: a FIFO named here would otherwise wait for a writer. */
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  struct stat st;
   unsigned char m[4] = {0};
-  bool ok = f && fread(m, 1, 4, f) == 4 && m[0] == 0x7f && m[1] == 'E' && m[2] == 'L' && m[3] == 'F';
-  if (f)
-    fclose(f);
+  bool ok = fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && read(fd, m, 4) == 4 && m[0] == 0x7f &&
+            m[1] == 'E' && m[2] == 'L' && m[3] == 'F';
+  if (fd >= 0)
+    close(fd);
   return ok;
 }
 

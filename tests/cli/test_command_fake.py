@@ -723,6 +723,10 @@ class FakeTest(unittest.TestCase):
         p = self.cmd("run", "--", "sh", "-c", "echo ran", env=env, check=1)
         self.assertIn("/etc/passwd is not a shared library", p.stderr)
         self.assertNotIn("ran", p.stdout)
+        fifo = os.path.join(self.tmp, "lib.fifo")  # nobody writes it: refused, not waited on
+        os.mkfifo(fifo)
+        p = self.cmd("run", "--", "true", env=dict(self.env, GPURECLAIM_LIBRARY=fifo), check=1, timeout=20)
+        self.assertIn("%s is not a shared library" % fifo, p.stderr)
         # "--option=value" is accepted wherever "--option value" is; a missing value is named.
         self.cmd("release", "--timeout=0.5", "--what=cached", "2147483647", check=3)
         self.assertIn("--what needs a value", self.cmd("release", "1", "--what", check=2).stderr)
