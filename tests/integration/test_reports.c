@@ -208,6 +208,18 @@ static void *read_whole(void *arg) {
   return NULL;
 }
 
+/* Runs writers a and b at once while r reads the file they write, until both are done. */
+static void race(reader_t *r, void *(*a)(void *), void *(*b)(void *)) {
+  pthread_t ta, tb, rd;
+  cr_assert_eq(pthread_create(&rd, NULL, read_whole, r), 0);
+  cr_assert_eq(pthread_create(&ta, NULL, a, NULL), 0);
+  cr_assert_eq(pthread_create(&tb, NULL, b, NULL), 0);
+  pthread_join(ta, NULL);
+  pthread_join(tb, NULL);
+  atomic_store(&r->stop, true);
+  pthread_join(rd, NULL);
+}
+
 /* Files in dir whose name starts with prefix (temporary files left behind). */
 static int count_prefixed(const char *dir, const char *prefix) {
   DIR *d = opendir(dir);
@@ -245,14 +257,7 @@ Test(reports, snapshot_one_path_from_two_threads) {
   snprintf(g_snap_path, sizeof g_snap_path, "%s/snap.json", dir);
   cr_assert_eq(gpureclaim_snapshot(g_snap_path), 0);
   reader_t r = {.path = g_snap_path};
-  pthread_t a, b, rd;
-  cr_assert_eq(pthread_create(&rd, NULL, read_whole, &r), 0);
-  cr_assert_eq(pthread_create(&a, NULL, snapshot_many, NULL), 0);
-  cr_assert_eq(pthread_create(&b, NULL, snapshot_many, NULL), 0);
-  pthread_join(a, NULL);
-  pthread_join(b, NULL);
-  atomic_store(&r.stop, true);
-  pthread_join(rd, NULL);
+  race(&r, snapshot_many, snapshot_many);
   cr_assert_eq(atomic_load(&g_snap_failed), 0, "%d of %d snapshots failed (the first: %d)",
                atomic_load(&g_snap_failed), 2 * SNAPSHOTS, atomic_load(&g_snap_rc));
   cr_assert_eq(atomic_load(&r.torn), 0, "%d of %d reads found half a file", atomic_load(&r.torn),
@@ -429,14 +434,7 @@ Test(reports, status_file_from_two_threads) {
   CUdeviceptr p;
   OK(cuMemAlloc(&p, 100)); /* the library starts: the status file exists */
   reader_t r = {.path = path};
-  pthread_t a, b, rd;
-  cr_assert_eq(pthread_create(&rd, NULL, read_whole, &r), 0);
-  cr_assert_eq(pthread_create(&a, NULL, release_many, NULL), 0);
-  cr_assert_eq(pthread_create(&b, NULL, end_scopes, NULL), 0);
-  pthread_join(a, NULL);
-  pthread_join(b, NULL);
-  atomic_store(&r.stop, true);
-  pthread_join(rd, NULL);
+  race(&r, release_many, end_scopes);
   cr_assert_eq(atomic_load(&g_status_errors), 0);
   cr_assert_eq(atomic_load(&r.torn), 0, "%d of %d reads found half a status file", atomic_load(&r.torn),
                atomic_load(&r.reads));
