@@ -12,7 +12,8 @@
  *    value on failure: -EINVAL for a bad argument, -ENOTSUP when gpureclaim is disabled (GPURECLAIM_DISABLE=1),
  *    -ENOMEM when memory ran out, -EIO for a file that could not be written.
  *  - Structs that may grow start with `size_t size`: set it to sizeof the struct you pass. The library fills
- *    min(size, its own sizeof) bytes, so a program built against an older header keeps working.
+ *    min(size, its own sizeof) bytes, so a program built against an older header keeps working, and sets
+ *    `size` to that number (a program built against a newer header learns which fields were filled).
  *  - gpureclaim never changes what a CUDA call returns, except for the out-of-memory retry (GPURECLAIM_OOM_RETRY)
  *    and a free of a pointer that a release already freed (see gpureclaim_scope_end).
  *

@@ -2,6 +2,7 @@
 #include "harness.h"
 
 #include <criterion/criterion.h>
+#include <stddef.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
@@ -37,6 +38,34 @@ static gpureclaim_stats_t grs(void) {
 }
 
 TestSuite(release, .init = init);
+
+/* The size contract of gpureclaim.h: min(size, the library's sizeof) bytes are filled, and size says how many. */
+Test(release, struct_sizes_of_older_and_newer_headers) {
+  struct {
+    gpureclaim_stats_t s;
+    uint64_t added_later[4];
+  } newer;
+  memset(&newer, 0xab, sizeof newer);
+  newer.s.size = sizeof newer;
+  cr_assert_eq(gpureclaim_stats(-1, &newer.s), 0);
+  cr_assert_eq(newer.s.size, sizeof(gpureclaim_stats_t), "size tells a newer program what was filled");
+  cr_assert_eq(newer.added_later[0], UINT64_C(0xabababababababab), "nothing past the library's struct written");
+  gpureclaim_stats_t older;
+  memset(&older, 0xab, sizeof older);
+  older.size = offsetof(gpureclaim_stats_t, live_blocks) + sizeof(uint64_t);
+  cr_assert_eq(gpureclaim_stats(-1, &older), 0);
+  cr_assert_eq(older.size, offsetof(gpureclaim_stats_t, live_blocks) + sizeof(uint64_t));
+  cr_assert_eq(older.live_bytes, UINT64_C(0xabababababababab), "an older program's struct is not overrun");
+  struct {
+    gpureclaim_report_t r;
+    uint64_t added_later;
+  } rnewer;
+  memset(&rnewer, 0xab, sizeof rnewer);
+  rnewer.r.size = sizeof rnewer;
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_CACHED, &rnewer.r), 0);
+  cr_assert_eq(rnewer.r.size, sizeof(gpureclaim_report_t));
+  cr_assert_eq(rnewer.added_later, UINT64_C(0xabababababababab));
+}
 
 Test(release, bad_requests) {
   gpureclaim_report_t r = {.size = sizeof r};
