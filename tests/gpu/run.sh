@@ -169,7 +169,7 @@ run_test() {
     export GPURECLAIM_RUNDIR=$OUT/rundir
     export GPURECLAIM_LOG=$OUT/reports/$name.jsonl
     export PYTHONPATH=$HERE${PYTHONPATH:+:$PYTHONPATH}
-    export GPU_TEST_NAME=$name GPU_TEST_OUT=$OUT GPURECLAIM_LIB_PATH=$LIB
+    export GPU_TEST_NAME=$name GPU_TEST_OUT=$OUT
     if [ "$mode" = preload ]; then export LD_PRELOAD=$LIB; fi
     timeout -k 10 "$lim" "$@"
     exit $?  # (no exec: a crash is reported by this shell, into the log)
