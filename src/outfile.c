@@ -34,19 +34,26 @@ int gr_out_write_fd(int fd, const void *data, size_t len) {
   return 0;
 }
 
+int gr_out_open_nowait(const char *path, int flags, mode_t mode) {
+  int fd = open(path, flags | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, mode);
+  if (fd >= 0) {
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0)
+      (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK); /* a reader exists: let writes wait for it */
+  }
+  return fd;
+}
+
 /* A device or FIFO: opened without truncation. A FIFO nobody reads gets 2 seconds for a reader to come, then
  * ENXIO: never a hang (a cron job writing its metrics, a signal-driven snapshot). */
 static int write_into(const char *path, const void *data, size_t len) {
   int fd;
-  for (int tries = 0; (fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY)) < 0; tries++) {
+  for (int tries = 0; (fd = gr_out_open_nowait(path, O_WRONLY, 0)) < 0; tries++) {
     if (errno != ENXIO || tries == 200)
       return -errno;
     struct timespec nap = {0, 10 * 1000 * 1000};
     nanosleep(&nap, NULL);
   }
-  int fl = fcntl(fd, F_GETFL);
-  if (fl >= 0)
-    (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK); /* a reader exists: let writes wait for it */
   int rc = gr_out_write_fd(fd, data, len);
   close(fd);
   return rc;
@@ -137,12 +144,9 @@ int gr_out_write(const char *path, const void *data, size_t len, mode_t mode) {
       return -errno;
     /* Dangling: the target is created where the link says, as a shell's > would; it is new, so nobody can
      * be reading half of it. */
-    int nfd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, mode);
+    int nfd = gr_out_open_nowait(path, O_WRONLY | O_CREAT | O_TRUNC, mode);
     if (nfd < 0)
       return -errno; /* ENXIO: a FIFO without reader got there since realpath(); an error, not a hang */
-    int fl = fcntl(nfd, F_GETFL);
-    if (fl >= 0)
-      (void)fcntl(nfd, F_SETFL, fl & ~O_NONBLOCK);
     int rc = gr_out_write_fd(nfd, data, len);
     if (close(nfd) != 0 && rc == 0)
       rc = -errno;

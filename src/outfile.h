@@ -30,6 +30,9 @@ int gr_out_write(const char *path, const void *data, size_t len, mode_t mode);
  * to put in place. On failure nothing is left behind. Returns 0 or a negative errno value. */
 #define GR_OUT_TEMP_MAX (PATH_MAX + 64)
 int gr_out_write_temp(const char *path, const void *data, size_t len, mode_t mode, char *tmp, size_t tmplen);
+/* open(path, flags, mode) that never waits for a FIFO's reader (ENXIO instead), then lets writes wait as usual;
+ * O_CLOEXEC and O_NOCTTY are added. Returns the descriptor, or -1 with errno set. */
+int gr_out_open_nowait(const char *path, int flags, mode_t mode);
 /* Writes all len bytes to fd (retrying short writes and EINTR). Returns 0 or a negative errno value. */
 int gr_out_write_fd(int fd, const void *data, size_t len);
 

@@ -307,14 +307,11 @@ void gr_rep_release(const gpureclaim_report_t *r, bool served_signal) {
   jb_raw(&b, "\n", 1);
   const char *log = gr_opt()->log;
   if (log[0]) {
-    /* O_NONBLOCK: a FIFO nobody reads would block the open for good, and a release runs on an allocating
+    /* Not waiting: a FIFO nobody reads would block the open for good, and a release runs on an allocating
      * thread (OOM retry), in gpureclaim_release() and on the worker that serves the control socket. It fails
      * with ENXIO instead, and the report goes to stderr. */
-    int fd = open(log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, 0600);
+    int fd = gr_out_open_nowait(log, O_WRONLY | O_APPEND | O_CREAT, 0600);
     if (fd >= 0) {
-      int fl = fcntl(fd, F_GETFL);
-      if (fl >= 0)
-        (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK); /* a reader exists: let the write wait for it */
       jb_write_fd(&b, fd); /* one write of a short line: appends stay whole */
       close(fd);
     } else {
