@@ -171,8 +171,10 @@ static int p_path(const char *v, char *dst, size_t len) {
   memcpy(dst, v, n + 1);
   return 0;
 }
+bool gr_opt_log_is_stderr(const char *s) { return streq_ci(s, "stderr") || !strcmp(s, "-"); }
+
 static int p_log(const char *v, gr_options_t *o) {
-  if (streq_ci(v, "stderr") || streq_ci(v, "-")) {
+  if (gr_opt_log_is_stderr(v)) {
     o->log[0] = '\0';
     return 0;
   }

@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -186,17 +185,11 @@ static bool is_elf(const char *path) {
   return ok;
 }
 
-/* Whether a GPURECLAIM_LOG value means standard error to the library. src/options.c (p_log) has no shared
- * predicate: this mirrors its rule exactly, "stderr" in any case (its streq_ci compares ASCII letters without
- * case, as strcasecmp does in the C locale the command runs in) or "-". Anything else is a file name, and
- * treating "-" or "STDERR" as one here made run check, and make absolute, a file that is never written. */
-static bool log_is_stderr(const char *v) { return !strcasecmp(v, "stderr") || !strcmp(v, "-"); }
-
 /* A log file the library can append to: an existing writable file, or a new one in a writable directory.
  * (stderr, and the empty value, mean standard error.) The library would otherwise only warn, at its first
  * release, and write to standard error. */
 static int chk_log(const char *v) {
-  if (!*v || log_is_stderr(v))
+  if (!*v || gr_opt_log_is_stderr(v))
     return 0;
   struct stat st;
   if (stat(v, &st) == 0)
@@ -256,7 +249,7 @@ static int chk_environment(void) {
 static void absolute_log(void) {
   const char *v = getenv("GPURECLAIM_LOG");
   char cwd[PATH_MAX], abs[2 * PATH_MAX + 2];
-  if (!v || !*v || v[0] == '/' || log_is_stderr(v) || !getcwd(cwd, sizeof cwd))
+  if (!v || !*v || v[0] == '/' || gr_opt_log_is_stderr(v) || !getcwd(cwd, sizeof cwd))
     return;
   snprintf(abs, sizeof abs, "%s/%s", cwd, v);
   setenv("GPURECLAIM_LOG", abs, 1);
