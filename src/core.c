@@ -133,21 +133,20 @@ static void core_exit(void) {
  * start takes well under a millisecond; the bound only matters if the starting thread waits for a lock the
  * waiting one holds (the dynamic loader's, when a library constructor makes CUDA calls during a dlopen):
  * then the call goes on untracked after this long, instead of the two threads waiting for each other. */
-#define START_WAIT_NS (INT64_C(2) * 1000000000)
+#define START_WAIT_S 2
 
-static bool wait_for_start(struct timespec *t0) {
-  struct timespec now;
-  if (t0->tv_sec == 0 && t0->tv_nsec == 0) {
-    clock_gettime(CLOCK_MONOTONIC, t0);
+static bool wait_for_start(struct timespec *deadline) {
+  if (deadline->tv_sec == 0 && deadline->tv_nsec == 0) {
+    clock_gettime(CLOCK_MONOTONIC, deadline);
+    deadline->tv_sec += START_WAIT_S;
     return true;
   }
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  if ((int64_t)(now.tv_sec - t0->tv_sec) * 1000000000 + (now.tv_nsec - t0->tv_nsec) < START_WAIT_NS) {
+  if (gr_ms_until(deadline) > 0) {
     sched_yield();
     return true;
   }
-  gr_warn_once(w_start_wait, "a CUDA call waited 2 s for another thread to start gpureclaim; it went on "
-                             "untracked (its block, if any, is not in the table)");
+  gr_warn_once(w_start_wait, "a CUDA call waited %d s for another thread to start gpureclaim; it went on "
+                             "untracked (its block, if any, is not in the table)", START_WAIT_S);
   return false;
 }
 
@@ -158,7 +157,7 @@ bool gr_core_start_slow(void) {
     pthread_atfork(NULL, NULL, atfork_child);
     atexit(core_exit);
   }
-  struct timespec t0 = {0, 0};
+  struct timespec deadline = {0, 0};
   for (;;) {
     int s = atomic_load_explicit(&gr_core_state, memory_order_acquire);
     if (s == 1)
@@ -172,7 +171,7 @@ bool gr_core_start_slow(void) {
         break;
       continue;
     }
-    if (!wait_for_start(&t0)) /* another thread is starting it (once per process) */
+    if (!wait_for_start(&deadline)) /* another thread is starting it (once per process) */
       return false;
   }
   t_starting = 1;

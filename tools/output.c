@@ -3,8 +3,8 @@
 #include "command.h"
 #include "gpureclaim_internal.h"
 
-#include <string.h>
 #include <stdio.h>
+#include <string.h>
 #include <time.h>
 
 static bool g_json;
