@@ -28,6 +28,7 @@ GPURECLAIM_LOG=/dev/null "$build/tools/gpureclaim" run -- "$build/examples/demo"
 echo
 echo "== from outside the process"
 coproc HOLD { GPURECLAIM_LOG=/dev/null exec "$build/tools/gpureclaim" run -- "$build/tests/cli/hold"; }
+hold_pid=$HOLD_PID # bash unsets HOLD_PID as soon as the coprocess has exited: keep it for the wait below
 read -r _ pid <&"${HOLD[0]}"
 echo "\$ gpureclaim ps"
 "$build/tools/gpureclaim" ps
@@ -36,4 +37,4 @@ GPURECLAIM_LOG=/dev/null "$build/tools/gpureclaim" release "$pid"
 echo "\$ gpureclaim snapshot $pid"
 "$build/tools/gpureclaim" snapshot "$pid"
 exec {HOLD[1]}>&-
-wait "$HOLD_PID" 2>/dev/null || true
+wait "$hold_pid" 2>/dev/null || true
