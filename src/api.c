@@ -62,10 +62,10 @@ void gr_block_from_rec(const gr_rec_t *r, gpureclaim_block_t *b) {
   b->alloc_time_ms = r->time_ms;
   b->api = gr_api_name(r->api);
   if (r->kind == GPURECLAIM_KIND_VMM_MAPPING) {
-    b->handle = r->caller;
+    b->handle = r->map_handle;
     b->library = "?";
   } else {
-    uintptr_t pc = gr_stack_pc(r->caller);
+    uintptr_t pc = gr_site_pc(r->site);
     gr_lib_t lib = gr_reg_library(pc);
     b->caller = (const void *)pc;
     b->library = lib.name;

@@ -329,7 +329,7 @@ static inline bool gr_kind_is_device_memory(unsigned kind) {
  * track.c: what a hook does with a block
  * ---------------------------------------------------------------------------------------------------------- */
 
-/* Fills the common fields of a new record: time, thread, caller (runtime attribution if inside a runtime
+/* Fills the common fields of a new record: time, thread, site (runtime attribution if inside a runtime
  * call), scope of the calling thread. */
 void gr_track_fill(gr_rec_t *r, unsigned kind, uint64_t key, uint64_t size, unsigned driver_api, uintptr_t ra);
 /* Inserts r and counts it. */
@@ -358,13 +358,17 @@ void gr_track_ctx_commit(gr_detached_t *d, bool destroyed);
  * ---------------------------------------------------------------------------------------------------------- */
 
 #define GR_STACK_MAX 16
-/* With backtraces on, returns a stack id (tagged, never a code address) for the calling allocation, whose
- * first frame is the caller pc; otherwise, or when memory ran out, returns pc itself. */
-uint64_t gr_stack_capture(uintptr_t pc);
-/* The calling code address of a record's caller field (a pc, or a stack id). */
-uintptr_t gr_stack_pc(uint64_t caller);
-/* The frames of a caller field (1 frame when it is a pc). */
-int gr_stack_frames(uint64_t caller, uintptr_t *frames, int max);
+/* A record's site (gr_site_t, table.h) is a code address, or with backtraces on an interned stack: never read
+ * its bits as either, ask these. */
+static inline gr_site_t gr_site_at(uintptr_t pc) { return (gr_site_t){(uint64_t)pc}; }
+static inline bool gr_site_same(gr_site_t a, gr_site_t b) { return a.bits == b.bits; }
+/* With backtraces on, the interned stack of the calling allocation, whose first frame is pc; otherwise, or
+ * when memory ran out, gr_site_at(pc). */
+gr_site_t gr_stack_capture(uintptr_t pc);
+/* The code address of the allocating call (0 for none). */
+uintptr_t gr_site_pc(gr_site_t site);
+/* The frames of a site, pc first (1 frame when it holds no stack). */
+int gr_site_frames(gr_site_t site, uintptr_t *frames, int max);
 
 /* ------------------------------------------------------------------------------------------------------------
  * core.c: start-up (when the process initialises CUDA), fork, exit

@@ -346,7 +346,7 @@ static bool free_claimed(free_job_t *j, const gr_rec_t *expect) {
   gr_scope_unref(expect->scope);
   if (expect->kind == GPURECLAIM_KIND_VMM_MAPPING) {
     gr_rec_t h;
-    if (gr_table_update(GR_KS_HANDLE, expect->caller, GR_PRESENT_MASK, edit_unmapped, NULL, &h) == 0 &&
+    if (gr_table_update(GR_KS_HANDLE, expect->map_handle, GR_PRESENT_MASK, edit_unmapped, NULL, &h) == 0 &&
         h.state == GR_ST_RELEASED && h.aux == 1)
       gr_track_freed(&h);
   }

@@ -422,7 +422,7 @@ int gr_rep_snapshot_json(jbuf_t *b) {
 /* ---- leak reports ---- */
 
 typedef struct leak_group {
-  uint64_t caller; /* as recorded: a pc, or a stack id (stacks.c) */
+  gr_site_t site; /* as recorded: blocks of one stack (one call site without backtraces) form a group */
   uintptr_t pc;
   unsigned kind;
   uint64_t blocks, bytes;
@@ -443,7 +443,7 @@ static int leak_block(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
     return 0;
   size_t i;
   for (i = 0; i < l->n; i++)
-    if (l->g[i].caller == r->caller && l->g[i].kind == r->kind)
+    if (gr_site_same(l->g[i].site, r->site) && l->g[i].kind == r->kind)
       break;
   if (i == l->n) {
     if (l->n == l->cap) {
@@ -454,7 +454,7 @@ static int leak_block(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
       l->g = p;
       l->cap = cap;
     }
-    l->g[l->n++] = (leak_group_t){r->caller, gr_stack_pc(r->caller), r->kind, 0, 0};
+    l->g[l->n++] = (leak_group_t){r->site, gr_site_pc(r->site), r->kind, 0, 0};
   }
   l->g[i].blocks++;
   l->g[i].bytes += r->size;
@@ -530,7 +530,7 @@ int gr_rep_leaks(jbuf_t *b, bool json) {
       jb_u64(b, "bytes", g->bytes);
       jb_arr(b, "frames");
       uintptr_t frames[GR_STACK_MAX];
-      int nf = gr_stack_frames(g->caller, frames, GR_STACK_MAX);
+      int nf = gr_site_frames(g->site, frames, GR_STACK_MAX);
       for (int f = 0; f < nf; f++)
         jb_hex(b, NULL, frames[f]);
       jb_arr_end(b);
@@ -568,7 +568,7 @@ int gr_rep_leaks(jbuf_t *b, bool json) {
                 gr_plural(g->blocks), hb, kind_name(g->kind), lib.name, (unsigned long)g->pc, sym[0] ? " (" : "",
                 sym, sym[0] ? ")" : "");
       uintptr_t frames[GR_STACK_MAX];
-      int nf = gr_stack_frames(g->caller, frames, GR_STACK_MAX);
+      int nf = gr_site_frames(g->site, frames, GR_STACK_MAX);
       for (int f = 0; f < nf; f++) {
         char at[300];
         symbolize(frames[f], sym, sizeof sym);

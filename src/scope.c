@@ -166,7 +166,7 @@ static int orphan_one(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
       r->kind == GPURECLAIM_KIND_VA)
     return 0;
   /* Blocks a framework's allocator made are the framework's: never orphans. */
-  if (owner_cached(e, (uintptr_t)r->caller))
+  if (owner_cached(e, gr_site_pc(r->site)))
     return 0;
   gr_rec_t expect = *r, want = *r;
   want.state = GR_ST_ORPHAN;

@@ -1,8 +1,9 @@
 /*
  * stacks.c -- short backtraces per allocation, for leak reports (GPURECLAIM_BACKTRACE=1).
  *
- * Stacks are interned: a record keeps a 64-bit stack id in its caller field (bit 63 set, which no user-space
- * code address has), and the depot maps ids to frames. Distinct stacks are few (a program's allocation sites),
+ * Stacks are interned: a record's site (gr_site_t) holds a 64-bit stack id (bit 63 set, which no user-space
+ * code address has) instead of the code address, and the depot maps ids to frames, the code address first.
+ * Only this file reads a site's bits: everyone else asks gr_site_pc() or gr_site_frames(). Distinct stacks are few (a program's allocation sites),
  * so the depot only grows with the program's code paths. Capturing unwinds the stack (microseconds), so this
  * is a debugging mode; the depot takes a mutex, which is fine at that cost. Frames inside gpureclaim, and
  * inside the CUDA runtime when a runtime call is being attributed, are dropped.
@@ -48,7 +49,7 @@ static int find_self(struct dl_phdr_info *info, size_t size, void *arg) {
   return 0;
 }
 
-uint64_t gr_stack_capture(uintptr_t pc) {
+gr_site_t gr_stack_capture(uintptr_t pc) {
   void *raw[GR_STACK_MAX + 12];
   int n = backtrace(raw, (int)GR_ARRAY_LEN(raw));
   pthread_mutex_lock(&g_lock);
@@ -94,7 +95,7 @@ uint64_t gr_stack_capture(uintptr_t pc) {
     if (!s || g_count == g_cap) {
       free(s);
       pthread_mutex_unlock(&g_lock);
-      return pc;
+      return gr_site_at(pc);
     }
     s->hash = h;
     s->n = k;
@@ -105,31 +106,33 @@ uint64_t gr_stack_capture(uintptr_t pc) {
     id = s->id = ++g_count;
   }
   pthread_mutex_unlock(&g_lock);
-  return TAG | id;
+  return (gr_site_t){TAG | id};
 }
 
-static const stack_t_ *lookup(uint64_t caller) {
-  if (!(caller & TAG))
+static const stack_t_ *lookup(gr_site_t site) {
+  if (!(site.bits & TAG))
     return NULL;
-  size_t id = (size_t)(caller & ~TAG);
+  size_t id = (size_t)(site.bits & ~TAG);
   pthread_mutex_lock(&g_lock);
   const stack_t_ *s = id && id <= g_count ? g_by_id[id - 1] : NULL;
   pthread_mutex_unlock(&g_lock);
   return s;
 }
 
-uintptr_t gr_stack_pc(uint64_t caller) {
-  if (GR_LIKELY(!(caller & TAG)))
-    return (uintptr_t)caller;
-  const stack_t_ *s = lookup(caller);
+uintptr_t gr_site_pc(gr_site_t site) {
+  if (GR_LIKELY(!(site.bits & TAG)))
+    return (uintptr_t)site.bits;
+  const stack_t_ *s = lookup(site);
   return s && s->n ? s->f[0] : 0;
 }
 
-int gr_stack_frames(uint64_t caller, uintptr_t *frames, int max) {
-  const stack_t_ *s = lookup(caller);
+int gr_site_frames(gr_site_t site, uintptr_t *frames, int max) {
+  if (max <= 0)
+    return 0;
+  const stack_t_ *s = lookup(site);
   if (!s) {
-    frames[0] = (uintptr_t)caller;
-    return max > 0 ? 1 : 0;
+    frames[0] = gr_site_pc(site);
+    return 1;
   }
   int n = s->n < max ? s->n : max;
   memcpy(frames, s->f, (size_t)n * sizeof frames[0]);

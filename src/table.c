@@ -7,7 +7,7 @@
  *           aux (8)                             -- or, once MOVED: MOVED | FWD | DONE | INPROG | fwd index
  *     key   the block's address (or VMM handle)
  *     w1    size (48) | kind (4) | device (7) | api (5)
- *     w2    caller address (for mappings: the handle)
+ *     w2    allocation site (gr_site_t: a code address or a stack id); for mappings the VMM handle instead
  *     w3    allocation time in ms (40) | tag (2) | thread id (22)
  *   The table is one "generation": an mmap()ed array of cap slots, cap any integer; the home slot of a key is
  *   fastrange(key * 2^64/phi, cap) (Fibonacci hashing, see hash_key()). A generation is replaced by a new one
@@ -202,6 +202,12 @@ static inline uint64_t probe_len(gen_t *g) {
 }
 
 /* ---- packing ---- */
+_Static_assert(sizeof(slot_t) == 40, "a record is five words");
+_Static_assert(sizeof(gr_site_t) == sizeof(uint64_t), "a site fills w2");
+/* w2 holds the site, except for a mapping, which keeps the handle it maps there (a mapping has no site). */
+static inline uint64_t w2_of(const gr_rec_t *r) {
+  return gr_kind_keyspace(r->kind) == GR_KS_MAPPING ? r->map_handle : r->site.bits;
+}
 static uint64_t meta_of(const gr_rec_t *r) {
   return ((uint64_t)(r->ctx_id & 0xfff) << CTX_SHIFT) | ((uint64_t)(r->pool_id & 0xfff) << POOL_SHIFT) |
          ((uint64_t)r->scope << SCOPE_SHIFT) | ((uint64_t)r->aux << AUX_SHIFT);
@@ -217,7 +223,9 @@ static void unpack(uint64_t c, uint64_t key, uint64_t w1, uint64_t w2, uint64_t 
   r->kind = (uint8_t)((w1 >> 48) & 0xf);
   r->device = (uint8_t)((w1 >> 52) & 0x7f);
   r->api = (uint8_t)(w1 >> 59);
-  r->caller = w2;
+  bool mapping = gr_kind_keyspace(r->kind) == GR_KS_MAPPING;
+  r->map_handle = mapping ? w2 : 0;
+  r->site.bits = mapping ? 0 : w2;
   r->time_ms = w3 >> W3_TIME_SHIFT;
   r->tid = (uint32_t)(w3 & W3_TID_MASK);
 }
@@ -724,7 +732,7 @@ int gr_table_insert(const gr_rec_t *r) {
         continue;
       }
       note_disp(t, probes);
-      write_payload(s, r->key, w1, r->caller, w3, sg);
+      write_payload(s, r->key, w1, w2_of(r), w3, sg);
       if (one_cas) {
         /* Published once w3 is visible. A migration that began meanwhile may have looked at the slot too
          * early; epoch.c's barrier in migrate_slot() makes this load see t->next if so. */

@@ -117,11 +117,19 @@ enum { GR_KS_ADDR = 0, GR_KS_HANDLE = 1, GR_KS_MAPPING = 2, GR_KS_VA = 3 };
 #define GR_DEVICE_NONE 0x7f
 #define GR_SIZE_MAX ((UINT64_C(1) << 48) - 1)
 
+/* Where a block was allocated: the code address of the allocating call, or (GPURECLAIM_BACKTRACE=1) the id of an
+ * interned stack whose first frame is that address (stacks.c). A struct, so that the compiler refuses to read
+ * either meaning as the other: the code address comes from gr_site_pc(), the frames from gr_site_frames(). */
+typedef struct gr_site {
+  uint64_t bits;
+} gr_site_t;
+
 /* One record, unpacked. Packed into a 40-byte slot: see table.c. */
 typedef struct gr_rec {
   uint64_t key;     /* address, or VMM handle */
   uint64_t size;    /* bytes, < 2^48 */
-  uint64_t caller;  /* return address of the allocating call; for mappings, the handle mapped */
+  gr_site_t site;   /* where it was allocated; none for mappings */
+  uint64_t map_handle; /* mappings only: the VMM handle mapped (stored where other records keep their site) */
   uint64_t time_ms; /* CLOCK_MONOTONIC milliseconds, < 2^40 (34 years of uptime) */
   uint32_t tid;     /* < 2^22 */
   uint16_t ctx_id;  /* registry ids, < 4096; 0 = none */

@@ -17,17 +17,15 @@ void gr_track_fill(gr_rec_t *r, unsigned kind, uint64_t key, uint64_t size, unsi
   r->device = GR_DEVICE_NONE;
   r->time_ms = gr_core_now_ms();
   r->tid = gr_core_tid();
+  uintptr_t pc = ra;
+  r->api = (uint8_t)driver_api;
   if (gr_tls.rt_depth) { /* inside a runtime call: attribute the block to the runtime call and its caller */
-    r->caller = gr_tls.rt_caller;
+    pc = gr_tls.rt_caller;
     r->api = (uint8_t)gr_tls.rt_api;
-  } else {
-    r->caller = ra;
-    r->api = (uint8_t)driver_api;
   }
+  r->site = GR_UNLIKELY(gr_opt()->backtrace) ? gr_stack_capture(pc) : gr_site_at(pc);
   if (kind != GPURECLAIM_KIND_VMM_MAPPING && kind != GPURECLAIM_KIND_VA)
     r->scope = gr_scope_tag();
-  if (GR_UNLIKELY(gr_opt()->backtrace))
-    r->caller = gr_stack_capture((uintptr_t)r->caller);
 }
 
 void gr_track_insert(gr_rec_t *r) {

@@ -359,7 +359,7 @@ static CUresult b_mem_map(void *realp, uintptr_t ra, CUdeviceptr ptr, size_t siz
   bool known = gr_table_update(GR_KS_HANDLE, (uint64_t)handle, GR_PRESENT_MASK, edit_map_count, &one, &h) == 0;
   gr_rec_t r;
   gr_track_fill(&r, GPURECLAIM_KIND_VMM_MAPPING, ptr, size, GR_API_cuMemMap, ra);
-  r.caller = (uint64_t)handle; /* mappings keep their handle where others keep the caller */
+  r.map_handle = (uint64_t)handle;
   r.device = known ? h.device : GR_DEVICE_NONE;
   gr_track_insert(&r);
   return rc;
@@ -388,7 +388,7 @@ static CUresult b_mem_unmap(void *realp, uintptr_t ra, CUdeviceptr ptr, size_t s
     gr_track_freed(&maps[i]);
     gr_rec_t h;
     int minus = -1;
-    if (gr_table_update(GR_KS_HANDLE, maps[i].caller, GR_PRESENT_MASK, edit_map_count, &minus, &h) == 0 &&
+    if (gr_table_update(GR_KS_HANDLE, maps[i].map_handle, GR_PRESENT_MASK, edit_map_count, &minus, &h) == 0 &&
         h.state == GR_ST_RELEASED && h.aux == 1)
       gr_track_freed(&h); /* that was the last mapping of a released handle */
   }

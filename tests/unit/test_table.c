@@ -17,7 +17,7 @@ static gr_rec_t rec(uint64_t key, uint64_t size) {
   r.kind = 1; /* GPURECLAIM_KIND_DEVICE */
   r.state = GR_ST_LIVE;
   r.device = 0;
-  r.caller = 0x1234;
+  r.site.bits = 0x1234;
   r.time_ms = 42;
   r.tid = 7;
   r.ctx_id = 3;
@@ -53,7 +53,7 @@ Test(table, insert_lookup_take) {
   cr_assert_eq(out.aux, 3);
   cr_assert_eq(out.api, 21);
   cr_assert_eq(out.device, 5);
-  cr_assert_eq(out.caller, 0x1234);
+  cr_assert_eq(out.site.bits, 0x1234);
   cr_assert_eq(out.time_ms, 42);
   cr_assert_eq(out.tid, 7);
   cr_assert_eq(out.state, GR_ST_LIVE);
