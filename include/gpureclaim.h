@@ -238,10 +238,12 @@ GPURECLAIM_API int gpureclaim_unregister_releaser(int id);
  * A scope outlives its thread: one still open when its thread exits stays open (its blocks stay live, and it
  * counts against the 65,535) until some thread ends it by its id.
  * gpureclaim_scope_end() ends a scope (from any thread): its blocks that are still live become orphans, freed
- * by the next release with GPURECLAIM_ORPHANED, or at once with GPURECLAIM_FREE_NOW. Blocks that a framework's
- * allocator made (attributed to PyTorch, CuPy or XLA) belong to the framework and never become orphans. A
- * cuMemCreate handle that is still mapped stays an orphan until the program unmaps it (a release does not
- * unmap the program's address space; GPURECLAIM_ALL does).
+ * by the next release with GPURECLAIM_ORPHANED, or at once with GPURECLAIM_FREE_NOW. Ending looks only at the
+ * blocks the scope allocated, not at every tracked block (GPURECLAIM_FREE_NOW then runs a release, which does).
+ * A block its thread allocates while another thread ends the scope is not part of it (it stays live). Blocks
+ * that a framework's allocator made (attributed to PyTorch, CuPy or XLA) belong to the framework and never
+ * become orphans. A cuMemCreate handle that is still mapped stays an orphan until the program unmaps it (a
+ * release does not unmap the program's address space; GPURECLAIM_ALL does).
  *
  * A free of a pointer that a release already freed (cuMemFree, cuMemFreeAsync, cuMemFreeHost; cuMemRelease
  * of a cuMemCreate handle) does not reach the driver while the driver has not handed that address (handle)

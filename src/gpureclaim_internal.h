@@ -398,6 +398,8 @@ uint64_t gr_core_start_time_ms(void);
 
 /* Scope slot (1..65535) of the calling thread's innermost open scope, 0 for none; takes a reference. */
 uint16_t gr_scope_tag(void);
+/* Lists record r, just inserted into the table with a scope, for that scope's end. */
+void gr_scope_note(const gr_rec_t *r);
 /* Drops the reference a record of scope slot s held. */
 void gr_scope_unref(uint16_t slot);
 uint64_t gr_scope_id(uint16_t slot);

@@ -37,6 +37,8 @@ void gr_track_insert(gr_rec_t *r) {
     gr_scope_unref(r->scope);
     return;
   }
+  if (r->scope)
+    gr_scope_note(r);
   gr_stats_alloc(r);
 }
 
@@ -90,6 +92,8 @@ void gr_track_restore(const gr_rec_t *r) {
   /* The driver refused the free: the block is still there. Its counts never changed. */
   if (gr_table_insert(r) != 0)
     gr_warn_once(w_restore, "no memory to keep tracking a block whose free the driver refused");
+  else if (r->scope)
+    gr_scope_note(r); /* its scope's list may have dropped it while it was out of the table */
 }
 
 typedef struct {
