@@ -10,6 +10,12 @@
  * gpureclaim installs nothing and says so (the control socket still reaches it), because a handler would be
  * reset to the default action, termination, in every child it starts with posix_spawn() or system(), where
  * no atfork handler runs to give the child its SIG_IGN back.
+ *
+ * The handler acts only in the process that installed it. A child forked by the program inherits it, and a
+ * signal can reach the child before its atfork handler gives the signal back: there, the eventfd is still the
+ * parent's (a write would make the parent release, and the child would survive a signal that should end it).
+ * So the handler compares the process's pid with the installer's and, in any other process, puts back the
+ * action that was there before gpureclaim and lets the signal take it (the default: the child ends).
  */
 #include "gpureclaim_internal.h"
 
@@ -17,19 +23,41 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 static int g_sig;
 static struct sigaction g_prev;
 static _Atomic int g_fd = -1;
 static _Atomic int g_installed;
+static _Atomic int g_installer; /* the pid of the process that installed the handler */
 
 static void handler(int sig, siginfo_t *info, void *uc);
 
 static bool is_ours(const struct sigaction *sa) { return (sa->sa_flags & SA_SIGINFO) && sa->sa_sigaction == handler; }
 
+/* In a process that did not install the handler (a child before its atfork handler ran): the action from
+ * before gpureclaim, as if gpureclaim had never been there. */
+static void not_ours_to_handle(int sig, siginfo_t *info, void *uc) {
+  sigaction(sig, &g_prev, NULL);
+  if (g_prev.sa_flags & SA_SIGINFO) {
+    if (g_prev.sa_sigaction && g_prev.sa_sigaction != handler)
+      g_prev.sa_sigaction(sig, info, uc);
+  } else if (g_prev.sa_handler == SIG_DFL) {
+    /* Blocked while this handler runs: delivered, with its default action, as the handler returns. */
+    syscall(SYS_tgkill, (pid_t)syscall(SYS_getpid), (pid_t)syscall(SYS_gettid), sig);
+  } else if (g_prev.sa_handler != SIG_IGN && g_prev.sa_handler) {
+    g_prev.sa_handler(sig);
+  }
+}
+
 static void handler(int sig, siginfo_t *info, void *uc) {
   int saved = errno;
+  if ((int)syscall(SYS_getpid) != atomic_load_explicit(&g_installer, memory_order_relaxed)) {
+    not_ours_to_handle(sig, info, uc);
+    errno = saved;
+    return;
+  }
   int fd = atomic_load_explicit(&g_fd, memory_order_relaxed);
   if (fd >= 0) {
     uint64_t one = 1;
@@ -68,6 +96,7 @@ int gr_sig_install(void) {
   sa.sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;
   sigemptyset(&sa.sa_mask);
   g_sig = sig;
+  atomic_store_explicit(&g_installer, (int)getpid(), memory_order_relaxed);
   struct sigaction prev;
   if (sigaction(sig, &sa, &prev) != 0) {
     int e = errno;
