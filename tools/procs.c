@@ -47,10 +47,19 @@ const char *cmd_rundir(bool quiet) {
   return dir;
 }
 
+/* The whole of a regular file, or NULL (errno set; EINVAL: not a regular file). Never waits: a FIFO, device or
+ * directory put in the run directory under a status file's name is refused, not opened for reading (a FIFO
+ * nobody writes would hang ps, top and release for good), and a link is not followed. */
 static char *read_all(const char *path) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
   if (fd < 0)
     return NULL;
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    errno = EINVAL;
+    return NULL;
+  }
   size_t cap = 4096, n = 0;
   char *buf = malloc(cap);
   ssize_t r;
@@ -158,7 +167,7 @@ static void remove_stale(const char *dir, pid_t pid, const char *why) {
 }
 
 /* Loads pid's status file from dir: LOAD_OK, or why not (stale files are removed on the way). */
-enum { LOAD_OK = 0, LOAD_ABSENT, LOAD_STALE, LOAD_UNREADABLE, LOAD_FOREIGN };
+enum { LOAD_OK = 0, LOAD_ABSENT, LOAD_STALE, LOAD_UNREADABLE, LOAD_FOREIGN, LOAD_NOT_REGULAR };
 
 static int load(const char *dir, pid_t pid, proc_t *out) {
   memset(out, 0, sizeof *out);
@@ -167,7 +176,7 @@ static int load(const char *dir, pid_t pid, proc_t *out) {
   struct stat st;
   if (lstat(out->path, &st) != 0)
     return LOAD_ABSENT;
-  out->status = cmd_read_status(out);
+  out->status = S_ISREG(st.st_mode) ? cmd_read_status(out) : NULL; /* nothing else is even opened */
   uint64_t ticks = proc_start(pid, NULL);
   if (!ticks) {
     remove_stale(dir, pid, "the process is gone");
@@ -180,6 +189,10 @@ static int load(const char *dir, pid_t pid, proc_t *out) {
     remove_stale(dir, pid, "the pid now belongs to another program");
     cmd_free(out);
     return LOAD_STALE;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    cmd_free(out);
+    return LOAD_NOT_REGULAR;
   }
   if (!out->status) { /* being rewritten right now: one retry */
     struct timespec ts = {0, 20000000};
@@ -208,6 +221,46 @@ static int load(const char *dir, pid_t pid, proc_t *out) {
   return LOAD_OK;
 }
 
+/* The system's boot time (CLOCK_REALTIME seconds), from /proc/stat; 0 if unknown. */
+static long long boot_time(void) {
+  char *s = read_all("/proc/stat");
+  const char *b = s ? strstr(s, "\nbtime ") : NULL;
+  long long v = b ? strtoll(b + 7, NULL, 10) : 0;
+  free(s);
+  return v;
+}
+
+/* Whether the writer of a temporary file last modified at mtime is gone: the pid runs nothing, or a process
+ * that started after the file was written (the pid was reused). */
+static bool writer_gone(pid_t pid, time_t mtime) {
+  uint64_t ticks = proc_start(pid, NULL);
+  if (!ticks)
+    return true;
+  long long boot = boot_time(), hz = sysconf(_SC_CLK_TCK);
+  /* Two seconds of slack: btime is rounded, and the start time counts in clock ticks. */
+  return boot > 0 && hz > 0 && boot + (long long)(ticks / (uint64_t)hz) > (long long)mtime + 2;
+}
+
+/* A temporary status file (outfile.c names them PATH.PID.TID.N.tmp, here "<pid>.json.<pid>.<tid>.<n>.tmp") that
+ * a process left when it was killed mid-write: removed once its writer is gone. */
+static void remove_stale_temp(const char *dir, const char *name) {
+  char *end;
+  long owner = strtol(name, &end, 10), tid, n;
+  if (owner <= 0 || strncmp(end, ".json.", 6) != 0)
+    return;
+  long writer = strtol(end + 6, &end, 10);
+  if (writer <= 0 || *end != '.' || (tid = strtol(end + 1, &end, 10)) <= 0 || *end != '.' ||
+      (n = strtol(end + 1, &end, 10)) < 0 || strcmp(end, ".tmp") != 0)
+    return;
+  char path[4200];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  struct stat st;
+  if (lstat(path, &st) != 0 || !writer_gone((pid_t)writer, st.st_mtime))
+    return;
+  if (unlink(path) == 0)
+    fprintf(stderr, "gpureclaim: removed %s, a temporary file of pid %ld, which is gone\n", path, writer);
+}
+
 static const char *user_name(uid_t uid, char *buf, size_t len) {
   struct passwd *pw = getpwuid(uid);
   if (pw)
@@ -231,6 +284,10 @@ size_t cmd_list(proc_t **out) {
   while ((e = readdir(d))) {
     char *end;
     long pid = strtol(e->d_name, &end, 10);
+    if (pid > 0 && !strncmp(end, ".json.", 6)) {
+      remove_stale_temp(dir, e->d_name);
+      continue;
+    }
     if (pid <= 0 || strcmp(end, ".json") != 0)
       continue;
     if (n == cap) {
@@ -248,6 +305,9 @@ size_t cmd_list(proc_t **out) {
               user_name(v[n].foreign_uid, who, sizeof who));
     } else if (r == LOAD_UNREADABLE) {
       fprintf(stderr, "gpureclaim: ignoring %s/%s: not a valid status file\n", dir, e->d_name);
+    } else if (r == LOAD_NOT_REGULAR) {
+      fprintf(stderr, "gpureclaim: ignoring %s/%s: not a regular file (a FIFO, link, device or directory)\n", dir,
+              e->d_name);
     }
   }
   closedir(d);
@@ -291,6 +351,9 @@ int cmd_find(pid_t pid, proc_t *out) {
               user_name(out->foreign_uid, who, sizeof who));
   } else if (r == LOAD_UNREADABLE) {
     not_found(out, "the status file of process %d (%.300s) is not a valid status file", (int)pid, out->path);
+  } else if (r == LOAD_NOT_REGULAR) {
+    not_found(out, "the status file of process %d (%.300s) is not a regular file (a FIFO, link, device or "
+              "directory): refused", (int)pid, out->path);
   } else if (r != LOAD_OK) {
     not_found(out,
               "process %d is not running gpureclaim (no status file in %.200s: started without it, not yet using "

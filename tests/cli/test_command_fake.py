@@ -551,6 +551,51 @@ class FakeTest(unittest.TestCase):
             reused.kill()
             reused.wait()
 
+    def test_a_status_file_that_is_not_a_regular_file_hangs_nothing(self):
+        """A FIFO named <pid>.json (for a live pid) was opened for reading and waited for a writer forever: ps, top,
+        release --all and release PID hung. A directory, too, is refused with a warning, never opened."""
+        f = self.fake()
+        other = subprocess.Popen(["sleep", "60"])
+        try:
+            os.mkfifo(os.path.join(self.rundir, "%d.json" % os.getpid()))
+            os.mkdir(os.path.join(self.rundir, "%d.json" % other.pid))
+            for args in (("ps",), ("ps", "--json"), ("top", "--iterations", "1"), ("release", "--all")):
+                p = self.cmd(*args, check=0, timeout=60)  # the timeout guards the hang
+                self.assertIn("%d.json: not a regular file" % os.getpid(), p.stderr, args)
+                self.assertIn("%d.json: not a regular file" % other.pid, p.stderr, args)
+                self.assertIn(str(f.pid), p.stdout, args)
+            for pid in (os.getpid(), other.pid):
+                p = self.cmd("release", str(pid), check=3, timeout=60)
+                self.assertIn("is not a regular file", p.stderr)
+            self.assertIsNone(other.poll(), "a process behind a refused status file was signalled")
+        finally:
+            other.kill()
+            other.wait()
+
+    def test_temporary_files_of_processes_that_are_gone_are_removed(self):
+        """A process killed while it wrote its status file leaves the temporary file behind (outfile.c's
+        PATH.PID.TID.N.tmp); the command removes it once its writer is gone, as it removes stale status files."""
+        f = self.fake()
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        names = {"gone": "%d.json.%d.77.0.tmp" % (gone.pid, gone.pid),
+                 "live": "%d.json.%d.77.0.tmp" % (f.pid, f.pid),       # being written right now
+                 "reused": "%d.json.%d.78.3.tmp" % (f.pid, f.pid),     # older than the process with its pid
+                 "other": "notes.json.tmp"}                             # not gpureclaim's: left alone
+        for n in names.values():
+            with open(os.path.join(self.rundir, n), "w") as fh:
+                fh.write('{"pid": ')
+        hour_ago = time.time() - 3600
+        os.utime(os.path.join(self.rundir, names["reused"]), (hour_ago, hour_ago))
+        p = self.cmd("ps", check=0)
+        left = set(os.listdir(self.rundir))
+        self.assertNotIn(names["gone"], left)
+        self.assertNotIn(names["reused"], left)
+        self.assertIn(names["live"], left)
+        self.assertIn(names["other"], left)
+        self.assertIn("a temporary file of pid %d, which is gone" % gone.pid, p.stderr)
+        self.assertIn(str(f.pid), p.stdout)
+
     def test_an_unsafe_run_directory_is_refused(self):
         f = self.fake()
         os.chmod(self.rundir, 0o755)
