@@ -537,3 +537,88 @@ Test(reports, control_socket) {
   close(fd);
   unlink(tmp);
 }
+
+/* Runs log_probe with args in a child, GPURECLAIM_RUNDIR=rundir and extra "NAME=value" settings (NULL-ended),
+ * in directory cwd (NULL: this one); its stdout and stderr in out. Returns the wait status. An alarm ends a
+ * hang. */
+static int run_probe(const char *rundir, const char *cwd, const char *const *env, const char *arg, char *out,
+                     size_t len) {
+  int pipefd[2];
+  cr_assert_eq(pipe(pipefd), 0);
+  pid_t pid = fork();
+  cr_assert_geq(pid, 0);
+  if (pid == 0) {
+    dup2(pipefd[1], 1);
+    dup2(pipefd[1], 2);
+    close(pipefd[0]);
+    setenv("GPURECLAIM_RUNDIR", rundir, 1);
+    setenv("ASAN_OPTIONS", "detect_leaks=0", 1);
+    for (; env && *env; env++)
+      putenv((char *)*env);
+    if (cwd && chdir(cwd) != 0)
+      _exit(92);
+    alarm(60); /* kept across exec */
+    execl(getenv("LOG_PROBE"), "log_probe", arg, (char *)NULL);
+    _exit(91);
+  }
+  close(pipefd[1]);
+  size_t n = 0;
+  ssize_t got;
+  while (n < len - 1 && (got = read(pipefd[0], out + n, len - 1 - n)) > 0)
+    n += (size_t)got;
+  out[n] = '\0';
+  close(pipefd[0]);
+  int status;
+  cr_assert_eq(waitpid(pid, &status, 0), pid);
+  return status;
+}
+
+/* A process that exits while other threads release (each release rewrites the status file): exit removed
+ * the status file, then a release re-created it, or the process ended with a temporary file half-written. */
+Test(reports, exit_during_releases_leaves_nothing_in_the_run_directory) {
+  char dir[] = "/tmp/gr_exitraceXXXXXX";
+  cr_assert_not_null(mkdtemp(dir));
+  char rundir[300];
+  snprintf(rundir, sizeof rundir, "%s/run", dir);
+  static const char *const env[] = {"GPURECLAIM_LOG=/dev/null", NULL};
+  static char out[1 << 16];
+  for (int i = 0; i < 40; i++) {
+    int status = run_probe(rundir, NULL, env, "exit-race", out, sizeof out);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "probe status %#x:\n%s", status, out);
+    DIR *d = opendir(rundir);
+    cr_assert_not_null(d, "the probe made no run directory:\n%s", out);
+    struct dirent *e;
+    while ((e = readdir(d)))
+      cr_assert(e->d_name[0] == '.', "run %d left %s in the run directory", i, e->d_name);
+    closedir(d);
+  }
+  cr_assert_eq(rmdir(rundir), 0);
+  cr_assert_eq(rmdir(dir), 0);
+}
+
+/* The status file replaced by a link (or a FIFO) in the run directory: the next update replaces the name with
+ * a new regular file. It wrote through the link, into its target. */
+Test(reports, a_link_or_fifo_in_place_of_the_status_file_is_replaced_not_written_through) {
+  CUdeviceptr p;
+  OK(cuMemAlloc(&p, 100));
+  const char *dir = getenv("GPURECLAIM_RUNDIR");
+  char path[4200], target[] = "/tmp/gr_status_targetXXXXXX";
+  snprintf(path, sizeof path, "%s/%d.json", dir, (int)getpid());
+  int fd = mkstemp(target);
+  cr_assert_geq(fd, 0);
+  cr_assert_eq(write(fd, "precious\n", 9), 9);
+  close(fd);
+  struct stat st;
+  for (int kind = 0; kind < 2; kind++) {
+    cr_assert_eq(unlink(path), 0);
+    cr_assert_eq(kind == 0 ? symlink(target, path) : mkfifo(path, 0600), 0);
+    cr_assert_eq(gpureclaim_release(GPURECLAIM_CACHED, NULL), 0); /* rewrites the status file */
+    cr_assert_eq(lstat(path, &st), 0);
+    cr_assert(S_ISREG(st.st_mode), "the %s is still there", kind == 0 ? "link" : "FIFO");
+    cr_assert_eq(st.st_mode & 0777, 0600);
+    cr_assert_str_eq(slurp(target), "precious\n", "the status was written through the link into its target");
+    cr_assert_eq(py("import json,sys; d=json.load(open(sys.argv[1])); assert d[\"pid\"]>0", path), 0);
+  }
+  unlink(target);
+  OK(cuMemFree(p));
+}
