@@ -75,6 +75,9 @@ const char *gr_opt_signal_name(int sig, char *buf, size_t len);
 const char *gr_opt_what_name(unsigned what, char *buf, size_t len);
 /* Re-reads the environment (tests only). */
 void gr_opt_reload(void);
+/* Called from the constructor: records the current directory if GPURECLAIM_LOG is a relative path, which is
+ * then resolved from it (no allocation). */
+void gr_opt_note_start_dir(void);
 
 /* ------------------------------------------------------------------------------------------------------------
  * log.c: warnings on stderr, prefixed "gpureclaim[pid]: "; never allocates

@@ -340,8 +340,14 @@ void gr_rep_release(const gpureclaim_report_t *r, bool served_signal) {
      * with ENXIO instead, and the report goes to stderr. */
     int fd = gr_out_open_nowait(log, O_WRONLY | O_APPEND | O_CREAT, 0600);
     if (fd >= 0) {
-      jb_write_fd(&b, fd); /* one write of a short line: appends stay whole */
-      close(fd);
+      int rc = jb_write_fd(&b, fd); /* one write of a short line: appends stay whole */
+      if (close(fd) != 0 && rc == 0 && errno != EINTR)
+        rc = -errno;
+      if (rc < 0) { /* a full disk, a quota, an I/O error: the report is not lost without a word */
+        gr_warn_once(w_log_write, "cannot write to GPURECLAIM_LOG=%s: %s; reports that cannot be written there "
+                                  "go to stderr", log, strerror(-rc));
+        jb_write_fd(&b, STDERR_FILENO);
+      }
     } else {
       const char *why = errno == ENXIO ? "a FIFO nobody reads" : strerror(errno);
       gr_warn_once(w_log, "cannot open GPURECLAIM_LOG=%s: %s; reports go to stderr", log, why);

@@ -2,7 +2,7 @@
  * allocation that ran out of memory, then gpureclaim_release(). Prints "oom=R release=R" and exits 0.
  * `log_probe exit-race`: four threads release in a loop (each rewriting the status file) while the main thread
  * calls exit(), once every thread has released at least once; nothing of the process may stay in the run
- * directory. */
+ * directory. With LOG_PROBE_CHDIR set, it changes to that directory first (before CUDA starts gpureclaim). */
 #include "gpureclaim.h"
 
 #include <cuda.h>
@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static atomic_int g_started;
 
@@ -26,6 +27,9 @@ static void *release_forever(void *arg) {
 }
 
 int main(int argc, char **argv) {
+  const char *dir = getenv("LOG_PROBE_CHDIR");
+  if (dir && chdir(dir) != 0)
+    return 4;
   CUdevice dev;
   CUcontext ctx;
   if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx))

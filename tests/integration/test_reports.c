@@ -622,3 +622,52 @@ Test(reports, a_link_or_fifo_in_place_of_the_status_file_is_replaced_not_written
   unlink(target);
   OK(cuMemFree(p));
 }
+
+/* A relative GPURECLAIM_LOG is the file in the directory the program started in: options are read when it
+ * first uses CUDA, and the log went to whatever directory it had changed to by then. */
+Test(reports, a_relative_log_is_taken_from_the_directory_the_program_started_in) {
+  char dir[] = "/tmp/gr_rellogXXXXXX";
+  cr_assert_not_null(mkdtemp(dir));
+  char start[300], later[300], chdir_to[320], in_start[320], in_later[320];
+  snprintf(start, sizeof start, "%s/start", dir);
+  snprintf(later, sizeof later, "%s/later", dir);
+  cr_assert_eq(mkdir(start, 0700), 0);
+  cr_assert_eq(mkdir(later, 0700), 0);
+  snprintf(chdir_to, sizeof chdir_to, "LOG_PROBE_CHDIR=%s", later);
+  snprintf(in_start, sizeof in_start, "%s/rel.log", start);
+  snprintf(in_later, sizeof in_later, "%s/rel.log", later);
+  const char *env[] = {"GPURECLAIM_LOG=rel.log", chdir_to, NULL};
+  static char out[1 << 16];
+  char rundir[320];
+  snprintf(rundir, sizeof rundir, "%s/run", dir);
+  int status = run_probe(rundir, start, env, NULL, out, sizeof out);
+  cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "probe status %#x:\n%s", status, out);
+  cr_assert_not_null(strstr(out, "oom=2 release=0"), "%s", out);
+  cr_assert_eq(access(in_later, F_OK), -1, "the log went to the directory the program had changed to");
+  cr_assert_not_null(strstr(slurp(in_start), "\"trigger\":\"api\""), "no report in %s", in_start);
+  unlink(in_start);
+  rmdir(start);
+  rmdir(later);
+  rmdir(rundir);
+  rmdir(dir);
+}
+
+/* A log that cannot be written (a full disk: /dev/full) is said once, with the error, and the reports go to
+ * stderr; they were dropped without a word. */
+Test(reports, a_log_write_error_is_reported_and_the_report_kept) {
+  char dir[] = "/tmp/gr_fulllogXXXXXX";
+  cr_assert_not_null(mkdtemp(dir));
+  char rundir[320];
+  snprintf(rundir, sizeof rundir, "%s/run", dir);
+  const char *env[] = {"GPURECLAIM_LOG=/dev/full", NULL};
+  static char out[1 << 16];
+  int status = run_probe(rundir, NULL, env, NULL, out, sizeof out);
+  cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "probe status %#x:\n%s", status, out);
+  cr_assert_not_null(strstr(out, "cannot write to GPURECLAIM_LOG=/dev/full: No space left on device"), "%s", out);
+  const char *first = strstr(out, "cannot write to GPURECLAIM_LOG");
+  cr_assert_null(strstr(first + 1, "cannot write to GPURECLAIM_LOG"), "warned more than once:\n%s", out);
+  cr_assert_not_null(strstr(out, "\"trigger\":\"oom\""), "the reports go to stderr:\n%s", out);
+  cr_assert_not_null(strstr(out, "\"trigger\":\"api\""), "%s", out);
+  rmdir(rundir);
+  rmdir(dir);
+}
