@@ -431,6 +431,8 @@ int gr_sig_install(void);
 /* The descriptor the handler writes to; the worker polls it. -1 when the signal is off. */
 int gr_sig_fd(void);
 void gr_sig_check_replaced(void);
+/* Whether gpureclaim's handler is the signal's action now (false: off, ignored, or the program's own since). */
+bool gr_sig_caught(void);
 void gr_sig_atfork_child(void);
 
 /* Framework caches through CPython; bytes given back. Never called from inside an allocation. */

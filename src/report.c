@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -233,6 +234,10 @@ int gr_rep_status_update(void) {
   jb_u64(&b, "started_ms", gr_core_start_time_ms());
   jb_str(&b, "signal", gr_opt_signal_name(o->signal, sig, sizeof sig));
   jb_str(&b, "on_signal", gr_opt_what_name(o->on_signal, what, sizeof what));
+  jb_bool(&b, "signal_caught", gr_sig_caught());
+  /* Where this image's AT_RANDOM bytes are: a new address at every exec (address-space randomisation), which
+   * keeps the pid and start time; the command reads it back from /proc/PID/auxv. */
+  jb_u64(&b, "exec_id", (uint64_t)getauxval(AT_RANDOM));
   /* What changes is read under the lock, in the order the number gives (appending to memory only). */
   pthread_mutex_lock(&g_status_lock);
   if (g_status_closed) {

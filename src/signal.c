@@ -114,18 +114,27 @@ int gr_sig_install(void) {
 
 int gr_sig_fd(void) { return atomic_load_explicit(&g_fd, memory_order_acquire); }
 
-void gr_sig_check_replaced(void) {
-  if (!atomic_load_explicit(&g_installed, memory_order_acquire))
-    return;
+bool gr_sig_caught(void) {
   struct sigaction cur;
-  if (sigaction(g_sig, NULL, &cur) != 0 || is_ours(&cur))
+  return atomic_load_explicit(&g_installed, memory_order_acquire) && sigaction(g_sig, NULL, &cur) == 0 &&
+         is_ours(&cur);
+}
+
+static _Atomic int g_replaced_noticed;
+
+void gr_sig_check_replaced(void) {
+  if (!atomic_load_explicit(&g_installed, memory_order_acquire) || gr_sig_caught() ||
+      atomic_exchange_explicit(&g_replaced_noticed, 1, memory_order_relaxed))
     return;
   char name[16];
-  gr_warn_once(w_replaced,
-               "the program installed its own SIG%s handler; gpureclaim leaves it alone: releases by signal no "
-               "longer reach this process (the gpureclaim command still does, through its control socket; or "
-               "choose another signal with GPURECLAIM_SIGNAL)",
-               gr_opt_signal_name(g_sig, name, sizeof name));
+  gr_warn("the program installed its own SIG%s handler; gpureclaim leaves it alone: releases by signal no "
+          "longer reach this process (the gpureclaim command still does, through its control socket; or "
+          "choose another signal with GPURECLAIM_SIGNAL)",
+          gr_opt_signal_name(g_sig, name, sizeof name));
+  /* The status file says so ("signal_caught": false): the command then sends no signal that gpureclaim would
+   * never see, and does not wait for a release that never comes. */
+  if (gr_opt()->status)
+    gr_rep_status_update();
 }
 
 void gr_sig_atfork_child(void) {
@@ -133,6 +142,7 @@ void gr_sig_atfork_child(void) {
    * or not the flag was set: a fork between the parent's sigaction() and the flag hands down our handler too. */
   struct sigaction cur;
   atomic_store_explicit(&g_installed, 0, memory_order_release);
+  atomic_store_explicit(&g_replaced_noticed, 0, memory_order_relaxed);
   if (g_sig && sigaction(g_sig, NULL, &cur) == 0 && is_ours(&cur))
     sigaction(g_sig, &g_prev, NULL); /* only ours: a handler the program installed since stays */
   int fd = atomic_exchange_explicit(&g_fd, -1, memory_order_acq_rel);

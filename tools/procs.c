@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -157,6 +158,34 @@ static bool exec_since(pid_t pid, const char *recorded) {
   return rl != el || memcmp(recorded, exe, rl) != 0;
 }
 
+/* The address of pid's AT_RANDOM bytes, from /proc/<pid>/auxv (readable for our own processes); 0 if unknown. */
+static uint64_t auxv_random(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/auxv", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return 0;
+  unsigned long av[2 * 64];
+  ssize_t n = read(fd, av, sizeof av);
+  close(fd);
+  for (ssize_t i = 0; n > 0 && (i + 2) * (ssize_t)sizeof av[0] <= n && av[i] != AT_NULL; i += 2)
+    if (av[i] == AT_RANDOM)
+      return av[i + 1];
+  return 0;
+}
+
+/* Whether pid exec'd since its status file was written: exec keeps the pid and the start time, and when the
+ * new image is the same binary its exe is the same too; but every exec places the AT_RANDOM bytes anew
+ * (address-space randomisation), and the library records where (exec_id). Unknown (no field, an older
+ * library, or auxv unreadable): false. */
+static bool exec_id_changed(pid_t pid, const jnode_t *status) {
+  const jnode_t *id = jget(status, "exec_id");
+  if (!id || id->type != JN_NUM || id->num <= 0)
+    return false;
+  uint64_t now = auxv_random(pid);
+  return now && (double)now != id->num;
+}
+
 static void remove_stale(const char *dir, pid_t pid, const char *why) {
   char path[4200];
   snprintf(path, sizeof path, "%s/%d.json", dir, (int)pid);
@@ -215,6 +244,11 @@ static int load(const char *dir, pid_t pid, proc_t *out) {
    * at all (its release signal would then kill it). */
   if (exec_since(pid, jstr(out->status, "exe", ""))) {
     remove_stale(dir, pid, "the process now runs another program (exec)");
+    cmd_free(out);
+    return LOAD_STALE;
+  }
+  if (exec_id_changed(pid, out->status)) {
+    remove_stale(dir, pid, "the process exec'd since it wrote it");
     cmd_free(out);
     return LOAD_STALE;
   }
@@ -361,6 +395,25 @@ int cmd_find(pid_t pid, proc_t *out) {
               (int)pid, gr_opt()->rundir);
   }
   return r == LOAD_OK ? EX_OK : EX_NOPROC;
+}
+
+bool cmd_alive(const proc_t *p) {
+  int64_t ticks = jint(p->status, "start_ticks", 0);
+  return ticks > 0 && proc_start(p->pid, NULL) == (uint64_t)ticks;
+}
+
+int cmd_connect_check(const proc_t *p) {
+  const char *sock = jstr(p->status, "socket", NULL);
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  if (!sock || strlen(sock) >= sizeof sa.sun_path)
+    return 1;
+  strcpy(sa.sun_path, sock);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0)
+    return -errno;
+  int rc = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0 ? 0 : -errno;
+  close(fd); /* the server reads end of file at once, and drops the connection */
+  return rc;
 }
 
 void cmd_free(proc_t *p) {
