@@ -639,6 +639,12 @@ class FakeTest(unittest.TestCase):
         self.assertEqual((out[0]["ok"], out[0]["via"]), (False, None))
         self.assertIn("run directory %s is refused" % self.rundir, out[0]["error"])
         self.assertEqual(self.received(), [])
+        for mode in (0o750, 0o707, 0o710, 0o701):  # any group or other bit, readable or not
+            os.chmod(self.rundir, mode)
+            self.assertIn("is not a directory private to you", self.cmd("ps", check=1).stderr, oct(mode))
+            self.assertIn("not a directory private to you", self.cmd("release", str(f.pid), check=1).stderr,
+                          oct(mode))
+        self.assertEqual(self.received(), [])
         os.chmod(self.rundir, 0o700)
         if os.geteuid() == 0:  # someone else's directory, even private, is not ours to trust
             os.chown(self.rundir, 65534, 65534)

@@ -4,6 +4,7 @@
 
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <linux/capability.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -13,8 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -670,4 +673,62 @@ Test(reports, a_log_write_error_is_reported_and_the_report_kept) {
   cr_assert_not_null(strstr(out, "\"trigger\":\"api\""), "%s", out);
   rmdir(rundir);
   rmdir(dir);
+}
+
+/* Connects to this process's control socket from a child running as uid (with CAP_DAC_OVERRIDE kept, so that
+ * neither the run directory's 0700 nor the socket's 0600 stop it: only the server's SO_PEERCRED check is left
+ * to) and asks "ping". Returns the child's exit status: 0 answered, 1 closed without an answer, 2 could not
+ * connect, 3 could not become uid with the capability, 4 other. */
+static int ping_as(uid_t uid) {
+  pid_t pid = fork();
+  cr_assert_geq(pid, 0);
+  if (pid == 0) {
+    alarm(30);
+    if (uid != geteuid()) {
+      struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+      struct __user_cap_data_struct data[2];
+      if (prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0) != 0 || setresuid(uid, uid, uid) != 0 ||
+          syscall(SYS_capget, &hdr, data) != 0)
+        _exit(3);
+      data[0].effective |= 1u << CAP_DAC_OVERRIDE;
+      if (syscall(SYS_capset, &hdr, data) != 0 || geteuid() != uid)
+        _exit(3);
+    }
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s/%d.sock", getenv("GPURECLAIM_RUNDIR"), (int)getppid());
+    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0)
+      _exit(2);
+    signal(SIGPIPE, SIG_IGN);
+    if (write(fd, "ping\n", 5) != 5)
+      _exit(errno == EPIPE || errno == ECONNRESET ? 1 : 4); /* already closed by the server */
+    char buf[256];
+    ssize_t n = read(fd, buf, sizeof buf);
+    _exit(n > 0 ? 0 : n == 0 || errno == ECONNRESET ? 1 : 4);
+  }
+  int status;
+  cr_assert_eq(waitpid(pid, &status, 0), pid);
+  cr_assert(WIFEXITED(status), "the child ended by signal %d", WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  return WEXITSTATUS(status);
+}
+
+/* The control socket is the user's alone: mode 0600, and a peer of another uid gets no answer even where the
+ * file permissions would let it connect (the server checks SO_PEERCRED). */
+Test(reports, the_control_socket_answers_only_its_user) {
+  CUdeviceptr p;
+  OK(cuMemAlloc(&p, 100));
+  char path[4200];
+  snprintf(path, sizeof path, "%s/%d.sock", getenv("GPURECLAIM_RUNDIR"), (int)getpid());
+  struct stat st;
+  cr_assert_eq(lstat(path, &st), 0, "%s", path);
+  cr_assert(S_ISSOCK(st.st_mode));
+  cr_assert_eq(st.st_mode & 0777, 0600, "the control socket has mode %04o", st.st_mode & 0777);
+  cr_assert_eq(ping_as(geteuid()), 0, "the user's own ping went unanswered: the test proves nothing");
+  if (geteuid() != 0)
+    cr_skip_test("the peer-uid check needs root, to connect as another uid past the file permissions");
+  int rc = ping_as(65534);
+  if (rc == 3)
+    cr_skip_test("cannot become uid 65534 with CAP_DAC_OVERRIDE here (capabilities restricted)");
+  cr_assert_eq(rc, 1, "a peer of uid 65534 %s", rc == 0 ? "got an answer" : "could not even connect");
+  OK(cuMemFree(p));
 }
