@@ -87,6 +87,7 @@ static void answer(int fd, const char *line) {
     jb_bool(&b, "ok", true);
     jb_i64(&b, "pid", getpid());
     jb_str(&b, "version", GPURECLAIM_VERSION_STRING);
+    jb_bool(&b, "signal_caught", gr_sig_caught());
   } else if (strcmp(line, "stats") == 0) {
     jb_bool(&b, "ok", true);
     jb_i64(&b, "pid", getpid());

@@ -1,8 +1,9 @@
 /*
  * core.c -- gpureclaim's life in a process.
  *
- * Nothing happens until the process initialises CUDA: the constructor only reads GPURECLAIM_DISABLE and checks
- * the link order (one symbol lookup; a warning if libcuda would hide gpureclaim's driver entry points), and
+ * Nothing happens until the process initialises CUDA: the constructor only reads GPURECLAIM_DISABLE, notes the
+ * current directory when GPURECLAIM_LOG is a relative path, and checks the link order (one symbol lookup; a
+ * warning if libcuda would hide gpureclaim's driver entry points), and
  * until the first cuInit (or the first allocation) seen through a hook, gpureclaim starts no thread, installs
  * no handler, writes no file and allocates nothing (LD_PRELOAD reaches every child process a program starts).
  * Then gr_core_start_slow() maps the table, installs the signal handler, starts the worker thread and writes
@@ -79,6 +80,7 @@ __attribute__((constructor)) static void gr_core_ctor(void) {
     atomic_store_explicit(&gr_core_state, -1, memory_order_release);
     return;
   }
+  gr_opt_note_start_dir();
   check_link_order();
 }
 

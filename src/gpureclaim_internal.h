@@ -75,6 +75,9 @@ const char *gr_opt_signal_name(int sig, char *buf, size_t len);
 const char *gr_opt_what_name(unsigned what, char *buf, size_t len);
 /* Re-reads the environment (tests only). */
 void gr_opt_reload(void);
+/* Called from the constructor: records the current directory if GPURECLAIM_LOG is a relative path, which is
+ * then resolved from it (no allocation). */
+void gr_opt_note_start_dir(void);
 
 /* ------------------------------------------------------------------------------------------------------------
  * log.c: warnings on stderr, prefixed "gpureclaim[pid]: "; never allocates
@@ -434,6 +437,8 @@ int gr_sig_install(void);
 /* The descriptor the handler writes to; the worker polls it. -1 when the signal is off. */
 int gr_sig_fd(void);
 void gr_sig_check_replaced(void);
+/* Whether gpureclaim's handler is the signal's action now (false: off, ignored, or the program's own since). */
+bool gr_sig_caught(void);
 void gr_sig_atfork_child(void);
 
 /* Framework caches through CPython; bytes given back. Never called from inside an allocation. */

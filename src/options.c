@@ -173,12 +173,29 @@ static int p_path(const char *v, char *dst, size_t len) {
 }
 bool gr_opt_log_is_stderr(const char *s) { return streq_ci(s, "stderr") || !strcmp(s, "-"); }
 
+/* The directory the process started in, for a relative GPURECLAIM_LOG: options are read when the process first
+ * uses CUDA, and by then it may have changed directory; the log would then land wherever it happened to be. */
+static char g_start_dir[4096];
+
+void gr_opt_note_start_dir(void) {
+  const char *v = env_get("GPURECLAIM_LOG");
+  if (v && *v && v[0] != '/' && !gr_opt_log_is_stderr(v) && !getcwd(g_start_dir, sizeof g_start_dir))
+    g_start_dir[0] = '\0';
+}
+
 static int p_log(const char *v, gr_options_t *o) {
   if (gr_opt_log_is_stderr(v)) {
     o->log[0] = '\0';
     return 0;
   }
-  return p_path(v, o->log, sizeof o->log);
+  if (v[0] == '/' || !*v)
+    return p_path(v, o->log, sizeof o->log);
+  char cwd[4096];
+  const char *dir = g_start_dir[0] ? g_start_dir : getcwd(cwd, sizeof cwd);
+  if (!dir)
+    return -EINVAL; /* no directory to resolve it in: a warning, and stderr */
+  int n = snprintf(o->log, sizeof o->log, "%s/%s", strcmp(dir, "/") ? dir : "", v);
+  return n > 0 && (size_t)n < sizeof o->log ? 0 : -EINVAL;
 }
 static int p_rundir(const char *v, gr_options_t *o) {
   if (v[0] != '/')
@@ -206,7 +223,7 @@ static const struct {
     {"GPURECLAIM_SIGNAL", "USR1, USR2, RTMIN+n or off", p_signal},
     {"GPURECLAIM_ON_SIGNAL", "a list of cached, orphaned, all", p_on_signal},
     {"GPURECLAIM_OOM_RETRY", "a number of retries from 0 to 16", p_oom_retry},
-    {"GPURECLAIM_LOG", "stderr or a file path", p_log},
+    {"GPURECLAIM_LOG", "stderr or a file path (a relative one from the directory the program started in)", p_log},
     {"GPURECLAIM_RUNDIR", "an absolute directory path", p_rundir},
     {"GPURECLAIM_LEAK_REPORT", "1/0/yes/no/on/off", p_leak},
     {"GPURECLAIM_BACKTRACE", "1/0/yes/no/on/off", p_bt},

@@ -78,7 +78,9 @@ static int create_temp(const char *path, char *tmp, size_t len, mode_t mode) {
 
 int gr_out_write_temp(const char *path, const void *data, size_t len, mode_t mode, char *tmp, size_t tmplen) {
   struct stat old;
-  bool keep = stat(path, &old) == 0 && S_ISREG(old.st_mode); /* a replaced file keeps its permissions */
+  /* A replaced regular file keeps its permissions; a link at path is replaced, not followed (callers that
+   * follow links pass the target). */
+  bool keep = lstat(path, &old) == 0 && S_ISREG(old.st_mode);
   int fd = create_temp(path, tmp, tmplen, keep ? (old.st_mode & 0600) : mode);
   if (fd < 0)
     return fd;

@@ -25,7 +25,7 @@
 int gr_out_write(const char *path, const void *data, size_t len, mode_t mode);
 /* The first half of replacing a regular file (or creating a new one) at path: writes data, flushed to disk, to
  * a new temporary file in the same directory, with the permission bits path has (or mode, less the umask, for
- * a new path), and names it in tmp (tmplen bytes; GR_OUT_TEMP_MAX is enough for any path). The caller renames
+ * a new path or a link, which is then replaced and not followed), and names it in tmp (tmplen bytes; GR_OUT_TEMP_MAX is enough for any path). The caller renames
  * it to path, or unlinks it: for a writer that must decide, after writing, whether its file is still the one
  * to put in place. On failure nothing is left behind. Returns 0 or a negative errno value. */
 #define GR_OUT_TEMP_MAX (PATH_MAX + 64)

@@ -4,7 +4,8 @@
  *
  * Files go to a private run directory (mode 0700, owned by the user); one that exists with other owners or
  * wider permissions is refused with one warning. Regular files are written to a temporary name and renamed,
- * so a reader never sees half a file; a device, FIFO or link a user names is written into (outfile.c).
+ * so a reader never sees half a file; a device, FIFO or link a user names is written into (outfile.c), but in
+ * the run directory a status file is always replaced: a link or FIFO put in its place is never written through.
  * Nothing here runs inside an allocation.
  */
 #include "gpureclaim_internal.h"
@@ -19,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -197,6 +199,12 @@ static pthread_mutex_t g_status_lock = PTHREAD_MUTEX_INITIALIZER;
  * place only if its number is above that of the file there. Two updates at once (a release on one thread, a
  * scope end on another) otherwise could rename theirs in either order and leave the older status in place. */
 static uint64_t g_status_numbered, g_status_placed;
+/* Under g_status_lock: set at exit, after which no status file is written; and the updates between their check
+ * of it and their rename. Exit waits for those, then removes the file: a release on another thread while the
+ * process exits re-created the status file after its removal, or left its temporary file half-written. */
+static bool g_status_closed;
+static unsigned g_status_writers;
+static pthread_cond_t g_status_done = PTHREAD_COND_INITIALIZER;
 
 int gr_rep_status_update(void) {
   const gr_options_t *o = gr_opt();
@@ -226,8 +234,18 @@ int gr_rep_status_update(void) {
   jb_u64(&b, "started_ms", gr_core_start_time_ms());
   jb_str(&b, "signal", gr_opt_signal_name(o->signal, sig, sizeof sig));
   jb_str(&b, "on_signal", gr_opt_what_name(o->on_signal, what, sizeof what));
+  jb_bool(&b, "signal_caught", gr_sig_caught());
+  /* Where this image's AT_RANDOM bytes are: a new address at every exec (address-space randomisation), which
+   * keeps the pid and start time; the command reads it back from /proc/PID/auxv. */
+  jb_u64(&b, "exec_id", (uint64_t)getauxval(AT_RANDOM));
   /* What changes is read under the lock, in the order the number gives (appending to memory only). */
   pthread_mutex_lock(&g_status_lock);
+  if (g_status_closed) {
+    pthread_mutex_unlock(&g_status_lock);
+    jb_free(&b);
+    return -ESHUTDOWN;
+  }
+  g_status_writers++;
   uint64_t number = ++g_status_numbered;
   jb_u64(&b, "updated_ms", realtime_ms());
   if (gr_ctl_fd() >= 0)
@@ -252,13 +270,12 @@ int gr_rep_status_update(void) {
   jb_obj_end(&b);
   jb_raw(&b, "\n", 1);
   int rc;
-  struct stat st;
   if (b.failed) {
     rc = -ENOMEM;
-  } else if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
-    rc = write_file(path, &b, 0600); /* something put there (a link, a FIFO): written into, as outfile.c does */
   } else {
-    /* Written and flushed outside the lock; only the rename, which does not wait on a reader, inside it. */
+    /* Always a new file renamed into place: whatever else is at the path in our private directory (a link, a
+     * FIFO) is replaced, never written through. Written and flushed outside the lock; only the rename, which
+     * does not wait on a reader, inside it. */
     char tmp[GR_OUT_TEMP_MAX];
     rc = gr_out_write_temp(path, b.p, b.len, 0600, tmp, sizeof tmp);
     if (rc == 0) {
@@ -273,24 +290,40 @@ int gr_rep_status_update(void) {
         unlink(tmp); /* a newer status is in place already, or the rename failed */
     }
   }
+  pthread_mutex_lock(&g_status_lock);
+  if (--g_status_writers == 0)
+    pthread_cond_broadcast(&g_status_done);
+  pthread_mutex_unlock(&g_status_lock);
   jb_free(&b);
   return rc;
 }
 
 void gr_rep_atfork_child(void) {
   pthread_mutex_init(&g_status_lock, NULL);
+  pthread_cond_init(&g_status_done, NULL);
+  g_status_closed = false;
+  g_status_writers = 0;
   atomic_store_explicit(&g_status_releases, 0, memory_order_relaxed);
   g_have_last = false;
   g_signal_releases = 0;
 }
 
 void gr_rep_status_remove(void) {
+  pthread_mutex_lock(&g_status_lock);
+  g_status_closed = true;
+  /* Updates under way finish first (a write and an fsync); bounded, should one be stuck in a dead filesystem. */
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 5;
+  while (g_status_writers && pthread_cond_timedwait(&g_status_done, &g_status_lock, &until) == 0)
+    ;
   const char *dir = g_rundir;
-  if (!dir)
-    return;
-  char path[4200];
-  snprintf(path, sizeof path, "%s/%d.json", dir, (int)getpid());
-  unlink(path);
+  if (dir) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%d.json", dir, (int)getpid());
+    unlink(path);
+  }
+  pthread_mutex_unlock(&g_status_lock);
 }
 
 /* ---- release reports ---- */
@@ -312,8 +345,14 @@ void gr_rep_release(const gpureclaim_report_t *r, bool served_signal) {
      * with ENXIO instead, and the report goes to stderr. */
     int fd = gr_out_open_nowait(log, O_WRONLY | O_APPEND | O_CREAT, 0600);
     if (fd >= 0) {
-      jb_write_fd(&b, fd); /* one write of a short line: appends stay whole */
-      close(fd);
+      int rc = jb_write_fd(&b, fd); /* one write of a short line: appends stay whole */
+      if (close(fd) != 0 && rc == 0 && errno != EINTR)
+        rc = -errno;
+      if (rc < 0) { /* a full disk, a quota, an I/O error: the report is not lost without a word */
+        gr_warn_once(w_log_write, "cannot write to GPURECLAIM_LOG=%s: %s; reports that cannot be written there "
+                                  "go to stderr", log, strerror(-rc));
+        jb_write_fd(&b, STDERR_FILENO);
+      }
     } else {
       const char *why = errno == ENXIO ? "a FIFO nobody reads" : strerror(errno);
       gr_warn_once(w_log, "cannot open GPURECLAIM_LOG=%s: %s; reports go to stderr", log, why);

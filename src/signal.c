@@ -10,6 +10,12 @@
  * gpureclaim installs nothing and says so (the control socket still reaches it), because a handler would be
  * reset to the default action, termination, in every child it starts with posix_spawn() or system(), where
  * no atfork handler runs to give the child its SIG_IGN back.
+ *
+ * The handler acts only in the process that installed it. A child forked by the program inherits it, and a
+ * signal can reach the child before its atfork handler gives the signal back: there, the eventfd is still the
+ * parent's (a write would make the parent release, and the child would survive a signal that should end it).
+ * So the handler compares the process's pid with the installer's and, in any other process, puts back the
+ * action that was there before gpureclaim and lets the signal take it (the default: the child ends).
  */
 #include "gpureclaim_internal.h"
 
@@ -17,19 +23,41 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 static int g_sig;
 static struct sigaction g_prev;
 static _Atomic int g_fd = -1;
 static _Atomic int g_installed;
+static _Atomic int g_installer; /* the pid of the process that installed the handler */
 
 static void handler(int sig, siginfo_t *info, void *uc);
 
 static bool is_ours(const struct sigaction *sa) { return (sa->sa_flags & SA_SIGINFO) && sa->sa_sigaction == handler; }
 
+/* In a process that did not install the handler (a child before its atfork handler ran): the action from
+ * before gpureclaim, as if gpureclaim had never been there. */
+static void not_ours_to_handle(int sig, siginfo_t *info, void *uc) {
+  sigaction(sig, &g_prev, NULL);
+  if (g_prev.sa_flags & SA_SIGINFO) {
+    if (g_prev.sa_sigaction && g_prev.sa_sigaction != handler)
+      g_prev.sa_sigaction(sig, info, uc);
+  } else if (g_prev.sa_handler == SIG_DFL) {
+    /* Blocked while this handler runs: delivered, with its default action, as the handler returns. */
+    syscall(SYS_tgkill, (pid_t)syscall(SYS_getpid), (pid_t)syscall(SYS_gettid), sig);
+  } else if (g_prev.sa_handler != SIG_IGN && g_prev.sa_handler) {
+    g_prev.sa_handler(sig);
+  }
+}
+
 static void handler(int sig, siginfo_t *info, void *uc) {
   int saved = errno;
+  if ((int)syscall(SYS_getpid) != atomic_load_explicit(&g_installer, memory_order_relaxed)) {
+    not_ours_to_handle(sig, info, uc);
+    errno = saved;
+    return;
+  }
   int fd = atomic_load_explicit(&g_fd, memory_order_relaxed);
   if (fd >= 0) {
     uint64_t one = 1;
@@ -68,6 +96,7 @@ int gr_sig_install(void) {
   sa.sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;
   sigemptyset(&sa.sa_mask);
   g_sig = sig;
+  atomic_store_explicit(&g_installer, (int)getpid(), memory_order_relaxed);
   struct sigaction prev;
   if (sigaction(sig, &sa, &prev) != 0) {
     int e = errno;
@@ -85,18 +114,27 @@ int gr_sig_install(void) {
 
 int gr_sig_fd(void) { return atomic_load_explicit(&g_fd, memory_order_acquire); }
 
-void gr_sig_check_replaced(void) {
-  if (!atomic_load_explicit(&g_installed, memory_order_acquire))
-    return;
+bool gr_sig_caught(void) {
   struct sigaction cur;
-  if (sigaction(g_sig, NULL, &cur) != 0 || is_ours(&cur))
+  return atomic_load_explicit(&g_installed, memory_order_acquire) && sigaction(g_sig, NULL, &cur) == 0 &&
+         is_ours(&cur);
+}
+
+static _Atomic int g_replaced_noticed;
+
+void gr_sig_check_replaced(void) {
+  if (!atomic_load_explicit(&g_installed, memory_order_acquire) || gr_sig_caught() ||
+      atomic_exchange_explicit(&g_replaced_noticed, 1, memory_order_relaxed))
     return;
   char name[16];
-  gr_warn_once(w_replaced,
-               "the program installed its own SIG%s handler; gpureclaim leaves it alone: releases by signal no "
-               "longer reach this process (the gpureclaim command still does, through its control socket; or "
-               "choose another signal with GPURECLAIM_SIGNAL)",
-               gr_opt_signal_name(g_sig, name, sizeof name));
+  gr_warn("the program installed its own SIG%s handler; gpureclaim leaves it alone: releases by signal no "
+          "longer reach this process (the gpureclaim command still does, through its control socket; or "
+          "choose another signal with GPURECLAIM_SIGNAL)",
+          gr_opt_signal_name(g_sig, name, sizeof name));
+  /* The status file says so ("signal_caught": false): the command then sends no signal that gpureclaim would
+   * never see, and does not wait for a release that never comes. */
+  if (gr_opt()->status)
+    gr_rep_status_update();
 }
 
 void gr_sig_atfork_child(void) {
@@ -104,6 +142,7 @@ void gr_sig_atfork_child(void) {
    * or not the flag was set: a fork between the parent's sigaction() and the flag hands down our handler too. */
   struct sigaction cur;
   atomic_store_explicit(&g_installed, 0, memory_order_release);
+  atomic_store_explicit(&g_replaced_noticed, 0, memory_order_relaxed);
   if (g_sig && sigaction(g_sig, NULL, &cur) == 0 && is_ours(&cur))
     sigaction(g_sig, &g_prev, NULL); /* only ours: a handler the program installed since stays */
   int fd = atomic_exchange_explicit(&g_fd, -1, memory_order_acq_rel);

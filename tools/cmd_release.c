@@ -59,6 +59,42 @@ static bool catches(pid_t pid, int sig, const char **why) {
   return caught;
 }
 
+/* release_by_signal()'s *why when the process ended before its release was seen: exit status 3. */
+static const char why_exited[] = "the process exited";
+static const char why_stale_socket[] = "nothing listens on its control socket any more: the process no longer runs "
+                                       "the gpureclaim that wrote its status file (exec?); no signal sent";
+
+/* Whether gpureclaim still catches the process's release signal, as far as can be told; *why says why not.
+ * Asked (when explicit: --signal) over the control socket, which answers with the live state; else the status
+ * file's word. A socket file nobody listens on means the gpureclaim that wrote the status file is gone from
+ * the process (it exec'd): the signal would reach the new program. */
+static bool gpureclaim_catches(const proc_t *p, const jnode_t *status, double timeout, bool explicit,
+                               const char **why) {
+  const jnode_t *said = status;
+  jnode_t *ans = NULL;
+  bool no_listener = true;
+  if (explicit) {
+    const char *ignored;
+    ans = cmd_ask(p, "ping", timeout < 5 ? timeout : 5, &ignored, &no_listener);
+    if (ans && jget(ans, "signal_caught"))
+      said = ans;
+  }
+  if (no_listener && cmd_connect_check(p) == -ECONNREFUSED) {
+    *why = why_stale_socket;
+    return false;
+  }
+  bool caught = jbool(said, "signal_caught", true); /* absent: an older library, which does not say */
+  if (ans) {
+    jfree(ans);
+    free(ans);
+  }
+  if (!caught)
+    *why = "gpureclaim's handler for its release signal is not installed (the program installed its own, or "
+           "ignores the signal): a signal would not reach gpureclaim; not sent (ask over its control socket, "
+           "without --signal)";
+  return caught;
+}
+
 /* Sends the process's release signal and waits for its status file to count one more release that served a
  * signal; returns the re-read status file (signal_report_key() names the report). */
 static jnode_t *release_by_signal(const proc_t *p, double timeout, bool explicit, const char **why) {
@@ -78,11 +114,12 @@ static jnode_t *release_by_signal(const proc_t *p, double timeout, bool explicit
   const jnode_t *base = now ? now : p->status;
   const char *count = signal_count_key(base), *report = signal_report_key(base);
   int64_t before = jint(base, count, 0);
+  bool ours = gpureclaim_catches(p, base, timeout, explicit, why);
   if (now) {
     jfree(now);
     free(now);
   }
-  if (!catches(p->pid, sig, why))
+  if (!ours || !catches(p->pid, sig, why))
     return NULL;
   if (kill(p->pid, sig) != 0) {
     *why = strerror(errno);
@@ -98,8 +135,8 @@ static jnode_t *release_by_signal(const proc_t *p, double timeout, bool explicit
       jfree(s);
       free(s);
     }
-    if (kill(p->pid, 0) != 0 && errno == ESRCH) {
-      *why = "the process exited";
+    if (!cmd_alive(p)) { /* gone, or a zombie: kill(pid, 0) still succeeds on one */
+      *why = why_exited;
       return NULL;
     }
     if (seconds_since(&t0) > timeout) {
@@ -168,6 +205,10 @@ static jnode_t *release_one(const proc_t *p, const request_t *rq, const jnode_t 
     }
     if (!no_listener)
       return NULL;
+    if (cmd_connect_check(p) == -ECONNREFUSED) {
+      *why = why_stale_socket;
+      return NULL;
+    }
     if (!cmd_json_out())
       fprintf(stderr, "gpureclaim: %d: nothing listens on its control socket (%s); using its release signal\n",
               (int)p->pid, *why);
@@ -309,7 +350,7 @@ int cmd_release(int argc, char **argv) {
       fprintf(stderr, "gpureclaim: %d did not release: %s\n", (int)p->pid, j->why);
     }
     if (!j->rep && rc == EX_OK)
-      rc = EX_FAILED;
+      rc = j->why == why_exited ? EX_NOPROC : EX_FAILED;
     if (j->ans) {
       jfree(j->ans);
       free(j->ans);

@@ -244,8 +244,8 @@ static int chk_environment(void) {
   return EX_OK;
 }
 
-/* A relative GPURECLAIM_LOG would be opened in whatever directory the program is in when it first releases:
- * made absolute here, where the user typed it. */
+/* A relative GPURECLAIM_LOG is resolved by the library from the directory each process starts in: the program
+ * starts here, but the programs it starts may start elsewhere. Made absolute here, where the user typed it. */
 static void absolute_log(void) {
   const char *v = getenv("GPURECLAIM_LOG");
   char cwd[PATH_MAX], abs[2 * PATH_MAX + 2];

@@ -34,6 +34,12 @@ size_t cmd_list(proc_t **out);
  * status file). */
 int cmd_find(pid_t pid, proc_t *out);
 void cmd_free(proc_t *p);
+/* Whether the process of p's status file still runs: its pid has its start time, and is not a zombie. */
+bool cmd_alive(const proc_t *p);
+/* Connects to p's control socket and hangs up at once: 0 when something listens, 1 when the status file names
+ * no socket, else the negative errno (-ECONNREFUSED: the socket file is there but nobody listens, so the
+ * gpureclaim that wrote the status file no longer runs in the process: it exec'd; -ENOENT: the file is gone). */
+int cmd_connect_check(const proc_t *p);
 /* Sends one request over the process's control socket and returns the parsed answer (a JSON object), or NULL
  * with the reason in *why. timeout bounds the whole exchange, in seconds. *no_listener (may be NULL) tells
  * whether nobody listens there at all (no socket, or the process closed it), as opposed to no answer. */

@@ -57,6 +57,7 @@ static const char g_usage[] =
     "     a file or standard output could not be written, or run could not find the library\n"
     "  2  bad usage\n"
     "  3  no such process, another user's process, or a process not running gpureclaim\n"
+    "     (release: also a process that exited before its release by signal was seen)\n"
     "  run: the exit status of CMD; 126 when it cannot be executed, 127 when it is not found\n";
 
 int cmd_usage_error(const char *fmt, const char *arg) {

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -47,10 +48,19 @@ const char *cmd_rundir(bool quiet) {
   return dir;
 }
 
+/* The whole of a regular file, or NULL (errno set; EINVAL: not a regular file). Never waits: a FIFO, device or
+ * directory put in the run directory under a status file's name is refused, not opened for reading (a FIFO
+ * nobody writes would hang ps, top and release for good), and a link is not followed. */
 static char *read_all(const char *path) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
   if (fd < 0)
     return NULL;
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    errno = EINVAL;
+    return NULL;
+  }
   size_t cap = 4096, n = 0;
   char *buf = malloc(cap);
   ssize_t r;
@@ -148,6 +158,34 @@ static bool exec_since(pid_t pid, const char *recorded) {
   return rl != el || memcmp(recorded, exe, rl) != 0;
 }
 
+/* The address of pid's AT_RANDOM bytes, from /proc/<pid>/auxv (readable for our own processes); 0 if unknown. */
+static uint64_t auxv_random(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/auxv", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return 0;
+  unsigned long av[2 * 64];
+  ssize_t n = read(fd, av, sizeof av);
+  close(fd);
+  for (ssize_t i = 0; n > 0 && (i + 2) * (ssize_t)sizeof av[0] <= n && av[i] != AT_NULL; i += 2)
+    if (av[i] == AT_RANDOM)
+      return av[i + 1];
+  return 0;
+}
+
+/* Whether pid exec'd since its status file was written: exec keeps the pid and the start time, and when the
+ * new image is the same binary its exe is the same too; but every exec places the AT_RANDOM bytes anew
+ * (address-space randomisation), and the library records where (exec_id). Unknown (no field, an older
+ * library, or auxv unreadable): false. */
+static bool exec_id_changed(pid_t pid, const jnode_t *status) {
+  const jnode_t *id = jget(status, "exec_id");
+  if (!id || id->type != JN_NUM || id->num <= 0)
+    return false;
+  uint64_t now = auxv_random(pid);
+  return now && (double)now != id->num;
+}
+
 static void remove_stale(const char *dir, pid_t pid, const char *why) {
   char path[4200];
   snprintf(path, sizeof path, "%s/%d.json", dir, (int)pid);
@@ -158,7 +196,7 @@ static void remove_stale(const char *dir, pid_t pid, const char *why) {
 }
 
 /* Loads pid's status file from dir: LOAD_OK, or why not (stale files are removed on the way). */
-enum { LOAD_OK = 0, LOAD_ABSENT, LOAD_STALE, LOAD_UNREADABLE, LOAD_FOREIGN };
+enum { LOAD_OK = 0, LOAD_ABSENT, LOAD_STALE, LOAD_UNREADABLE, LOAD_FOREIGN, LOAD_NOT_REGULAR };
 
 static int load(const char *dir, pid_t pid, proc_t *out) {
   memset(out, 0, sizeof *out);
@@ -167,7 +205,7 @@ static int load(const char *dir, pid_t pid, proc_t *out) {
   struct stat st;
   if (lstat(out->path, &st) != 0)
     return LOAD_ABSENT;
-  out->status = cmd_read_status(out);
+  out->status = S_ISREG(st.st_mode) ? cmd_read_status(out) : NULL; /* nothing else is even opened */
   uint64_t ticks = proc_start(pid, NULL);
   if (!ticks) {
     remove_stale(dir, pid, "the process is gone");
@@ -180,6 +218,10 @@ static int load(const char *dir, pid_t pid, proc_t *out) {
     remove_stale(dir, pid, "the pid now belongs to another program");
     cmd_free(out);
     return LOAD_STALE;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    cmd_free(out);
+    return LOAD_NOT_REGULAR;
   }
   if (!out->status) { /* being rewritten right now: one retry */
     struct timespec ts = {0, 20000000};
@@ -205,7 +247,52 @@ static int load(const char *dir, pid_t pid, proc_t *out) {
     cmd_free(out);
     return LOAD_STALE;
   }
+  if (exec_id_changed(pid, out->status)) {
+    remove_stale(dir, pid, "the process exec'd since it wrote it");
+    cmd_free(out);
+    return LOAD_STALE;
+  }
   return LOAD_OK;
+}
+
+/* The system's boot time (CLOCK_REALTIME seconds), from /proc/stat; 0 if unknown. */
+static long long boot_time(void) {
+  char *s = read_all("/proc/stat");
+  const char *b = s ? strstr(s, "\nbtime ") : NULL;
+  long long v = b ? strtoll(b + 7, NULL, 10) : 0;
+  free(s);
+  return v;
+}
+
+/* Whether the writer of a temporary file last modified at mtime is gone: the pid runs nothing, or a process
+ * that started after the file was written (the pid was reused). */
+static bool writer_gone(pid_t pid, time_t mtime) {
+  uint64_t ticks = proc_start(pid, NULL);
+  if (!ticks)
+    return true;
+  long long boot = boot_time(), hz = sysconf(_SC_CLK_TCK);
+  /* Two seconds of slack: btime is rounded, and the start time counts in clock ticks. */
+  return boot > 0 && hz > 0 && boot + (long long)(ticks / (uint64_t)hz) > (long long)mtime + 2;
+}
+
+/* A temporary status file (outfile.c names them PATH.PID.TID.N.tmp, here "<pid>.json.<pid>.<tid>.<n>.tmp") that
+ * a process left when it was killed mid-write: removed once its writer is gone. */
+static void remove_stale_temp(const char *dir, const char *name) {
+  char *end;
+  long owner = strtol(name, &end, 10), tid, n;
+  if (owner <= 0 || strncmp(end, ".json.", 6) != 0)
+    return;
+  long writer = strtol(end + 6, &end, 10);
+  if (writer <= 0 || *end != '.' || (tid = strtol(end + 1, &end, 10)) <= 0 || *end != '.' ||
+      (n = strtol(end + 1, &end, 10)) < 0 || strcmp(end, ".tmp") != 0)
+    return;
+  char path[4200];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  struct stat st;
+  if (lstat(path, &st) != 0 || !writer_gone((pid_t)writer, st.st_mtime))
+    return;
+  if (unlink(path) == 0)
+    fprintf(stderr, "gpureclaim: removed %s, a temporary file of pid %ld, which is gone\n", path, writer);
 }
 
 static const char *user_name(uid_t uid, char *buf, size_t len) {
@@ -231,6 +318,10 @@ size_t cmd_list(proc_t **out) {
   while ((e = readdir(d))) {
     char *end;
     long pid = strtol(e->d_name, &end, 10);
+    if (pid > 0 && !strncmp(end, ".json.", 6)) {
+      remove_stale_temp(dir, e->d_name);
+      continue;
+    }
     if (pid <= 0 || strcmp(end, ".json") != 0)
       continue;
     if (n == cap) {
@@ -248,6 +339,9 @@ size_t cmd_list(proc_t **out) {
               user_name(v[n].foreign_uid, who, sizeof who));
     } else if (r == LOAD_UNREADABLE) {
       fprintf(stderr, "gpureclaim: ignoring %s/%s: not a valid status file\n", dir, e->d_name);
+    } else if (r == LOAD_NOT_REGULAR) {
+      fprintf(stderr, "gpureclaim: ignoring %s/%s: not a regular file (a FIFO, link, device or directory)\n", dir,
+              e->d_name);
     }
   }
   closedir(d);
@@ -291,6 +385,9 @@ int cmd_find(pid_t pid, proc_t *out) {
               user_name(out->foreign_uid, who, sizeof who));
   } else if (r == LOAD_UNREADABLE) {
     not_found(out, "the status file of process %d (%.300s) is not a valid status file", (int)pid, out->path);
+  } else if (r == LOAD_NOT_REGULAR) {
+    not_found(out, "the status file of process %d (%.300s) is not a regular file (a FIFO, link, device or "
+              "directory): refused", (int)pid, out->path);
   } else if (r != LOAD_OK) {
     not_found(out,
               "process %d is not running gpureclaim (no status file in %.200s: started without it, not yet using "
@@ -298,6 +395,25 @@ int cmd_find(pid_t pid, proc_t *out) {
               (int)pid, gr_opt()->rundir);
   }
   return r == LOAD_OK ? EX_OK : EX_NOPROC;
+}
+
+bool cmd_alive(const proc_t *p) {
+  int64_t ticks = jint(p->status, "start_ticks", 0);
+  return ticks > 0 && proc_start(p->pid, NULL) == (uint64_t)ticks;
+}
+
+int cmd_connect_check(const proc_t *p) {
+  const char *sock = jstr(p->status, "socket", NULL);
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  if (!sock || strlen(sock) >= sizeof sa.sun_path)
+    return 1;
+  strcpy(sa.sun_path, sock);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0)
+    return -errno;
+  int rc = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0 ? 0 : -errno;
+  close(fd); /* the server reads end of file at once, and drops the connection */
+  return rc;
 }
 
 void cmd_free(proc_t *p) {

@@ -6,7 +6,7 @@ refusals without the library, and to make it misbehave in ways the library never
     python3 fakeproc.py RUNDIR [--mode normal|silent|garbage|refuse|close] [--uid N] [--no-socket]
                                [--socket-gone] [--signal USR1] [--deaf] [--ignore-signal] [--program NAME]
                                [--log FILE]
-                               [--other-release-first] [--old-status]
+                               [--other-release-first] [--old-status] [--die-on-signal] [--barrier N]
 
 Prints "ready PID" once the status file and the socket exist; exits when stdin closes. Every request line and
 every signal it receives is appended to --log, so a test can tell that nothing reached it.
@@ -151,6 +151,8 @@ class Fake:
                 data += chunk
             line = data.decode().strip()
             self.log("request " + line)
+            if self.args.barrier:
+                self.wait_for_requests(self.args.barrier)
             mode = self.args.mode
             if mode == "silent":
                 time.sleep(60)
@@ -161,6 +163,15 @@ class Fake:
             elif mode == "normal":
                 conn.sendall(json.dumps(self.answer(line)).encode() + b"\n")
             # "close": nothing at all
+
+    def wait_for_requests(self, n):
+        """Until --log holds n requests (of every fake sharing it), for 10 minutes at most."""
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            with open(self.args.log) as f:
+                if sum(1 for line in f if line.startswith("request ")) >= n:
+                    return
+            time.sleep(0.01)
 
     def serve(self, srv):
         while True:
@@ -176,6 +187,10 @@ class Fake:
             return
         self.release("signal", "cached,orphaned")
 
+    def on_die(self, signum, frame):
+        self.log("signal %d" % signum)
+        os._exit(0)  # its status file stays; its parent has not reaped it yet: a zombie
+
     def on_deaf(self, signum, frame):
         self.log("signal %d" % signum)  # caught, and never released
 
@@ -184,7 +199,8 @@ class Fake:
         if self.args.ignore_signal:
             signal.signal(signum, signal.SIG_IGN)
         else:
-            signal.signal(signum, self.on_deaf if self.args.deaf else self.on_signal)
+            signal.signal(signum, self.on_deaf if self.args.deaf else self.on_die if self.args.die_on_signal
+                          else self.on_signal)
         if not self.args.no_socket and not self.args.socket_gone:
             srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             srv.bind(self.sock_path)
@@ -215,6 +231,8 @@ def main():
     ap.add_argument("--other-release-first", action="store_true",
                     help="on the signal, a command release ends first and the signal's 0.5 s later")
     ap.add_argument("--old-status", action="store_true", help="no signal_releases (a library before 0.1.1)")
+    ap.add_argument("--barrier", type=int, help="answer once --log holds this many requests (of all fakes)")
+    ap.add_argument("--die-on-signal", action="store_true", help="exit on the release signal, releasing nothing")
     ap.add_argument("--log")
     Fake(ap.parse_args()).run()
 

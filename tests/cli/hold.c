@@ -3,12 +3,17 @@
  * 3 live 1 MiB blocks, 64 MiB cached in the default pool, a 5 MiB orphan (an ended scope), 64 KiB pinned host
  * memory. Prints "ready <pid>", then for every line "sim" on stdin prints the simulator's own view
  * ("sim live_bytes pool_reserved_bytes host_bytes"), for "exec" becomes `sleep 60` (a program that does not
- * run gpureclaim, under the same pid and start time), and exits when stdin closes.
+ * run gpureclaim, under the same pid and start time), and exits when stdin closes. "exec-self" execs hold
+ * itself (the same binary: same pid, start time and exe) in a mode that never uses CUDA and catches SIGUSR1
+ * with a handler of its own: it prints "exec'd <pid>", then answers "signals" with "signals <count>".
+ * "handler" installs the program's own SIGUSR1 handler over gpureclaim's and prints "handler"; "signals"
+ * prints how many signals that handler counted.
  */
 #include "simcuda.h"
 #include "gpureclaim.h"
 
 #include <cuda.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -16,7 +21,30 @@
 
 #define MiB (1024ull * 1024)
 
-int main(void) {
+static volatile sig_atomic_t g_signals;
+static void count(int sig) {
+  (void)sig;
+  g_signals++;
+}
+
+/* Prints "signals N" for each line "signals". */
+static void answer(const char *line) {
+  if (!strcmp(line, "signals\n")) {
+    printf("signals %d\n", (int)g_signals);
+    fflush(stdout);
+  }
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1 && !strcmp(argv[1], "--exec-d")) {
+    signal(SIGUSR1, count);
+    printf("exec'd %d\n", (int)getpid());
+    fflush(stdout);
+    char line[64];
+    while (fgets(line, sizeof line, stdin))
+      answer(line);
+    return 0;
+  }
   CUdevice dev;
   CUcontext ctx;
   if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx))
@@ -45,6 +73,20 @@ int main(void) {
     if (!strcmp(line, "exec\n")) {
       execlp("sleep", "sleep", "60", (char *)NULL);
       return 7;
+    }
+    if (!strcmp(line, "exec-self\n")) {
+      execl("/proc/self/exe", "hold", "--exec-d", (char *)NULL);
+      return 8;
+    }
+    if (!strcmp(line, "handler\n")) {
+      signal(SIGUSR1, count);
+      printf("handler\n");
+      fflush(stdout);
+      continue;
+    }
+    if (!strcmp(line, "signals\n")) {
+      answer(line);
+      continue;
     }
     simcuda_stats_t st = {.size = sizeof st};
     simcuda_stats(-1, NULL, &st);

@@ -4,6 +4,7 @@
 
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <linux/capability.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -13,8 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -536,4 +539,196 @@ Test(reports, control_socket) {
   cr_assert_not_null(strstr(out, "unknown request"), "%s", out);
   close(fd);
   unlink(tmp);
+}
+
+/* Runs log_probe with args in a child, GPURECLAIM_RUNDIR=rundir and extra "NAME=value" settings (NULL-ended),
+ * in directory cwd (NULL: this one); its stdout and stderr in out. Returns the wait status. An alarm ends a
+ * hang. */
+static int run_probe(const char *rundir, const char *cwd, const char *const *env, const char *arg, char *out,
+                     size_t len) {
+  int pipefd[2];
+  cr_assert_eq(pipe(pipefd), 0);
+  pid_t pid = fork();
+  cr_assert_geq(pid, 0);
+  if (pid == 0) {
+    dup2(pipefd[1], 1);
+    dup2(pipefd[1], 2);
+    close(pipefd[0]);
+    setenv("GPURECLAIM_RUNDIR", rundir, 1);
+    setenv("ASAN_OPTIONS", "detect_leaks=0", 1);
+    for (; env && *env; env++)
+      putenv((char *)*env);
+    if (cwd && chdir(cwd) != 0)
+      _exit(92);
+    alarm(60); /* kept across exec */
+    execl(getenv("LOG_PROBE"), "log_probe", arg, (char *)NULL);
+    _exit(91);
+  }
+  close(pipefd[1]);
+  size_t n = 0;
+  ssize_t got;
+  while (n < len - 1 && (got = read(pipefd[0], out + n, len - 1 - n)) > 0)
+    n += (size_t)got;
+  out[n] = '\0';
+  close(pipefd[0]);
+  int status;
+  cr_assert_eq(waitpid(pid, &status, 0), pid);
+  return status;
+}
+
+/* A process that exits while other threads release (each release rewrites the status file): exit removed
+ * the status file, then a release re-created it, or the process ended with a temporary file half-written. */
+Test(reports, exit_during_releases_leaves_nothing_in_the_run_directory) {
+  char dir[] = "/tmp/gr_exitraceXXXXXX";
+  cr_assert_not_null(mkdtemp(dir));
+  char rundir[300];
+  snprintf(rundir, sizeof rundir, "%s/run", dir);
+  static const char *const env[] = {"GPURECLAIM_LOG=/dev/null", NULL};
+  static char out[1 << 16];
+  for (int i = 0; i < 40; i++) {
+    int status = run_probe(rundir, NULL, env, "exit-race", out, sizeof out);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "probe status %#x:\n%s", status, out);
+    DIR *d = opendir(rundir);
+    cr_assert_not_null(d, "the probe made no run directory:\n%s", out);
+    struct dirent *e;
+    while ((e = readdir(d)))
+      cr_assert(e->d_name[0] == '.', "run %d left %s in the run directory", i, e->d_name);
+    closedir(d);
+  }
+  cr_assert_eq(rmdir(rundir), 0);
+  cr_assert_eq(rmdir(dir), 0);
+}
+
+/* The status file replaced by a link (or a FIFO) in the run directory: the next update replaces the name with
+ * a new regular file. It wrote through the link, into its target. */
+Test(reports, a_link_or_fifo_in_place_of_the_status_file_is_replaced_not_written_through) {
+  CUdeviceptr p;
+  OK(cuMemAlloc(&p, 100));
+  const char *dir = getenv("GPURECLAIM_RUNDIR");
+  char path[4200], target[] = "/tmp/gr_status_targetXXXXXX";
+  snprintf(path, sizeof path, "%s/%d.json", dir, (int)getpid());
+  int fd = mkstemp(target);
+  cr_assert_geq(fd, 0);
+  cr_assert_eq(write(fd, "precious\n", 9), 9);
+  close(fd);
+  struct stat st;
+  for (int kind = 0; kind < 2; kind++) {
+    cr_assert_eq(unlink(path), 0);
+    cr_assert_eq(kind == 0 ? symlink(target, path) : mkfifo(path, 0600), 0);
+    cr_assert_eq(gpureclaim_release(GPURECLAIM_CACHED, NULL), 0); /* rewrites the status file */
+    cr_assert_eq(lstat(path, &st), 0);
+    cr_assert(S_ISREG(st.st_mode), "the %s is still there", kind == 0 ? "link" : "FIFO");
+    cr_assert_eq(st.st_mode & 0777, 0600);
+    cr_assert_str_eq(slurp(target), "precious\n", "the status was written through the link into its target");
+    cr_assert_eq(py("import json,sys; d=json.load(open(sys.argv[1])); assert d[\"pid\"]>0", path), 0);
+  }
+  unlink(target);
+  OK(cuMemFree(p));
+}
+
+/* A relative GPURECLAIM_LOG is the file in the directory the program started in: options are read when it
+ * first uses CUDA, and the log went to whatever directory it had changed to by then. */
+Test(reports, a_relative_log_is_taken_from_the_directory_the_program_started_in) {
+  char dir[] = "/tmp/gr_rellogXXXXXX";
+  cr_assert_not_null(mkdtemp(dir));
+  char start[300], later[300], chdir_to[320], in_start[320], in_later[320];
+  snprintf(start, sizeof start, "%s/start", dir);
+  snprintf(later, sizeof later, "%s/later", dir);
+  cr_assert_eq(mkdir(start, 0700), 0);
+  cr_assert_eq(mkdir(later, 0700), 0);
+  snprintf(chdir_to, sizeof chdir_to, "LOG_PROBE_CHDIR=%s", later);
+  snprintf(in_start, sizeof in_start, "%s/rel.log", start);
+  snprintf(in_later, sizeof in_later, "%s/rel.log", later);
+  const char *env[] = {"GPURECLAIM_LOG=rel.log", chdir_to, NULL};
+  static char out[1 << 16];
+  char rundir[320];
+  snprintf(rundir, sizeof rundir, "%s/run", dir);
+  int status = run_probe(rundir, start, env, NULL, out, sizeof out);
+  cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "probe status %#x:\n%s", status, out);
+  cr_assert_not_null(strstr(out, "oom=2 release=0"), "%s", out);
+  cr_assert_eq(access(in_later, F_OK), -1, "the log went to the directory the program had changed to");
+  cr_assert_not_null(strstr(slurp(in_start), "\"trigger\":\"api\""), "no report in %s", in_start);
+  unlink(in_start);
+  rmdir(start);
+  rmdir(later);
+  rmdir(rundir);
+  rmdir(dir);
+}
+
+/* A log that cannot be written (a full disk: /dev/full) is said once, with the error, and the reports go to
+ * stderr; they were dropped without a word. */
+Test(reports, a_log_write_error_is_reported_and_the_report_kept) {
+  char dir[] = "/tmp/gr_fulllogXXXXXX";
+  cr_assert_not_null(mkdtemp(dir));
+  char rundir[320];
+  snprintf(rundir, sizeof rundir, "%s/run", dir);
+  const char *env[] = {"GPURECLAIM_LOG=/dev/full", NULL};
+  static char out[1 << 16];
+  int status = run_probe(rundir, NULL, env, NULL, out, sizeof out);
+  cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "probe status %#x:\n%s", status, out);
+  cr_assert_not_null(strstr(out, "cannot write to GPURECLAIM_LOG=/dev/full: No space left on device"), "%s", out);
+  const char *first = strstr(out, "cannot write to GPURECLAIM_LOG");
+  cr_assert_null(strstr(first + 1, "cannot write to GPURECLAIM_LOG"), "warned more than once:\n%s", out);
+  cr_assert_not_null(strstr(out, "\"trigger\":\"oom\""), "the reports go to stderr:\n%s", out);
+  cr_assert_not_null(strstr(out, "\"trigger\":\"api\""), "%s", out);
+  rmdir(rundir);
+  rmdir(dir);
+}
+
+/* Connects to this process's control socket from a child running as uid (with CAP_DAC_OVERRIDE kept, so that
+ * neither the run directory's 0700 nor the socket's 0600 stop it: only the server's SO_PEERCRED check is left
+ * to) and asks "ping". Returns the child's exit status: 0 answered, 1 closed without an answer, 2 could not
+ * connect, 3 could not become uid with the capability, 4 other. */
+static int ping_as(uid_t uid) {
+  pid_t pid = fork();
+  cr_assert_geq(pid, 0);
+  if (pid == 0) {
+    alarm(30);
+    if (uid != geteuid()) {
+      struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+      struct __user_cap_data_struct data[2];
+      if (prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0) != 0 || setresuid(uid, uid, uid) != 0 ||
+          syscall(SYS_capget, &hdr, data) != 0)
+        _exit(3);
+      data[0].effective |= 1u << CAP_DAC_OVERRIDE;
+      if (syscall(SYS_capset, &hdr, data) != 0 || geteuid() != uid)
+        _exit(3);
+    }
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s/%d.sock", getenv("GPURECLAIM_RUNDIR"), (int)getppid());
+    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0)
+      _exit(2);
+    signal(SIGPIPE, SIG_IGN);
+    if (write(fd, "ping\n", 5) != 5)
+      _exit(errno == EPIPE || errno == ECONNRESET ? 1 : 4); /* already closed by the server */
+    char buf[256];
+    ssize_t n = read(fd, buf, sizeof buf);
+    _exit(n > 0 ? 0 : n == 0 || errno == ECONNRESET ? 1 : 4);
+  }
+  int status;
+  cr_assert_eq(waitpid(pid, &status, 0), pid);
+  cr_assert(WIFEXITED(status), "the child ended by signal %d", WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  return WEXITSTATUS(status);
+}
+
+/* The control socket is the user's alone: mode 0600, and a peer of another uid gets no answer even where the
+ * file permissions would let it connect (the server checks SO_PEERCRED). */
+Test(reports, the_control_socket_answers_only_its_user) {
+  CUdeviceptr p;
+  OK(cuMemAlloc(&p, 100));
+  char path[4200];
+  snprintf(path, sizeof path, "%s/%d.sock", getenv("GPURECLAIM_RUNDIR"), (int)getpid());
+  struct stat st;
+  cr_assert_eq(lstat(path, &st), 0, "%s", path);
+  cr_assert(S_ISSOCK(st.st_mode));
+  cr_assert_eq(st.st_mode & 0777, 0600, "the control socket has mode %04o", st.st_mode & 0777);
+  cr_assert_eq(ping_as(geteuid()), 0, "the user's own ping went unanswered: the test proves nothing");
+  if (geteuid() != 0)
+    cr_skip_test("the peer-uid check needs root, to connect as another uid past the file permissions");
+  int rc = ping_as(65534);
+  if (rc == 3)
+    cr_skip_test("cannot become uid 65534 with CAP_DAC_OVERRIDE here (capabilities restricted)");
+  cr_assert_eq(rc, 1, "a peer of uid 65534 %s", rc == 0 ? "got an answer" : "could not even connect");
+  OK(cuMemFree(p));
 }

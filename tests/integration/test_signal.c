@@ -117,3 +117,28 @@ Test(signal, a_handler_installed_later_is_left_alone) {
   cr_assert_eq(gpureclaim_release(GPURECLAIM_CACHED, &r), 0, "releases by call still work");
   cr_assert_eq(pool_reserved(), 0);
 }
+
+/* The program forks and signals the child at once, before the child's atfork handler can give the signal back.
+ * The inherited handler wrote to the parent's eventfd: the child survived the signal (its default action is to
+ * end it), and the parent ran a release nobody asked for. */
+Test(signal, a_child_signalled_at_once_dies_and_the_parent_does_not_release) {
+  init_cuda();
+  cache_8mib();
+  for (int i = 0; i < 100; i++) {
+    pid_t child = fork();
+    cr_assert_geq(child, 0);
+    if (child == 0) {
+      alarm(30); /* a child that survived the signal ends here, by SIGALRM: the test fails, it does not hang */
+      for (;;)
+        pause();
+    }
+    kill(child, SIGUSR1);
+    int st;
+    cr_assert_eq(waitpid(child, &st, 0), child);
+    cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGUSR1, "child %d was not ended by SIGUSR1 (status %#x)", i, st);
+  }
+  raise(SIGUSR1); /* the one release asked for */
+  cr_assert(wait_for_release(0, 30), "no release after SIGUSR1");
+  cr_assert_eq(releases(), 1, "the children's signals made the parent release");
+  cr_assert_eq(pool_reserved(), 0);
+}

@@ -5,7 +5,10 @@
 #include "gpureclaim_internal.h"
 
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "../../src/signal.c"
 
@@ -64,4 +67,54 @@ Test(signal_install, a_program_that_ignores_the_signal_keeps_ignoring_it) {
   cr_assert(!(cur.sa_flags & SA_SIGINFO) && cur.sa_handler == SIG_IGN,
             "a handler would be reset to terminate in children started by posix_spawn");
   cr_assert_eq(atomic_load(&g_installed), 0);
+}
+
+/* A child forked by the program inherits the handler, and a signal can reach it before its atfork handler
+ * runs (here no atfork handler is registered at all: every signal comes "before"). The handler wrote to the
+ * parent's eventfd, so the parent released for nothing, and the child survived a signal that should end it. */
+static void expect_no_release_requested(void) {
+  uint64_t count = 0;
+  cr_assert_lt(read(gr_sig_fd(), &count, sizeof count), 0, "the parent was asked for a release (%llu)",
+               (unsigned long long)count);
+  cr_assert_eq(errno, EAGAIN);
+}
+
+Test(signal_install, a_child_that_gets_the_signal_before_its_atfork_handler_dies_of_it) {
+  cr_assert_eq(gr_sig_install(), 0);
+  for (int i = 0; i < 20; i++) {
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+      raise(SIGUSR1);
+      _exit(0); /* survived */
+    }
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFSIGNALED(status) && WTERMSIG(status) == SIGUSR1,
+              "the child was not ended by the signal (status %#x)", status);
+  }
+  expect_no_release_requested();
+  raise(SIGUSR1); /* the installer itself still asks for a release */
+  uint64_t count = 0;
+  cr_assert_eq(read(gr_sig_fd(), &count, sizeof count), (ssize_t)sizeof count);
+  cr_assert_eq(count, 1);
+}
+
+Test(signal_install, such_a_child_runs_the_handler_from_before_gpureclaim) {
+  set_action(counting);
+  cr_assert_eq(gr_sig_install(), 0);
+  pid_t pid = fork();
+  cr_assert_geq(pid, 0);
+  if (pid == 0) {
+    raise(SIGUSR1);
+    raise(SIGUSR1);
+    struct sigaction cur;
+    sigaction(SIGUSR1, NULL, &cur);
+    _exit(g_calls == 2 && !is_ours(&cur) ? 0 : 1);
+  }
+  int status;
+  cr_assert_eq(waitpid(pid, &status, 0), pid);
+  cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+            "the child's own handler did not run for each signal, or gpureclaim's stayed (status %#x)", status);
+  expect_no_release_requested();
 }
