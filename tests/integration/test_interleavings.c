@@ -1,0 +1,118 @@
+/* Interleavings of a context destroy, a release and the program's own calls, made exact with the simulator's
+ * simcuda_on_return(): another thread's step runs right after one of gpureclaim's driver calls returns and before
+ * gpureclaim acts on the result. Each test names the step it places; each failed on the code before its fix.
+ * What they all check: a record stays only for a block the driver still has (the table equals the simulator),
+ * and a release never frees a block the program still uses. */
+#include "harness.h"
+
+#include <criterion/criterion.h>
+#include <string.h>
+
+CUresult cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice);
+
+#define OK(call) cr_assert_eq((call), CUDA_SUCCESS, "%s", #call)
+#define MiB (1024ull * 1024)
+
+static gpureclaim_stats_t grs(void) {
+  gpureclaim_stats_t s = {.size = sizeof s};
+  cr_assert_eq(gpureclaim_stats(-1, &s), 0);
+  return s;
+}
+
+static CUcontext g_a, g_b; /* A: the context destroyed; B: another one, current on this thread between steps */
+
+static void init(void) {
+  CUdevice dev;
+  OK(cuInit(0));
+  OK(cuDeviceGet(&dev, 0));
+  OK(cuCtxCreate_v2(&g_b, 0, dev));
+  OK(cuCtxPopCurrent(NULL));
+  OK(cuCtxCreate_v2(&g_a, 0, dev)); /* A stays current */
+}
+
+static void fini(void) {
+  simcuda_on_return(NULL, NULL, NULL);
+  simcuda_inject(NULL, CUDA_SUCCESS, 0);
+}
+
+TestSuite(interleavings, .init = init, .fini = fini);
+
+/* A block of A abandoned in a scope: an orphan a release would free. */
+static CUdeviceptr orphan_in_a(size_t size) {
+  CUcontext cur;
+  OK(cuCtxGetCurrent(&cur));
+  cr_assert_eq(cur, g_a);
+  uint64_t s = gpureclaim_scope_begin();
+  CUdeviceptr p;
+  OK(cuMemAlloc(&p, size));
+  cr_assert_eq(gpureclaim_scope_end(s, 0), 0);
+  return p;
+}
+
+/* ---- rollbacks: the driver refuses, every record stays ---- */
+
+Test(interleavings, a_refused_cuctxdestroy_puts_every_record_back) {
+  CUdeviceptr live, orphan = orphan_in_a(1 * MiB);
+  OK(cuMemAlloc(&live, 2 * MiB));
+  gpureclaim_stats_t before = grs();
+  cr_assert_eq(simcuda_inject("cuCtxDestroy_v2", CUDA_ERROR_INVALID_CONTEXT, 1), 0);
+  cr_assert_eq(cuCtxDestroy(g_a), CUDA_ERROR_INVALID_CONTEXT, "the driver's refusal is returned");
+  gpureclaim_stats_t after = grs();
+  cr_assert_eq(after.live_blocks, before.live_blocks);
+  cr_assert_eq(after.orphan_blocks, before.orphan_blocks);
+  cr_assert_eq(after.ctx_destroyed_blocks, before.ctx_destroyed_blocks);
+  cr_assert(h_table_matches_sim("after the refused destroy"));
+  gpureclaim_block_t b;
+  cr_assert(h_find(orphan, &b) && b.state == GPURECLAIM_BLOCK_ORPHAN, "the orphan is still an orphan");
+  gpureclaim_report_t rep = {.size = sizeof rep};
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &rep), 0);
+  cr_assert_eq(rep.orphaned_blocks, 1);
+  cr_assert_eq(rep.failed_blocks, 0);
+  uint64_t untracked = grs().untracked_frees;
+  OK(cuMemFree(live));
+  cr_assert_eq(grs().untracked_frees, untracked, "the live block's free was a tracked one");
+  cr_assert(h_table_matches_sim("after the frees"));
+}
+
+Test(interleavings, a_refused_primary_reset_puts_every_record_back) {
+  CUcontext primary;
+  OK(cuDevicePrimaryCtxRetain(&primary, 0));
+  OK(cuCtxPushCurrent(primary));
+  CUdeviceptr p;
+  OK(cuMemAlloc(&p, 1 * MiB));
+  OK(cuCtxPopCurrent(NULL));
+  cr_assert_eq(simcuda_inject("cuDevicePrimaryCtxReset_v2", CUDA_ERROR_INVALID_VALUE, 1), 0);
+  cr_assert_eq(cuDevicePrimaryCtxReset(0), CUDA_ERROR_INVALID_VALUE);
+  cr_assert(h_table_matches_sim("after the refused reset"));
+  gpureclaim_block_t b;
+  cr_assert(h_find(p, &b) && b.state == GPURECLAIM_BLOCK_LIVE);
+  OK(cuDevicePrimaryCtxReset(0));
+  cr_assert(!h_find(p, &b), "a reset that happened drops the record");
+  cr_assert(h_table_matches_sim("after the reset"));
+  OK(cuDevicePrimaryCtxRelease(0));
+}
+
+Test(interleavings, a_refused_cumemunmap_keeps_its_mapping) {
+  CUmemAllocationProp prop;
+  memset(&prop, 0, sizeof prop);
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  size_t gran;
+  OK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  CUdeviceptr va;
+  CUmemGenericAllocationHandle h;
+  OK(cuMemAddressReserve(&va, 2 * gran, 0, 0, 0));
+  OK(cuMemCreate(&h, 2 * gran, &prop, 0));
+  OK(cuMemMap(va, 2 * gran, 0, h, 0));
+  OK(cuMemRelease(h)); /* the mapping keeps the memory */
+  cr_assert_eq(simcuda_inject("cuMemUnmap", CUDA_ERROR_INVALID_VALUE, 1), 0);
+  cr_assert_eq(cuMemUnmap(va, 2 * gran), CUDA_ERROR_INVALID_VALUE);
+  cr_assert(h_table_matches_sim("after the refused unmap"));
+  cr_assert_eq(h_count(GPURECLAIM_KIND_VMM_MAPPING), 1, "the mapping is still tracked");
+  cr_assert_eq(h_count(GPURECLAIM_KIND_VMM), 1, "and so is its released handle, which it keeps alive");
+  OK(cuMemUnmap(va, 2 * gran));
+  cr_assert_eq(h_count(GPURECLAIM_KIND_VMM), 0, "the last unmap frees the released handle's memory");
+  OK(cuMemAddressFree(va, 2 * gran));
+  cr_assert(h_table_matches_sim("after the unmap"));
+}
