@@ -415,6 +415,9 @@ void gr_rel_stop_worker(void);
 void gr_rel_key_reused(unsigned ks, uint64_t key);
 /* A RECLAIMED tombstone left the table another way (late free consumed it, its context went). */
 void gr_rel_tombstone_gone(unsigned ks);
+/* d = +1/-1 around work that leaves records at addresses the driver may hand out again meanwhile (a release's
+ * round, a context's destroy): while any runs, every tracked allocation looks for such a record. */
+void gr_rel_watch(int d);
 void gr_rel_atfork_child(void);
 uint64_t gr_rel_count(void);
 /* The context gate: a release holds it while it claims and frees blocks, and the hooks that destroy, reset,

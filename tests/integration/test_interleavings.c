@@ -116,3 +116,32 @@ Test(interleavings, a_refused_cumemunmap_keeps_its_mapping) {
   OK(cuMemAddressFree(va, 2 * gran));
   cr_assert(h_table_matches_sim("after the unmap"));
 }
+
+/* ---- a release's free and the driver's reuse of the address ---- */
+
+typedef struct {
+  CUdeviceptr p;
+} realloc_t;
+
+static void allocate_again(void *arg) {
+  realloc_t *r = arg;
+  OK(cuMemAlloc(&r->p, 1 * MiB));
+}
+
+/* The release freed an orphan; before it marks the record freed, another thread gets the address from the
+ * driver. That block's double free is the program's error and must reach the driver, not pass as a late free. */
+Test(interleavings, a_double_free_of_an_address_reused_during_a_release_reaches_the_driver) {
+  CUdeviceptr old = orphan_in_a(1 * MiB);
+  realloc_t r = {0};
+  cr_assert_eq(simcuda_on_return("cuMemFree_v2", allocate_again, &r), 0);
+  gpureclaim_report_t rep = {.size = sizeof rep};
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &rep), 0);
+  cr_assert_eq(rep.orphaned_blocks, 1);
+  cr_assert_eq(r.p, old, "the driver handed the address out during the release (the step this test places)");
+  uint64_t late = grs().late_frees, calls = simcuda_calls("cuMemFree_v2");
+  OK(cuMemFree(r.p));
+  cr_assert_eq(cuMemFree(r.p), CUDA_ERROR_INVALID_VALUE, "the double free gets the driver's answer");
+  cr_assert_eq(simcuda_calls("cuMemFree_v2"), calls + 2, "both frees reached the driver");
+  cr_assert_eq(grs().late_frees, late);
+  cr_assert(h_table_matches_sim("after the frees"));
+}
