@@ -344,14 +344,20 @@ int gr_track_take(unsigned ks, uint64_t key, unsigned kind_mask, gr_rec_t *out);
 bool gr_track_late_free(unsigned ks, uint64_t key);
 void gr_track_freed(const gr_rec_t *r);
 void gr_track_restore(const gr_rec_t *r);
-/* Destroying a context frees its blocks: they are detached from the table before the driver call and either
- * counted as destroyed (success) or put back (failure). */
+/* Destroying a context frees its blocks: under the context gate, they are marked detaching before the driver
+ * call and either deleted (success) or unmarked (failure) after it. See track.c. */
 typedef struct gr_detached {
-  gr_rec_t *recs;
-  size_t n, cap;
+  uint16_t ctx_id;
+  uint64_t seq; /* this destroy's (odd) number in gr_track_seq */
 } gr_detached_t;
 void gr_track_ctx_detach(uint16_t ctx_id, gr_detached_t *d);
 void gr_track_ctx_commit(gr_detached_t *d, bool destroyed);
+/* Context destroys so far, times two; odd while one runs. An allocation reads it before its driver call
+ * (gr_track_ctx_seq) and hands it to gr_track_insert_ctx, which inserts the record unless a destroy of its
+ * context since then freed the block. */
+extern _Atomic uint64_t gr_track_seq;
+static inline uint64_t gr_track_ctx_seq(void) { return atomic_load_explicit(&gr_track_seq, memory_order_relaxed); }
+void gr_track_insert_ctx(gr_rec_t *r, uint64_t seq0);
 
 /* ------------------------------------------------------------------------------------------------------------
  * stacks.c: short backtraces per allocation (GPURECLAIM_BACKTRACE=1)

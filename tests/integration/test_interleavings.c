@@ -6,12 +6,19 @@
 #include "harness.h"
 
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <string.h>
 
 CUresult cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice);
 
 #define OK(call) cr_assert_eq((call), CUDA_SUCCESS, "%s", #call)
 #define MiB (1024ull * 1024)
+
+static simcuda_stats_t sim(CUcontext ctx) {
+  simcuda_stats_t s = {.size = sizeof s};
+  cr_assert_eq(simcuda_stats(-1, ctx, &s), CUDA_SUCCESS);
+  return s;
+}
 
 static gpureclaim_stats_t grs(void) {
   gpureclaim_stats_t s = {.size = sizeof s};
@@ -46,6 +53,14 @@ static CUdeviceptr orphan_in_a(size_t size) {
   CUdeviceptr p;
   OK(cuMemAlloc(&p, size));
   cr_assert_eq(gpureclaim_scope_end(s, 0), 0);
+  return p;
+}
+
+static CUdeviceptr alloc_in_b(size_t size) {
+  CUdeviceptr p;
+  OK(cuCtxPushCurrent(g_b));
+  OK(cuMemAlloc(&p, size));
+  OK(cuCtxPopCurrent(NULL));
   return p;
 }
 
@@ -115,6 +130,73 @@ Test(interleavings, a_refused_cumemunmap_keeps_its_mapping) {
   cr_assert_eq(h_count(GPURECLAIM_KIND_VMM), 0, "the last unmap frees the released handle's memory");
   OK(cuMemAddressFree(va, 2 * gran));
   cr_assert(h_table_matches_sim("after the unmap"));
+}
+
+/* ---- a free racing a refused destroy ---- */
+
+typedef struct {
+  CUdeviceptr freed, reused;
+} free_then_reuse_t;
+
+/* Another thread frees A's block while A's destroy is in the driver, and the driver hands its address to a block
+ * of B. */
+static void free_then_reuse(void *arg) {
+  free_then_reuse_t *f = arg;
+  OK(cuMemFree(f->freed));
+  f->reused = alloc_in_b(1 * MiB);
+}
+
+Test(interleavings, a_block_freed_during_a_refused_destroy_is_not_put_back) {
+  free_then_reuse_t f = {.freed = orphan_in_a(1 * MiB)};
+  uint64_t untracked = grs().untracked_frees;
+  cr_assert_eq(simcuda_on_return("cuCtxDestroy_v2", free_then_reuse, &f), 0);
+  cr_assert_eq(simcuda_inject("cuCtxDestroy_v2", CUDA_ERROR_INVALID_CONTEXT, 1), 0);
+  cr_assert_eq(cuCtxDestroy(g_a), CUDA_ERROR_INVALID_CONTEXT);
+  cr_assert_eq(f.reused, f.freed, "the driver handed the address out again (the step this test places)");
+  cr_assert_eq(grs().untracked_frees, untracked, "the free during the destroy was a tracked one");
+  cr_assert(h_table_matches_sim("after the refused destroy"));
+  gpureclaim_report_t rep = {.size = sizeof rep};
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &rep), 0);
+  cr_assert_eq(rep.orphaned_blocks, 0, "no orphan came back");
+  cr_assert_eq(sim(g_b).live_blocks, 1, "B's block at the reused address is alive");
+  OK(cuMemFree(f.reused));
+}
+
+/* ---- an allocation racing a destroy that succeeds ---- */
+
+static void *destroy_a(void *arg) {
+  (void)arg;
+  OK(cuCtxDestroy(g_a));
+  return NULL;
+}
+
+/* A's destroy runs on another thread after the driver handed out a block of A and before gpureclaim records it. */
+static void destroy_a_elsewhere(void *arg) {
+  (void)arg;
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, destroy_a, NULL), 0);
+  pthread_join(t, NULL);
+}
+
+Test(interleavings, a_block_allocated_as_its_context_is_destroyed_leaves_no_record) {
+  uint64_t s = gpureclaim_scope_begin();
+  CUdeviceptr p;
+  cr_assert_eq(simcuda_on_return("cuMemAlloc_v2", destroy_a_elsewhere, NULL), 0);
+  OK(cuMemAlloc(&p, 1 * MiB)); /* the driver's answer, though the block is gone by the time it returns */
+  cr_assert_eq(sim(NULL).contexts, 1, "A is gone (the step this test places)");
+  cr_assert_eq(gpureclaim_scope_end(s, 0), 0);
+  OK(cuCtxSetCurrent(g_b));
+  gpureclaim_block_t b;
+  cr_assert(!h_find(p, &b), "no record of a block the driver freed with its context");
+  CUdeviceptr q;
+  OK(cuMemAlloc(&q, 1 * MiB));
+  cr_assert_eq(q, p, "the driver hands the address out again");
+  gpureclaim_report_t rep = {.size = sizeof rep};
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &rep), 0);
+  cr_assert_eq(rep.orphaned_blocks, 0);
+  cr_assert_eq(sim(g_b).live_blocks, 1, "B's block at that address is alive");
+  cr_assert(h_table_matches_sim("after the release"));
+  OK(cuMemFree(q));
 }
 
 /* ---- a release's free and the driver's reuse of the address ---- */
