@@ -358,6 +358,8 @@ void gr_track_ctx_commit(gr_detached_t *d, bool destroyed);
 extern _Atomic uint64_t gr_track_seq;
 static inline uint64_t gr_track_ctx_seq(void) { return atomic_load_explicit(&gr_track_seq, memory_order_relaxed); }
 void gr_track_insert_ctx(gr_rec_t *r, uint64_t seq0);
+/* gr_track_restore() of an address block whose free read gr_track_ctx_seq() as seq0 before its take. */
+void gr_track_restore_ctx(const gr_rec_t *r, uint64_t seq0);
 
 /* ------------------------------------------------------------------------------------------------------------
  * stacks.c: short backtraces per allocation (GPURECLAIM_BACKTRACE=1)

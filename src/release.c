@@ -753,6 +753,9 @@ void gr_rel_atfork_child(void) {
   atomic_store_explicit(&g_reclaimed[GR_KS_ADDR], 0, memory_order_relaxed);
   atomic_store_explicit(&g_reclaimed[GR_KS_HANDLE], 0, memory_order_relaxed);
   atomic_store_explicit(&g_watch, 0, memory_order_relaxed);
+  /* A context destroy that another thread had under way will never end here: its sequence must not stay odd. */
+  uint64_t q = atomic_load_explicit(&gr_track_seq, memory_order_relaxed);
+  atomic_store_explicit(&gr_track_seq, q + (q & 1), memory_order_relaxed);
   for (int i = 0; i < MAX_RELEASERS; i++)
     atomic_store_explicit(&g_rel[i].running, 0, memory_order_relaxed);
 }

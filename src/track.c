@@ -13,8 +13,9 @@
  *   3. commits: deletes the marked records when the context went (and notes the sequence number against the
  *      context), or clears the mark when the driver refused; then makes the sequence even again.
  * While a record is marked, an allocation that gets its address from the driver proves the block gone and
- * deletes it (gr_rel_key_reused), so two records never share an address. A free that took a marked record and
- * was refused by the driver does not put it back: the destroy may have freed the block (gr_track_restore).
+ * deletes it (gr_rel_key_reused), so two records never share an address. A free reads the sequence before it
+ * takes its record (one load); when the driver refused it and a destroy of its context overlapped, the record
+ * does not come back: the destroy may have freed the block (gr_track_restore_ctx).
  * An allocation in the context whose driver call returned before the destroy but whose record is inserted
  * after step 1 looked at the table would leave a record for a freed block. Each allocation reads the sequence
  * before its driver call (seq0, one load) and again just before and just after its insert; when it changed or
@@ -109,13 +110,6 @@ void gr_track_freed(const gr_rec_t *r) {
 }
 
 void gr_track_restore(const gr_rec_t *r) {
-  if (GR_UNLIKELY(r->aux == GR_AUX_DETACHING && gr_kind_keyspace(r->kind) == GR_KS_ADDR)) {
-    /* Freed while its context was being destroyed: the driver's refusal may mean the destroy freed it. Not
-     * tracking a block that still exists is safe; a record for one the driver freed is not. */
-    gr_stats_ctx_destroyed(r);
-    gr_scope_unref(r->scope);
-    return;
-  }
   /* The driver refused the free: the block is still there. Its counts never changed. */
   if (gr_table_insert(r) != 0)
     gr_warn_once(w_restore, "no memory to keep tracking a block whose free the driver refused");
@@ -192,6 +186,25 @@ GR_COLD static void settle_slow(const gr_rec_t *r, uint64_t seq0) {
     gr_stats_ctx_destroyed(&a.before);
     gr_scope_unref(a.before.scope);
   }
+}
+
+void gr_track_restore_ctx(const gr_rec_t *r, uint64_t seq0) {
+  gr_rec_t back = *r;
+  if (gr_kind_keyspace(r->kind) == GR_KS_ADDR && r->ctx_id &&
+      (r->aux == GR_AUX_DETACHING || atomic_load_explicit(&gr_track_seq, memory_order_relaxed) != seq0 ||
+       (seq0 & 1))) {
+    /* A destroy of its context overlapped the free: the driver may have refused because the destroy took the
+     * block. Then it must not come back (not tracking a block that still exists would be safe; a record for
+     * one the driver freed is not). */
+    uint64_t now;
+    if (destroyed_since(r->ctx_id, seq0, &now)) {
+      gr_stats_ctx_destroyed(r);
+      gr_scope_unref(r->scope);
+      return;
+    }
+    back.aux = (now & 1) ? GR_AUX_DETACHING : 0; /* odd: this thread is inside that destroy, which commits it */
+  }
+  gr_track_restore(&back);
 }
 
 void gr_track_insert_ctx(gr_rec_t *r, uint64_t seq0) {

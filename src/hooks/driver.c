@@ -85,6 +85,7 @@ static void track_in_current_ctx(unsigned kind, uint64_t key, uint64_t size, uns
 #define FREE_BODY(ks, key, kinds, call)                                                                    \
   do {                                                                                                     \
     gr_rec_t rec_;                                                                                         \
+    uint64_t seq0_ = gr_track_ctx_seq(); /* a context destroy may overlap (track.c) */                     \
     int taken_ = gr_track_take((ks), (key), (kinds), &rec_);                                               \
     if (taken_ < 0)                                                                                        \
       return CUDA_SUCCESS; /* late free of a block a release freed: must not reach the driver */           \
@@ -95,7 +96,7 @@ static void track_in_current_ctx(unsigned kind, uint64_t key, uint64_t size, uns
       if (rc_ == CUDA_SUCCESS)                                                                             \
         gr_track_freed(&rec_);                                                                             \
       else                                                                                                 \
-        gr_track_restore(&rec_);                                                                           \
+        gr_track_restore_ctx(&rec_, seq0_);                                                                \
     }                                                                                                      \
     return rc_;                                                                                            \
   } while (0)
