@@ -348,9 +348,13 @@ void gr_track_restore(const gr_rec_t *r);
  * call and either deleted (success) or unmarked (failure) after it. See track.c. */
 typedef struct gr_detached {
   uint16_t ctx_id;
+  bool marked;
   uint64_t seq; /* this destroy's (odd) number in gr_track_seq */
 } gr_detached_t;
+/* begin + mark. begin alone: a call that may destroy the context (the last primary release); mark once known. */
 void gr_track_ctx_detach(uint16_t ctx_id, gr_detached_t *d);
+void gr_track_ctx_begin(uint16_t ctx_id, gr_detached_t *d);
+void gr_track_ctx_mark(gr_detached_t *d);
 void gr_track_ctx_commit(gr_detached_t *d, bool destroyed);
 /* Context destroys so far, times two; odd while one runs. An allocation reads it before its driver call
  * (gr_track_ctx_seq) and hands it to gr_track_insert_ctx, which inserts the record unless a destroy of its

@@ -12,6 +12,8 @@
  *   2. calls the driver;
  *   3. commits: deletes the marked records when the context went (and notes the sequence number against the
  *      context), or clears the mark when the driver refused; then makes the sequence even again.
+ * (A primary release is known to be the final one only after the driver call: step 1 makes the sequence odd
+ * before it, and marks after it.)
  * While a record is marked, an allocation that gets its address from the driver proves the block gone and
  * deletes it (gr_rel_key_reused), so two records never share an address. A free reads the sequence before it
  * takes its record (one load); when the driver refused it and a destroy of its context overlapped, the record
@@ -275,18 +277,29 @@ static int commit_one(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
   return 0;
 }
 
-void gr_track_ctx_detach(uint16_t ctx_id, gr_detached_t *d) {
+void gr_track_ctx_begin(uint16_t ctx_id, gr_detached_t *d) {
   d->ctx_id = ctx_id;
+  d->marked = false;
   d->seq = atomic_fetch_add_explicit(&gr_track_seq, 1, memory_order_seq_cst) + 1;
   gr_rel_watch(1);
-  gr_epoch_heavy_barrier(); /* an insert this misses sees the odd sequence (gr_track_insert_ctx) */
-  detach_t a = {ctx_id, false};
+  gr_epoch_heavy_barrier(); /* an insert the marking misses sees the odd sequence (gr_track_insert_ctx) */
+}
+
+void gr_track_ctx_mark(gr_detached_t *d) {
+  detach_t a = {d->ctx_id, false};
+  d->marked = true;
   gr_table_visit(mark_one, &a);
+}
+
+void gr_track_ctx_detach(uint16_t ctx_id, gr_detached_t *d) {
+  gr_track_ctx_begin(ctx_id, d);
+  gr_track_ctx_mark(d);
 }
 
 void gr_track_ctx_commit(gr_detached_t *d, bool destroyed) {
   detach_t a = {d->ctx_id, destroyed};
-  gr_table_visit(commit_one, &a);
+  if (d->marked)
+    gr_table_visit(commit_one, &a);
   if (destroyed)
     atomic_store_explicit(&g_destroyed[d->ctx_id & 0xfff], d->seq, memory_order_relaxed);
   gr_rel_watch(-1);

@@ -589,7 +589,9 @@ static CUresult b_primary_reset(void *realp, uintptr_t ra, CUdevice dev) {
 }
 
 /* Only the final release destroys the primary context; the driver's state says whether this was it. The gate
- * keeps a retain (b_primary_retain) from making the context active again between the two calls. */
+ * keeps a retain (b_primary_retain) from making the context active again between the two calls. The destroy
+ * begins before the call all the same (track.c), so that allocations overlapping it, and those that get its
+ * blocks' addresses before the records are marked, are told apart from its blocks. */
 static CUresult b_primary_release(void *realp, uintptr_t ra, CUdevice dev) {
   (void)ra;
   NEED_REAL(realp);
@@ -597,19 +599,22 @@ static CUresult b_primary_release(void *realp, uintptr_t ra, CUdevice dev) {
   if (!gr_core_active())
     return real(dev);
   gr_rel_gate_enter();
+  uint16_t id = gr_reg_primary_id(dev);
+  gr_detached_t d = {0};
+  if (id)
+    gr_track_ctx_begin(id, &d);
   CUresult rc = real(dev);
   unsigned flags = 0;
   int active = 1;
-  if (rc == CUDA_SUCCESS && gr_drv.cuDevicePrimaryCtxGetState &&
-      gr_drv.cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active) {
-    uint16_t id = gr_reg_primary_id(dev);
-    if (id) {
-      gr_detached_t d = {0};
-      gr_track_ctx_detach(id, &d);
-      gr_track_ctx_commit(&d, true);
-    }
-    gr_reg_device_reset(dev);
+  bool gone = rc == CUDA_SUCCESS && gr_drv.cuDevicePrimaryCtxGetState &&
+              gr_drv.cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active;
+  if (id) {
+    if (gone)
+      gr_track_ctx_mark(&d);
+    gr_track_ctx_commit(&d, gone);
   }
+  if (gone)
+    gr_reg_device_reset(dev);
   gr_rel_gate_exit();
   return rc;
 }
