@@ -249,7 +249,9 @@ GPURECLAIM_API int gpureclaim_unregister_releaser(int id);
  * of a cuMemCreate handle) does not reach the driver while the driver has not handed that address (handle)
  * out again: it returns CUDA_SUCCESS, is counted (late_frees) and warned about once. Once the
  * address has been handed out again, the free is indistinguishable from a free of the new block and frees it:
- * do not free memory you declared abandoned.
+ * do not free memory you declared abandoned. At most 65,536 reclaimed addresses and 4,096 reclaimed cuMemCreate
+ * handles are remembered at a time (each until handed out again or freed late); a block reclaimed while that
+ * many are remembered is not, and a late free of it reaches the driver as a free of an unknown pointer.
  * ---------------------------------------------------------------------------------------------------------- */
 
 #define GPURECLAIM_FREE_NOW 0x1u

@@ -347,14 +347,26 @@ int gr_track_take(unsigned ks, uint64_t key, unsigned kind_mask, gr_rec_t *out);
 bool gr_track_late_free(unsigned ks, uint64_t key);
 void gr_track_freed(const gr_rec_t *r);
 void gr_track_restore(const gr_rec_t *r);
-/* Destroying a context frees its blocks: they are detached from the table before the driver call and either
- * counted as destroyed (success) or put back (failure). */
+/* Destroying a context frees its blocks: under the context gate, they are marked detaching before the driver
+ * call and either deleted (success) or unmarked (failure) after it. See track.c. */
 typedef struct gr_detached {
-  gr_rec_t *recs;
-  size_t n, cap;
+  uint16_t ctx_id;
+  bool marked;
+  uint64_t seq; /* this destroy's (odd) number in gr_track_seq */
 } gr_detached_t;
+/* begin + mark. begin alone: a call that may destroy the context (the last primary release); mark once known. */
 void gr_track_ctx_detach(uint16_t ctx_id, gr_detached_t *d);
+void gr_track_ctx_begin(uint16_t ctx_id, gr_detached_t *d);
+void gr_track_ctx_mark(gr_detached_t *d);
 void gr_track_ctx_commit(gr_detached_t *d, bool destroyed);
+/* Context destroys so far, times two; odd while one runs. An allocation reads it before its driver call
+ * (gr_track_ctx_seq) and hands it to gr_track_insert_ctx, which inserts the record unless a destroy of its
+ * context since then freed the block. */
+extern _Atomic uint64_t gr_track_seq;
+static inline uint64_t gr_track_ctx_seq(void) { return atomic_load_explicit(&gr_track_seq, memory_order_relaxed); }
+void gr_track_insert_ctx(gr_rec_t *r, uint64_t seq0);
+/* gr_track_restore() of an address block whose free read gr_track_ctx_seq() as seq0 before its take. */
+void gr_track_restore_ctx(const gr_rec_t *r, uint64_t seq0);
 
 /* ------------------------------------------------------------------------------------------------------------
  * stacks.c: short backtraces per allocation (GPURECLAIM_BACKTRACE=1)
@@ -424,6 +436,9 @@ void gr_rel_stop_worker(void);
 void gr_rel_key_reused(unsigned ks, uint64_t key);
 /* A RECLAIMED tombstone left the table another way (late free consumed it, its context went). */
 void gr_rel_tombstone_gone(unsigned ks);
+/* d = +1/-1 around work that leaves records at addresses the driver may hand out again meanwhile (a release's
+ * round, a context's destroy): while any runs, every tracked allocation looks for such a record. */
+void gr_rel_watch(int d);
 void gr_rel_atfork_child(void);
 uint64_t gr_rel_count(void);
 /* The context gate: a release holds it while it claims and frees blocks, and the hooks that destroy, reset,

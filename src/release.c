@@ -9,6 +9,9 @@
  * A block is freed only after its record moved ORPHAN/LIVE -> RECLAIMING by CAS, so a release and a
  * concurrent free of the same block never both free it; it then stays RECLAIMED (a tombstone with its address)
  * until the driver hands the address out again, so that a late free of it is recognised and swallowed.
+ * The driver may hand the address out between its free and the record's move to RECLAIMED: the allocation
+ * that gets it deletes the RECLAIMING record (gr_rel_key_reused), and the release then leaves no tombstone, so
+ * that the new block's own double free reaches the driver instead of passing as a late free.
  *
  * Who runs it: the caller of gpureclaim_release(), the worker thread (the signal, the control socket), or an
  * allocation that ran out of memory (then only pools, orphans and releasers, on the allocating thread).
@@ -223,9 +226,18 @@ typedef struct free_job {
 
 /* RECLAIMED tombstones in the table, per key space: addresses (GR_KS_ADDR) and VMM handles (GR_KS_HANDLE).
  * Each has its own bound: a driver that never hands a handle value out again leaves handle tombstones in place
- * for good, and they must not use up the addresses' room. */
+ * for good, and they must not use up the addresses' room. README.md and gpureclaim.h state the bounds. */
 static _Atomic uint64_t g_reclaimed[2];
 static const uint64_t k_max_reclaimed[2] = {65536, 4096};
+/* Release rounds and context destroys in progress (gr_rel_watch); next to g_reclaimed, read with it. */
+static _Atomic uint64_t g_watch;
+
+void gr_rel_watch(int d) {
+  if (d > 0)
+    atomic_fetch_add_explicit(&g_watch, 1, memory_order_seq_cst);
+  else
+    atomic_fetch_sub_explicit(&g_watch, 1, memory_order_release);
+}
 
 static bool in_pass(const free_job_t *j, unsigned kind) {
   switch (j->pass) {
@@ -334,14 +346,16 @@ static bool free_claimed(free_job_t *j, const gr_rec_t *expect) {
     gr_warn_once(w_fail, "the driver refused to free a block during a release (%d); it stays tracked", (int)fr);
     return false;
   }
-  /* Remember the address until the driver hands it out again (late frees), within a bound. */
-  uint8_t done = (ks == GR_KS_ADDR || ks == GR_KS_HANDLE) &&
-                         atomic_load_explicit(&g_reclaimed[ks], memory_order_relaxed) < k_max_reclaimed[ks]
-                     ? GR_ST_RECLAIMED
-                     : GR_ST_DELETED;
-  (void)gr_table_update(ks, expect->key, GR_STMASK(GR_ST_RECLAIMING), edit_state, &done, NULL);
-  if (done == GR_ST_RECLAIMED)
-    atomic_fetch_add_explicit(&g_reclaimed[ks], 1, memory_order_relaxed);
+  /* Remember the address until the driver hands it out again (late frees), within a bound. Counted before the
+   * record becomes a tombstone, so that an allocation consuming it never takes the count below zero. */
+  bool tomb = (ks == GR_KS_ADDR || ks == GR_KS_HANDLE) &&
+              atomic_fetch_add_explicit(&g_reclaimed[ks], 1, memory_order_relaxed) < k_max_reclaimed[ks];
+  if (!tomb && (ks == GR_KS_ADDR || ks == GR_KS_HANDLE))
+    atomic_fetch_sub_explicit(&g_reclaimed[ks], 1, memory_order_relaxed);
+  uint8_t done = tomb ? GR_ST_RECLAIMED : GR_ST_DELETED;
+  /* -ENOENT: the driver handed the address out already and that allocation deleted the record. */
+  if (gr_table_update(ks, expect->key, GR_STMASK(GR_ST_RECLAIMING), edit_state, &done, NULL) != 0 && tomb)
+    atomic_fetch_sub_explicit(&g_reclaimed[ks], 1, memory_order_relaxed);
   gr_stats_free(expect);
   gr_scope_unref(expect->scope);
   if (expect->kind == GPURECLAIM_KIND_VMM_MAPPING) {
@@ -399,6 +413,7 @@ void gr_rel_gate_exit(void) {
 static void free_pass(free_job_t *j) {
   do {
     gr_rel_gate_enter();
+    gr_rel_watch(1); /* before any claim: an allocation that gets a freed address sees its RECLAIMING record */
     j->nclaimed = 0;
     j->more = false;
     gr_table_visit(claim_one, j);
@@ -407,6 +422,7 @@ static void free_pass(free_job_t *j) {
     size_t freed = 0;
     for (size_t i = 0; i < j->nclaimed; i++)
       freed += free_claimed(j, &j->claimed[i]);
+    gr_rel_watch(-1);
     gr_rel_gate_exit();
     /* A round that freed nothing (the driver refused every block) would claim the same blocks again. */
     if (!freed)
@@ -414,13 +430,33 @@ static void free_pass(free_job_t *j) {
   } while (j->more && j->nclaimed);
 }
 
-/* A RECLAIMED tombstone leaves when its address comes back from the driver (track.c calls this). */
-void gr_rel_key_reused(unsigned ks, uint64_t key) {
-  if (GR_LIKELY(atomic_load_explicit(&g_reclaimed[ks], memory_order_relaxed) == 0))
-    return;
+/* The driver handed (ks, key) out to a new block, so no earlier block has that address any more: a record
+ * still there is of a block the driver freed. A RECLAIMED tombstone, a RECLAIMING record whose free the
+ * release has made (it then leaves no tombstone), a block of a context being destroyed (DETACHING): each
+ * leaves now, before the new block's record goes in. Called by every tracked allocation (track.c): one load
+ * of each counter unless tombstones exist or a release or destroy runs. Those set their counter before their
+ * driver call, and the allocation follows that call (the driver handed out what it freed), so it sees them. */
+GR_COLD static void key_reused_slow(unsigned ks, uint64_t key) {
+  const unsigned stale = GR_STMASK(GR_ST_RECLAIMED) | GR_STMASK(GR_ST_RECLAIMING) | GR_STMASK(GR_ST_LIVE) |
+                         GR_STMASK(GR_ST_ORPHAN);
   gr_rec_t r;
-  if (gr_table_take(ks, key, GR_STMASK(GR_ST_RECLAIMED), &r) == 0)
-    atomic_fetch_sub_explicit(&g_reclaimed[ks], 1, memory_order_relaxed);
+  for (int n = 0; n < 8 && gr_table_take(ks, key, stale, &r) == 0; n++) {
+    if (r.state == GR_ST_RECLAIMED)
+      atomic_fetch_sub_explicit(&g_reclaimed[ks], 1, memory_order_relaxed);
+    else if (r.state == GR_ST_RECLAIMING)
+      continue; /* the release counts it */
+    else if (r.aux == GR_AUX_DETACHING && ks == GR_KS_ADDR)
+      gr_stats_ctx_destroyed(&r), gr_scope_unref(r.scope);
+    else
+      gr_track_freed(&r); /* freed behind gpureclaim's back */
+  }
+}
+
+void gr_rel_key_reused(unsigned ks, uint64_t key) {
+  if (GR_LIKELY(atomic_load_explicit(&g_reclaimed[ks], memory_order_relaxed) == 0 &&
+                atomic_load_explicit(&g_watch, memory_order_relaxed) == 0))
+    return;
+  key_reused_slow(ks, key);
 }
 
 void gr_rel_tombstone_gone(unsigned ks) { atomic_fetch_sub_explicit(&g_reclaimed[ks], 1, memory_order_relaxed); }
@@ -716,6 +752,10 @@ void gr_rel_atfork_child(void) {
   atomic_store_explicit(&g_seq, 0, memory_order_relaxed);
   atomic_store_explicit(&g_reclaimed[GR_KS_ADDR], 0, memory_order_relaxed);
   atomic_store_explicit(&g_reclaimed[GR_KS_HANDLE], 0, memory_order_relaxed);
+  atomic_store_explicit(&g_watch, 0, memory_order_relaxed);
+  /* A context destroy that another thread had under way will never end here: its sequence must not stay odd. */
+  uint64_t q = atomic_load_explicit(&gr_track_seq, memory_order_relaxed);
+  atomic_store_explicit(&gr_track_seq, q + (q & 1), memory_order_relaxed);
   for (int i = 0; i < MAX_RELEASERS; i++)
     atomic_store_explicit(&g_rel[i].running, 0, memory_order_relaxed);
 }

@@ -106,6 +106,8 @@ enum {
   GR_ST_RECLAIMED = 6,  /* a release freed it; kept so a late free of the address can be recognised */
   GR_ST_DELETED = 7
 };
+/* aux of an address record whose context's destroy is in the driver (track.c). */
+#define GR_AUX_DETACHING 1
 #define GR_STMASK(s) (1u << (s))
 #define GR_PRESENT_MASK                                                                                    \
   (GR_STMASK(GR_ST_LIVE) | GR_STMASK(GR_ST_ORPHAN) | GR_STMASK(GR_ST_RELEASED) |                          \
@@ -135,7 +137,7 @@ typedef struct gr_rec {
   uint16_t ctx_id;  /* registry ids, < 4096; 0 = none */
   uint16_t pool_id;
   uint16_t scope;   /* scope slot, 0 = none */
-  uint8_t aux;      /* VMM handles: number of mappings */
+  uint8_t aux;      /* VMM handles: number of mappings; address records: GR_AUX_DETACHING or 0 */
   uint8_t state;    /* GR_ST_* */
   uint8_t kind;     /* gpureclaim_kind_t */
   uint8_t device;   /* ordinal, GR_DEVICE_NONE for none */

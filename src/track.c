@@ -1,6 +1,29 @@
 /*
  * track.c -- what a hook does with a block: fill its record, insert it, take it out before a free, put it
  * back when the driver refused the free, and drop a destroyed context's blocks.
+ *
+ * Destroying a context (cuCtxDestroy, cuDevicePrimaryCtxReset, the final cuDevicePrimaryCtxRelease) frees its
+ * blocks inside the driver call, and the driver may hand their addresses to other allocations at once. A record
+ * must outlive its block nowhere: a record left for a freed block becomes an orphan whose address belongs to
+ * someone else by the time a release frees it. So, under the context gate (release.c), a destroy
+ *   1. makes the destroy sequence odd (gr_track_seq), then marks every record of the context DETACHING (aux)
+ *      in place, leaving it in the table, so that a free of the block that races the destroy still finds it
+ *      and is a tracked free: a refused destroy then has nothing to put back for a block the program freed;
+ *   2. calls the driver;
+ *   3. commits: deletes the marked records when the context went (and notes the sequence number against the
+ *      context), or clears the mark when the driver refused; then makes the sequence even again.
+ * (A primary release is known to be the final one only after the driver call: step 1 makes the sequence odd
+ * before it, and marks after it.)
+ * While a record is marked, an allocation that gets its address from the driver proves the block gone and
+ * deletes it (gr_rel_key_reused), so two records never share an address. A free reads the sequence before it
+ * takes its record (one load); when the driver refused it and a destroy of its context overlapped, the record
+ * does not come back: the destroy may have freed the block (gr_track_restore_ctx).
+ * An allocation in the context whose driver call returned before the destroy but whose record is inserted
+ * after step 1 looked at the table would leave a record for a freed block. Each allocation reads the sequence
+ * before its driver call (seq0, one load) and again just before and just after its insert; when it changed or
+ * was odd (a destroy overlapped), it waits for the gate and drops its record if its own context was destroyed
+ * at or after seq0. The reads around the insert pair with the barrier after step 1's increment (the table's
+ * asymmetric barrier, see table.c): either the marking sees the record, or the allocation sees the change.
  */
 #include "gpureclaim_internal.h"
 
@@ -96,62 +119,191 @@ void gr_track_restore(const gr_rec_t *r) {
     gr_scope_note(r); /* its scope's list may have dropped it while it was out of the table */
 }
 
-typedef struct {
-  uint16_t ctx_id;
-  gr_detached_t *d;
-} detach_t;
+/* ---- context destroys ---- */
 
-static int detach_one(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
-  detach_t *a = arg;
-  /* RECLAIMING: claimed by a release, which holds the context gate until it has freed it, so a detach (which
-   * holds the gate too) never meets one; were it to, the release settles that record itself. */
-  if (r->ctx_id != a->ctx_id || r->state == GR_ST_RECLAIMING)
+_Atomic uint64_t gr_track_seq;
+/* Per context id: the (odd) sequence number of its last destroy that the driver carried out; 0 for none. */
+static _Atomic uint64_t g_destroyed[4096];
+
+/* Whether the context ctx_id was destroyed by a destroy that may have come after a driver call made once the
+ * sequence read seq0: then a block that call returned is gone. Waits for a destroy in progress to end. */
+static bool destroyed_since(uint16_t ctx_id, uint64_t seq0, uint64_t *now) {
+  gr_rel_gate_enter();
+  uint64_t d = atomic_load_explicit(&g_destroyed[ctx_id & 0xfff], memory_order_relaxed);
+  *now = atomic_load_explicit(&gr_track_seq, memory_order_relaxed); /* even: no destroy runs without the gate */
+  gr_rel_gate_exit();
+  return d != 0 && d >= seq0;
+}
+
+/* This thread's record r, as inserted: the same key, context, thread, time and site. */
+static bool same_insert(const gr_rec_t *a, const gr_rec_t *r) {
+  return a->key == r->key && a->kind == r->kind && a->ctx_id == r->ctx_id && a->tid == r->tid &&
+         a->time_ms == r->time_ms && gr_site_same(a->site, r->site) && a->size == r->size;
+}
+
+typedef struct {
+  const gr_rec_t *mine;
+  bool taken;
+  gr_rec_t before;
+} drop_t;
+
+static int drop_mine(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
+  drop_t *a = arg;
+  if (!((GR_STMASK(GR_ST_LIVE) | GR_STMASK(GR_ST_ORPHAN)) >> r->state & 1) || !same_insert(r, a->mine))
     return 0;
   gr_rec_t expect = *r, want = *r;
   want.state = GR_ST_DELETED;
   int rc;
-  while ((rc = gr_table_cas(ref, &expect, &want)) == -EAGAIN)
+  while ((rc = gr_table_cas(ref, &expect, &want)) == -EAGAIN) {
+    if (!((GR_STMASK(GR_ST_LIVE) | GR_STMASK(GR_ST_ORPHAN)) >> expect.state & 1))
+      return 1;
     want = expect, want.state = GR_ST_DELETED;
-  if (rc != 0)
-    return 0;
-  gr_detached_t *d = a->d;
-  if (d->n == d->cap) {
-    size_t cap = d->cap ? d->cap * 2 : 64;
-    gr_rec_t *p = realloc(d->recs, cap * sizeof *p);
-    if (!p) { /* cannot remember it for a rollback: count it as gone now */
-      if (expect.state != GR_ST_RECLAIMED) {
-        gr_stats_ctx_destroyed(&expect);
-        gr_scope_unref(expect.scope);
-      }
-      return 0;
-    }
-    d->recs = p;
-    d->cap = cap;
   }
-  d->recs[d->n++] = expect;
+  if (rc == 0) {
+    a->taken = true;
+    a->before = expect;
+  }
+  return 1;
+}
+
+GR_COLD static bool precheck_slow(gr_rec_t *r, uint64_t *seq0) {
+  uint64_t now;
+  if (r->ctx_id && destroyed_since(r->ctx_id, *seq0, &now)) {
+    gr_scope_unref(r->scope); /* never inserted, never counted */
+    return false;
+  }
+  if (r->ctx_id)
+    *seq0 = now; /* destroys up to now spared this block's context */
+  return true;
+}
+
+GR_COLD static void settle_slow(const gr_rec_t *r, uint64_t seq0) {
+  uint64_t now;
+  if (!destroyed_since(r->ctx_id, seq0, &now))
+    return;
+  /* The record may be gone already (the destroy's marking saw it), or another thread's block may have its
+   * address by now: take exactly this one. Rare (a destroy of this context overlapped this allocation), so a
+   * visit of the table is affordable. */
+  drop_t a = {.mine = r};
+  gr_table_visit(drop_mine, &a);
+  if (a.taken) {
+    gr_stats_ctx_destroyed(&a.before);
+    gr_scope_unref(a.before.scope);
+  }
+}
+
+void gr_track_restore_ctx(const gr_rec_t *r, uint64_t seq0) {
+  gr_rec_t back = *r;
+  if (gr_kind_keyspace(r->kind) == GR_KS_ADDR && r->ctx_id &&
+      (r->aux == GR_AUX_DETACHING || atomic_load_explicit(&gr_track_seq, memory_order_relaxed) != seq0 ||
+       (seq0 & 1))) {
+    /* A destroy of its context overlapped the free: the driver may have refused because the destroy took the
+     * block. Then it must not come back (not tracking a block that still exists would be safe; a record for
+     * one the driver freed is not). */
+    uint64_t now;
+    if (destroyed_since(r->ctx_id, seq0, &now)) {
+      gr_stats_ctx_destroyed(r);
+      gr_scope_unref(r->scope);
+      return;
+    }
+    back.aux = (now & 1) ? GR_AUX_DETACHING : 0; /* odd: this thread is inside that destroy, which commits it */
+  }
+  gr_track_restore(&back);
+}
+
+void gr_track_insert_ctx(gr_rec_t *r, uint64_t seq0) {
+  if (GR_UNLIKELY(atomic_load_explicit(&gr_track_seq, memory_order_relaxed) != seq0 || (seq0 & 1)) &&
+      !precheck_slow(r, &seq0))
+    return;
+  gr_track_insert(r);
+  uint64_t seq1;
+  if (GR_LIKELY(atomic_load_explicit(&gr_epoch_asym, memory_order_relaxed))) {
+    atomic_signal_fence(memory_order_seq_cst); /* the destroy's membarrier supplies the hardware fence */
+    seq1 = atomic_load_explicit(&gr_track_seq, memory_order_relaxed);
+  } else {
+    seq1 = atomic_fetch_add_explicit(&gr_track_seq, 0, memory_order_seq_cst); /* orders the insert before it */
+  }
+  if (GR_UNLIKELY(seq1 != seq0) && r->ctx_id)
+    settle_slow(r, seq0);
+}
+
+typedef struct {
+  uint16_t ctx_id;
+  bool destroyed; /* commit: the driver destroyed the context */
+} detach_t;
+
+static bool marked(const gr_rec_t *r, uint16_t ctx_id) {
+  return r->ctx_id == ctx_id && r->aux == GR_AUX_DETACHING && gr_kind_keyspace(r->kind) == GR_KS_ADDR;
+}
+
+static int mark_one(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
+  detach_t *a = arg;
+  /* RECLAIMING: claimed by a release, which holds the context gate until it has freed it, so a detach (which
+   * holds the gate too) never meets one; were it to, the release settles that record itself. Records of a
+   * context are address records (VMM handles, mappings and reservations belong to none): aux is free there. */
+  if (r->ctx_id != a->ctx_id || r->state == GR_ST_RECLAIMING || r->state == GR_ST_RELEASED ||
+      gr_kind_keyspace(r->kind) != GR_KS_ADDR || r->aux)
+    return 0;
+  gr_rec_t expect = *r, want = *r;
+  want.aux = GR_AUX_DETACHING;
+  while (gr_table_cas(ref, &expect, &want) == -EAGAIN && expect.state != GR_ST_RECLAIMING)
+    want = expect, want.aux = GR_AUX_DETACHING;
   return 0;
 }
 
+static int commit_one(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
+  detach_t *a = arg;
+  if (!marked(r, a->ctx_id))
+    return 0;
+  gr_rec_t expect = *r, want = *r;
+  int rc;
+  for (;;) {
+    if (a->destroyed)
+      want.state = GR_ST_DELETED;
+    else
+      want.aux = 0;
+    if ((rc = gr_table_cas(ref, &expect, &want)) != -EAGAIN)
+      break;
+    if (!marked(&expect, a->ctx_id))
+      return 0;
+    want = expect;
+  }
+  if (rc != 0 || !a->destroyed)
+    return 0;
+  if (expect.state == GR_ST_RECLAIMED) {
+    gr_rel_tombstone_gone(GR_KS_ADDR); /* counted, and its scope released, when the release freed it */
+    return 0;
+  }
+  gr_stats_ctx_destroyed(&expect);
+  gr_scope_unref(expect.scope);
+  return 0;
+}
+
+void gr_track_ctx_begin(uint16_t ctx_id, gr_detached_t *d) {
+  d->ctx_id = ctx_id;
+  d->marked = false;
+  d->seq = atomic_fetch_add_explicit(&gr_track_seq, 1, memory_order_seq_cst) + 1;
+  gr_rel_watch(1);
+  gr_epoch_heavy_barrier(); /* an insert the marking misses sees the odd sequence (gr_track_insert_ctx) */
+}
+
+void gr_track_ctx_mark(gr_detached_t *d) {
+  detach_t a = {d->ctx_id, false};
+  d->marked = true;
+  gr_table_visit(mark_one, &a);
+}
+
 void gr_track_ctx_detach(uint16_t ctx_id, gr_detached_t *d) {
-  detach_t a = {ctx_id, d};
-  gr_table_visit(detach_one, &a);
+  gr_track_ctx_begin(ctx_id, d);
+  gr_track_ctx_mark(d);
 }
 
 void gr_track_ctx_commit(gr_detached_t *d, bool destroyed) {
-  for (size_t i = 0; i < d->n; i++) {
-    gr_rec_t *r = &d->recs[i];
-    if (!destroyed) {
-      gr_track_restore(r);
-      continue;
-    }
-    if (r->state == GR_ST_RECLAIMED) {
-      gr_rel_tombstone_gone(gr_kind_keyspace(r->kind)); /* counted, and its scope released, when the release freed it */
-      continue;
-    }
-    gr_stats_ctx_destroyed(r);
-    gr_scope_unref(r->scope);
-  }
-  free(d->recs);
-  d->recs = NULL;
-  d->n = d->cap = 0;
+  detach_t a = {d->ctx_id, destroyed};
+  if (d->marked)
+    gr_table_visit(commit_one, &a);
+  if (destroyed)
+    atomic_store_explicit(&g_destroyed[d->ctx_id & 0xfff], d->seq, memory_order_relaxed);
+  gr_rel_watch(-1);
+  atomic_fetch_add_explicit(&gr_track_seq, 1, memory_order_release);
 }

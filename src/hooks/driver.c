@@ -66,7 +66,9 @@ static inline void *pa_real(int id) { return atomic_load_explicit(&gr_pa_real[id
 
 /* ---- common tails ---- */
 
-static void track_in_current_ctx(unsigned kind, uint64_t key, uint64_t size, unsigned api, uintptr_t ra) {
+/* seq0: gr_track_ctx_seq() read before the driver call (track.c: a destroy of the context may overlap). */
+static void track_in_current_ctx(unsigned kind, uint64_t key, uint64_t size, unsigned api, uintptr_t ra,
+                                 uint64_t seq0) {
   gr_rec_t r;
   gr_track_fill(&r, kind, key, size, api, ra);
   uint16_t cid;
@@ -76,13 +78,14 @@ static void track_in_current_ctx(unsigned kind, uint64_t key, uint64_t size, uns
     r.ctx_id = cid;
     r.device = kind == GPURECLAIM_KIND_HOST ? GR_DEVICE_NONE : dev;
   }
-  gr_track_insert(&r);
+  gr_track_insert_ctx(&r, seq0);
 }
 
 /* A free: untrack first (CUDA reuses addresses), call the driver, put the record back if it refused. */
 #define FREE_BODY(ks, key, kinds, call)                                                                    \
   do {                                                                                                     \
     gr_rec_t rec_;                                                                                         \
+    uint64_t seq0_ = gr_track_ctx_seq(); /* a context destroy may overlap (track.c) */                     \
     int taken_ = gr_track_take((ks), (key), (kinds), &rec_);                                               \
     if (taken_ < 0)                                                                                        \
       return CUDA_SUCCESS; /* late free of a block a release freed: must not reach the driver */           \
@@ -93,7 +96,7 @@ static void track_in_current_ctx(unsigned kind, uint64_t key, uint64_t size, uns
       if (rc_ == CUDA_SUCCESS)                                                                             \
         gr_track_freed(&rec_);                                                                             \
       else                                                                                                 \
-        gr_track_restore(&rec_);                                                                           \
+        gr_track_restore_ctx(&rec_, seq0_);                                                                \
     }                                                                                                      \
     return rc_;                                                                                            \
   } while (0)
@@ -121,10 +124,11 @@ static CUresult b_mem_alloc(void *realp, uintptr_t ra, CUdeviceptr *dptr, size_t
   if (!gr_core_active())
     return real(dptr, bytesize);
   gr_tls.hook_depth++;
+  uint64_t seq0 = gr_track_ctx_seq();
   CUresult rc = real(dptr, bytesize);
   OOM_RETRY(rc, real(dptr, bytesize));
   if (rc == CUDA_SUCCESS)
-    track_in_current_ctx(GPURECLAIM_KIND_DEVICE, *dptr, bytesize, GR_API_cuMemAlloc, ra);
+    track_in_current_ctx(GPURECLAIM_KIND_DEVICE, *dptr, bytesize, GR_API_cuMemAlloc, ra, seq0);
   gr_tls.hook_depth--;
   return rc;
 }
@@ -136,10 +140,11 @@ static CUresult b_mem_alloc_pitch(void *realp, uintptr_t ra, CUdeviceptr *dptr, 
   if (!gr_core_active())
     return real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
   gr_tls.hook_depth++;
+  uint64_t seq0 = gr_track_ctx_seq();
   CUresult rc = real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
   OOM_RETRY(rc, real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes));
   if (rc == CUDA_SUCCESS)
-    track_in_current_ctx(GPURECLAIM_KIND_PITCH, *dptr, (uint64_t)*pPitch * Height, GR_API_cuMemAllocPitch, ra);
+    track_in_current_ctx(GPURECLAIM_KIND_PITCH, *dptr, (uint64_t)*pPitch * Height, GR_API_cuMemAllocPitch, ra, seq0);
   gr_tls.hook_depth--;
   return rc;
 }
@@ -151,10 +156,11 @@ static CUresult b_mem_alloc_managed(void *realp, uintptr_t ra, CUdeviceptr *dptr
   if (!gr_core_active())
     return real(dptr, bytesize, flags);
   gr_tls.hook_depth++;
+  uint64_t seq0 = gr_track_ctx_seq();
   CUresult rc = real(dptr, bytesize, flags);
   OOM_RETRY(rc, real(dptr, bytesize, flags));
   if (rc == CUDA_SUCCESS)
-    track_in_current_ctx(GPURECLAIM_KIND_MANAGED, *dptr, bytesize, GR_API_cuMemAllocManaged, ra);
+    track_in_current_ctx(GPURECLAIM_KIND_MANAGED, *dptr, bytesize, GR_API_cuMemAllocManaged, ra, seq0);
   gr_tls.hook_depth--;
   return rc;
 }
@@ -168,7 +174,8 @@ static CUresult b_mem_free(void *realp, uintptr_t ra, CUdeviceptr dptr) {
   FREE_BODY(GR_KS_ADDR, dptr, DEVICE_KINDS, real(dptr));
 }
 
-static void track_async(CUdeviceptr p, size_t size, CUmemoryPool pool, CUstream s, uintptr_t ra, unsigned api) {
+static void track_async(CUdeviceptr p, size_t size, CUmemoryPool pool, CUstream s, uintptr_t ra, unsigned api,
+                        uint64_t seq0) {
   gr_rec_t r;
   gr_track_fill(&r, GPURECLAIM_KIND_ASYNC, p, size, api, ra);
   uint16_t cid = 0;
@@ -183,7 +190,7 @@ static void track_async(CUdeviceptr p, size_t size, CUmemoryPool pool, CUstream 
     r.device = dev;
     r.pool_id = dev != GR_DEVICE_NONE ? gr_reg_device_pool(dev) : 0;
   }
-  gr_track_insert(&r);
+  gr_track_insert_ctx(&r, seq0);
 }
 
 static CUresult b_mem_alloc_async(void *realp, uintptr_t ra, CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
@@ -192,10 +199,11 @@ static CUresult b_mem_alloc_async(void *realp, uintptr_t ra, CUdeviceptr *dptr, 
   if (!gr_core_active())
     return real(dptr, bytesize, hStream);
   gr_tls.hook_depth++;
+  uint64_t seq0 = gr_track_ctx_seq();
   CUresult rc = real(dptr, bytesize, hStream);
   OOM_RETRY(rc, real(dptr, bytesize, hStream));
   if (rc == CUDA_SUCCESS)
-    track_async(*dptr, bytesize, NULL, hStream, ra, GR_API_cuMemAllocAsync);
+    track_async(*dptr, bytesize, NULL, hStream, ra, GR_API_cuMemAllocAsync, seq0);
   gr_tls.hook_depth--;
   return rc;
 }
@@ -207,10 +215,11 @@ static CUresult b_mem_alloc_from_pool(void *realp, uintptr_t ra, CUdeviceptr *dp
   if (!gr_core_active())
     return real(dptr, bytesize, pool, hStream);
   gr_tls.hook_depth++;
+  uint64_t seq0 = gr_track_ctx_seq();
   CUresult rc = real(dptr, bytesize, pool, hStream);
   OOM_RETRY(rc, real(dptr, bytesize, pool, hStream));
   if (rc == CUDA_SUCCESS)
-    track_async(*dptr, bytesize, pool, hStream, ra, GR_API_cuMemAllocFromPoolAsync);
+    track_async(*dptr, bytesize, pool, hStream, ra, GR_API_cuMemAllocFromPoolAsync, seq0);
   gr_tls.hook_depth--;
   return rc;
 }
@@ -230,9 +239,10 @@ static CUresult b_mem_host_alloc(void *realp, uintptr_t ra, void **pp, size_t by
   if (!gr_core_active())
     return real(pp, bytesize, Flags);
   gr_tls.hook_depth++;
+  uint64_t seq0 = gr_track_ctx_seq();
   CUresult rc = real(pp, bytesize, Flags);
   if (rc == CUDA_SUCCESS)
-    track_in_current_ctx(GPURECLAIM_KIND_HOST, (uint64_t)(uintptr_t)*pp, bytesize, GR_API_cuMemHostAlloc, ra);
+    track_in_current_ctx(GPURECLAIM_KIND_HOST, (uint64_t)(uintptr_t)*pp, bytesize, GR_API_cuMemHostAlloc, ra, seq0);
   gr_tls.hook_depth--;
   return rc;
 }
@@ -243,9 +253,10 @@ static CUresult b_mem_alloc_host(void *realp, uintptr_t ra, void **pp, size_t by
   if (!gr_core_active())
     return real(pp, bytesize);
   gr_tls.hook_depth++;
+  uint64_t seq0 = gr_track_ctx_seq();
   CUresult rc = real(pp, bytesize);
   if (rc == CUDA_SUCCESS)
-    track_in_current_ctx(GPURECLAIM_KIND_HOST, (uint64_t)(uintptr_t)*pp, bytesize, GR_API_cuMemAllocHost, ra);
+    track_in_current_ctx(GPURECLAIM_KIND_HOST, (uint64_t)(uintptr_t)*pp, bytesize, GR_API_cuMemAllocHost, ra, seq0);
   gr_tls.hook_depth--;
   return rc;
 }
@@ -533,8 +544,9 @@ static CUresult b_ctx_create_v4(void *realp, uintptr_t ra, CUcontext *pctx, CUct
   return rc;
 }
 
-/* Destroying a context frees its memory. Its records leave the table before the driver call (so an address
- * the driver hands out again is never confused with them) and come back if the driver refuses. */
+/* Destroying a context frees its memory. Its records are marked detaching before the driver call and leave the
+ * table after it, or lose the mark if the driver refused; a free or an allocation of their addresses meanwhile
+ * is told apart from them (track.c). */
 static CUresult b_ctx_destroy(void *realp, uintptr_t ra, CUcontext ctx) {
   (void)ra;
   NEED_REAL(realp);
@@ -577,7 +589,9 @@ static CUresult b_primary_reset(void *realp, uintptr_t ra, CUdevice dev) {
 }
 
 /* Only the final release destroys the primary context; the driver's state says whether this was it. The gate
- * keeps a retain (b_primary_retain) from making the context active again between the two calls. */
+ * keeps a retain (b_primary_retain) from making the context active again between the two calls. The destroy
+ * begins before the call all the same (track.c), so that allocations overlapping it, and those that get its
+ * blocks' addresses before the records are marked, are told apart from its blocks. */
 static CUresult b_primary_release(void *realp, uintptr_t ra, CUdevice dev) {
   (void)ra;
   NEED_REAL(realp);
@@ -585,19 +599,22 @@ static CUresult b_primary_release(void *realp, uintptr_t ra, CUdevice dev) {
   if (!gr_core_active())
     return real(dev);
   gr_rel_gate_enter();
+  uint16_t id = gr_reg_primary_id(dev);
+  gr_detached_t d = {0};
+  if (id)
+    gr_track_ctx_begin(id, &d);
   CUresult rc = real(dev);
   unsigned flags = 0;
   int active = 1;
-  if (rc == CUDA_SUCCESS && gr_drv.cuDevicePrimaryCtxGetState &&
-      gr_drv.cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active) {
-    uint16_t id = gr_reg_primary_id(dev);
-    if (id) {
-      gr_detached_t d = {0};
-      gr_track_ctx_detach(id, &d);
-      gr_track_ctx_commit(&d, true);
-    }
-    gr_reg_device_reset(dev);
+  bool gone = rc == CUDA_SUCCESS && gr_drv.cuDevicePrimaryCtxGetState &&
+              gr_drv.cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active;
+  if (id) {
+    if (gone)
+      gr_track_ctx_mark(&d);
+    gr_track_ctx_commit(&d, gone);
   }
+  if (gone)
+    gr_reg_device_reset(dev);
   gr_rel_gate_exit();
   return rc;
 }

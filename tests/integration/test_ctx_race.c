@@ -5,6 +5,7 @@
 
 #include <criterion/criterion.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
@@ -118,4 +119,46 @@ Test(ctx_race, a_retain_racing_the_final_primary_release, .timeout = 120) {
     cr_assert_eq(sim(NULL).live_blocks, 0);
     cr_assert_eq(grs().orphan_blocks, 0, "iteration %d", it);
   }
+}
+
+/* Threads allocate in a context while another destroys it (a program breaking CUDA's rules). An allocation whose
+ * driver call returned before the destroy but whose record went in after the destroy looked at the table left a
+ * record for a block the driver had freed with the context: afterwards, every record must be of a live block. */
+typedef struct {
+  CUcontext ctx;
+  atomic_int started;
+} alloc_in_t;
+
+static void *alloc_until_gone(void *arg) {
+  alloc_in_t *a = arg;
+  if (cuCtxSetCurrent(a->ctx) != CUDA_SUCCESS)
+    return NULL;
+  CUdeviceptr p;
+  for (int i = 0; i < 200000 && cuMemAlloc(&p, 512) == CUDA_SUCCESS; i++)
+    if (i == 16)
+      atomic_fetch_add(&a->started, 1);
+  return NULL;
+}
+
+Test(ctx_race, allocations_racing_a_successful_destroy_leave_no_records, .timeout = 300) {
+  CUdevice dev;
+  OK(cuInit(0));
+  OK(cuDeviceGet(&dev, 0));
+  enum { THREADS = 3, ROUNDS = 40 };
+  for (int round = 0; round < ROUNDS; round++) {
+    alloc_in_t a = {0};
+    OK(cuCtxCreate_v2(&a.ctx, 0, dev));
+    OK(cuCtxPopCurrent(NULL));
+    pthread_t t[THREADS];
+    for (int i = 0; i < THREADS; i++)
+      cr_assert_eq(pthread_create(&t[i], NULL, alloc_until_gone, &a), 0);
+    while (atomic_load(&a.started) < THREADS)
+      sched_yield();
+    OK(cuCtxDestroy(a.ctx));
+    for (int i = 0; i < THREADS; i++)
+      pthread_join(t[i], NULL);
+    cr_assert_eq(sim(NULL).live_blocks, 0, "round %d: the driver freed the context's blocks", round);
+    cr_assert_eq(grs().live_blocks, 0, "round %d: no record outlived its block", round);
+  }
+  cr_assert(h_table_matches_sim("after the races"));
 }

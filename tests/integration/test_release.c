@@ -550,3 +550,24 @@ Test(release, out_of_memory_retry_after_a_trim) {
   cr_assert_eq(c, 0);
   cr_assert(h_table_matches_sim("after the retries"));
 }
+
+/* The documented bound: 65,536 reclaimed addresses are remembered at a time. A block reclaimed beyond it leaves
+ * no tombstone, and its late free reaches the driver. */
+Test(release, late_frees_are_recognised_for_65536_addresses_at_a_time, .timeout = 120) {
+  enum { BOUND = 65536 };
+  static CUdeviceptr p[BOUND + 1];
+  uint64_t s = gpureclaim_scope_begin();
+  for (int i = 0; i <= BOUND; i++)
+    OK(cuMemAlloc(&p[i], 512));
+  cr_assert_eq(gpureclaim_scope_end(s, 0), 0);
+  gpureclaim_report_t r = {.size = sizeof r};
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &r), 0);
+  cr_assert_eq(r.orphaned_blocks, BOUND + 1);
+  uint64_t late = grs().late_frees, calls = simcuda_calls("cuMemFree_v2");
+  int refused = 0;
+  for (int i = 0; i <= BOUND; i++)
+    refused += cuMemFree(p[i]) != CUDA_SUCCESS;
+  cr_assert_eq(grs().late_frees - late, BOUND, "each remembered address swallowed one late free");
+  cr_assert_eq(simcuda_calls("cuMemFree_v2") - calls, 1, "the one past the bound reached the driver");
+  cr_assert_eq(refused, 1, "which refused it (the block was freed)");
+}

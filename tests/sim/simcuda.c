@@ -178,8 +178,12 @@ static inline int sim_enter(int id, CUresult *r) {
   return 0;
 }
 
+static void run_on_return(int id); /* simcuda_on_return(), at the end of this file */
+static _Atomic int g_on_return_armed;
+
 static inline CUresult sim_leave(int id, CUresult r) {
   if (g_trace) trace_call(id, r);
+  if (__builtin_expect(atomic_load_explicit(&g_on_return_armed, memory_order_acquire) != 0, 0)) run_on_return(id);
   return r;
 }
 
@@ -2574,4 +2578,40 @@ SIM_EXPORT int simcuda_arena(int device, uint64_t *base, uint64_t *size) {
   }
   UNLOCK();
   return hinted;
+}
+
+/* ------------------------------------------------------------------- test-only interleaving control */
+
+/* One callback armed per entry point; taking it disarms it, so it runs once, on the thread that made the call.
+ * Nothing of the simulator's is locked while it runs: it may call the driver, through gpureclaim too. */
+typedef struct {
+  void (*cb)(void *);
+  void *arg;
+} on_return_t;
+static on_return_t g_on_return[SIMFN_COUNT]; /* guarded by g_on_return_lock */
+static pthread_mutex_t g_on_return_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void run_on_return(int id) {
+  pthread_mutex_lock(&g_on_return_lock);
+  on_return_t o = g_on_return[id];
+  if (o.cb) {
+    g_on_return[id].cb = NULL;
+    atomic_fetch_sub_explicit(&g_on_return_armed, 1, memory_order_relaxed);
+  }
+  pthread_mutex_unlock(&g_on_return_lock);
+  if (o.cb) o.cb(o.arg);
+}
+
+SIM_EXPORT int simcuda_on_return(const char *fn, void (*cb)(void *arg), void *arg) {
+  int id = fn ? fn_id(fn) : 0;
+  if (id < 0) return -1;
+  pthread_mutex_lock(&g_on_return_lock);
+  for (int i = fn ? id : 0; i < (fn ? id + 1 : SIMFN_COUNT); i++) {
+    on_return_t want = {fn ? cb : NULL, fn ? arg : NULL};
+    int delta = (want.cb != NULL) - (g_on_return[i].cb != NULL);
+    g_on_return[i] = want;
+    atomic_fetch_add_explicit(&g_on_return_armed, delta, memory_order_release);
+  }
+  pthread_mutex_unlock(&g_on_return_lock);
+  return 0;
 }

@@ -75,6 +75,13 @@ int simcuda_foreach_block(int (*fn)(const simcuda_block_t *b, void *arg), void *
  * fn NULL clears every injection. Returns 0, or -1 for an unknown name. */
 int simcuda_inject(const char *fn, CUresult err, int count);
 
+/* Test-only interleaving: the next call of the entry point named fn, once it has done its work (or returned an
+ * injected error), calls cb(arg) just before it returns, on the calling thread and with no simulator lock held;
+ * cb may call the driver. So a test places another thread's step at an exact point between gpureclaim's driver
+ * call and what gpureclaim does next. One-shot; cb NULL disarms fn, fn NULL disarms every entry point.
+ * Returns 0, or -1 for an unknown name. */
+int simcuda_on_return(const char *fn, void (*cb)(void *arg), void *arg);
+
 /* Number of calls made to the driver entry point with that exported name since start (every route). */
 uint64_t simcuda_calls(const char *fn);
 

@@ -30,7 +30,7 @@ static const char *const k_expected[] = {
     "cuGetProcAddress_v2", "cuMemGetAllocationPropertiesFromHandle",
     /* inspection interface */
     "simcuda_stats", "simcuda_foreach_block", "simcuda_inject", "simcuda_calls", "simcuda_procaddr_requests",
-    "simcuda_set_capacity", "simcuda_arena",
+    "simcuda_set_capacity", "simcuda_arena", "simcuda_on_return",
 };
 #define NEXPECTED (sizeof k_expected / sizeof k_expected[0])
 

@@ -1,0 +1,229 @@
+/* Interleavings of a context destroy, a release and the program's own calls, made exact with the simulator's
+ * simcuda_on_return(): another thread's step runs right after one of gpureclaim's driver calls returns and before
+ * gpureclaim acts on the result. Each test names the step it places; each failed on the code before its fix.
+ * What they all check: a record stays only for a block the driver still has (the table equals the simulator),
+ * and a release never frees a block the program still uses. */
+#include "harness.h"
+
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <string.h>
+
+CUresult cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice);
+
+#define OK(call) cr_assert_eq((call), CUDA_SUCCESS, "%s", #call)
+#define MiB (1024ull * 1024)
+
+static simcuda_stats_t sim(CUcontext ctx) {
+  simcuda_stats_t s = {.size = sizeof s};
+  cr_assert_eq(simcuda_stats(-1, ctx, &s), CUDA_SUCCESS);
+  return s;
+}
+
+static gpureclaim_stats_t grs(void) {
+  gpureclaim_stats_t s = {.size = sizeof s};
+  cr_assert_eq(gpureclaim_stats(-1, &s), 0);
+  return s;
+}
+
+static CUcontext g_a, g_b; /* A: the context destroyed; B: another one, current on this thread between steps */
+
+static void init(void) {
+  CUdevice dev;
+  OK(cuInit(0));
+  OK(cuDeviceGet(&dev, 0));
+  OK(cuCtxCreate_v2(&g_b, 0, dev));
+  OK(cuCtxPopCurrent(NULL));
+  OK(cuCtxCreate_v2(&g_a, 0, dev)); /* A stays current */
+}
+
+static void fini(void) {
+  simcuda_on_return(NULL, NULL, NULL);
+  simcuda_inject(NULL, CUDA_SUCCESS, 0);
+}
+
+TestSuite(interleavings, .init = init, .fini = fini);
+
+/* A block of A abandoned in a scope: an orphan a release would free. */
+static CUdeviceptr orphan_in_a(size_t size) {
+  CUcontext cur;
+  OK(cuCtxGetCurrent(&cur));
+  cr_assert_eq(cur, g_a);
+  uint64_t s = gpureclaim_scope_begin();
+  CUdeviceptr p;
+  OK(cuMemAlloc(&p, size));
+  cr_assert_eq(gpureclaim_scope_end(s, 0), 0);
+  return p;
+}
+
+static CUdeviceptr alloc_in_b(size_t size) {
+  CUdeviceptr p;
+  OK(cuCtxPushCurrent(g_b));
+  OK(cuMemAlloc(&p, size));
+  OK(cuCtxPopCurrent(NULL));
+  return p;
+}
+
+/* ---- rollbacks: the driver refuses, every record stays ---- */
+
+Test(interleavings, a_refused_cuctxdestroy_puts_every_record_back) {
+  CUdeviceptr live, orphan = orphan_in_a(1 * MiB);
+  OK(cuMemAlloc(&live, 2 * MiB));
+  gpureclaim_stats_t before = grs();
+  cr_assert_eq(simcuda_inject("cuCtxDestroy_v2", CUDA_ERROR_INVALID_CONTEXT, 1), 0);
+  cr_assert_eq(cuCtxDestroy(g_a), CUDA_ERROR_INVALID_CONTEXT, "the driver's refusal is returned");
+  gpureclaim_stats_t after = grs();
+  cr_assert_eq(after.live_blocks, before.live_blocks);
+  cr_assert_eq(after.orphan_blocks, before.orphan_blocks);
+  cr_assert_eq(after.ctx_destroyed_blocks, before.ctx_destroyed_blocks);
+  cr_assert(h_table_matches_sim("after the refused destroy"));
+  gpureclaim_block_t b;
+  cr_assert(h_find(orphan, &b) && b.state == GPURECLAIM_BLOCK_ORPHAN, "the orphan is still an orphan");
+  gpureclaim_report_t rep = {.size = sizeof rep};
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &rep), 0);
+  cr_assert_eq(rep.orphaned_blocks, 1);
+  cr_assert_eq(rep.failed_blocks, 0);
+  uint64_t untracked = grs().untracked_frees;
+  OK(cuMemFree(live));
+  cr_assert_eq(grs().untracked_frees, untracked, "the live block's free was a tracked one");
+  cr_assert(h_table_matches_sim("after the frees"));
+}
+
+Test(interleavings, a_refused_primary_reset_puts_every_record_back) {
+  CUcontext primary;
+  OK(cuDevicePrimaryCtxRetain(&primary, 0));
+  OK(cuCtxPushCurrent(primary));
+  CUdeviceptr p;
+  OK(cuMemAlloc(&p, 1 * MiB));
+  OK(cuCtxPopCurrent(NULL));
+  cr_assert_eq(simcuda_inject("cuDevicePrimaryCtxReset_v2", CUDA_ERROR_INVALID_VALUE, 1), 0);
+  cr_assert_eq(cuDevicePrimaryCtxReset(0), CUDA_ERROR_INVALID_VALUE);
+  cr_assert(h_table_matches_sim("after the refused reset"));
+  gpureclaim_block_t b;
+  cr_assert(h_find(p, &b) && b.state == GPURECLAIM_BLOCK_LIVE);
+  OK(cuDevicePrimaryCtxReset(0));
+  cr_assert(!h_find(p, &b), "a reset that happened drops the record");
+  cr_assert(h_table_matches_sim("after the reset"));
+  OK(cuDevicePrimaryCtxRelease(0));
+}
+
+Test(interleavings, a_refused_cumemunmap_keeps_its_mapping) {
+  CUmemAllocationProp prop;
+  memset(&prop, 0, sizeof prop);
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  size_t gran;
+  OK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  CUdeviceptr va;
+  CUmemGenericAllocationHandle h;
+  OK(cuMemAddressReserve(&va, 2 * gran, 0, 0, 0));
+  OK(cuMemCreate(&h, 2 * gran, &prop, 0));
+  OK(cuMemMap(va, 2 * gran, 0, h, 0));
+  OK(cuMemRelease(h)); /* the mapping keeps the memory */
+  cr_assert_eq(simcuda_inject("cuMemUnmap", CUDA_ERROR_INVALID_VALUE, 1), 0);
+  cr_assert_eq(cuMemUnmap(va, 2 * gran), CUDA_ERROR_INVALID_VALUE);
+  cr_assert(h_table_matches_sim("after the refused unmap"));
+  cr_assert_eq(h_count(GPURECLAIM_KIND_VMM_MAPPING), 1, "the mapping is still tracked");
+  cr_assert_eq(h_count(GPURECLAIM_KIND_VMM), 1, "and so is its released handle, which it keeps alive");
+  OK(cuMemUnmap(va, 2 * gran));
+  cr_assert_eq(h_count(GPURECLAIM_KIND_VMM), 0, "the last unmap frees the released handle's memory");
+  OK(cuMemAddressFree(va, 2 * gran));
+  cr_assert(h_table_matches_sim("after the unmap"));
+}
+
+/* ---- a free racing a refused destroy ---- */
+
+typedef struct {
+  CUdeviceptr freed, reused;
+} free_then_reuse_t;
+
+/* Another thread frees A's block while A's destroy is in the driver, and the driver hands its address to a block
+ * of B. */
+static void free_then_reuse(void *arg) {
+  free_then_reuse_t *f = arg;
+  OK(cuMemFree(f->freed));
+  f->reused = alloc_in_b(1 * MiB);
+}
+
+Test(interleavings, a_block_freed_during_a_refused_destroy_is_not_put_back) {
+  free_then_reuse_t f = {.freed = orphan_in_a(1 * MiB)};
+  uint64_t untracked = grs().untracked_frees;
+  cr_assert_eq(simcuda_on_return("cuCtxDestroy_v2", free_then_reuse, &f), 0);
+  cr_assert_eq(simcuda_inject("cuCtxDestroy_v2", CUDA_ERROR_INVALID_CONTEXT, 1), 0);
+  cr_assert_eq(cuCtxDestroy(g_a), CUDA_ERROR_INVALID_CONTEXT);
+  cr_assert_eq(f.reused, f.freed, "the driver handed the address out again (the step this test places)");
+  cr_assert_eq(grs().untracked_frees, untracked, "the free during the destroy was a tracked one");
+  cr_assert(h_table_matches_sim("after the refused destroy"));
+  gpureclaim_report_t rep = {.size = sizeof rep};
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &rep), 0);
+  cr_assert_eq(rep.orphaned_blocks, 0, "no orphan came back");
+  cr_assert_eq(sim(g_b).live_blocks, 1, "B's block at the reused address is alive");
+  OK(cuMemFree(f.reused));
+}
+
+/* ---- an allocation racing a destroy that succeeds ---- */
+
+static void *destroy_a(void *arg) {
+  (void)arg;
+  OK(cuCtxDestroy(g_a));
+  return NULL;
+}
+
+/* A's destroy runs on another thread after the driver handed out a block of A and before gpureclaim records it. */
+static void destroy_a_elsewhere(void *arg) {
+  (void)arg;
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, destroy_a, NULL), 0);
+  pthread_join(t, NULL);
+}
+
+Test(interleavings, a_block_allocated_as_its_context_is_destroyed_leaves_no_record) {
+  uint64_t s = gpureclaim_scope_begin();
+  CUdeviceptr p;
+  cr_assert_eq(simcuda_on_return("cuMemAlloc_v2", destroy_a_elsewhere, NULL), 0);
+  OK(cuMemAlloc(&p, 1 * MiB)); /* the driver's answer, though the block is gone by the time it returns */
+  cr_assert_eq(sim(NULL).contexts, 1, "A is gone (the step this test places)");
+  cr_assert_eq(gpureclaim_scope_end(s, 0), 0);
+  OK(cuCtxSetCurrent(g_b));
+  gpureclaim_block_t b;
+  cr_assert(!h_find(p, &b), "no record of a block the driver freed with its context");
+  CUdeviceptr q;
+  OK(cuMemAlloc(&q, 1 * MiB));
+  cr_assert_eq(q, p, "the driver hands the address out again");
+  gpureclaim_report_t rep = {.size = sizeof rep};
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &rep), 0);
+  cr_assert_eq(rep.orphaned_blocks, 0);
+  cr_assert_eq(sim(g_b).live_blocks, 1, "B's block at that address is alive");
+  cr_assert(h_table_matches_sim("after the release"));
+  OK(cuMemFree(q));
+}
+
+/* ---- a release's free and the driver's reuse of the address ---- */
+
+typedef struct {
+  CUdeviceptr p;
+} realloc_t;
+
+static void allocate_again(void *arg) {
+  realloc_t *r = arg;
+  OK(cuMemAlloc(&r->p, 1 * MiB));
+}
+
+/* The release freed an orphan; before it marks the record freed, another thread gets the address from the
+ * driver. That block's double free is the program's error and must reach the driver, not pass as a late free. */
+Test(interleavings, a_double_free_of_an_address_reused_during_a_release_reaches_the_driver) {
+  CUdeviceptr old = orphan_in_a(1 * MiB);
+  realloc_t r = {0};
+  cr_assert_eq(simcuda_on_return("cuMemFree_v2", allocate_again, &r), 0);
+  gpureclaim_report_t rep = {.size = sizeof rep};
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &rep), 0);
+  cr_assert_eq(rep.orphaned_blocks, 1);
+  cr_assert_eq(r.p, old, "the driver handed the address out during the release (the step this test places)");
+  uint64_t late = grs().late_frees, calls = simcuda_calls("cuMemFree_v2");
+  OK(cuMemFree(r.p));
+  cr_assert_eq(cuMemFree(r.p), CUDA_ERROR_INVALID_VALUE, "the double free gets the driver's answer");
+  cr_assert_eq(simcuda_calls("cuMemFree_v2"), calls + 2, "both frees reached the driver");
+  cr_assert_eq(grs().late_frees, late);
+  cr_assert(h_table_matches_sim("after the frees"));
+}
