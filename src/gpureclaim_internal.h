@@ -429,7 +429,14 @@ int gr_rel_run(unsigned what, int trigger, gpureclaim_report_t *out);
 /* What an out-of-memory failure may release on the allocating thread. Returns bytes given back. */
 uint64_t gr_rel_for_oom(void);
 /* Frees the blocks of scope slot s now (GPURECLAIM_FREE_NOW). */
-void gr_rel_free_scope_now(uint16_t slot, gpureclaim_report_t *rep);
+/* A key a scope listed for its end (scope.c): where one of its records may be. */
+typedef struct gr_scope_key {
+  uint64_t key;
+  uint32_t ks; /* GR_KS_ADDR or GR_KS_HANDLE */
+} gr_scope_key_t;
+/* Frees the orphans of scope slot `slot` at once (GPURECLAIM_FREE_NOW): those under the n keys given, or with
+ * keys NULL every orphan of the slot in the table. */
+void gr_rel_free_scope_now(uint16_t slot, const gr_scope_key_t *keys, size_t n, gpureclaim_report_t *rep);
 int gr_rel_start_worker(void);
 void gr_rel_stop_worker(void);
 /* A block was allocated at key (an address, or a VMM handle): a tombstone of a reclaimed block there leaves. */

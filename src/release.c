@@ -222,6 +222,8 @@ typedef struct free_job {
   gr_rec_t *claimed; /* claimed this round (state RECLAIMING in the table; the records as they were before) */
   size_t nclaimed, cap;
   bool more;         /* the array could not grow: another round claims the rest */
+  const gr_scope_key_t *keys; /* non-NULL: claim only under these keys (a scope's end), not by a table visit */
+  size_t nkeys, next; /* next: the first key not yet looked at, across rounds */
 } free_job_t;
 
 /* RECLAIMED tombstones in the table, per key space: addresses (GR_KS_ADDR) and VMM handles (GR_KS_HANDLE).
@@ -290,27 +292,41 @@ static bool edit_unmapped(gr_rec_t *r, void *arg) {
 /* Blocks are claimed while the table is visited, then freed in address order. The driver's cost depends on the
  * order: 10,000 1 MiB blocks freed in address order take about what cudaFree in allocation order takes, in the
  * table's hash order 1.5-1.6 times that (H100, bench/gpu/bench_release.cu). */
-static int claim_one(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
-  free_job_t *j = arg;
+/* Whether this release frees r. */
+static bool claimable(const free_job_t *j, const gr_rec_t *r) {
   if (!((j->states >> r->state) & 1) || !in_pass(j, r->kind) || (j->scope && r->scope != j->scope) ||
       (j->only_ctx && r->ctx_id != j->ctx_id))
-    return 0;
-  if (r->kind == GPURECLAIM_KIND_VMM && r->aux)
-    return 0; /* still mapped: the mapping pass (ALL) or the program unmaps it first */
+    return false;
+  return !(r->kind == GPURECLAIM_KIND_VMM && r->aux); /* still mapped: the mapping pass (ALL) or the program
+                                                         unmaps it first */
+}
+
+/* Room for one more claim this round; false when the round is full or the array cannot grow (then `more`: the
+ * next round, after these are freed, claims the rest). */
+static bool claim_room(free_job_t *j) {
   if (j->nclaimed == ROUND_MAX) {
-    j->more = true; /* the next round claims the rest: the context gate is held one round at a time */
-    return 1;
+    j->more = true; /* the context gate is held one round at a time */
+    return false;
   }
   if (j->nclaimed == j->cap) {
     size_t cap = j->cap ? j->cap * 2 : 256;
     gr_rec_t *v = realloc(j->claimed, cap * sizeof *v);
     if (!v) {
-      j->more = true; /* left for the next round, after these are freed */
-      return 0;
+      j->more = true;
+      return false;
     }
     j->claimed = v;
     j->cap = cap;
   }
+  return true;
+}
+
+static int claim_one(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
+  free_job_t *j = arg;
+  if (!claimable(j, r))
+    return 0;
+  if (!claim_room(j))
+    return j->nclaimed == ROUND_MAX;
   gr_rec_t expect = *r, want = *r;
   want.state = GR_ST_RECLAIMING;
   int rc;
@@ -323,6 +339,25 @@ static int claim_one(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
   if (rc == 0)
     j->claimed[j->nclaimed++] = expect;
   return 0;
+}
+
+static bool claim_edit(gr_rec_t *r, void *arg) {
+  if (!claimable(arg, r))
+    return false;
+  r->state = GR_ST_RECLAIMING;
+  return true;
+}
+
+/* claim_one for a job with a list of keys: looks up each key once, across rounds. */
+static void claim_keys(free_job_t *j) {
+  for (; j->next < j->nkeys; j->next++) {
+    if (!claim_room(j))
+      return;
+    const gr_scope_key_t *k = &j->keys[j->next];
+    gr_rec_t before;
+    if (gr_table_update(k->ks, k->key, j->states, claim_edit, j, &before) == 0)
+      j->claimed[j->nclaimed++] = before;
+  }
 }
 
 static int by_key(const void *a, const void *b) {
@@ -416,7 +451,10 @@ static void free_pass(free_job_t *j) {
     gr_rel_watch(1); /* before any claim: an allocation that gets a freed address sees its RECLAIMING record */
     j->nclaimed = 0;
     j->more = false;
-    gr_table_visit(claim_one, j);
+    if (j->keys)
+      claim_keys(j);
+    else
+      gr_table_visit(claim_one, j);
     if (j->nclaimed > 1) /* (qsort of NULL, even of nothing, is undefined) */
       qsort(j->claimed, j->nclaimed, sizeof *j->claimed, by_key);
     size_t freed = 0;
@@ -513,6 +551,8 @@ typedef struct {
   bool only_ctx;
   uint16_t ctx_id;
   uint16_t scope;
+  const gr_scope_key_t *keys; /* with scope: only these keys (NULL: visit the table) */
+  size_t nkeys;
   bool served_signal; /* a release signal asked for it (alone or coalesced with other requests) */
 } rel_args_t;
 
@@ -537,6 +577,8 @@ static void do_release(const rel_args_t *a, gpureclaim_report_t *rep) {
   job.scope = a->scope;
   job.only_ctx = a->only_ctx;
   job.ctx_id = a->ctx_id;
+  job.keys = a->keys;
+  job.nkeys = a->nkeys;
   if (a->what & GPURECLAIM_ALL) {
     job.all = true;
     job.states = GR_STMASK(GR_ST_LIVE) | GR_STMASK(GR_ST_ORPHAN);
@@ -664,8 +706,9 @@ GR_EXPORT int gpureclaim_release_context(void *ctx, gpureclaim_report_t *out) {
   return 0;
 }
 
-void gr_rel_free_scope_now(uint16_t slot, gpureclaim_report_t *out) {
-  rel_args_t a = {.what = GPURECLAIM_ORPHANED, .trigger = GPURECLAIM_TRIGGER_SCOPE, .scope = slot};
+void gr_rel_free_scope_now(uint16_t slot, const gr_scope_key_t *keys, size_t n, gpureclaim_report_t *out) {
+  rel_args_t a = {.what = GPURECLAIM_ORPHANED, .trigger = GPURECLAIM_TRIGGER_SCOPE, .scope = slot, .keys = keys,
+                  .nkeys = n};
   gpureclaim_report_t rep;
   do_release(&a, &rep);
   copy_report(out, &rep);

@@ -47,10 +47,7 @@ enum { S_FREE = 0, S_OPEN = 1, S_ENDED = 2, S_OPENING = 3 };
 #define GR_SCOPE_REALLOC realloc
 #endif
 
-typedef struct tagged {
-  uint64_t key;
-  uint32_t ks; /* GR_KS_ADDR or GR_KS_HANDLE */
-} tagged_t;
+typedef gr_scope_key_t tagged_t;
 
 typedef struct slot {
   _Atomic uint64_t id;
@@ -364,8 +361,9 @@ GR_EXPORT int gpureclaim_scope_end(uint64_t scope, unsigned flags) {
     if (e) {
       e->slot = s;
       orphan_all(e, keys, n, scan);
+      /* Under the same keys: the release costs what the scope held too. */
       if ((flags & GPURECLAIM_FREE_NOW) && e->orphans)
-        gr_rel_free_scope_now(s, NULL);
+        gr_rel_free_scope_now(s, scan ? NULL : keys, scan ? 0 : n, NULL);
       free(e);
     }
   }

@@ -172,6 +172,18 @@ Test(release, orphans_of_ended_scopes_only) {
   cr_assert(h_find(keep1, &b));
 }
 
+/* Allocates 256 KiB on another thread into ((CUdeviceptr *)arg)[0], in a scope of its own that it ends (the
+ * block is then that scope's orphan) when ((CUdeviceptr *)arg)[1] is non-zero. */
+static void *alloc_256k_elsewhere(void *arg) {
+  CUdeviceptr *p = arg;
+  OK(cuCtxSetCurrent(g_ctx));
+  uint64_t s = p[1] ? gpureclaim_scope_begin() : 0;
+  OK(cuMemAlloc(&p[0], 256 * 1024));
+  if (s)
+    cr_assert_eq(gpureclaim_scope_end(s, 0), 0);
+  return NULL;
+}
+
 Test(release, free_now) {
   uint64_t s = gpureclaim_scope_begin();
   CUdeviceptr p;
@@ -180,6 +192,49 @@ Test(release, free_now) {
   cr_assert_eq(gpureclaim_scope_end(s, GPURECLAIM_FREE_NOW), 0);
   cr_assert_eq(sim().live_bytes, before - 3 * MiB, "freed at once");
   cr_assert(h_table_matches_sim("free now"));
+}
+
+/* FREE_NOW frees what the scope left live and nothing else: not another ended scope's orphans (a release
+ * frees those), not unscoped blocks, not a block that got an address the scope had freed. */
+Test(release, free_now_frees_only_its_own_scope) {
+  uint64_t other = gpureclaim_scope_begin();
+  CUdeviceptr o;
+  OK(cuMemAlloc(&o, 1 * MiB));
+  cr_assert_eq(gpureclaim_scope_end(other, 0), 0);
+  CUdeviceptr mine[8], outside[64];
+  for (int i = 0; i < 64; i++)
+    OK(cuMemAlloc(&outside[i], 64 * 1024));
+  uint64_t s = gpureclaim_scope_begin();
+  for (int i = 0; i < 8; i++)
+    OK(cuMemAlloc(&mine[i], 256 * 1024));
+  /* The scope frees two blocks; the driver hands both addresses out again at once, to other threads: one to a
+   * block of no scope, one to a block of another scope, which ends and leaves it an orphan. */
+  CUdeviceptr unscoped[2] = {0, 0}, orphan[2] = {0, 1};
+  pthread_t t;
+  OK(cuMemFree(mine[0]));
+  cr_assert_eq(pthread_create(&t, NULL, alloc_256k_elsewhere, unscoped), 0);
+  pthread_join(t, NULL);
+  OK(cuMemFree(mine[1]));
+  cr_assert_eq(pthread_create(&t, NULL, alloc_256k_elsewhere, orphan), 0);
+  pthread_join(t, NULL);
+  cr_assert_eq(unscoped[0], mine[0], "the simulator handed the scope's freed address out again");
+  cr_assert_eq(orphan[0], mine[1]);
+  uint64_t live = sim().live_bytes;
+  cr_assert_eq(gpureclaim_scope_end(s, GPURECLAIM_FREE_NOW), 0);
+  cr_assert_eq(sim().live_bytes, live - 6 * 256 * 1024, "the scope's 6 live blocks, and only them, freed");
+  gpureclaim_block_t b;
+  cr_assert(h_find(unscoped[0], &b) && b.state == GPURECLAIM_BLOCK_LIVE, "the unscoped block kept");
+  cr_assert(h_find(orphan[0], &b) && b.state == GPURECLAIM_BLOCK_ORPHAN, "the other scope's orphan kept");
+  cr_assert(h_find(o, &b) && b.state == GPURECLAIM_BLOCK_ORPHAN, "another scope's orphan kept for a release");
+  for (int i = 0; i < 64; i++)
+    cr_assert(h_find(outside[i], &b) && b.state == GPURECLAIM_BLOCK_LIVE);
+  cr_assert(h_table_matches_sim("free now, own scope only"));
+  gpureclaim_report_t r = {.size = sizeof r};
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &r), 0);
+  cr_assert_eq(r.orphaned_blocks, 2, "the other scopes' orphans, by a release");
+  OK(cuMemFree(unscoped[0]));
+  for (int i = 0; i < 64; i++)
+    OK(cuMemFree(outside[i]));
 }
 
 /* Properties of a cuMemCreate on device 0; returns the allocation granularity. */
