@@ -331,6 +331,7 @@ int h_scenario(const drv_api_t *api) {
   OK(api->cuMemFreeAsync(d1, s)); /* a cuMemAlloc block may be freed stream-ordered too */
   CHECK("cuMemFreeAsync of a cuMemAlloc block");
   OK(api->cuMemFreeAsync(a5, NULL));
+  OK(api->cuCtxSynchronize()); /* the stream-ordered frees run when their streams get there */
   OK(api->cuMemPoolTrimTo(pool, 0));
   OK(api->cuMemPoolTrimTo(defpool, 0));
   CHECK("cuMemPoolTrimTo");

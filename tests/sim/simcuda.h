@@ -8,7 +8,7 @@
  * Every call here bypasses gpureclaim (nothing hooks simcuda_*), so it reports the driver's own truth.
  *
  * Environment (read at cuInit):
- *   SIMCUDA_DEVICES      number of devices, 1..8 (default 1)
+ *   SIMCUDA_DEVICES      number of devices, 0..8 (default 2)
  *   SIMCUDA_DEVICE_MEM   capacity of each device, bytes with optional K/M/G/T suffix (default 80G)
  *   SIMCUDA_TRACE        1: print every driver call to stderr
  */
@@ -39,6 +39,7 @@ typedef struct simcuda_stats {
   uint64_t used_bytes;          /* counted against capacity: live (not pool) + pool reserved + vmm physical */
   uint64_t capacity_bytes;      /* SIMCUDA_DEVICE_MEM (times devices for -1) */
   uint64_t contexts;            /* live contexts (primary contexts that are active, created ones) */
+  uint64_t vmm_mapped_bytes;    /* bytes of live cuMemMap mappings */
 } simcuda_stats_t;
 
 /* Returns 0, CUDA_ERROR_INVALID_VALUE for a bad device/NULL out, CUDA_ERROR_INVALID_CONTEXT for an unknown ctx.
