@@ -28,7 +28,7 @@ extern cudaError_t cudaMemcpy_ptds(void *dst, const void *src, size_t count, enu
 
 /* The requests the real CUDA 13.0 runtime makes, in order, from the repository's recording. */
 typedef struct req {
-  char name[64];
+  char name[128];
   int version;
   uint64_t flags;
 } req_t;
