@@ -279,7 +279,7 @@ uint16_t gr_reg_pool(CUmemoryPool pool, int device, bool is_default);
 CUmemoryPool gr_reg_pool_handle(uint16_t id);
 int gr_reg_pool_device(uint16_t id);
 void gr_reg_pool_destroyed(CUmemoryPool pool);
-/* The device's current pool (cuDeviceGetMemPool, cached; cuDeviceSetMemPool updates it). */
+/* The device's current pool (cuDeviceGetMemPool, cached; cuDeviceSetMemPool and cuMemSetMemPool update it). */
 uint16_t gr_reg_device_pool(int device);
 void gr_reg_device_set_pool(int device, CUmemoryPool pool);
 /* Calls fn for every live pool. */

@@ -497,6 +497,58 @@ static CUresult b_dev_set_pool(void *realp, uintptr_t ra, CUdevice dev, CUmemory
   return rc;
 }
 
+/* CUDA 13's pools by location and allocation type. A device's pinned-memory pools are the ones the
+ * cuDevice*MemPool calls name, learnt the same way: cuMemSetMemPool there changes the pool cuMemAllocAsync
+ * takes from, so the blocks name the right pool and a release trims it. Pools of other locations (host,
+ * host NUMA) and managed-memory pools are registered too (device -1 unless the location is a device): a
+ * release trims every pool seen, and a trim only returns memory no allocation uses. */
+static int pool_location_device(const CUmemLocation *loc, CUmemAllocationType type, bool *device_pinned) {
+  bool dev = loc && loc->type == CU_MEM_LOCATION_TYPE_DEVICE && loc->id >= 0;
+  *device_pinned = dev && type == CU_MEM_ALLOCATION_TYPE_PINNED;
+  return dev ? loc->id : -1;
+}
+
+static CUresult b_mem_default_pool(void *realp, uintptr_t ra, CUmemoryPool *pool_out, CUmemLocation *location,
+                                   CUmemAllocationType type) {
+  (void)ra;
+  NEED_REAL(realp);
+  CUresult rc = ((PFN_cuMemGetDefaultMemPool_v13000)realp)(pool_out, location, type);
+  if (rc == CUDA_SUCCESS && gr_core_active()) {
+    bool pinned;
+    int dev = pool_location_device(location, type, &pinned);
+    gr_reg_pool(*pool_out, dev, pinned);
+  }
+  return rc;
+}
+
+static CUresult b_mem_get_pool(void *realp, uintptr_t ra, CUmemoryPool *pool, CUmemLocation *location,
+                               CUmemAllocationType type) {
+  (void)ra;
+  NEED_REAL(realp);
+  CUresult rc = ((PFN_cuMemGetMemPool_v13000)realp)(pool, location, type);
+  if (rc == CUDA_SUCCESS && gr_core_active()) {
+    bool pinned;
+    gr_reg_pool(*pool, pool_location_device(location, type, &pinned), false);
+  }
+  return rc;
+}
+
+static CUresult b_mem_set_pool(void *realp, uintptr_t ra, CUmemLocation *location, CUmemAllocationType type,
+                               CUmemoryPool pool) {
+  (void)ra;
+  NEED_REAL(realp);
+  CUresult rc = ((PFN_cuMemSetMemPool_v13000)realp)(location, type, pool);
+  if (rc == CUDA_SUCCESS && gr_core_active()) {
+    bool pinned;
+    int dev = pool_location_device(location, type, &pinned);
+    if (pinned)
+      gr_reg_device_set_pool(dev, pool); /* what cuDeviceSetMemPool(dev, pool) does */
+    else
+      gr_reg_pool(pool, dev, false);
+  }
+  return rc;
+}
+
 /* ---- contexts ---- */
 
 static CUresult b_primary_retain(void *realp, uintptr_t ra, CUcontext *pctx, CUdevice dev) {

@@ -63,6 +63,12 @@
     (pool, dev))                                                                                             \
   X(cuDeviceSetMemPool, "cuDeviceSetMemPool", 11020, 0, b_dev_set_pool, (CUdevice dev, CUmemoryPool pool),   \
     (dev, pool))                                                                                             \
+  X(cuMemGetDefaultMemPool, "cuMemGetDefaultMemPool", 13000, 0, b_mem_default_pool,                          \
+    (CUmemoryPool * pool_out, CUmemLocation * location, CUmemAllocationType type), (pool_out, location, type)) \
+  X(cuMemGetMemPool, "cuMemGetMemPool", 13000, 0, b_mem_get_pool,                                            \
+    (CUmemoryPool * pool, CUmemLocation * location, CUmemAllocationType type), (pool, location, type))       \
+  X(cuMemSetMemPool, "cuMemSetMemPool", 13000, 0, b_mem_set_pool,                                            \
+    (CUmemLocation * location, CUmemAllocationType type, CUmemoryPool pool), (location, type, pool))         \
   X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000, 0, b_primary_retain,                         \
     (CUcontext * pctx, CUdevice dev), (pctx, dev))                                                           \
   X(cuCtxCreate, "cuCtxCreate", 2000, 0, b_ctx_create, (CUcontext * pctx, unsigned int flags, CUdevice dev), \

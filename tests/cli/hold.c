@@ -57,7 +57,8 @@ int main(int argc, char **argv) {
   cuDeviceGetDefaultMemPool(&pool, dev);
   cuuint64_t keep = UINT64_MAX;
   cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep);
-  if (cuMemAllocAsync(&cached, 64 * MiB, NULL) || cuMemFreeAsync(cached, NULL))
+  /* The free runs when the stream reaches it: synchronise so that the pool caches the memory. */
+  if (cuMemAllocAsync(&cached, 64 * MiB, NULL) || cuMemFreeAsync(cached, NULL) || cuStreamSynchronize(NULL))
     return 4;
   uint64_t s = gpureclaim_scope_begin();
   if (cuMemAlloc(&orphan, 5 * MiB))

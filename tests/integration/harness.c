@@ -206,21 +206,23 @@ bool h_table_matches_sim(const char *what) {
   bool counters = s.live_bytes == ss.live_bytes + ss.vmm_phys_bytes &&
                   s.live_blocks == ss.live_blocks + ss.vmm_handles && s.host_pinned_bytes == ss.host_bytes &&
                   s.host_pinned_blocks == ss.host_blocks && s.va_reserved_bytes == ss.va_reserved_bytes &&
-                  s.pool_reserved_bytes == ss.pool_reserved_bytes && s.pool_used_bytes == ss.pool_used_bytes;
+                  s.pool_reserved_bytes == ss.pool_reserved_bytes && s.pool_used_bytes == ss.pool_used_bytes &&
+                  s.vmm_mapped_bytes == ss.vmm_mapped_bytes;
   if (!ok || !counters) {
     fprintf(stderr, "table differs from the simulator after: %s\n", what);
     dump("gpureclaim", &gr);
     dump("simulator", &sim);
     fprintf(stderr,
             "  stats: live %llu/%llu bytes (sim %llu+%llu vmm), blocks %llu (sim %llu+%llu), host %llu/%llu, va %llu/%llu, "
-            "pool %llu/%llu used %llu/%llu\n",
+            "pool %llu/%llu used %llu/%llu, vmm mapped %llu/%llu\n",
             (unsigned long long)s.live_bytes, (unsigned long long)s.live_bytes, (unsigned long long)ss.live_bytes,
             (unsigned long long)ss.vmm_phys_bytes, (unsigned long long)s.live_blocks,
             (unsigned long long)ss.live_blocks, (unsigned long long)ss.vmm_handles,
             (unsigned long long)s.host_pinned_bytes, (unsigned long long)ss.host_bytes,
             (unsigned long long)s.va_reserved_bytes, (unsigned long long)ss.va_reserved_bytes,
             (unsigned long long)s.pool_reserved_bytes, (unsigned long long)ss.pool_reserved_bytes,
-            (unsigned long long)s.pool_used_bytes, (unsigned long long)ss.pool_used_bytes);
+            (unsigned long long)s.pool_used_bytes, (unsigned long long)ss.pool_used_bytes,
+            (unsigned long long)s.vmm_mapped_bytes, (unsigned long long)ss.vmm_mapped_bytes);
   }
   free(gr.v);
   free(sim.v);
@@ -331,6 +333,7 @@ int h_scenario(const drv_api_t *api) {
   OK(api->cuMemFreeAsync(d1, s)); /* a cuMemAlloc block may be freed stream-ordered too */
   CHECK("cuMemFreeAsync of a cuMemAlloc block");
   OK(api->cuMemFreeAsync(a5, NULL));
+  OK(api->cuCtxSynchronize()); /* the stream-ordered frees run when their streams get there */
   OK(api->cuMemPoolTrimTo(pool, 0));
   OK(api->cuMemPoolTrimTo(defpool, 0));
   CHECK("cuMemPoolTrimTo");

@@ -20,7 +20,7 @@ class SimStats(ctypes.Structure):
     _fields_ = [("size", ctypes.c_size_t)] + [(n, ctypes.c_uint64) for n in (
         "live_blocks", "live_bytes", "pool_reserved_bytes", "pool_used_bytes", "vmm_handles", "vmm_phys_bytes",
         "vmm_mappings", "va_reserved_bytes", "host_blocks", "host_bytes", "used_bytes", "capacity_bytes",
-        "contexts")]
+        "contexts", "vmm_mapped_bytes")]
 
 
 def sim_live_bytes():

@@ -65,7 +65,8 @@
   X(cuMemPoolSetAttribute) X(cuMemPoolGetAttribute) X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool)        \
   X(cuDeviceSetMemPool) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap) \
   X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAllocationGranularity) X(cuGetErrorName) X(cuGetErrorString)      \
-  X(cuGetProcAddress) X(cuGetProcAddress_v2) X(cuMemGetAllocationPropertiesFromHandle)
+  X(cuGetProcAddress) X(cuGetProcAddress_v2) X(cuMemGetAllocationPropertiesFromHandle) X(cuMemGetDefaultMemPool)  \
+  X(cuMemGetMemPool) X(cuMemSetMemPool)
 
 enum {
 #define X(n) SIMFN_##n,
@@ -194,13 +195,14 @@ static inline CUresult sim_leave(int id, CUresult r) {
 
 /* ---------------------------------------------------------------------------------------- state types */
 
-enum { ST_LIVE = 1, ST_ARENA_CACHED = 2, ST_POOL_CACHED = 3 };
+/* ST_PENDING: freed with cuMemFreeAsync, waiting in its stream's pending list for the stream to reach the free. */
+enum { ST_LIVE = 1, ST_ARENA_CACHED = 2, ST_POOL_CACHED = 3, ST_PENDING = 4 };
 
 typedef struct blk {
   uint64_t addr;
   uint64_t rounded; /* chunk (size-class) bytes; mapping length for host blocks */
   uint64_t bytes;   /* requested */
-  struct blk *next, *prev; /* owner context's live list, or a cache's LIFO (next only) */
+  struct blk *next, *prev; /* owner context's live list, or a cache's LIFO / a pending list (next only) */
   struct CUctx_st *ctx;
   struct CUmemPoolHandle_st *pool;
   uint16_t cls;
@@ -218,6 +220,7 @@ struct CUctx_st {
   unsigned flags;
   blk_t *blocks;
   struct CUstream_st *streams;
+  blk_t *pend_legacy, *pend_pt; /* stream-ordered frees not yet reached: legacy and per-thread default streams */
   uint64_t live_blocks, live_bytes, plain_bytes, pool_used, host_blocks, host_bytes;
   struct CUctx_st *all_next; /* every context ever made: handles stay unique and dereferenceable */
 };
@@ -225,6 +228,7 @@ struct CUctx_st {
 struct CUstream_st {
   struct CUctx_st *ctx;
   unsigned flags;
+  blk_t *pend; /* stream-ordered frees on this stream not yet reached */
   struct CUstream_st *next, *prev;
 };
 
@@ -254,7 +258,7 @@ typedef struct simdev {
   struct CUmemPoolHandle_st *curpool;
   struct CUmemPoolHandle_st *pools; /* list through dev_next, default pool included */
   uint64_t live_blocks, live_bytes, plain_bytes, pool_reserved, pool_used;
-  uint64_t vmm_handles, vmm_phys, vmm_mappings, host_blocks, host_bytes, contexts;
+  uint64_t vmm_handles, vmm_phys, vmm_mappings, vmm_mapped, host_blocks, host_bytes, contexts;
 } simdev_t;
 
 typedef struct vmm_handle {
@@ -297,6 +301,8 @@ static struct {
   uint64_t va_base, va_size, va_reserved;
   simextmgr_t va_ext;
   uint64_t vmm_seq;
+  uint64_t *vmm_freed; /* handle values whose memory is gone, most recent last: reused first, as the driver does */
+  size_t vmm_nfreed, vmm_capfreed;
   struct CUctx_st *all_ctx;
   struct CUmemPoolHandle_st *all_pools; /* destroyed pools stay reachable (blocks may point to them) */
   blk_t *rec_free;
@@ -403,14 +409,18 @@ static uint64_t parse_bytes(const char *s) {
   return (uint64_t)b;
 }
 
+/* Two devices unless told otherwise: code that assumes one device, or records everything on device 0, must not
+ * pass by accident. */
+#define SIM_DEFAULT_DEVICES 2
+
 static int env_devices(void) {
   const char *s = getenv("SIMCUDA_DEVICES");
-  if (!s || !*s) return 1;
+  if (!s || !*s) return SIM_DEFAULT_DEVICES;
   char *end;
   long n = strtol(s, &end, 10);
   if (*end || n < 0) {
     fprintf(stderr, "simcuda: ignoring SIMCUDA_DEVICES=%s (want 0..%d)\n", s, SIM_MAX_DEV);
-    return 1;
+    return SIM_DEFAULT_DEVICES;
   }
   if (n > SIM_MAX_DEV) {
     fprintf(stderr, "simcuda: SIMCUDA_DEVICES=%s capped at %d\n", s, SIM_MAX_DEV);
@@ -784,19 +794,34 @@ static CUresult pool_alloc_locked(struct CUmemPoolHandle_st *p, struct CUctx_st 
   return CUDA_SUCCESS;
 }
 
-/* Returns a stream-ordered block to its pool (cached, still reserved), or to the arena when the pool is gone. */
-static void pool_free_locked(blk_t *b) {
-  struct CUmemPoolHandle_st *p = b->pool;
-  simdev_t *d = &g.dev[p->device];
+/* Stream-ordered frees, as the device runs them. cuMemFreeAsync takes the block from the program at once (it
+ * is no longer live, its address is no longer valid), but the memory goes back to its pool only when the
+ * stream's work reaches the free: at the next synchronisation covering that stream (cuStreamSynchronize of
+ * it, of the legacy default stream for blocking streams, cuCtxSynchronize, cuMemFree of a stream-ordered
+ * block, which synchronises the device, or the context's destruction), or when a later allocation on the same
+ * stream runs (stream order: the free happened before it). Until then the pool counts the memory as used,
+ * and cuMemPoolTrimTo cannot return it. The simulator has no events, so no event synchronisation. */
+
+/* The block leaves the program: no longer live, still used in its pool. */
+static void pool_unlive_locked(blk_t *b) {
+  simdev_t *d = &g.dev[b->pool->device];
   struct CUctx_st *c = b->ctx;
   ctx_unlink(c, b);
-  p->used -= b->rounded;
   d->live_blocks--;
   d->live_bytes -= b->bytes;
-  d->pool_used -= b->rounded;
   c->live_blocks--;
   c->live_bytes -= b->bytes;
   c->pool_used -= b->rounded;
+  b->ctx = NULL;
+}
+
+/* The free has run: the block's chunk goes back to its pool (cached, still reserved), or to the arena when the
+ * pool is gone. */
+static void pool_complete_locked(blk_t *b) {
+  struct CUmemPoolHandle_st *p = b->pool;
+  simdev_t *d = &g.dev[p->device];
+  p->used -= b->rounded;
+  d->pool_used -= b->rounded;
   if (!p->alive) {
     pool_release_chunk(p, b);
     return;
@@ -806,6 +831,51 @@ static void pool_free_locked(blk_t *b) {
   b->prev = NULL;
   b->next = p->cache[b->cls];
   p->cache[b->cls] = b;
+}
+
+/* A free that takes effect at once (cuMemFree of a stream-ordered block, a context's teardown). */
+static void pool_free_locked(blk_t *b) {
+  pool_unlive_locked(b);
+  pool_complete_locked(b);
+}
+
+/* A stream-ordered free: queued on the stream's pending list. */
+static void pool_free_async_locked(blk_t *b, blk_t **pend) {
+  pool_unlive_locked(b);
+  b->state = ST_PENDING;
+  b->prev = NULL;
+  b->next = *pend;
+  *pend = b;
+}
+
+/* The stream reached its queued frees. */
+static void pend_complete_locked(blk_t **pend) {
+  blk_t *fifo = NULL; /* the list is newest first: run the frees in the order they were made */
+  while (*pend) {
+    blk_t *b = *pend;
+    *pend = b->next;
+    b->next = fifo;
+    fifo = b;
+  }
+  while (fifo) {
+    blk_t *b = fifo;
+    fifo = b->next;
+    pool_complete_locked(b);
+  }
+}
+
+/* Every stream of the context reached its queued frees. */
+static void ctx_complete_locked(struct CUctx_st *c) {
+  pend_complete_locked(&c->pend_legacy);
+  pend_complete_locked(&c->pend_pt);
+  for (struct CUstream_st *s = c->streams; s; s = s->next) pend_complete_locked(&s->pend);
+}
+
+/* Every context of the device reached its queued frees. */
+static void dev_complete_locked(int device) {
+  ctx_complete_locked(&g.dev[device].primary);
+  for (struct CUctx_st *c = g.all_ctx; c; c = c->all_next)
+    if (c->alive && c->device == device) ctx_complete_locked(c);
 }
 
 /* What a synchronization does to pools: memory above each pool's release threshold goes back. */
@@ -872,6 +942,7 @@ static void ctx_teardown_locked(struct CUctx_st *c) {
     else if (b->kind == SIMCUDA_HOST) host_free_locked(b);
     else plain_free_locked(b);
   }
+  ctx_complete_locked(c); /* destroying a context waits for its streams */
   while (c->streams) {
     struct CUstream_st *s = c->streams;
     c->streams = s->next;
@@ -894,6 +965,15 @@ static CUresult stream_ctx_locked(CUstream h, struct CUctx_st **out) {
   if (!s->ctx->alive) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
   *out = s->ctx;
   return CUDA_SUCCESS;
+}
+
+/* The pending-free list of a stream in context c: its own, or the context's for a default stream. per_thread:
+ * the call is a _ptsz variant, where stream 0 means the per-thread default stream. Caller holds the lock;
+ * h is valid (stream_ctx_locked succeeded). The per-thread default streams of all threads share one list. */
+static blk_t **pend_list_locked(CUstream h, int per_thread, struct CUctx_st *c) {
+  if (h == CU_STREAM_PER_THREAD || (h == NULL && per_thread)) return &c->pend_pt;
+  if (special_stream(h)) return &c->pend_legacy;
+  return &((struct CUstream_st *)simmap_get(&g.streams, (uint64_t)(uintptr_t)h))->pend;
 }
 
 /* ------------------------------------------------------------------------------- address validation */
@@ -1354,7 +1434,10 @@ static CUresult impl_ctx_sync(CUcontext h) {
   struct CUctx_st *c;
   LOCK();
   CUresult r = ctx_arg_locked(h, &c);
-  if (r == CUDA_SUCCESS) sync_device_locked(c->device);
+  if (r == CUDA_SUCCESS) {
+    ctx_complete_locked(c);
+    sync_device_locked(c->device);
+  }
   UNLOCK();
   return r;
 }
@@ -1439,7 +1522,8 @@ static CUresult impl_free(CUdeviceptr dptr) {
     } else if (b->kind == SIMCUDA_ASYNC) {
       int dev = b->device;
       pool_free_locked(b);
-      sync_device_locked(dev); /* cuMemFree of a stream-ordered block synchronizes the device */
+      dev_complete_locked(dev); /* cuMemFree of a stream-ordered block synchronizes the device */
+      sync_device_locked(dev);
     } else {
       plain_free_locked(b);
     }
@@ -1706,6 +1790,13 @@ static CUresult impl_stream_destroy(CUstream h) {
     if (s->prev) s->prev->next = s->next;
     else c->streams = s->next;
     if (s->next) s->next->prev = s->prev;
+    /* Destroying a stream does not wait for it: its queued frees run at the context's next synchronisation. */
+    while (s->pend) {
+      blk_t *b = s->pend;
+      s->pend = b->next;
+      b->next = c->pend_legacy;
+      c->pend_legacy = b;
+    }
     free(s);
   }
   UNLOCK();
@@ -1722,24 +1813,31 @@ SIM_API cuStreamDestroy(CUstream hStream) {
   LEAVE(cuStreamDestroy, impl_stream_destroy(hStream));
 }
 
-static CUresult impl_stream_sync(CUstream h) {
+static CUresult impl_stream_sync(CUstream h, int per_thread) {
   if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
   LOCK();
   struct CUctx_st *c;
   CUresult r = stream_ctx_locked(h, &c);
-  if (r == CUDA_SUCCESS) sync_device_locked(c->device);
+  if (r == CUDA_SUCCESS) {
+    blk_t **pend = pend_list_locked(h, per_thread, c);
+    pend_complete_locked(pend);
+    if (pend == &c->pend_legacy) /* the legacy default stream waits for every blocking stream */
+      for (struct CUstream_st *s = c->streams; s; s = s->next)
+        if (!(s->flags & CU_STREAM_NON_BLOCKING)) pend_complete_locked(&s->pend);
+    sync_device_locked(c->device);
+  }
   UNLOCK();
   return r;
 }
 
 SIM_API cuStreamSynchronize(CUstream hStream) {
   ENTER(cuStreamSynchronize);
-  LEAVE(cuStreamSynchronize, impl_stream_sync(hStream));
+  LEAVE(cuStreamSynchronize, impl_stream_sync(hStream, 0));
 }
 
 SIM_API cuStreamSynchronize_ptsz(CUstream hStream) {
   ENTER(cuStreamSynchronize_ptsz);
-  LEAVE(cuStreamSynchronize_ptsz, impl_stream_sync(hStream));
+  LEAVE(cuStreamSynchronize_ptsz, impl_stream_sync(hStream, 1));
 }
 
 static CUresult impl_stream_get_ctx(CUstream h, CUcontext *pctx) {
@@ -1779,13 +1877,15 @@ SIM_API cuStreamGetCtx_v2_ptsz(CUstream hStream, CUcontext *pCtx, CUgreenCtx *pG
 
 /* ---- stream-ordered allocation */
 
-static CUresult impl_alloc_async(CUdeviceptr *dptr, uint64_t bytes, CUmemoryPool hpool, int from_pool, CUstream h) {
+static CUresult impl_alloc_async(CUdeviceptr *dptr, uint64_t bytes, CUmemoryPool hpool, int from_pool, CUstream h,
+                                 int per_thread) {
   if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
   if (!dptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
   LOCK();
   struct CUctx_st *c;
   CUresult r = stream_ctx_locked(h, &c);
   if (r == CUDA_SUCCESS) {
+    pend_complete_locked(pend_list_locked(h, per_thread, c)); /* earlier frees on this stream have run */
     struct CUmemPoolHandle_st *p = from_pool ? pool_lookup(hpool) : g.dev[c->device].curpool;
     if (!p) r = CUDA_ERROR_INVALID_VALUE;
     else r = pool_alloc_locked(p, c, bytes, dptr);
@@ -1796,25 +1896,25 @@ static CUresult impl_alloc_async(CUdeviceptr *dptr, uint64_t bytes, CUmemoryPool
 
 SIM_API cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
   ENTER(cuMemAllocAsync);
-  LEAVE(cuMemAllocAsync, impl_alloc_async(dptr, bytesize, NULL, 0, hStream));
+  LEAVE(cuMemAllocAsync, impl_alloc_async(dptr, bytesize, NULL, 0, hStream, 0));
 }
 
 SIM_API cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
   ENTER(cuMemAllocAsync_ptsz);
-  LEAVE(cuMemAllocAsync_ptsz, impl_alloc_async(dptr, bytesize, NULL, 0, hStream));
+  LEAVE(cuMemAllocAsync_ptsz, impl_alloc_async(dptr, bytesize, NULL, 0, hStream, 1));
 }
 
 SIM_API cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
   ENTER(cuMemAllocFromPoolAsync);
-  LEAVE(cuMemAllocFromPoolAsync, impl_alloc_async(dptr, bytesize, pool, 1, hStream));
+  LEAVE(cuMemAllocFromPoolAsync, impl_alloc_async(dptr, bytesize, pool, 1, hStream, 0));
 }
 
 SIM_API cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
   ENTER(cuMemAllocFromPoolAsync_ptsz);
-  LEAVE(cuMemAllocFromPoolAsync_ptsz, impl_alloc_async(dptr, bytesize, pool, 1, hStream));
+  LEAVE(cuMemAllocFromPoolAsync_ptsz, impl_alloc_async(dptr, bytesize, pool, 1, hStream, 1));
 }
 
-static CUresult impl_free_async(CUdeviceptr dptr, CUstream h) {
+static CUresult impl_free_async(CUdeviceptr dptr, CUstream h, int per_thread) {
   if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
   if (!dptr) return CUDA_ERROR_INVALID_VALUE;
   LOCK();
@@ -1823,8 +1923,8 @@ static CUresult impl_free_async(CUdeviceptr dptr, CUstream h) {
   if (r == CUDA_SUCCESS) {
     blk_t *b = simmap_get(&g.blocks, (uint64_t)dptr);
     if (!b || b->state != ST_LIVE || !is_device_kind(b->kind)) r = CUDA_ERROR_INVALID_VALUE;
-    else if (b->kind == SIMCUDA_ASYNC) pool_free_locked(b);
-    else plain_free_locked(b); /* a cuMemAlloc block may be freed stream-ordered too */
+    else if (b->kind == SIMCUDA_ASYNC) pool_free_async_locked(b, pend_list_locked(h, per_thread, c));
+    else plain_free_locked(b); /* a cuMemAlloc block may be freed stream-ordered too (at once, here) */
   }
   UNLOCK();
   return r;
@@ -1832,12 +1932,12 @@ static CUresult impl_free_async(CUdeviceptr dptr, CUstream h) {
 
 SIM_API cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
   ENTER(cuMemFreeAsync);
-  LEAVE(cuMemFreeAsync, impl_free_async(dptr, hStream));
+  LEAVE(cuMemFreeAsync, impl_free_async(dptr, hStream, 0));
 }
 
 SIM_API cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
   ENTER(cuMemFreeAsync_ptsz);
-  LEAVE(cuMemFreeAsync_ptsz, impl_free_async(dptr, hStream));
+  LEAVE(cuMemFreeAsync_ptsz, impl_free_async(dptr, hStream, 1));
 }
 
 /* ---- memory pools */
@@ -1987,6 +2087,56 @@ SIM_API cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
   LEAVE(cuDeviceSetMemPool, r);
 }
 
+/* CUDA 13's pools by location and allocation type. cuMemSetMemPool on a device's pinned memory is
+ * cuDeviceSetMemPool: cuMemAllocAsync on that device then uses the pool. The simulator's pools are all device
+ * pools of pinned memory: host locations and managed pools answer CUDA_ERROR_NOT_SUPPORTED. */
+static CUresult pool_location(const CUmemLocation *loc, CUmemAllocationType type, int *dev) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!loc || (type != CU_MEM_ALLOCATION_TYPE_PINNED && type != CU_MEM_ALLOCATION_TYPE_MANAGED))
+    return CUDA_ERROR_INVALID_VALUE;
+  if (loc->type != CU_MEM_LOCATION_TYPE_DEVICE || type != CU_MEM_ALLOCATION_TYPE_PINNED)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  if (!dev_ok(loc->id)) return CUDA_ERROR_INVALID_DEVICE;
+  *dev = loc->id;
+  return CUDA_SUCCESS;
+}
+
+SIM_API cuMemGetDefaultMemPool(CUmemoryPool *pool_out, CUmemLocation *location, CUmemAllocationType type) {
+  ENTER(cuMemGetDefaultMemPool);
+  int dev = 0;
+  CUresult r = pool_location(location, type, &dev);
+  if (r == CUDA_SUCCESS && !pool_out) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) *pool_out = &g.dev[dev].defpool;
+  LEAVE(cuMemGetDefaultMemPool, r);
+}
+
+SIM_API cuMemGetMemPool(CUmemoryPool *pool, CUmemLocation *location, CUmemAllocationType type) {
+  ENTER(cuMemGetMemPool);
+  int dev = 0;
+  CUresult r = pool_location(location, type, &dev);
+  if (r == CUDA_SUCCESS && !pool) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) {
+    LOCK();
+    *pool = g.dev[dev].curpool;
+    UNLOCK();
+  }
+  LEAVE(cuMemGetMemPool, r);
+}
+
+SIM_API cuMemSetMemPool(CUmemLocation *location, CUmemAllocationType type, CUmemoryPool pool) {
+  ENTER(cuMemSetMemPool);
+  int dev = 0;
+  CUresult r = pool_location(location, type, &dev);
+  if (r == CUDA_SUCCESS) {
+    LOCK();
+    struct CUmemPoolHandle_st *p = pool_lookup(pool);
+    if (!p || p->device != dev) r = CUDA_ERROR_INVALID_VALUE;
+    else g.dev[dev].curpool = p;
+    UNLOCK();
+  }
+  LEAVE(cuMemSetMemPool, r);
+}
+
 /* ---- virtual memory management */
 
 static CUresult check_alloc_prop(const CUmemAllocationProp *prop) {
@@ -2021,14 +2171,18 @@ SIM_API cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUm
   if (over_capacity(d, size)) {
     r = CUDA_ERROR_OUT_OF_MEMORY;
   } else {
-    /* Opaque but reproducible: the same call sequence gives the same handles. */
-    h->handle = 0x5e00000000000000ULL | ((g.vmm_seq + 1) << 8) | (uint64_t)prop->location.id;
+    /* Opaque but reproducible: the same call sequence gives the same handles. Like the real driver, the value
+     * of a handle whose memory is gone is handed out again, the most recently freed first. */
+    int reuse = g.vmm_nfreed > 0;
+    h->handle = reuse ? g.vmm_freed[g.vmm_nfreed - 1]
+                      : 0x5e00000000000000ULL | ((g.vmm_seq + 1) << 8) | (uint64_t)prop->location.id;
     h->size = size;
     h->device = prop->location.id;
     if (simmap_put(&g.vmm, h->handle, h) != 0) {
       r = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
-      g.vmm_seq++;
+      if (reuse) g.vmm_nfreed--;
+      else g.vmm_seq++;
       d->vmm_handles++;
       d->vmm_phys += size;
       *handle = h->handle;
@@ -2044,6 +2198,12 @@ static void vmm_handle_drop_locked(vmm_handle_t *h) {
   d->vmm_handles--;
   d->vmm_phys -= h->size;
   simmap_del(&g.vmm, h->handle);
+  if (g.vmm_nfreed == g.vmm_capfreed) {
+    size_t nc = g.vmm_capfreed ? 2 * g.vmm_capfreed : 64;
+    uint64_t *nv = realloc(g.vmm_freed, nc * sizeof *nv);
+    if (nv) g.vmm_freed = nv, g.vmm_capfreed = nc;
+  }
+  if (g.vmm_nfreed < g.vmm_capfreed) g.vmm_freed[g.vmm_nfreed++] = h->handle; /* else: never reused */
   free(h);
 }
 
@@ -2153,6 +2313,7 @@ SIM_API cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloca
     *mp = m;
     h->nmaps++;
     g.dev[h->device].vmm_mappings++;
+    g.dev[h->device].vmm_mapped += size;
   }
   UNLOCK();
   if (r != CUDA_SUCCESS) free(m);
@@ -2188,6 +2349,7 @@ SIM_API cuMemUnmap(CUdeviceptr ptr, size_t size) {
       mprotect((void *)(uintptr_t)m->va, m->size, PROT_NONE);
       vmm_handle_t *h = m->h;
       g.dev[h->device].vmm_mappings--;
+      g.dev[h->device].vmm_mapped -= m->size;
       if (--h->nmaps == 0 && h->released) vmm_handle_drop_locked(h);
       free(m);
     }
@@ -2335,6 +2497,9 @@ static const struct pa_entry {
     PA("cuDeviceGetDefaultMemPool", 11020, 0, cuDeviceGetDefaultMemPool)
     PA("cuDeviceGetMemPool", 11020, 0, cuDeviceGetMemPool)
     PA("cuDeviceSetMemPool", 11020, 0, cuDeviceSetMemPool)
+    PA("cuMemGetDefaultMemPool", 13000, 0, cuMemGetDefaultMemPool)
+    PA("cuMemGetMemPool", 13000, 0, cuMemGetMemPool)
+    PA("cuMemSetMemPool", 13000, 0, cuMemSetMemPool)
     PA("cuMemAddressReserve", 10020, 0, cuMemAddressReserve)
     PA("cuMemAddressFree", 10020, 0, cuMemAddressFree)
     PA("cuMemCreate", 10020, 0, cuMemCreate)
@@ -2370,7 +2535,8 @@ static CUresult impl_procaddr(const char *symbol, void **pfn, int version, cuuin
   pa_log_locked(symbol, version, flags);
   UNLOCK();
   if (!symbol || !pfn || (flags & ~3ULL) || flags == 3) return CUDA_ERROR_INVALID_VALUE;
-  if (version > SIM_DRIVER_VERSION) return CUDA_ERROR_INVALID_VALUE; /* newer than this driver */
+  /* A version above the driver's own is answered like the real CUDA 13 driver does: with the newest ABI it has
+   * at or below that version (a runtime built for 13.1 asks for 13010 and later). */
   int per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
   const struct pa_entry *best = NULL, *best_pt = NULL;
   int known = 0;
@@ -2418,6 +2584,7 @@ static void add_dev_stats(simcuda_stats_t *o, const simdev_t *d) {
   o->vmm_handles += d->vmm_handles;
   o->vmm_phys_bytes += d->vmm_phys;
   o->vmm_mappings += d->vmm_mappings;
+  o->vmm_mapped_bytes += d->vmm_mapped;
   o->host_blocks += d->host_blocks;
   o->host_bytes += d->host_bytes;
   o->used_bytes += dev_used(d);

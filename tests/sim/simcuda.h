@@ -8,9 +8,13 @@
  * Every call here bypasses gpureclaim (nothing hooks simcuda_*), so it reports the driver's own truth.
  *
  * Environment (read at cuInit):
- *   SIMCUDA_DEVICES      number of devices, 1..8 (default 1)
+ *   SIMCUDA_DEVICES      number of devices, 0..8 (default 2)
  *   SIMCUDA_DEVICE_MEM   capacity of each device, bytes with optional K/M/G/T suffix (default 80G)
  *   SIMCUDA_TRACE        1: print every driver call to stderr
+ *
+ * Where it is simpler than a GPU, it errs on the side that exposes mistakes: a stream-ordered free takes
+ * effect only when a synchronisation covers its stream (or a later allocation on that stream runs), so a
+ * trim before it returns nothing; freed VMM handle values and addresses are handed out again at once.
  */
 #ifndef SIMCUDA_H
 #define SIMCUDA_H
@@ -29,7 +33,8 @@ typedef struct simcuda_stats {
   uint64_t live_blocks;         /* cuMemAlloc/Pitch/Managed blocks + stream-ordered blocks handed out */
   uint64_t live_bytes;          /* their requested sizes */
   uint64_t pool_reserved_bytes; /* memory all pools hold (handed out or cached) */
-  uint64_t pool_used_bytes;     /* memory of pools handed out */
+  uint64_t pool_used_bytes;     /* memory of pools handed out, or freed stream-ordered and not yet reached by its
+                                   stream (a free runs at the stream's next synchronisation) */
   uint64_t vmm_handles;         /* cuMemCreate handles whose memory still exists (unreleased, or mapped) */
   uint64_t vmm_phys_bytes;      /* their bytes */
   uint64_t vmm_mappings;        /* live cuMemMap mappings */
@@ -39,6 +44,7 @@ typedef struct simcuda_stats {
   uint64_t used_bytes;          /* counted against capacity: live (not pool) + pool reserved + vmm physical */
   uint64_t capacity_bytes;      /* SIMCUDA_DEVICE_MEM (times devices for -1) */
   uint64_t contexts;            /* live contexts (primary contexts that are active, created ones) */
+  uint64_t vmm_mapped_bytes;    /* bytes of live cuMemMap mappings */
 } simcuda_stats_t;
 
 /* Returns 0, CUDA_ERROR_INVALID_VALUE for a bad device/NULL out, CUDA_ERROR_INVALID_CONTEXT for an unknown ctx.

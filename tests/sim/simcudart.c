@@ -2,10 +2,14 @@
  * simcudart.c -- the simulated CUDA runtime (libcudart.so.13 and libcudart_static.a from this one source).
  *
  * It reaches the driver exactly like the real CUDA 13 runtime, because that route is what gpureclaim has to
- * intercept: it imports no cu* symbol; it dlopen()s libcuda.so.1, dlsym()s only "cuGetProcAddress_v2", asks
- * that for "cuGetProcAddress" at 11030 and 12000, and resolves every other entry point once, at init,
- * through the 12000 function: at version 13000 with flags 0, the stream-ordered and copy functions a second
- * time with the per-thread default stream flag, and a few old ABIs on purpose.
+ * intercept: it imports no cu* symbol; it dlopen()s libcuda.so.1, dlsym()s only "cuGetProcAddress_v2", and
+ * at init sends the very requests the real CUDA 13.0 runtime sends, in its order (data/cudart13-procaddr-
+ * requests.txt, compiled in as cudart13_requests.inc): an empty-name probe, cuInit, "cuGetProcAddress" at
+ * 11030 and 12000 through the dlsym()ed getter, then about 436 entry points through the 12000 getter, each
+ * at the version that introduced the ABI wanted (so old ABIs such as cuCtxCreate@3020 on purpose), those
+ * taking a stream a second time with the per-thread default stream flag. Like the real runtime it tolerates
+ * CUDA_ERROR_NOT_FOUND (the driver lacks that name or version): only the few entry points it calls must be
+ * there.
  */
 #define _GNU_SOURCE
 /* Declares both the plain and the _ptsz/_ptds runtime entry points with no renaming macro. */
@@ -60,8 +64,7 @@ static struct drv {
   PFN_cuStreamDestroy_v4000 streamDestroy;
   PFN_cuStreamSynchronize_v2000 streamSynchronize;
   PFN_cuStreamSynchronize_v7000_ptsz streamSynchronize_ptsz;
-  PFN_cuStreamGetCtx_v12050 streamGetCtx;
-  PFN_cuStreamGetCtx_v12050_ptsz streamGetCtx_ptsz;
+  PFN_cuStreamGetCtx_v9020 streamGetCtx;
   PFN_cuMemAllocAsync_v11020 memAllocAsync;
   PFN_cuMemAllocAsync_v11020_ptsz memAllocAsync_ptsz;
   PFN_cuMemFreeAsync_v11020 memFreeAsync;
@@ -76,7 +79,21 @@ static struct drv {
   PFN_cuDeviceGetDefaultMemPool_v11020 deviceGetDefaultMemPool;
   PFN_cuDeviceGetMemPool_v11020 deviceGetMemPool;
   PFN_cuDeviceSetMemPool_v11020 deviceSetMemPool;
+  PFN_cuMemGetDefaultMemPool_v13000 memGetDefaultMemPool;
+  PFN_cuMemGetMemPool_v13000 memGetMemPool;
+  PFN_cuMemSetMemPool_v13000 memSetMemPool;
 } D;
+
+/* What the real runtime asks cuGetProcAddress for, in its order. */
+static const struct request {
+  const char *name;
+  int version;
+  int flags;
+} k_requests[] = {
+#define REQ(name, ver, flags) {name, ver, flags},
+#include "cudart13_requests.inc"
+#undef REQ
+};
 
 #define PT ((int)CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
 static const struct {
@@ -84,56 +101,58 @@ static const struct {
   int version;
   int flags;
   size_t off;
-} k_syms[] = {
+} k_syms[] = { /* the entry points this runtime calls: each is one of k_requests */
 #define S(name, ver, flags, field) {name, ver, flags, offsetof(struct drv, field)},
-    S("cuInit", 13000, 0, init)
-    S("cuDriverGetVersion", 13000, 0, driverGetVersion)
-    S("cuDeviceGet", 13000, 0, deviceGet)
-    S("cuDeviceGetCount", 13000, 0, deviceGetCount)
-    S("cuDevicePrimaryCtxRetain", 13000, 0, primaryRetain)
+    S("cuInit", 2000, 0, init)
+    S("cuDriverGetVersion", 2020, 0, driverGetVersion)
+    S("cuDeviceGet", 2000, 0, deviceGet)
+    S("cuDeviceGetCount", 2000, 0, deviceGetCount)
+    S("cuDevicePrimaryCtxRetain", 7000, 0, primaryRetain)
     S("cuDevicePrimaryCtxRelease", 7000, 0, primaryRelease)
     S("cuDevicePrimaryCtxReset", 7000, 0, primaryReset)
     S("cuCtxCreate", 3020, 0, ctxCreate)
-    S("cuCtxGetCurrent", 13000, 0, ctxGetCurrent)
-    S("cuCtxSetCurrent", 13000, 0, ctxSetCurrent)
+    S("cuCtxGetCurrent", 4000, 0, ctxGetCurrent)
+    S("cuCtxSetCurrent", 4000, 0, ctxSetCurrent)
     S("cuCtxGetDevice", 13000, 0, ctxGetDevice)
     S("cuCtxSynchronize", 13000, 0, ctxSynchronize)
-    S("cuMemAlloc", 13000, 0, memAlloc)
-    S("cuMemFree", 13000, 0, memFree)
-    S("cuMemAllocPitch", 13000, 0, memAllocPitch)
-    S("cuMemAllocManaged", 13000, 0, memAllocManaged)
-    S("cuMemHostAlloc", 13000, 0, memHostAlloc)
-    S("cuMemFreeHost", 13000, 0, memFreeHost)
-    S("cuMemGetInfo", 13000, 0, memGetInfo)
-    S("cuMemGetAddressRange", 13000, 0, memGetAddressRange)
-    S("cuMemcpyHtoD", 13000, 0, memcpyHtoD)
-    S("cuMemcpyDtoH", 13000, 0, memcpyDtoH)
-    S("cuMemcpyDtoD", 13000, 0, memcpyDtoD)
-    S("cuMemsetD8", 13000, 0, memsetD8)
-    S("cuMemcpyHtoD", 13000, PT, memcpyHtoD_ptds)
-    S("cuMemcpyDtoH", 13000, PT, memcpyDtoH_ptds)
-    S("cuMemcpyDtoD", 13000, PT, memcpyDtoD_ptds)
-    S("cuMemsetD8", 13000, PT, memsetD8_ptds)
-    S("cuStreamCreate", 13000, 0, streamCreate)
-    S("cuStreamDestroy", 13000, 0, streamDestroy)
-    S("cuStreamSynchronize", 13000, 0, streamSynchronize)
-    S("cuStreamSynchronize", 13000, PT, streamSynchronize_ptsz)
-    S("cuStreamGetCtx", 13000, 0, streamGetCtx)
-    S("cuStreamGetCtx", 13000, PT, streamGetCtx_ptsz)
-    S("cuMemAllocAsync", 13000, 0, memAllocAsync)
-    S("cuMemAllocAsync", 13000, PT, memAllocAsync_ptsz)
-    S("cuMemFreeAsync", 13000, 0, memFreeAsync)
-    S("cuMemFreeAsync", 13000, PT, memFreeAsync_ptsz)
-    S("cuMemAllocFromPoolAsync", 13000, 0, memAllocFromPoolAsync)
-    S("cuMemAllocFromPoolAsync", 13000, PT, memAllocFromPoolAsync_ptsz)
-    S("cuMemPoolCreate", 13000, 0, memPoolCreate)
-    S("cuMemPoolDestroy", 13000, 0, memPoolDestroy)
-    S("cuMemPoolTrimTo", 13000, 0, memPoolTrimTo)
-    S("cuMemPoolSetAttribute", 13000, 0, memPoolSetAttribute)
-    S("cuMemPoolGetAttribute", 13000, 0, memPoolGetAttribute)
-    S("cuDeviceGetDefaultMemPool", 13000, 0, deviceGetDefaultMemPool)
-    S("cuDeviceGetMemPool", 13000, 0, deviceGetMemPool)
-    S("cuDeviceSetMemPool", 13000, 0, deviceSetMemPool)
+    S("cuMemAlloc", 3020, 0, memAlloc)
+    S("cuMemFree", 3020, 0, memFree)
+    S("cuMemAllocPitch", 3020, 0, memAllocPitch)
+    S("cuMemAllocManaged", 6000, 0, memAllocManaged)
+    S("cuMemHostAlloc", 2020, 0, memHostAlloc)
+    S("cuMemFreeHost", 2000, 0, memFreeHost)
+    S("cuMemGetInfo", 3020, 0, memGetInfo)
+    S("cuMemGetAddressRange", 3020, 0, memGetAddressRange)
+    S("cuMemcpyHtoD", 3020, 0, memcpyHtoD)
+    S("cuMemcpyDtoH", 3020, 0, memcpyDtoH)
+    S("cuMemcpyDtoD", 3020, 0, memcpyDtoD)
+    S("cuMemsetD8", 3020, 0, memsetD8)
+    S("cuMemcpyHtoD", 7000, PT, memcpyHtoD_ptds)
+    S("cuMemcpyDtoH", 7000, PT, memcpyDtoH_ptds)
+    S("cuMemcpyDtoD", 7000, PT, memcpyDtoD_ptds)
+    S("cuMemsetD8", 7000, PT, memsetD8_ptds)
+    S("cuStreamCreate", 2000, 0, streamCreate)
+    S("cuStreamDestroy", 4000, 0, streamDestroy)
+    S("cuStreamSynchronize", 2000, 0, streamSynchronize)
+    S("cuStreamSynchronize", 7000, PT, streamSynchronize_ptsz)
+    S("cuStreamGetCtx", 9020, 0, streamGetCtx)
+    S("cuMemAllocAsync", 11020, 0, memAllocAsync)
+    S("cuMemAllocAsync", 11020, PT, memAllocAsync_ptsz)
+    S("cuMemFreeAsync", 11020, 0, memFreeAsync)
+    S("cuMemFreeAsync", 11020, PT, memFreeAsync_ptsz)
+    S("cuMemAllocFromPoolAsync", 11020, 0, memAllocFromPoolAsync)
+    S("cuMemAllocFromPoolAsync", 11020, PT, memAllocFromPoolAsync_ptsz)
+    S("cuMemPoolCreate", 11020, 0, memPoolCreate)
+    S("cuMemPoolDestroy", 11020, 0, memPoolDestroy)
+    S("cuMemPoolTrimTo", 11020, 0, memPoolTrimTo)
+    S("cuMemPoolSetAttribute", 11020, 0, memPoolSetAttribute)
+    S("cuMemPoolGetAttribute", 11020, 0, memPoolGetAttribute)
+    S("cuDeviceGetDefaultMemPool", 11020, 0, deviceGetDefaultMemPool)
+    S("cuDeviceGetMemPool", 11020, 0, deviceGetMemPool)
+    S("cuDeviceSetMemPool", 11020, 0, deviceSetMemPool)
+    S("cuMemGetDefaultMemPool", 13000, 0, memGetDefaultMemPool)
+    S("cuMemGetMemPool", 13000, 0, memGetMemPool)
+    S("cuMemSetMemPool", 13000, 0, memSetMemPool)
 #undef S
 };
 
@@ -177,6 +196,8 @@ static inline cudaError_t ret(cudaError_t e) {
   return e;
 }
 
+static void *g_req_fn[sizeof k_requests / sizeof k_requests[0]]; /* what each request got, or NULL */
+
 static void load_once(void) {
   void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!h) {
@@ -188,22 +209,32 @@ static void load_once(void) {
     g_load_err = cudaErrorInsufficientDriver;
     return;
   }
-  CUdriverProcAddressQueryResult st;
-  void *p = NULL;
-  if (first("cuGetProcAddress", &p, 11030, 0, &st) != CUDA_SUCCESS || !p) {
+  /* Every request in order; until the driver handed out its 12000 getter, through the dlsym()ed one. A name
+   * the driver does not have (CUDA_ERROR_NOT_FOUND, or any other refusal) just leaves that slot empty. */
+  for (size_t i = 0; i < sizeof k_requests / sizeof k_requests[0]; i++) {
+    const struct request *q = &k_requests[i];
+    CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;
+    void *p = NULL;
+    CUresult r = (D.gpa ? D.gpa : first)(q->name, &p, q->version, (cuuint64_t)q->flags, &st);
+    if (r != CUDA_SUCCESS || st != CU_GET_PROC_ADDRESS_SUCCESS) p = NULL;
+    g_req_fn[i] = p;
+    if (p && strcmp(q->name, "cuGetProcAddress") == 0) {
+      if (q->version == 11030) D.gpa_v11030 = (PFN_cuGetProcAddress_v11030)p;
+      else if (q->version == 12000) D.gpa = (PFN_cuGetProcAddress_v12000)p;
+    }
+  }
+  if (!D.gpa_v11030 || !D.gpa) {
     g_load_err = cudaErrorInsufficientDriver;
     return;
   }
-  D.gpa_v11030 = (PFN_cuGetProcAddress_v11030)p;
-  p = NULL;
-  if (first("cuGetProcAddress", &p, 12000, 0, &st) != CUDA_SUCCESS || !p) {
-    g_load_err = cudaErrorInsufficientDriver;
-    return;
-  }
-  D.gpa = (PFN_cuGetProcAddress_v12000)p;
+  /* The entry points this runtime calls must all be there (the real one needs far more). */
   for (size_t i = 0; i < sizeof k_syms / sizeof k_syms[0]; i++) {
-    p = NULL;
-    if (D.gpa(k_syms[i].name, &p, k_syms[i].version, (cuuint64_t)k_syms[i].flags, &st) != CUDA_SUCCESS || !p) {
+    void *p = NULL;
+    for (size_t j = 0; j < sizeof k_requests / sizeof k_requests[0]; j++)
+      if (k_requests[j].version == k_syms[i].version && k_requests[j].flags == k_syms[i].flags &&
+          strcmp(k_requests[j].name, k_syms[i].name) == 0)
+        p = g_req_fn[j];
+    if (!p) {
       g_load_err = cudaErrorInsufficientDriver;
       return;
     }
@@ -444,6 +475,31 @@ RT_API cudaDeviceSetMemPool(int device, cudaMemPool_t memPool) {
   cudaError_t e = rt_load();
   if (e != cudaSuccess) return ret(e);
   return ret(map_err(D.deviceSetMemPool(device, memPool)));
+}
+
+RT_API cudaMemGetDefaultMemPool(cudaMemPool_t *memPool, struct cudaMemLocation *location,
+                                enum cudaMemAllocationType type) {
+  cudaError_t e = rt_load();
+  if (e != cudaSuccess) return ret(e);
+  if (!location) return ret(cudaErrorInvalidValue);
+  CUmemLocation loc = {(CUmemLocationType)location->type, location->id};
+  return ret(map_err(D.memGetDefaultMemPool(memPool, &loc, (CUmemAllocationType)type)));
+}
+
+RT_API cudaMemGetMemPool(cudaMemPool_t *memPool, struct cudaMemLocation *location, enum cudaMemAllocationType type) {
+  cudaError_t e = rt_load();
+  if (e != cudaSuccess) return ret(e);
+  if (!location) return ret(cudaErrorInvalidValue);
+  CUmemLocation loc = {(CUmemLocationType)location->type, location->id};
+  return ret(map_err(D.memGetMemPool(memPool, &loc, (CUmemAllocationType)type)));
+}
+
+RT_API cudaMemSetMemPool(struct cudaMemLocation *location, enum cudaMemAllocationType type, cudaMemPool_t memPool) {
+  cudaError_t e = rt_load();
+  if (e != cudaSuccess) return ret(e);
+  if (!location) return ret(cudaErrorInvalidValue);
+  CUmemLocation loc = {(CUmemLocationType)location->type, location->id};
+  return ret(map_err(D.memSetMemPool(&loc, (CUmemAllocationType)type, memPool)));
 }
 
 RT_API cudaMemPoolCreate(cudaMemPool_t *memPool, const struct cudaMemPoolProps *poolProps) {

@@ -42,7 +42,7 @@ Test(sim_ctx, primary_retain_release_frees_on_final_release) {
   /* still current on this thread, but destroyed */
   ERR(cuMemAlloc(&p, MiB), CUDA_ERROR_CONTEXT_IS_DESTROYED);
   ERR(cuDevicePrimaryCtxRetain(NULL, 0), CUDA_ERROR_INVALID_VALUE);
-  ERR(cuDevicePrimaryCtxRetain(&a, 1), CUDA_ERROR_INVALID_DEVICE);
+  ERR(cuDevicePrimaryCtxRetain(&a, 2), CUDA_ERROR_INVALID_DEVICE); /* two devices by default */
   OK(cuDevicePrimaryCtxRetain(&b, 0)); /* re-activates the same handle */
   cr_assert_eq(a, b);
   OK(cuMemAlloc(&p, MiB));

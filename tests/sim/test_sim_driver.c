@@ -25,7 +25,8 @@ Test(sim_driver, before_init) {
   OK(cuGetErrorName(CUDA_ERROR_OUT_OF_MEMORY, &s));
   cr_assert_str_eq(s, "CUDA_ERROR_OUT_OF_MEMORY");
   simcuda_stats_t st = sim_stats(-1, NULL);
-  cr_assert_eq(st.capacity_bytes, 80 * GiB);
+  cr_assert_eq(st.capacity_bytes, 2 * 80 * GiB, "two devices of 80 GiB by default");
+  cr_assert_eq(sim_stats(1, NULL).capacity_bytes, 80 * GiB);
   cr_assert_eq(st.live_blocks, 0);
   ERR(cuInit(1), CUDA_ERROR_INVALID_VALUE);
   OK(cuInit(0));
@@ -391,11 +392,11 @@ Test(sim_driver, stats_arguments) {
   s.size = 8;
   ERR(simcuda_stats(0, NULL, &s), CUDA_ERROR_INVALID_VALUE);
   s.size = sizeof s;
-  ERR(simcuda_stats(1, NULL, &s), CUDA_ERROR_INVALID_VALUE);
+  ERR(simcuda_stats(2, NULL, &s), CUDA_ERROR_INVALID_VALUE);
   ERR(simcuda_stats(-2, NULL, &s), CUDA_ERROR_INVALID_VALUE);
   sim_primary(0);
   ERR(simcuda_stats(0, (CUcontext)&s, &s), CUDA_ERROR_INVALID_CONTEXT);
-  cr_assert_eq(simcuda_arena(1, NULL, NULL), -1);
+  cr_assert_eq(simcuda_arena(2, NULL, NULL), -1);
   uint64_t base = 0, size = 0;
   cr_assert_geq(simcuda_arena(0, &base, &size), 0);
   cr_assert(base && size >= 64 * GiB);

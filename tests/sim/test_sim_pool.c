@@ -51,7 +51,39 @@ Test(sim_pool, default_and_current_pool) {
   ERR(cuDeviceSetMemPool(0, (CUmemoryPool)&cur), CUDA_ERROR_INVALID_VALUE);
   ERR(cuDeviceSetMemPool(3, mine), CUDA_ERROR_INVALID_DEVICE);
   ERR(cuDeviceGetDefaultMemPool(NULL, 0), CUDA_ERROR_INVALID_VALUE);
-  ERR(cuDeviceGetDefaultMemPool(&cur, 1), CUDA_ERROR_INVALID_DEVICE);
+  ERR(cuDeviceGetDefaultMemPool(&cur, 2), CUDA_ERROR_INVALID_DEVICE); /* two devices by default */
+}
+
+Test(sim_pool, cuda13_pools_by_location) {
+  sim_primary(0);
+  CUmemLocation l1 = {CU_MEM_LOCATION_TYPE_DEVICE, 1}, host = {CU_MEM_LOCATION_TYPE_HOST, 0};
+  CUmemoryPool def1 = NULL, cur = NULL;
+  OK(cuMemGetDefaultMemPool(&def1, &l1, CU_MEM_ALLOCATION_TYPE_PINNED));
+  cr_assert_eq(def1, default_pool(1), "the same default pool as cuDeviceGetDefaultMemPool");
+  OK(cuMemGetMemPool(&cur, &l1, CU_MEM_ALLOCATION_TYPE_PINNED));
+  cr_assert_eq(cur, def1);
+  CUmemoryPool mine = make_pool(1);
+  OK(cuMemSetMemPool(&l1, CU_MEM_ALLOCATION_TYPE_PINNED, mine));
+  OK(cuMemGetMemPool(&cur, &l1, CU_MEM_ALLOCATION_TYPE_PINNED));
+  cr_assert_eq(cur, mine);
+  OK(cuDeviceGetMemPool(&cur, 1));
+  cr_assert_eq(cur, mine, "cuMemSetMemPool on a device's pinned memory is cuDeviceSetMemPool");
+  CUcontext c1;
+  OK(cuDevicePrimaryCtxRetain(&c1, 1));
+  OK(cuCtxSetCurrent(c1));
+  CUdeviceptr p;
+  OK(cuMemAllocAsync(&p, MiB, NULL));
+  cr_assert_eq(sim_block(p, SIMCUDA_ASYNC).pool, mine, "cuMemAllocAsync takes from the pool set current");
+  ERR(cuMemSetMemPool(&(CUmemLocation){CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ALLOCATION_TYPE_PINNED, mine),
+      CUDA_ERROR_INVALID_VALUE); /* a pool of another device */
+  ERR(cuMemGetMemPool(&cur, &host, CU_MEM_ALLOCATION_TYPE_PINNED), CUDA_ERROR_NOT_SUPPORTED);
+  ERR(cuMemGetDefaultMemPool(&cur, &l1, CU_MEM_ALLOCATION_TYPE_MANAGED), CUDA_ERROR_NOT_SUPPORTED);
+  ERR(cuMemGetDefaultMemPool(&cur, &l1, CU_MEM_ALLOCATION_TYPE_INVALID), CUDA_ERROR_INVALID_VALUE);
+  ERR(cuMemGetDefaultMemPool(&cur, NULL, CU_MEM_ALLOCATION_TYPE_PINNED), CUDA_ERROR_INVALID_VALUE);
+  ERR(cuMemGetDefaultMemPool(NULL, &l1, CU_MEM_ALLOCATION_TYPE_PINNED), CUDA_ERROR_INVALID_VALUE);
+  ERR(cuMemGetMemPool(&cur, &(CUmemLocation){CU_MEM_LOCATION_TYPE_DEVICE, 2}, CU_MEM_ALLOCATION_TYPE_PINNED),
+      CUDA_ERROR_INVALID_DEVICE);
+  cr_assert_eq(sim_proc("cuMemSetMemPool", 13000, 0), (void *)cuMemSetMemPool);
 }
 
 Test(sim_pool, pool_of_another_device_cannot_be_current) {
@@ -76,18 +108,19 @@ Test(sim_pool, freed_memory_stays_reserved_and_is_reused) {
   cr_assert_eq(sim_stats(0, NULL).live_blocks, 4);
   for (int i = 0; i < 4; i++) OK(cuMemFreeAsync(p[i], NULL));
   cr_assert_eq(attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 4 * MiB, "freed memory stays in the pool");
-  cr_assert_eq(attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 0);
+  cr_assert_eq(attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 4 * MiB, "in use until the stream reaches the frees");
   simcuda_stats_t s = sim_stats(0, NULL);
-  cr_assert_eq(s.live_blocks, 0);
+  cr_assert_eq(s.live_blocks, 0, "but no longer the program's");
   cr_assert_eq(s.pool_reserved_bytes, 4 * MiB);
   cr_assert_eq(s.used_bytes, 4 * MiB, "cached pool memory counts against capacity");
   size_t fr, total;
   OK(cuMemGetInfo(&fr, &total));
   cr_assert_eq(fr, total - 4 * MiB);
   CUdeviceptr q;
-  OK(cuMemAllocAsync(&q, MiB, NULL));
-  cr_assert_eq(q, p[3], "the pool hands its freed memory out again");
+  OK(cuMemAllocAsync(&q, MiB, NULL)); /* same stream: the frees before it have run */
+  cr_assert_eq(q, p[3], "the pool hands its freed memory out again, the last freed first");
   cr_assert_eq(attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 4 * MiB);
+  cr_assert_eq(attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), MiB);
   ERR(cuMemFreeAsync(p[0], NULL), CUDA_ERROR_INVALID_VALUE); /* double free */
   ERR(cuMemFree(p[0]), CUDA_ERROR_INVALID_VALUE);
 }
@@ -95,10 +128,12 @@ Test(sim_pool, freed_memory_stays_reserved_and_is_reused) {
 Test(sim_pool, trim_releases_unused_memory) {
   sim_primary(0);
   CUmemoryPool pool = default_pool(0);
+  set_threshold(pool, UINT64_MAX); /* so that the synchronisation below keeps everything */
   CUdeviceptr p[4], keep;
   for (int i = 0; i < 4; i++) OK(cuMemAllocAsync(&p[i], 2 * MiB, NULL));
   OK(cuMemAllocAsync(&keep, MiB, NULL));
   for (int i = 0; i < 4; i++) OK(cuMemFreeAsync(p[i], NULL));
+  OK(cuStreamSynchronize(NULL));
   cr_assert_eq(attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 9 * MiB);
   OK(cuMemPoolTrimTo(pool, 5 * MiB));
   uint64_t r = attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
@@ -109,6 +144,64 @@ Test(sim_pool, trim_releases_unused_memory) {
   cr_assert_eq(sim_stats(0, NULL).used_bytes, MiB);
   cr_assert_eq(attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH), 9 * MiB);
   ERR(cuMemPoolTrimTo((CUmemoryPool)&r, 0), CUDA_ERROR_INVALID_VALUE);
+}
+
+/* A stream-ordered free takes effect when the stream reaches it: until some synchronisation covers that stream,
+ * a trim cannot return the memory. */
+Test(sim_pool, frees_take_effect_at_the_stream_s_synchronisation) {
+  sim_primary(0);
+  CUmemoryPool pool = default_pool(0);
+  set_threshold(pool, UINT64_MAX);
+  CUstream s1, s2, nb;
+  OK(cuStreamCreate(&s1, 0));
+  OK(cuStreamCreate(&s2, 0));
+  OK(cuStreamCreate(&nb, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr a, b, c;
+  OK(cuMemAllocAsync(&a, 2 * MiB, s1));
+  OK(cuMemAllocAsync(&b, 4 * MiB, s2));
+  OK(cuMemAllocAsync(&c, 8 * MiB, nb));
+  OK(cuMemFreeAsync(a, s1));
+  OK(cuMemFreeAsync(b, s2));
+  OK(cuMemFreeAsync(c, nb));
+  cr_assert_eq(sim_stats(0, NULL).live_blocks, 0);
+  OK(cuMemPoolTrimTo(pool, 0));
+  cr_assert_eq(attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 14 * MiB, "no free has run yet");
+  OK(cuStreamSynchronize(s1));
+  OK(cuMemPoolTrimTo(pool, 0));
+  cr_assert_eq(attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 12 * MiB, "s1's free ran, only s1's");
+  OK(cuStreamSynchronize(NULL)); /* the legacy stream waits for blocking streams, not for nb */
+  OK(cuMemPoolTrimTo(pool, 0));
+  cr_assert_eq(attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 8 * MiB);
+  OK(cuStreamDestroy(nb)); /* its free still runs, at the context's next synchronisation */
+  OK(cuMemPoolTrimTo(pool, 0));
+  cr_assert_eq(attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 8 * MiB);
+  OK(cuCtxSynchronize());
+  OK(cuMemPoolTrimTo(pool, 0));
+  cr_assert_eq(attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 0);
+  cr_assert_eq(attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 0);
+
+  /* per-thread default stream; a context's destruction runs its streams' frees */
+  typedef CUresult (*free_fn)(CUdeviceptr, CUstream);
+  typedef CUresult (*sync_fn)(CUstream);
+  free_fn f_pt = (free_fn)sim_proc("cuMemFreeAsync", 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
+  sync_fn s_pt = (sync_fn)sim_proc("cuStreamSynchronize", 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
+  OK(cuMemAllocAsync(&a, 2 * MiB, CU_STREAM_PER_THREAD));
+  OK(f_pt(a, NULL)); /* _ptsz: stream 0 is the per-thread default stream */
+  OK(cuStreamSynchronize(NULL));
+  OK(cuMemPoolTrimTo(pool, 0));
+  cr_assert_eq(attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 2 * MiB, "the legacy stream is another stream");
+  OK(s_pt(NULL));
+  OK(cuMemPoolTrimTo(pool, 0));
+  cr_assert_eq(attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 0);
+  CUcontext mine;
+  OK(cuCtxCreate(&mine, NULL, 0, 0));
+  OK(cuStreamCreate(&s1, 0));
+  OK(cuMemAllocAsync(&a, 2 * MiB, s1));
+  OK(cuMemFreeAsync(a, s1));
+  OK(cuCtxDestroy(mine));
+  OK(cuMemPoolTrimTo(pool, 0));
+  cr_assert_eq(attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 0);
+  ERR(cuMemFreeAsync(a, NULL), CUDA_ERROR_INVALID_VALUE); /* freed already */
 }
 
 Test(sim_pool, release_at_synchronization_follows_the_threshold) {
@@ -189,6 +282,7 @@ Test(sim_pool, attributes) {
   OK(cuMemAllocFromPoolAsync(&a, 4 * MiB, pool, NULL));
   OK(cuMemAllocFromPoolAsync(&b, 4 * MiB, pool, NULL));
   OK(cuMemFreeAsync(a, NULL));
+  OK(cuStreamSynchronize(NULL));
   cr_assert_eq(attr(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH), 8 * MiB);
   cr_assert_eq(attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 4 * MiB);
   cuuint64_t zero = 0, one = 1;
@@ -212,7 +306,7 @@ Test(sim_pool, create_and_destroy) {
   ERR(cuMemPoolCreate(&p, &props), CUDA_ERROR_INVALID_VALUE); /* allocType must be pinned */
   props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
   props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  props.location.id = 1;
+  props.location.id = 2;
   ERR(cuMemPoolCreate(&p, &props), CUDA_ERROR_INVALID_VALUE);
   ERR(cuMemPoolCreate(NULL, &props), CUDA_ERROR_INVALID_VALUE);
   cr_assert_null(p);
@@ -221,7 +315,9 @@ Test(sim_pool, create_and_destroy) {
   CUdeviceptr live, cached;
   OK(cuMemAllocAsync(&live, 2 * MiB, NULL));
   OK(cuMemAllocAsync(&cached, 4 * MiB, NULL));
+  set_threshold(pool, UINT64_MAX);
   OK(cuMemFreeAsync(cached, NULL));
+  OK(cuStreamSynchronize(NULL));
   cr_assert_eq(sim_stats(0, NULL).pool_reserved_bytes, 6 * MiB);
   OK(cuMemPoolDestroy(pool));
   CUmemoryPool cur;
@@ -232,7 +328,9 @@ Test(sim_pool, create_and_destroy) {
   CUdeviceptr q;
   ERR(cuMemAllocFromPoolAsync(&q, MiB, pool, NULL), CUDA_ERROR_INVALID_VALUE);
   ERR(cuMemPoolDestroy(pool), CUDA_ERROR_INVALID_VALUE);
-  OK(cuMemFreeAsync(live, NULL)); /* freed after its pool: the memory goes back at once */
+  OK(cuMemFreeAsync(live, NULL)); /* freed after its pool: the memory goes back once the free ran */
+  cr_assert_eq(sim_stats(0, NULL).pool_reserved_bytes, 2 * MiB);
+  OK(cuStreamSynchronize(NULL));
   cr_assert_eq(sim_stats(0, NULL).pool_reserved_bytes, 0);
   ERR(cuMemPoolDestroy(default_pool(0)), CUDA_ERROR_INVALID_VALUE);
 }
@@ -305,6 +403,11 @@ Test(sim_pool, stats_match_the_pool_attributes) {
   cr_assert_eq(s.used_bytes, s.pool_reserved_bytes);
   OK(cuMemFreeAsync(a, NULL));
   OK(cuMemFreeAsync(b, NULL));
+  s = sim_stats(0, NULL);
+  cr_assert_eq(s.live_bytes, 0);
+  cr_assert_eq(s.pool_used_bytes, attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT));
+  cr_assert_neq(s.pool_used_bytes, 0, "the frees have not run yet");
+  OK(cuStreamSynchronize(NULL));
   s = sim_stats(0, NULL);
   cr_assert_eq(s.pool_used_bytes, 0);
   cr_assert_eq(s.pool_reserved_bytes, attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT));

@@ -87,9 +87,22 @@ Test(sim_procaddr, failures) {
   ERR(cuGetProcAddress(NULL, &fn, 13000, 0, NULL), CUDA_ERROR_INVALID_VALUE);
   ERR(cuGetProcAddress("cuMemAlloc", NULL, 13000, 0, NULL), CUDA_ERROR_INVALID_VALUE);
   ERR(cuGetProcAddress("cuMemAlloc", &fn, 13000, 4, NULL), CUDA_ERROR_INVALID_VALUE);
-  ERR(cuGetProcAddress("cuMemAlloc", &fn, 13010, 0, NULL), CUDA_ERROR_INVALID_VALUE); /* newer than the driver */
   cr_assert_eq(fn, (void *)0x1);
   OK(cuGetProcAddress("cuMemAlloc", &fn, 13000, 0, NULL)); /* the status is optional */
+  /* A version above the driver's own (13000) gets the newest ABI at or below it, as from the real driver. */
+  for (int v = 13000; v <= 13020; v += 10) {
+    fn = NULL;
+    CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    OK(cuGetProcAddress("cuMemAlloc", &fn, v, 0, &st));
+    cr_assert_eq(fn, sim_dlsym("cuMemAlloc_v2"), "at %d", v);
+    cr_assert_eq(st, CU_GET_PROC_ADDRESS_SUCCESS);
+    OK(cuGetProcAddress("cuMemFreeAsync", &fn, v, PT, &st));
+    cr_assert_eq(fn, sim_dlsym("cuMemFreeAsync_ptsz"), "at %d", v);
+  }
+  OK(cuGetProcAddress("cuMemSetMemPool", &fn, 13010, 0, NULL));
+  cr_assert_eq(fn, sim_dlsym("cuMemSetMemPool"));
+  expect_not_found("cuMemSetMemPool", 12090, 0, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+  expect_not_found("", 0, 0, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND); /* the real runtime's first, empty probe */
 }
 
 Test(sim_procaddr, v1_abi_resolves_the_same_way) {

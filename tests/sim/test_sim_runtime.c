@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,41 +26,58 @@ extern cudaError_t cudaMemcpy_ptds(void *dst, const void *src, size_t count, enu
     cr_assert_eq(e_, (want), "%s -> %s, expected %s", #call, cudaGetErrorName(e_), #want);                    \
   } while (0)
 
-struct reqs {
-  int n;
-  int gpa_11030_at, gpa_12000_at;
-  int other_gpa;
-  int not_13000; /* requests at another version than 13000, apart from the expected old ABIs */
-  int ptsz_alloc, ptsz_free, ptsz_pool, ptsz_sync, ptsz_getctx;
-  int ctx_create_3020, release_7000, reset_7000;
-  int bad_flags;
-};
+/* The requests the real CUDA 13.0 runtime makes, in order, from the repository's recording. */
+typedef struct req {
+  char name[128];
+  int version;
+  uint64_t flags;
+} req_t;
 
-static void scan(const char *s, int v, uint64_t f, void *arg) {
-  struct reqs *r = arg;
-  int i = r->n++;
-  if (strcmp(s, "cuGetProcAddress") == 0) {
-    if (v == 11030 && f == 0) r->gpa_11030_at = i;
-    else if (v == 12000 && f == 0) r->gpa_12000_at = i;
-    else r->other_gpa++;
-    return;
+typedef struct reqlist {
+  req_t *v;
+  size_t n, cap;
+} reqlist_t;
+
+static void push_req(reqlist_t *l, const char *s, int v, uint64_t f) {
+  if (l->n == l->cap) {
+    l->cap = l->cap ? 2 * l->cap : 512;
+    l->v = realloc(l->v, l->cap * sizeof *l->v);
+    cr_assert_not_null(l->v);
   }
-  if (f == CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) {
-    r->ptsz_alloc += strcmp(s, "cuMemAllocAsync") == 0;
-    r->ptsz_free += strcmp(s, "cuMemFreeAsync") == 0;
-    r->ptsz_pool += strcmp(s, "cuMemAllocFromPoolAsync") == 0;
-    r->ptsz_sync += strcmp(s, "cuStreamSynchronize") == 0;
-    r->ptsz_getctx += strcmp(s, "cuStreamGetCtx") == 0;
-  } else if (f != 0) {
-    r->bad_flags++;
-  }
-  if (strcmp(s, "cuCtxCreate") == 0 && v == 3020) r->ctx_create_3020++;
-  else if (strcmp(s, "cuDevicePrimaryCtxRelease") == 0 && v == 7000) r->release_7000++;
-  else if (strcmp(s, "cuDevicePrimaryCtxReset") == 0 && v == 7000) r->reset_7000++;
-  else if (v != 13000) r->not_13000++;
+  req_t *r = &l->v[l->n++];
+  snprintf(r->name, sizeof r->name, "%s", s);
+  r->version = v;
+  r->flags = f;
 }
 
-Test(sim_runtime, reaches_the_driver_only_through_cuGetProcAddress) {
+static void log_req(const char *s, int v, uint64_t f, void *arg) { push_req(arg, s, v, f); }
+
+static reqlist_t recorded_requests(void) {
+  reqlist_t l = {0};
+  FILE *f = fopen(SIM_REQUESTS, "r");
+  cr_assert_not_null(f, "%s", SIM_REQUESTS);
+  char line[256], name[128];
+  int v;
+  unsigned long long fl;
+  while (fgets(line, sizeof line, f)) {
+    if (line[0] == '#' || line[0] == '\n') continue;
+    cr_assert_eq(sscanf(line, "%127s %d %llu", name, &v, &fl), 3, "%s: %s", SIM_REQUESTS, line);
+    push_req(&l, strcmp(name, "\"\"") == 0 ? "" : name, v, fl);
+  }
+  fclose(f);
+  return l;
+}
+
+static size_t g_not_found;
+static void count_not_found(const char *s, int v, uint64_t f, void *arg) {
+  (void)arg;
+  void *fn = NULL;
+  CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;
+  if (cuGetProcAddress(s, &fn, v, f, &st) == CUDA_ERROR_NOT_FOUND && st != CU_GET_PROC_ADDRESS_SUCCESS)
+    g_not_found++;
+}
+
+Test(sim_runtime, asks_cuGetProcAddress_exactly_what_the_real_runtime_asks) {
   cr_assert_eq(simcuda_procaddr_requests(NULL, NULL), 0);
   uint64_t allocs = simcuda_calls("cuMemAlloc_v2");
   void *p = NULL;
@@ -68,26 +86,45 @@ Test(sim_runtime, reaches_the_driver_only_through_cuGetProcAddress) {
   cr_assert_eq(simcuda_calls("cuMemAlloc_v2"), allocs + 1, "cudaMalloc is one cuMemAlloc_v2 call");
   cr_assert_eq(simcuda_calls("cuGetProcAddress_v2"), simcuda_procaddr_requests(NULL, NULL),
                "every look-up went through cuGetProcAddress_v2");
-  struct reqs r = {.gpa_11030_at = -1, .gpa_12000_at = -1};
-  simcuda_procaddr_requests(scan, &r);
-  cr_assert_eq(r.gpa_11030_at, 0, "first request: cuGetProcAddress@11030");
-  cr_assert_eq(r.gpa_12000_at, 1, "second request: cuGetProcAddress@12000");
-  cr_assert_eq(r.other_gpa, 0);
-  cr_assert_gt(r.n, 40, "every other entry point is resolved at init (%d requests)", r.n);
-  cr_assert_eq(r.not_13000, 0);
-  cr_assert_eq(r.bad_flags, 0);
-  cr_assert_eq(r.ptsz_alloc, 1);
-  cr_assert_eq(r.ptsz_free, 1);
-  cr_assert_eq(r.ptsz_pool, 1);
-  cr_assert_eq(r.ptsz_sync, 1);
-  cr_assert_eq(r.ptsz_getctx, 1);
-  cr_assert_eq(r.ctx_create_3020, 1);
-  cr_assert_eq(r.release_7000, 1);
-  cr_assert_eq(r.reset_7000, 1);
+  reqlist_t want = recorded_requests(), got = {0};
+  cr_assert_gt(want.n, 400);
+  simcuda_procaddr_requests(log_req, &got);
+  for (size_t i = 0; i < want.n && i < got.n; i++)
+    cr_assert(strcmp(want.v[i].name, got.v[i].name) == 0 && want.v[i].version == got.v[i].version &&
+                  want.v[i].flags == got.v[i].flags,
+              "request %zu: %s@%d flags %llu, the real runtime asks %s@%d flags %llu", i, got.v[i].name,
+              got.v[i].version, (unsigned long long)got.v[i].flags, want.v[i].name, want.v[i].version,
+              (unsigned long long)want.v[i].flags);
+  cr_assert_eq(got.n, want.n, "%zu requests, the real runtime makes %zu", got.n, want.n);
+  cr_assert_str_eq(got.v[0].name, "", "first an empty-name probe");
+  /* Most of them name what the simulated driver lacks: answered CUDA_ERROR_NOT_FOUND, and tolerated. */
   uint64_t n = simcuda_procaddr_requests(NULL, NULL);
+  simcuda_procaddr_requests(count_not_found, NULL);
+  cr_assert_gt(g_not_found, 300, "%zu", g_not_found);
   RT_OK(cudaFree(p));
   cr_assert_eq(simcuda_calls("cuMemFree_v2"), 1);
-  cr_assert_eq(simcuda_procaddr_requests(NULL, NULL), n, "resolved once, at init");
+  free(want.v);
+  free(got.v);
+  cr_assert_eq(simcuda_calls("cuGetProcAddress_v2"), n + n, "resolved once, at init (then the test's own)");
+}
+
+Test(sim_runtime, cuda13_pools_by_location) {
+  struct cudaMemLocation l1 = {cudaMemLocationTypeDevice, 1};
+  cudaMemPool_t def = NULL, cur = NULL, mine = NULL;
+  RT_OK(cudaMemGetDefaultMemPool(&def, &l1, cudaMemAllocationTypePinned));
+  RT_OK(cudaDeviceGetDefaultMemPool(&cur, 1));
+  cr_assert_eq(def, cur);
+  struct cudaMemPoolProps props;
+  memset(&props, 0, sizeof props);
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location = l1;
+  RT_OK(cudaMemPoolCreate(&mine, &props));
+  RT_OK(cudaMemSetMemPool(&l1, cudaMemAllocationTypePinned, mine));
+  RT_OK(cudaMemGetMemPool(&cur, &l1, cudaMemAllocationTypePinned));
+  cr_assert_eq(cur, mine);
+  cr_assert_eq(simcuda_calls("cuMemSetMemPool"), 1);
+  struct cudaMemLocation host = {cudaMemLocationTypeHost, 0};
+  RT_ERR(cudaMemGetMemPool(&cur, &host, cudaMemAllocationTypePinned), cudaErrorNotSupported);
 }
 
 Test(sim_runtime, lazy_initialization) {

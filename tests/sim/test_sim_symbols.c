@@ -27,7 +27,8 @@ static const char *const k_expected[] = {
     "cuDeviceGetDefaultMemPool", "cuDeviceGetMemPool", "cuDeviceSetMemPool", "cuMemAddressReserve",
     "cuMemAddressFree", "cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap", "cuMemSetAccess",
     "cuMemGetAllocationGranularity", "cuGetErrorName", "cuGetErrorString", "cuGetProcAddress",
-    "cuGetProcAddress_v2", "cuMemGetAllocationPropertiesFromHandle",
+    "cuGetProcAddress_v2", "cuMemGetAllocationPropertiesFromHandle", "cuMemGetDefaultMemPool", "cuMemGetMemPool",
+    "cuMemSetMemPool",
     /* inspection interface */
     "simcuda_stats", "simcuda_foreach_block", "simcuda_inject", "simcuda_calls", "simcuda_procaddr_requests",
     "simcuda_set_capacity", "simcuda_arena", "simcuda_on_return",

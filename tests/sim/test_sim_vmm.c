@@ -254,3 +254,50 @@ Test(sim_vmm, properties_of_a_held_handle_only) {
   OK(cuMemRelease(h));
   ERR(cuMemGetAllocationPropertiesFromHandle(&got, h), CUDA_ERROR_INVALID_VALUE);
 }
+
+/* The real driver hands the value of a handle whose memory is gone out again (most recently freed first):
+ * a handle value alone never tells one allocation from an earlier one. */
+Test(sim_vmm, freed_handle_values_are_reused) {
+  OK(cuInit(0));
+  CUmemAllocationProp p0 = prop_for(0), p1 = prop_for(1);
+  CUmemGenericAllocationHandle a, b, c, d, e;
+  OK(cuMemCreate(&a, GRAN, &p0, 0));
+  OK(cuMemCreate(&b, GRAN, &p0, 0));
+  cr_assert_neq(a, b);
+  OK(cuMemRelease(a));
+  OK(cuMemCreate(&c, 2 * GRAN, &p1, 0)); /* another size, another device: the value comes back all the same */
+  cr_assert_eq(c, a);
+  CUmemAllocationProp got;
+  OK(cuMemGetAllocationPropertiesFromHandle(&got, c));
+  cr_assert_eq(got.location.id, 1, "the reused value names the new allocation");
+  cr_assert_eq(sim_block(c, SIMCUDA_VMM).bytes, 2 * GRAN);
+  /* a released handle kept alive by a mapping is not reused until the mapping goes */
+  CUdeviceptr va;
+  OK(cuMemAddressReserve(&va, GRAN, 0, 0, 0));
+  OK(cuMemMap(va, GRAN, 0, b, 0));
+  OK(cuMemRelease(b));
+  OK(cuMemCreate(&d, GRAN, &p0, 0));
+  cr_assert_neq(d, b);
+  OK(cuMemUnmap(va, GRAN));
+  OK(cuMemCreate(&e, GRAN, &p0, 0));
+  cr_assert_eq(e, b);
+}
+
+Test(sim_vmm, mapped_bytes_are_counted) {
+  sim_primary(0);
+  CUmemAllocationProp p1 = prop_for(1);
+  CUmemGenericAllocationHandle h0 = create(4 * MiB), h1;
+  OK(cuMemCreate(&h1, 2 * MiB, &p1, 0));
+  CUdeviceptr va;
+  OK(cuMemAddressReserve(&va, 16 * MiB, 0, 0, 0));
+  OK(cuMemMap(va, 4 * MiB, 0, h0, 0));
+  OK(cuMemMap(va + 4 * MiB, 2 * MiB, 0, h0, 0)); /* part of a handle */
+  OK(cuMemMap(va + 8 * MiB, 2 * MiB, 0, h1, 0));
+  cr_assert_eq(sim_stats(0, NULL).vmm_mapped_bytes, 6 * MiB);
+  cr_assert_eq(sim_stats(1, NULL).vmm_mapped_bytes, 2 * MiB);
+  cr_assert_eq(sim_stats(-1, NULL).vmm_mapped_bytes, 8 * MiB);
+  OK(cuMemUnmap(va, 6 * MiB));
+  cr_assert_eq(sim_stats(-1, NULL).vmm_mapped_bytes, 2 * MiB);
+  OK(cuMemUnmap(va + 8 * MiB, 2 * MiB));
+  cr_assert_eq(sim_stats(-1, NULL).vmm_mapped_bytes, 0);
+}
