@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define SIMCK_MAX 256
@@ -108,6 +109,8 @@ int main(int argc, char **argv) {
     for (int a = 1; a < argc; a++) match |= is_filter(argv, a) && strstr(id, argv[a]) != NULL;
     if (!match) continue;
     fflush(NULL);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     pid_t pid = fork();
     if (pid < 0) {
       perror("fork");
@@ -123,13 +126,15 @@ int main(int argc, char **argv) {
     }
     int st = 0;
     waitpid(pid, &st, 0);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
     if (WIFEXITED(st) && WEXITSTATUS(st) == SIMCK_SKIP) {
       skipped++; /* the child printed "[SKIP] id: reason" */
       continue;
     }
     run++;
     if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
-      printf("[PASS] %s\n", id);
+      printf("[PASS] %s: (%.2fs)\n", id, secs);
     } else {
       failed++;
       if (WIFSIGNALED(st)) printf("[FAIL] %s: killed by signal %d\n", id, WTERMSIG(st));

@@ -49,6 +49,8 @@ void simck_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2), noret
 /* The message is optional; " " keeps the format non-empty when it is left out. */
 #define cr_skip_test(...) simck_skip(" " __VA_ARGS__)
 #define cr_assert(cond, ...) simck_check(!!(cond), __FILE__, __LINE__, #cond, " " __VA_ARGS__)
+#define cr_assert_not(cond, ...) simck_check(!(cond), __FILE__, __LINE__, "!(" #cond ")", " " __VA_ARGS__)
+#define cr_assert_fail(...) simck_check(0, __FILE__, __LINE__, "cr_assert_fail", " " __VA_ARGS__)
 #define cr_assert_eq(a, b, ...) simck_check((a) == (b), __FILE__, __LINE__, #a " == " #b, " " __VA_ARGS__)
 #define cr_assert_neq(a, b, ...) simck_check((a) != (b), __FILE__, __LINE__, #a " != " #b, " " __VA_ARGS__)
 #define cr_assert_lt(a, b, ...) simck_check((a) < (b), __FILE__, __LINE__, #a " < " #b, " " __VA_ARGS__)
