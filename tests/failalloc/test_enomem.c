@@ -27,7 +27,7 @@ CUresult cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice);
 /* ---- the plan: which kinds fail, after how many calls let through, and in which thread ---- */
 
 static atomic_uint g_mask;
-static atomic_long g_skip, g_failed;
+static atomic_long g_skip, g_failed, g_limit; /* g_limit: failures left (negative: no limit) */
 static atomic_int g_one_thread;
 static _Thread_local int t_target;
 
@@ -38,16 +38,23 @@ __attribute__((visibility("default"))) int gr_failalloc_fail(int what, size_t by
     return 0;
   if (atomic_fetch_sub(&g_skip, 1) > 0)
     return 0;
+  long left = atomic_load(&g_limit);
+  while (left > 0 && !atomic_compare_exchange_weak(&g_limit, &left, left - 1))
+    ;
+  if (left == 0)
+    return 0; /* as many failures as asked for */
   atomic_fetch_add(&g_failed, 1);
   return 1;
 }
 
 #define ALL_KINDS ((1u << FA_KINDS) - 1)
-static void arm(unsigned mask) {
+static void arm_n(unsigned mask, long n) {
   atomic_store(&g_failed, 0);
   atomic_store(&g_skip, 0);
+  atomic_store(&g_limit, n);
   atomic_store(&g_mask, mask);
 }
+static void arm(unsigned mask) { arm_n(mask, -1); }
 static long disarm(void) {
   atomic_store(&g_mask, 0);
   return atomic_load(&g_failed);
@@ -197,6 +204,15 @@ Test(enomem, snapshot_and_leak_report_return_enomem_and_write_nothing) {
     cr_assert(rl == 0 || stat(leaks, &st) != 0, "a failed leak report left a file");
   }
   cr_assert_gt(failed, 0, "the reports allocated nothing that could fail");
+  /* One failure only, the first realloc (the leak report's list of groups, before any output): the report
+   * must not come out complete-looking and empty. */
+  unlink(leaks);
+  arm_n(1u << FA_REALLOC, 1);
+  int rl = gpureclaim_leak_report(leaks, 1);
+  cr_assert_eq(disarm(), 1);
+  cr_assert_eq(rl, -ENOMEM, "a leak report missing its blocks was written as complete");
+  struct stat st;
+  cr_assert_neq(stat(leaks, &st), 0, "a failed leak report left a file");
   cr_assert_eq(gpureclaim_snapshot(snap), 0, "memory back: the snapshot works");
   cr_assert_eq(gpureclaim_leak_report(leaks, 1), 0);
   cr_assert_eq(sim().live_blocks, 64);
