@@ -472,6 +472,7 @@ typedef struct {
   size_t n, cap;
   uint64_t dev_blocks[GR_MAX_DEV + 1], dev_bytes[GR_MAX_DEV + 1];
   uint64_t blocks, bytes;
+  bool nomem; /* a group could not be added: the report would miss blocks */
 } leaks_t;
 
 static int leak_block(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
@@ -488,8 +489,10 @@ static int leak_block(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
     if (l->n == l->cap) {
       size_t cap = l->cap ? l->cap * 2 : 32;
       leak_group_t *p = realloc(l->g, cap * sizeof *p);
-      if (!p)
-        return 0;
+      if (!p) {
+        l->nomem = true;
+        return 1; /* stop: an incomplete report is not written */
+      }
       l->g = p;
       l->cap = cap;
     }
@@ -537,7 +540,13 @@ int gr_rep_leaks(jbuf_t *b, bool json) {
     return -ENOMEM;
   if (atomic_load_explicit(&gr_core_state, memory_order_acquire) == 1)
     gr_table_visit(leak_block, l);
-  qsort(l->g, l->n, sizeof *l->g, by_bytes);
+  if (l->nomem) {
+    free(l->g);
+    free(l);
+    return -ENOMEM;
+  }
+  if (l->n) /* qsort of a NULL array is undefined even for no elements */
+    qsort(l->g, l->n, sizeof *l->g, by_bytes);
   char sym[256], hb[32];
   if (json) {
     jb_obj(b);

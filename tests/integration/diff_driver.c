@@ -5,8 +5,15 @@
  * requires identical output: gpureclaim never changes what a call returns or writes (GPURECLAIM_OOM_RETRY=0
  * there, the one documented exception being off). Device addresses are deterministic on the simulator; host
  * pointers are printed as set/unset only.
+ * With DIFF_EVIDENCE=FILE it also writes, to FILE, whether gpureclaim is loaded and enabled in this process and
+ * whether its table agrees with the simulator at the end (the "verdict" line): the proof that a run "with
+ * gpureclaim" had it, and had it tracking.
  */
+#include "gpureclaim.h"
+#include "simcuda.h"
+
 #include <cuda.h>
+#include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +41,45 @@ static size_t size_of(void) {
   case 2: return 1;
   default: return 256 + rnd() % (4u << 20);
   }
+}
+
+static unsigned g_allocs; /* successful allocations of every kind */
+
+static void evidence(const char *path) {
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    perror(path);
+    exit(3);
+  }
+  /* Looked up, not linked: the same binary runs without gpureclaim. */
+  int (*enabled)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "gpureclaim_enabled");
+  int (*stats)(int, gpureclaim_stats_t *) = (int (*)(int, gpureclaim_stats_t *))dlsym(RTLD_DEFAULT, "gpureclaim_stats");
+  fprintf(f, "loaded %d\n", enabled && stats);
+  if (!enabled || !stats) {
+    fprintf(f, "verdict gpureclaim is not loaded\n");
+    fclose(f);
+    return;
+  }
+  int on = enabled();
+  gpureclaim_stats_t g = {.size = sizeof g};
+  simcuda_stats_t m = {.size = sizeof m};
+  int grc = stats(-1, &g);
+  CUresult src = simcuda_stats(-1, NULL, &m);
+  fprintf(f, "enabled %d\nallocs %u tracked %llu\n", on, g_allocs, (unsigned long long)g.total_allocs);
+  fprintf(f, "live blocks %llu (simulator %llu), host blocks %llu (simulator %llu), va bytes %llu (simulator %llu)\n",
+          (unsigned long long)g.live_blocks, (unsigned long long)(m.live_blocks + m.vmm_handles),
+          (unsigned long long)g.host_pinned_blocks, (unsigned long long)m.host_blocks,
+          (unsigned long long)g.va_reserved_bytes, (unsigned long long)m.va_reserved_bytes);
+  const char *why = !on ? "gpureclaim is disabled"
+                    : grc != 0 || src != CUDA_SUCCESS ? "no statistics"
+                    : g_allocs == 0 ? "the program allocated nothing"
+                    : g.total_allocs == 0 ? "gpureclaim saw no allocation"
+                    : g.live_blocks != m.live_blocks + m.vmm_handles || g.host_pinned_blocks != m.host_blocks ||
+                            g.va_reserved_bytes != m.va_reserved_bytes
+                        ? "gpureclaim's table differs from the simulator"
+                        : NULL;
+  fprintf(f, "verdict %s\n", why ? why : "tracked");
+  fclose(f);
 }
 
 int main(int argc, char **argv) {
@@ -64,25 +110,25 @@ int main(int argc, char **argv) {
     case 0: case 1:
       rc = cuMemAlloc(&p, size_of());
       if (rc == CUDA_SUCCESS)
-        dev[i] = p;
+        dev[i] = p, g_allocs++;
       printf("alloc %d %#llx\n", rc, (unsigned long long)p);
       break;
     case 2:
       rc = cuMemAllocPitch(&p, &pitch, 1 + rnd() % 5000, rnd() % 3, 1u << (rnd() % 5));
       if (rc == CUDA_SUCCESS)
-        dev[i] = p;
+        dev[i] = p, g_allocs++;
       printf("pitch %d %#llx %zu\n", rc, (unsigned long long)p, pitch);
       break;
     case 3:
       rc = cuMemAllocManaged(&p, size_of(), CU_MEM_ATTACH_GLOBAL);
       if (rc == CUDA_SUCCESS)
-        dev[i] = p;
+        dev[i] = p, g_allocs++;
       printf("managed %d %#llx\n", rc, (unsigned long long)p);
       break;
     case 4:
       rc = cuMemAllocAsync(&p, size_of(), NULL);
       if (rc == CUDA_SUCCESS)
-        dev[i] = p;
+        dev[i] = p, g_allocs++;
       printf("async %d %#llx\n", rc, (unsigned long long)p);
       break;
     case 5: case 6: /* live, already freed, never allocated, or inside a block */
@@ -95,7 +141,7 @@ int main(int argc, char **argv) {
     case 8:
       rc = cuMemHostAlloc(&h, size_of(), 0);
       if (rc == CUDA_SUCCESS)
-        host[i] = h;
+        host[i] = h, g_allocs++;
       printf("hostalloc %d %s\n", rc, h == (void *)0xdead ? "unset" : "set");
       break;
     case 9:
@@ -107,7 +153,7 @@ int main(int argc, char **argv) {
       CUmemGenericAllocationHandle hd = 0xdead;
       rc = cuMemCreate(&hd, rnd() % 3 ? gran * (1 + rnd() % 3) : 12345, &prop, 0);
       if (rc == CUDA_SUCCESS)
-        handle[i] = hd;
+        handle[i] = hd, g_allocs++;
       printf("create %d %#llx\n", rc, (unsigned long long)hd);
       break;
     }
@@ -148,5 +194,8 @@ int main(int argc, char **argv) {
     }
     }
   }
+  const char *ev = getenv("DIFF_EVIDENCE");
+  if (ev)
+    evidence(ev);
   return 0;
 }

@@ -7,7 +7,9 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 CUresult cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice);
@@ -551,25 +553,59 @@ Test(release, a_releaser_that_releases_gets_edeadlk) {
   cr_assert_eq(gpureclaim_unregister_releaser(id), 0);
 }
 
-static size_t slow_releaser(void *arg) {
+#define NREQ 16
+static atomic_int g_req_tids[NREQ], g_req_n, g_gate_calls;
+
+/* Whether thread tid is blocked in a futex wait (on the engine's lock or condition variable). */
+static int in_futex_wait(int tid) {
+  char p[64];
+  long nr = -1;
+  snprintf(p, sizeof p, "/proc/self/task/%d/syscall", tid);
+  FILE *f = fopen(p, "r");
+  if (f) {
+    if (fscanf(f, "%ld", &nr) != 1)
+      nr = -1;
+    fclose(f);
+  }
+  return nr == SYS_futex;
+}
+
+/* The first release holds until every other requester waits inside gpureclaim_release: then, whatever the
+ * scheduling, one more release serves those that took a ticket and at most one after it those that were still
+ * queued for the lock (a sleep here made the bound depend on how fast 16 threads start). */
+static size_t gate_releaser(void *arg) {
   (void)arg;
-  usleep(30000);
+  if (atomic_fetch_add(&g_gate_calls, 1) != 0)
+    return 1;
+  int me = (int)syscall(SYS_gettid), waiting = 0;
+  for (int spins = 0; waiting < NREQ - 1; spins++) {
+    cr_assert_lt(spins, 600000, "the other requesters never waited (%d of %d)", waiting, NREQ - 1);
+    usleep(100);
+    waiting = 0;
+    if (atomic_load(&g_req_n) < NREQ)
+      continue;
+    for (int i = 0; i < NREQ; i++) {
+      int t = atomic_load(&g_req_tids[i]);
+      waiting += t != me && in_futex_wait(t);
+    }
+  }
   return 1;
 }
 
 static void *release_thread(void *arg) {
-  (void)arg;
+  atomic_store(&g_req_tids[(intptr_t)arg], (int)syscall(SYS_gettid));
+  atomic_fetch_add(&g_req_n, 1);
   gpureclaim_report_t r = {.size = sizeof r};
   cr_assert_eq(gpureclaim_release(GPURECLAIM_CACHED, &r), 0);
   return NULL;
 }
 
 Test(release, concurrent_requests_coalesce) {
-  cr_assert_gt(gpureclaim_register_releaser("slow", slow_releaser, NULL), 0);
-  pthread_t th[16];
-  for (int i = 0; i < 16; i++)
-    pthread_create(&th[i], NULL, release_thread, NULL);
-  for (int i = 0; i < 16; i++)
+  cr_assert_gt(gpureclaim_register_releaser("gate", gate_releaser, NULL), 0);
+  pthread_t th[NREQ];
+  for (int i = 0; i < NREQ; i++)
+    pthread_create(&th[i], NULL, release_thread, (void *)(intptr_t)i);
+  for (int i = 0; i < NREQ; i++)
     pthread_join(th[i], NULL);
   uint64_t n = grs().releases;
   cr_assert_geq(n, 1);
