@@ -239,7 +239,8 @@ GPURECLAIM_API int gpureclaim_unregister_releaser(int id);
  * counts against the 65,535) until some thread ends it by its id.
  * gpureclaim_scope_end() ends a scope (from any thread): its blocks that are still live become orphans, freed
  * by the next release with GPURECLAIM_ORPHANED, or at once with GPURECLAIM_FREE_NOW. Ending looks only at the
- * blocks the scope allocated, not at every tracked block (GPURECLAIM_FREE_NOW then runs a release, which does).
+ * blocks the scope allocated, not at every tracked block, and so does the release that GPURECLAIM_FREE_NOW runs
+ * (but for a scope whose list of blocks could not grow for lack of memory: then both look at every block).
  * A block its thread allocates while another thread ends the scope is not part of it (it stays live). Blocks
  * that a framework's allocator made (attributed to PyTorch, CuPy or XLA) belong to the framework and never
  * become orphans. A cuMemCreate handle that is still mapped stays an orphan until the program unmaps it (a

@@ -491,8 +491,12 @@ GR_COLD static void key_reused_slow(unsigned ks, uint64_t key) {
 }
 
 void gr_rel_key_reused(unsigned ks, uint64_t key) {
-  if (GR_LIKELY(atomic_load_explicit(&g_reclaimed[ks], memory_order_relaxed) == 0 &&
-                atomic_load_explicit(&g_watch, memory_order_relaxed) == 0))
+  /* g_watch first, with acquire: a round's end (its release decrement) then makes the tombstones it counted
+   * visible to the second load. The other order could read the tombstone count from before the round and the
+   * watch from after it, and leave a tombstone beside the new block (whose double free would then pass as a
+   * late free). */
+  if (GR_LIKELY(atomic_load_explicit(&g_watch, memory_order_acquire) == 0 &&
+                atomic_load_explicit(&g_reclaimed[ks], memory_order_relaxed) == 0))
     return;
   key_reused_slow(ks, key);
 }

@@ -36,19 +36,30 @@ static void handler(int sig, siginfo_t *info, void *uc);
 
 static bool is_ours(const struct sigaction *sa) { return (sa->sa_flags & SA_SIGINFO) && sa->sa_sigaction == handler; }
 
+/* Runs the action from before gpureclaim. SIG_DFL and SIG_IGN are values of sa_handler, which shares its storage
+ * with sa_sigaction: they are told apart from a function whatever SA_SIGINFO says (a previous action may be
+ * SIG_IGN with SA_SIGINFO set, and calling it would jump to address 1). With dfl_raise, SIG_DFL is carried out
+ * (the signal is raised again: blocked while this handler runs, it is delivered with its default action as the
+ * handler returns); else it does nothing, as chaining from a process that handles the signal. */
+static void run_prev(int sig, siginfo_t *info, void *uc, bool dfl_raise) {
+  if (g_prev.sa_handler == SIG_DFL) {
+    if (dfl_raise)
+      syscall(SYS_tgkill, (pid_t)syscall(SYS_getpid), (pid_t)syscall(SYS_gettid), sig);
+  } else if (g_prev.sa_handler == SIG_IGN) {
+    /* nothing */
+  } else if (g_prev.sa_flags & SA_SIGINFO) {
+    if (g_prev.sa_sigaction != handler) /* never itself: see gr_sig_install() */
+      g_prev.sa_sigaction(sig, info, uc);
+  } else {
+    g_prev.sa_handler(sig);
+  }
+}
+
 /* In a process that did not install the handler (a child before its atfork handler ran): the action from
  * before gpureclaim, as if gpureclaim had never been there. */
 static void not_ours_to_handle(int sig, siginfo_t *info, void *uc) {
   sigaction(sig, &g_prev, NULL);
-  if (g_prev.sa_flags & SA_SIGINFO) {
-    if (g_prev.sa_sigaction && g_prev.sa_sigaction != handler)
-      g_prev.sa_sigaction(sig, info, uc);
-  } else if (g_prev.sa_handler == SIG_DFL) {
-    /* Blocked while this handler runs: delivered, with its default action, as the handler returns. */
-    syscall(SYS_tgkill, (pid_t)syscall(SYS_getpid), (pid_t)syscall(SYS_gettid), sig);
-  } else if (g_prev.sa_handler != SIG_IGN && g_prev.sa_handler) {
-    g_prev.sa_handler(sig);
-  }
+  run_prev(sig, info, uc, true);
 }
 
 static void handler(int sig, siginfo_t *info, void *uc) {
@@ -64,12 +75,7 @@ static void handler(int sig, siginfo_t *info, void *uc) {
     ssize_t w = write(fd, &one, sizeof one); /* EAGAIN at a saturated counter is fine: a release is due */
     (void)w;
   }
-  if (g_prev.sa_flags & SA_SIGINFO) {
-    if (g_prev.sa_sigaction && g_prev.sa_sigaction != handler) /* never itself: see gr_sig_install() */
-      g_prev.sa_sigaction(sig, info, uc);
-  } else if (g_prev.sa_handler != SIG_DFL && g_prev.sa_handler != SIG_IGN && g_prev.sa_handler) {
-    g_prev.sa_handler(sig);
-  }
+  run_prev(sig, info, uc, false);
   errno = saved;
 }
 
@@ -78,7 +84,7 @@ int gr_sig_install(void) {
   if (!sig || atomic_load_explicit(&g_installed, memory_order_acquire))
     return 0;
   struct sigaction cur;
-  if (sigaction(sig, NULL, &cur) == 0 && !(cur.sa_flags & SA_SIGINFO) && cur.sa_handler == SIG_IGN) {
+  if (sigaction(sig, NULL, &cur) == 0 && cur.sa_handler == SIG_IGN) { /* SA_SIGINFO or not: run_prev() */
     char name[16];
     gr_warn("the program ignores SIG%s, so gpureclaim installs no handler for it: releases by signal do not "
             "reach this process (the gpureclaim command still does, through its control socket; or choose "

@@ -166,6 +166,17 @@ static int drop_mine(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
   return 1;
 }
 
+/* The destroy sequence, read after an insert and ordered after it: with the destroy's barrier after its
+ * increment (the table's asymmetric barrier, see table.c), either the destroy's marking sees the record, or this
+ * read sees the change. */
+static inline uint64_t seq_after_insert(void) {
+  if (GR_LIKELY(atomic_load_explicit(&gr_epoch_asym, memory_order_relaxed))) {
+    atomic_signal_fence(memory_order_seq_cst); /* the destroy's membarrier supplies the hardware fence */
+    return atomic_load_explicit(&gr_track_seq, memory_order_relaxed);
+  }
+  return atomic_fetch_add_explicit(&gr_track_seq, 0, memory_order_seq_cst); /* orders the insert before it */
+}
+
 GR_COLD static bool precheck_slow(gr_rec_t *r, uint64_t *seq0) {
   uint64_t now;
   if (r->ctx_id && destroyed_since(r->ctx_id, *seq0, &now)) {
@@ -194,9 +205,9 @@ GR_COLD static void settle_slow(const gr_rec_t *r, uint64_t seq0) {
 
 void gr_track_restore_ctx(const gr_rec_t *r, uint64_t seq0) {
   gr_rec_t back = *r;
-  if (gr_kind_keyspace(r->kind) == GR_KS_ADDR && r->ctx_id &&
-      (r->aux == GR_AUX_DETACHING || atomic_load_explicit(&gr_track_seq, memory_order_relaxed) != seq0 ||
-       (seq0 & 1))) {
+  bool in_ctx = gr_kind_keyspace(r->kind) == GR_KS_ADDR && r->ctx_id;
+  if (in_ctx && (r->aux == GR_AUX_DETACHING || atomic_load_explicit(&gr_track_seq, memory_order_relaxed) != seq0 ||
+                 (seq0 & 1))) {
     /* A destroy of its context overlapped the free: the driver may have refused because the destroy took the
      * block. Then it must not come back (not tracking a block that still exists would be safe; a record for
      * one the driver freed is not). */
@@ -207,8 +218,13 @@ void gr_track_restore_ctx(const gr_rec_t *r, uint64_t seq0) {
       return;
     }
     back.aux = (now & 1) ? GR_AUX_DETACHING : 0; /* odd: this thread is inside that destroy, which commits it */
+    seq0 = now; /* destroys up to now spared the block's context */
   }
   gr_track_restore(&back);
+  /* A destroy that began after the check above may have marked the table while the record was out of it, as
+   * for a new block's insert (gr_track_insert_ctx): the same check after the insert. */
+  if (in_ctx && GR_UNLIKELY(seq_after_insert() != seq0))
+    settle_slow(&back, seq0);
 }
 
 void gr_track_insert_ctx(gr_rec_t *r, uint64_t seq0) {
@@ -216,14 +232,7 @@ void gr_track_insert_ctx(gr_rec_t *r, uint64_t seq0) {
       !precheck_slow(r, &seq0))
     return;
   gr_track_insert(r);
-  uint64_t seq1;
-  if (GR_LIKELY(atomic_load_explicit(&gr_epoch_asym, memory_order_relaxed))) {
-    atomic_signal_fence(memory_order_seq_cst); /* the destroy's membarrier supplies the hardware fence */
-    seq1 = atomic_load_explicit(&gr_track_seq, memory_order_relaxed);
-  } else {
-    seq1 = atomic_fetch_add_explicit(&gr_track_seq, 0, memory_order_seq_cst); /* orders the insert before it */
-  }
-  if (GR_UNLIKELY(seq1 != seq0) && r->ctx_id)
+  if (GR_UNLIKELY(seq_after_insert() != seq0) && r->ctx_id)
     settle_slow(r, seq0);
 }
 

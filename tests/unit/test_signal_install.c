@@ -118,3 +118,52 @@ Test(signal_install, such_a_child_runs_the_handler_from_before_gpureclaim) {
             "the child's own handler did not run for each signal, or gpureclaim's stayed (status %#x)", status);
   expect_no_release_requested();
 }
+
+/* ---- a previous action given with SA_SIGINFO whose handler is SIG_IGN or SIG_DFL ---- */
+
+/* sa_handler and sa_sigaction share their storage: SIG_IGN/SIG_DFL with SA_SIGINFO set are still those values,
+ * never a function to call. */
+static void set_siginfo_action(void (*fn)(int)) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = fn;
+  sa.sa_flags = SA_SIGINFO;
+  sigemptyset(&sa.sa_mask);
+  cr_assert_eq(sigaction(SIGUSR1, &sa, NULL), 0);
+}
+
+/* A forked child raises SIGUSR1 before any atfork handler could run; returns its wait status. */
+static int child_raises(void) {
+  pid_t pid = fork();
+  cr_assert_geq(pid, 0);
+  if (pid == 0) {
+    raise(SIGUSR1);
+    _exit(0);
+  }
+  int status;
+  cr_assert_eq(waitpid(pid, &status, 0), pid);
+  return status;
+}
+
+Test(signal_install, ignored_with_the_siginfo_flag_is_still_ignored) {
+  set_siginfo_action(SIG_IGN);
+  cr_assert_eq(gr_sig_install(), 0);
+  struct sigaction cur;
+  cr_assert_eq(sigaction(SIGUSR1, NULL, &cur), 0);
+  cr_assert_eq(cur.sa_handler, SIG_IGN, "gpureclaim installed a handler over SIG_IGN given with SA_SIGINFO");
+  int status = child_raises();
+  cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "a child of a program ignoring the signal died (%#x)",
+            status);
+  cr_assert_eq(raise(SIGUSR1), 0); /* and the program itself survives it */
+}
+
+Test(signal_install, default_with_the_siginfo_flag_ends_a_child_as_the_default_does) {
+  set_siginfo_action(SIG_DFL);
+  cr_assert_eq(gr_sig_install(), 0);
+  cr_assert(gr_sig_caught(), "installed over SIG_DFL");
+  int status = child_raises();
+  cr_assert(WIFSIGNALED(status) && WTERMSIG(status) == SIGUSR1, "the child survived a default-action signal (%#x)",
+            status);
+  uint64_t n = 0;
+  cr_assert_eq(read(gr_sig_fd(), &n, sizeof n), -1, "the parent was asked for a release by its child's signal");
+}
