@@ -106,9 +106,11 @@ int main(int argc, char **argv) {
   int st;
   waitpid(child, &st, 0);
   CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the sender failed");
-  /* Let the last signal's release happen while the workers still run, then stop them. */
+  /* Let the last signal's release happen while the workers still run, then stop them. The signals are all
+   * delivered by now, so a release is due: how long it takes (a first one can free hundreds of thousands of
+   * orphans, seconds on a loaded machine) decides nothing; the bound is only a guard against a hang. */
   gpureclaim_stats_t s = {.size = sizeof s};
-  for (int i = 0; i < 2000; i++) {
+  for (int i = 0; i < 120000; i++) {
     gpureclaim_stats(-1, &s);
     if (s.releases > 0)
       break;
