@@ -132,7 +132,7 @@ Test(scope_end, orphans_exactly_the_scopes_live_blocks) {
   cr_assert_eq(gpureclaim_scope_end(s, 0), 0);
   uint64_t after = alloc();
   for (int i = 0; i < 10; i++) {
-    uint64_t id;
+    uint64_t id = UINT64_MAX; /* (set by state_of; initialised for the compiler under TSan's stand-in harness) */
     if (i == 3 || i == 7) {
       cr_assert_eq(state_of(inside[i], NULL), -1, "freed in the scope: gone");
       continue;
@@ -175,7 +175,7 @@ Test(scope_end, an_address_reused_outside_the_scope_is_not_orphaned) {
   pthread_join(t, NULL);
   cr_assert_neq(scoped.scope, 0);
   cr_assert_eq(gpureclaim_scope_end(s, 0), 0);
-  uint64_t id;
+  uint64_t id = UINT64_MAX;
   cr_assert_eq(state_of(a, &id), GR_ST_LIVE, "the new block at a freed address of the scope is not its");
   cr_assert_eq(id, 0);
   cr_assert_eq(state_of(b, &id), GR_ST_LIVE, "nor is one of another scope");
@@ -253,7 +253,7 @@ Test(scope_end, a_scope_ended_from_another_thread) {
   pthread_cond_broadcast(&o.cv);
   pthread_mutex_unlock(&o.mu);
   pthread_join(t, NULL);
-  uint64_t id;
+  uint64_t id = UINT64_MAX;
   for (int i = 0; i < 10; i++)
     cr_assert_eq(state_of(o.keys[i], NULL), GR_ST_ORPHAN, "block %d", i);
   for (int i = 10; i < 20; i++) {
