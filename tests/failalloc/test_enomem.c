@@ -97,18 +97,6 @@ static bool warned(const char *text) {
   return strstr(buf, text) != NULL;
 }
 
-static simcuda_stats_t sim(void) {
-  simcuda_stats_t s = {.size = sizeof s};
-  cr_assert_eq(simcuda_stats(-1, NULL, &s), CUDA_SUCCESS);
-  return s;
-}
-
-static gpureclaim_stats_t grs(void) {
-  gpureclaim_stats_t s = {.size = sizeof s};
-  cr_assert_eq(gpureclaim_stats(-1, &s), 0);
-  return s;
-}
-
 /* ---- the table cannot grow ---- */
 
 #define NBLK 3000 /* well past the first generation's 1024 slots */
@@ -120,8 +108,8 @@ Test(enomem, a_table_that_cannot_grow_leaves_new_blocks_untracked, .timeout = 12
     OK(cuMemAlloc(&p[i], 4096));
   long failed = disarm();
   cr_assert_gt(failed, 0, "no mmap failed: the growth was never attempted");
-  gpureclaim_stats_t g = grs();
-  cr_assert_eq(sim().live_blocks, NBLK, "every allocation is the driver's");
+  gpureclaim_stats_t g = h_grs(-1);
+  cr_assert_eq(h_sim(-1, NULL).live_blocks, NBLK, "every allocation is the driver's");
   cr_assert_gt(g.live_blocks, 0);
   cr_assert_lt(g.live_blocks, NBLK, "without memory for a larger table some blocks go untracked");
   cr_assert(warned("no memory for the block table"), "the loss of tracking is said");
@@ -129,21 +117,21 @@ Test(enomem, a_table_that_cannot_grow_leaves_new_blocks_untracked, .timeout = 12
   /* A release frees nothing live: these blocks belong to no ended scope. */
   gpureclaim_report_t rep = {.size = sizeof rep};
   cr_assert_eq(gpureclaim_release(GPURECLAIM_CACHED | GPURECLAIM_ORPHANED, &rep), 0);
-  cr_assert_eq(sim().live_blocks, NBLK);
+  cr_assert_eq(h_sim(-1, NULL).live_blocks, NBLK);
   /* Memory back: the table grows and tracks new blocks again. */
   CUdeviceptr q[NBLK];
   for (int i = 0; i < NBLK; i++)
     OK(cuMemAlloc(&q[i], 4096));
-  cr_assert_eq(grs().live_blocks, tracked + NBLK);
+  cr_assert_eq(h_grs(-1).live_blocks, tracked + NBLK);
   /* Every free reaches the driver, tracked or not. */
-  uint64_t untracked0 = grs().untracked_frees;
+  uint64_t untracked0 = h_grs(-1).untracked_frees;
   for (int i = 0; i < NBLK; i++) {
     OK(cuMemFree(p[i]));
     OK(cuMemFree(q[i]));
   }
-  cr_assert_eq(sim().live_blocks, 0);
-  cr_assert_eq(grs().live_blocks, 0);
-  cr_assert_eq(grs().untracked_frees - untracked0, NBLK - tracked);
+  cr_assert_eq(h_sim(-1, NULL).live_blocks, 0);
+  cr_assert_eq(h_grs(-1).live_blocks, 0);
+  cr_assert_eq(h_grs(-1).untracked_frees - untracked0, NBLK - tracked);
   cr_assert(h_table_matches_sim("after the frees"));
 }
 
@@ -215,7 +203,7 @@ Test(enomem, snapshot_and_leak_report_return_enomem_and_write_nothing) {
   cr_assert_neq(stat(leaks, &st), 0, "a failed leak report left a file");
   cr_assert_eq(gpureclaim_snapshot(snap), 0, "memory back: the snapshot works");
   cr_assert_eq(gpureclaim_leak_report(leaks, 1), 0);
-  cr_assert_eq(sim().live_blocks, 64);
+  cr_assert_eq(h_sim(-1, NULL).live_blocks, 64);
   for (int i = 0; i < 64; i++)
     OK(cuMemFree(p[i]));
 }
@@ -234,12 +222,12 @@ Test(enomem, a_context_destroyed_while_no_memory_can_be_had_drops_its_records) {
     CUdeviceptr p;
     OK(cuMemAlloc(&p, 4096));
   }
-  uint64_t gone0 = grs().ctx_destroyed_blocks;
+  uint64_t gone0 = h_grs(-1).ctx_destroyed_blocks;
   arm(1u << FA_REALLOC | 1u << FA_MALLOC | 1u << FA_CALLOC);
   OK(cuCtxDestroy(c));
   long failed = disarm();
   cr_assert_eq(failed, 0, "the destroy asked for memory (%ld allocations refused)", failed);
-  cr_assert_eq(grs().ctx_destroyed_blocks - gone0, 300, "every block of the context counted as gone with it");
+  cr_assert_eq(h_grs(-1).ctx_destroyed_blocks - gone0, 300, "every block of the context counted as gone with it");
   cr_assert(h_table_matches_sim("after cuCtxDestroy"));
   OK(cuCtxSetCurrent(g_ctx));
 }
@@ -256,7 +244,7 @@ Test(enomem, a_release_without_memory_frees_no_live_block_and_ends, .timeout = 1
     OK(cuMemAlloc(&p, 4096));
   }
   cr_assert_eq(gpureclaim_scope_end(s, 0), 0);
-  cr_assert_eq(grs().orphan_blocks, 500);
+  cr_assert_eq(h_grs(-1).orphan_blocks, 500);
   arm(1u << FA_REALLOC | 1u << FA_MALLOC | 1u << FA_CALLOC);
   gpureclaim_report_t rep = {.size = sizeof rep};
   int rc = gpureclaim_release(GPURECLAIM_ORPHANED, &rep);
@@ -265,11 +253,11 @@ Test(enomem, a_release_without_memory_frees_no_live_block_and_ends, .timeout = 1
   cr_assert(rc == 0 || rc == -ENOMEM, "release: %d", rc);
   gpureclaim_block_t b;
   cr_assert(h_find(live, &b), "the live block is still tracked");
-  cr_assert_eq(sim().live_blocks, 1 + grs().orphan_blocks, "only orphans were freed");
+  cr_assert_eq(h_sim(-1, NULL).live_blocks, 1 + h_grs(-1).orphan_blocks, "only orphans were freed");
   cr_assert(h_table_matches_sim("after the release"));
   /* Memory back: the rest goes. */
   cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &rep), 0);
-  cr_assert_eq(grs().orphan_blocks, 0);
-  cr_assert_eq(sim().live_blocks, 1);
+  cr_assert_eq(h_grs(-1).orphan_blocks, 0);
+  cr_assert_eq(h_sim(-1, NULL).live_blocks, 1);
   OK(cuMemFree(live));
 }

@@ -251,6 +251,20 @@ static int counter(const gpureclaim_block_t *b, void *arg) {
   return 0;
 }
 
+simcuda_stats_t h_sim(int device, CUcontext ctx) {
+  simcuda_stats_t s = {.size = sizeof s};
+  CUresult (*sim_stats)(int, CUcontext, simcuda_stats_t *) =
+      SIMFN(CUresult(*)(int, CUcontext, simcuda_stats_t *), "simcuda_stats");
+  cr_assert_eq(sim_stats(device, ctx, &s), CUDA_SUCCESS);
+  return s;
+}
+
+gpureclaim_stats_t h_grs(int device) {
+  gpureclaim_stats_t s = {.size = sizeof s};
+  cr_assert_eq(gpureclaim_stats(device, &s), 0);
+  return s;
+}
+
 size_t h_count(int kind) {
   count_t c = {.kind = kind};
   gpureclaim_foreach_block(counter, &c);

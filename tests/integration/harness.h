@@ -68,6 +68,10 @@ void h_fill_procaddr(drv_api_t *api, void *handle);
  * context, and gpureclaim_stats() agreeing with simcuda_stats(). On a difference it prints both sides and
  * returns false. `what` names the step for the message. */
 bool h_table_matches_sim(const char *what);
+/* simcuda_stats() of device (-1: all) and ctx (NULL: any), asserted to succeed. */
+simcuda_stats_t h_sim(int device, CUcontext ctx);
+/* gpureclaim_stats() of device (-1: all), asserted to succeed. */
+gpureclaim_stats_t h_grs(int device);
 /* Number of blocks gpureclaim tracks now, by kind (0: all). */
 size_t h_count(int kind);
 /* The block gpureclaim tracks at address (any kind); false if none. */

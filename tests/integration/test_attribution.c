@@ -35,18 +35,6 @@ static gpureclaim_block_t block(uint64_t address) {
   return b;
 }
 
-static simcuda_stats_t sim(int device) {
-  simcuda_stats_t s = {.size = sizeof s};
-  cr_assert_eq(simcuda_stats(device, NULL, &s), CUDA_SUCCESS);
-  return s;
-}
-
-static gpureclaim_stats_t grs(int device) {
-  gpureclaim_stats_t s = {.size = sizeof s};
-  cr_assert_eq(gpureclaim_stats(device, &s), 0);
-  return s;
-}
-
 static uint64_t reserved(CUmemoryPool pool) {
   cuuint64_t v = 0;
   OK(cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v));
@@ -97,8 +85,8 @@ Test(attribution, async_blocks_take_the_stream_s_context_and_the_pool_s_device) 
   cr_assert_eq(bb.device, 0);
   cr_assert_eq(bb.pool, (void *)def0);
   CHECK("stream-ordered allocations on another context's stream");
-  cr_assert_eq(grs(1).live_bytes, 3 * MiB);
-  cr_assert_eq(grs(0).live_bytes, MiB);
+  cr_assert_eq(h_grs(1).live_bytes, 3 * MiB);
+  cr_assert_eq(h_grs(0).live_bytes, MiB);
 
   OK(cuMemFreeAsync(a, s1));
   OK(cuMemFreeAsync(b, s1));
@@ -143,8 +131,8 @@ Test(attribution, blocks_made_on_device_1_are_recorded_on_device_1) {
     cr_assert_eq(block(addrs[i]).device, 1, "block %zu is on device 1", i);
   cr_assert_eq(block((uint64_t)(uintptr_t)h).context, (void *)g_p1);
   CHECK("allocations on device 1");
-  simcuda_stats_t s1 = sim(1), s0 = sim(0);
-  gpureclaim_stats_t g1 = grs(1), g0 = grs(0);
+  simcuda_stats_t s1 = h_sim(1, NULL), s0 = h_sim(0, NULL);
+  gpureclaim_stats_t g1 = h_grs(1), g0 = h_grs(0);
   cr_assert_eq(g1.live_bytes, s1.live_bytes + s1.vmm_phys_bytes);
   cr_assert_eq(g1.live_blocks, s1.live_blocks + s1.vmm_handles);
   cr_assert_eq(g0.live_bytes, 0);
@@ -185,18 +173,18 @@ Test(attribution, vmm_mapped_bytes_per_device) {
   OK(cuMemMap(va + 8 * MiB, 2 * MiB, 0, h1, 0)); /* part of a handle */
   OK(cuMemMap(va + 16 * MiB, 4 * MiB, 0, h1, 0)); /* the same handle twice */
   CHECK("mappings on two devices");
-  cr_assert_eq(grs(-1).vmm_mapped_bytes, 14 * MiB);
-  cr_assert_eq(grs(0).vmm_mapped_bytes, sim(0).vmm_mapped_bytes);
-  cr_assert_eq(grs(1).vmm_mapped_bytes, sim(1).vmm_mapped_bytes);
-  cr_assert_eq(grs(1).vmm_mapped_bytes, 6 * MiB);
+  cr_assert_eq(h_grs(-1).vmm_mapped_bytes, 14 * MiB);
+  cr_assert_eq(h_grs(0).vmm_mapped_bytes, h_sim(0, NULL).vmm_mapped_bytes);
+  cr_assert_eq(h_grs(1).vmm_mapped_bytes, h_sim(1, NULL).vmm_mapped_bytes);
+  cr_assert_eq(h_grs(1).vmm_mapped_bytes, 6 * MiB);
   OK(cuMemUnmap(va + 8 * MiB, 2 * MiB));
   OK(cuMemRelease(h1));
   CHECK("one mapping gone, its handle released but still mapped");
-  cr_assert_eq(grs(1).vmm_mapped_bytes, 4 * MiB);
+  cr_assert_eq(h_grs(1).vmm_mapped_bytes, 4 * MiB);
   OK(cuMemUnmap(va, 8 * MiB));
   OK(cuMemUnmap(va + 16 * MiB, 4 * MiB));
   CHECK("all unmapped");
-  cr_assert_eq(grs(-1).vmm_mapped_bytes, 0);
+  cr_assert_eq(h_grs(-1).vmm_mapped_bytes, 0);
   OK(cuMemRelease(h0));
   OK(cuMemAddressFree(va, 32 * MiB));
 }
@@ -252,8 +240,8 @@ Test(attribution, a_release_synchronises_before_trimming) {
   OK(cuMemAllocAsync(&a, 32 * MiB, s0));
   OK(cuMemFreeAsync(a, s0));
   OK(cuMemFreeAsync(b, s1)); /* from device 0's thread, on device 1's stream */
-  cr_assert_eq(sim(-1).live_blocks, 0);
-  cr_assert_eq(sim(-1).pool_used_bytes, 48 * MiB, "the frees have not run yet");
+  cr_assert_eq(h_sim(-1, NULL).live_blocks, 0);
+  cr_assert_eq(h_sim(-1, NULL).pool_used_bytes, 48 * MiB, "the frees have not run yet");
   CHECK("frees queued on two devices' streams");
   gpureclaim_report_t r = {.size = sizeof r};
   cr_assert_eq(gpureclaim_release(GPURECLAIM_CACHED, &r), 0);
@@ -323,7 +311,7 @@ static void pool_by_location(CUresult (*get)(CUmemoryPool *, CUmemLocation *, CU
   const gpureclaim_device_report_t *r1 = dev_report(&r, 1);
   cr_assert_not_null(r1);
   cr_assert_geq(r1->pool_bytes, 6 * MiB);
-  cr_assert_eq(sim(1).pool_reserved_bytes, 0);
+  cr_assert_eq(h_sim(1, NULL).pool_reserved_bytes, 0);
   CHECK("after the release");
 }
 

@@ -13,18 +13,6 @@ CUresult cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice);
 
 #define OK(call) cr_assert_eq((call), CUDA_SUCCESS, "%s", #call)
 
-static simcuda_stats_t sim(CUcontext ctx) {
-  simcuda_stats_t s = {.size = sizeof s};
-  cr_assert_eq(simcuda_stats(-1, ctx, &s), CUDA_SUCCESS);
-  return s;
-}
-
-static gpureclaim_stats_t grs(void) {
-  gpureclaim_stats_t s = {.size = sizeof s};
-  cr_assert_eq(gpureclaim_stats(-1, &s), 0);
-  return s;
-}
-
 static void orphans(size_t n, size_t size) {
   uint64_t s = gpureclaim_scope_begin();
   cr_assert_neq(s, 0);
@@ -63,8 +51,8 @@ Test(ctx_race, a_context_destroyed_during_a_release) {
   pthread_t t;
   cr_assert_eq(pthread_create(&t, NULL, release_orphans, &rep), 0);
   atomic_store(&g_go, 1);
-  uint64_t start = sim(a).live_blocks;
-  while (sim(a).live_blocks == start) /* the release has begun to free */
+  uint64_t start = h_sim(-1, a).live_blocks;
+  while (h_sim(-1, a).live_blocks == start) /* the release has begun to free */
     ;
   OK(cuCtxDestroy(a));
   OK(cuCtxPushCurrent(b));
@@ -72,14 +60,14 @@ Test(ctx_race, a_context_destroyed_during_a_release) {
   for (size_t i = 0; i < N; i++)
     OK(cuMemAlloc(&mine[i], 4096));
   pthread_join(t, NULL);
-  cr_assert_eq(sim(b).live_blocks, N, "the release freed none of B's blocks");
+  cr_assert_eq(h_sim(-1, b).live_blocks, N, "the release freed none of B's blocks");
   cr_assert_eq(rep.failed_blocks, 0);
-  cr_assert_eq(grs().orphan_blocks, 0, "A's orphans were freed or went with A");
+  cr_assert_eq(h_grs(-1).orphan_blocks, 0, "A's orphans were freed or went with A");
   cr_assert(h_table_matches_sim("after the race"));
   rep = (gpureclaim_report_t){.size = sizeof rep};
   cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &rep), 0);
   cr_assert_eq(rep.orphaned_blocks, 0);
-  cr_assert_eq(sim(b).live_blocks, N);
+  cr_assert_eq(h_sim(-1, b).live_blocks, N);
   for (size_t i = 0; i < N; i++)
     OK(cuMemFree(mine[i]));
 }
@@ -114,10 +102,10 @@ Test(ctx_race, a_retain_racing_the_final_primary_release, .timeout = 120) {
     pthread_join(t, NULL);
     pthread_barrier_destroy(&g_bar);
     cr_assert(h_table_matches_sim("after the race"), "iteration %d", it);
-    cr_assert_eq(grs().orphan_blocks, sim(NULL).live_blocks, "iteration %d", it);
+    cr_assert_eq(h_grs(-1).orphan_blocks, h_sim(-1, NULL).live_blocks, "iteration %d", it);
     OK(cuDevicePrimaryCtxRelease(0)); /* the other thread's retain: now the context goes */
-    cr_assert_eq(sim(NULL).live_blocks, 0);
-    cr_assert_eq(grs().orphan_blocks, 0, "iteration %d", it);
+    cr_assert_eq(h_sim(-1, NULL).live_blocks, 0);
+    cr_assert_eq(h_grs(-1).orphan_blocks, 0, "iteration %d", it);
   }
 }
 
@@ -157,8 +145,8 @@ Test(ctx_race, allocations_racing_a_successful_destroy_leave_no_records, .timeou
     OK(cuCtxDestroy(a.ctx));
     for (int i = 0; i < THREADS; i++)
       pthread_join(t[i], NULL);
-    cr_assert_eq(sim(NULL).live_blocks, 0, "round %d: the driver freed the context's blocks", round);
-    cr_assert_eq(grs().live_blocks, 0, "round %d: no record outlived its block", round);
+    cr_assert_eq(h_sim(-1, NULL).live_blocks, 0, "round %d: the driver freed the context's blocks", round);
+    cr_assert_eq(h_grs(-1).live_blocks, 0, "round %d: no record outlived its block", round);
   }
   cr_assert(h_table_matches_sim("after the races"));
 }

@@ -14,18 +14,6 @@ CUresult cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice);
 #define OK(call) cr_assert_eq((call), CUDA_SUCCESS, "%s", #call)
 #define MiB (1024ull * 1024)
 
-static simcuda_stats_t sim(CUcontext ctx) {
-  simcuda_stats_t s = {.size = sizeof s};
-  cr_assert_eq(simcuda_stats(-1, ctx, &s), CUDA_SUCCESS);
-  return s;
-}
-
-static gpureclaim_stats_t grs(void) {
-  gpureclaim_stats_t s = {.size = sizeof s};
-  cr_assert_eq(gpureclaim_stats(-1, &s), 0);
-  return s;
-}
-
 static CUcontext g_a, g_b; /* A: the context destroyed; B: another one, current on this thread between steps */
 
 static void init(void) {
@@ -69,10 +57,10 @@ static CUdeviceptr alloc_in_b(size_t size) {
 Test(interleavings, a_refused_cuctxdestroy_puts_every_record_back) {
   CUdeviceptr live, orphan = orphan_in_a(1 * MiB);
   OK(cuMemAlloc(&live, 2 * MiB));
-  gpureclaim_stats_t before = grs();
+  gpureclaim_stats_t before = h_grs(-1);
   cr_assert_eq(simcuda_inject("cuCtxDestroy_v2", CUDA_ERROR_INVALID_CONTEXT, 1), 0);
   cr_assert_eq(cuCtxDestroy(g_a), CUDA_ERROR_INVALID_CONTEXT, "the driver's refusal is returned");
-  gpureclaim_stats_t after = grs();
+  gpureclaim_stats_t after = h_grs(-1);
   cr_assert_eq(after.live_blocks, before.live_blocks);
   cr_assert_eq(after.orphan_blocks, before.orphan_blocks);
   cr_assert_eq(after.ctx_destroyed_blocks, before.ctx_destroyed_blocks);
@@ -83,9 +71,9 @@ Test(interleavings, a_refused_cuctxdestroy_puts_every_record_back) {
   cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &rep), 0);
   cr_assert_eq(rep.orphaned_blocks, 1);
   cr_assert_eq(rep.failed_blocks, 0);
-  uint64_t untracked = grs().untracked_frees;
+  uint64_t untracked = h_grs(-1).untracked_frees;
   OK(cuMemFree(live));
-  cr_assert_eq(grs().untracked_frees, untracked, "the live block's free was a tracked one");
+  cr_assert_eq(h_grs(-1).untracked_frees, untracked, "the live block's free was a tracked one");
   cr_assert(h_table_matches_sim("after the frees"));
 }
 
@@ -148,17 +136,17 @@ static void free_then_reuse(void *arg) {
 
 Test(interleavings, a_block_freed_during_a_refused_destroy_is_not_put_back) {
   free_then_reuse_t f = {.freed = orphan_in_a(1 * MiB)};
-  uint64_t untracked = grs().untracked_frees;
+  uint64_t untracked = h_grs(-1).untracked_frees;
   cr_assert_eq(simcuda_on_return("cuCtxDestroy_v2", free_then_reuse, &f), 0);
   cr_assert_eq(simcuda_inject("cuCtxDestroy_v2", CUDA_ERROR_INVALID_CONTEXT, 1), 0);
   cr_assert_eq(cuCtxDestroy(g_a), CUDA_ERROR_INVALID_CONTEXT);
   cr_assert_eq(f.reused, f.freed, "the driver handed the address out again (the step this test places)");
-  cr_assert_eq(grs().untracked_frees, untracked, "the free during the destroy was a tracked one");
+  cr_assert_eq(h_grs(-1).untracked_frees, untracked, "the free during the destroy was a tracked one");
   cr_assert(h_table_matches_sim("after the refused destroy"));
   gpureclaim_report_t rep = {.size = sizeof rep};
   cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &rep), 0);
   cr_assert_eq(rep.orphaned_blocks, 0, "no orphan came back");
-  cr_assert_eq(sim(g_b).live_blocks, 1, "B's block at the reused address is alive");
+  cr_assert_eq(h_sim(-1, g_b).live_blocks, 1, "B's block at the reused address is alive");
   OK(cuMemFree(f.reused));
 }
 
@@ -183,7 +171,7 @@ Test(interleavings, a_block_allocated_as_its_context_is_destroyed_leaves_no_reco
   CUdeviceptr p;
   cr_assert_eq(simcuda_on_return("cuMemAlloc_v2", destroy_a_elsewhere, NULL), 0);
   OK(cuMemAlloc(&p, 1 * MiB)); /* the driver's answer, though the block is gone by the time it returns */
-  cr_assert_eq(sim(NULL).contexts, 1, "A is gone (the step this test places)");
+  cr_assert_eq(h_sim(-1, NULL).contexts, 1, "A is gone (the step this test places)");
   cr_assert_eq(gpureclaim_scope_end(s, 0), 0);
   OK(cuCtxSetCurrent(g_b));
   gpureclaim_block_t b;
@@ -194,7 +182,7 @@ Test(interleavings, a_block_allocated_as_its_context_is_destroyed_leaves_no_reco
   gpureclaim_report_t rep = {.size = sizeof rep};
   cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &rep), 0);
   cr_assert_eq(rep.orphaned_blocks, 0);
-  cr_assert_eq(sim(g_b).live_blocks, 1, "B's block at that address is alive");
+  cr_assert_eq(h_sim(-1, g_b).live_blocks, 1, "B's block at that address is alive");
   cr_assert(h_table_matches_sim("after the release"));
   OK(cuMemFree(q));
 }
@@ -220,10 +208,10 @@ Test(interleavings, a_double_free_of_an_address_reused_during_a_release_reaches_
   cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &rep), 0);
   cr_assert_eq(rep.orphaned_blocks, 1);
   cr_assert_eq(r.p, old, "the driver handed the address out during the release (the step this test places)");
-  uint64_t late = grs().late_frees, calls = simcuda_calls("cuMemFree_v2");
+  uint64_t late = h_grs(-1).late_frees, calls = simcuda_calls("cuMemFree_v2");
   OK(cuMemFree(r.p));
   cr_assert_eq(cuMemFree(r.p), CUDA_ERROR_INVALID_VALUE, "the double free gets the driver's answer");
   cr_assert_eq(simcuda_calls("cuMemFree_v2"), calls + 2, "both frees reached the driver");
-  cr_assert_eq(grs().late_frees, late);
+  cr_assert_eq(h_grs(-1).late_frees, late);
   cr_assert(h_table_matches_sim("after the frees"));
 }

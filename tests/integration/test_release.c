@@ -27,18 +27,6 @@ static void init(void) {
   OK(cuCtxSetCurrent(g_ctx));
 }
 
-static simcuda_stats_t sim(void) {
-  simcuda_stats_t s = {.size = sizeof s};
-  cr_assert_eq(simcuda_stats(-1, NULL, &s), CUDA_SUCCESS);
-  return s;
-}
-
-static gpureclaim_stats_t grs(void) {
-  gpureclaim_stats_t s = {.size = sizeof s};
-  cr_assert_eq(gpureclaim_stats(-1, &s), 0);
-  return s;
-}
-
 TestSuite(release, .init = init);
 
 /* The size contract of gpureclaim.h: min(size, the library's sizeof) bytes are filled, and size says how many. */
@@ -95,11 +83,11 @@ Test(release, pool_retention_then_trim) {
   OK(cuMemFreeAsync(a, NULL));
   OK(cuMemFreeAsync(b, NULL));
   OK(cuCtxSynchronize());
-  uint64_t held = sim().pool_reserved_bytes;
+  uint64_t held = h_sim(-1, NULL).pool_reserved_bytes;
   cr_assert_geq(held, 80 * MiB, "the pool retains what was freed");
   gpureclaim_report_t r = {.size = sizeof r};
   cr_assert_eq(gpureclaim_release(GPURECLAIM_CACHED, &r), 0);
-  cr_assert_eq(sim().pool_reserved_bytes, 0, "trimmed to nothing");
+  cr_assert_eq(h_sim(-1, NULL).pool_reserved_bytes, 0, "trimmed to nothing");
   cr_assert_eq(r.pool_bytes, held, "the report says exactly what the pool gave back");
   cr_assert_eq(r.cached_bytes, held);
   cr_assert_eq(r.trigger, GPURECLAIM_TRIGGER_API);
@@ -109,7 +97,7 @@ Test(release, pool_retention_then_trim) {
   cr_assert_eq(r.devices[0].free_after - r.devices[0].free_before, held, "cuMemGetInfo before and after");
   cr_assert_gt(r.seq, 0);
   cr_assert(h_table_matches_sim("after trim"));
-  gpureclaim_stats_t s = grs();
+  gpureclaim_stats_t s = h_grs(-1);
   cr_assert_eq(s.releases, 1);
   cr_assert_eq(s.released_bytes, held);
 }
@@ -127,10 +115,10 @@ Test(release, created_pools_are_trimmed_too) {
   CUdeviceptr x;
   OK(cuMemAllocFromPoolAsync(&x, 8 * MiB, pool, NULL));
   OK(cuMemFreeAsync(x, NULL));
-  cr_assert_geq(sim().pool_reserved_bytes, 8 * MiB);
+  cr_assert_geq(h_sim(-1, NULL).pool_reserved_bytes, 8 * MiB);
   gpureclaim_report_t r = {.size = sizeof r};
   cr_assert_eq(gpureclaim_release(GPURECLAIM_CACHED, &r), 0);
-  cr_assert_eq(sim().pool_reserved_bytes, 0);
+  cr_assert_eq(h_sim(-1, NULL).pool_reserved_bytes, 0);
   cr_assert_geq(r.pool_bytes, 8 * MiB);
 }
 
@@ -154,7 +142,7 @@ Test(release, orphans_of_ended_scopes_only) {
   cr_assert_eq(gpureclaim_scope_end(inner, 0), 0);
   cr_assert_eq(gpureclaim_scope_end(inner, 0), -ENOENT, "ended once");
   cr_assert_eq(gpureclaim_scope_current(), outer);
-  gpureclaim_stats_t s = grs();
+  gpureclaim_stats_t s = h_grs(-1);
   cr_assert_eq(s.orphan_blocks, 3);
   cr_assert_eq(s.orphan_bytes, 7 * MiB + 8192);
   cr_assert(h_find(o1, &b));
@@ -166,7 +154,7 @@ Test(release, orphans_of_ended_scopes_only) {
   cr_assert(h_table_matches_sim("orphans freed"));
   cr_assert(h_find(keep1, &b) && h_find(keep2, &b), "live blocks of open scopes and of none untouched");
   cr_assert(!h_find(o1, &b) && !h_find(o2, &b));
-  s = grs();
+  s = h_grs(-1);
   cr_assert_eq(s.orphan_blocks, 0);
   cr_assert_eq(gpureclaim_scope_end(outer, 0), 0);
   cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &r), 0);
@@ -190,9 +178,9 @@ Test(release, free_now) {
   uint64_t s = gpureclaim_scope_begin();
   CUdeviceptr p;
   OK(cuMemAlloc(&p, 3 * MiB));
-  uint64_t before = sim().live_bytes;
+  uint64_t before = h_sim(-1, NULL).live_bytes;
   cr_assert_eq(gpureclaim_scope_end(s, GPURECLAIM_FREE_NOW), 0);
-  cr_assert_eq(sim().live_bytes, before - 3 * MiB, "freed at once");
+  cr_assert_eq(h_sim(-1, NULL).live_bytes, before - 3 * MiB, "freed at once");
   cr_assert(h_table_matches_sim("free now"));
 }
 
@@ -221,9 +209,9 @@ Test(release, free_now_frees_only_its_own_scope) {
   pthread_join(t, NULL);
   cr_assert_eq(unscoped[0], mine[0], "the simulator handed the scope's freed address out again");
   cr_assert_eq(orphan[0], mine[1]);
-  uint64_t live = sim().live_bytes;
+  uint64_t live = h_sim(-1, NULL).live_bytes;
   cr_assert_eq(gpureclaim_scope_end(s, GPURECLAIM_FREE_NOW), 0);
-  cr_assert_eq(sim().live_bytes, live - 6 * 256 * 1024, "the scope's 6 live blocks, and only them, freed");
+  cr_assert_eq(h_sim(-1, NULL).live_bytes, live - 6 * 256 * 1024, "the scope's 6 live blocks, and only them, freed");
   gpureclaim_block_t b;
   cr_assert(h_find(unscoped[0], &b) && b.state == GPURECLAIM_BLOCK_LIVE, "the unscoped block kept");
   cr_assert(h_find(orphan[0], &b) && b.state == GPURECLAIM_BLOCK_ORPHAN, "the other scope's orphan kept");
@@ -267,9 +255,9 @@ static CUmemGenericAllocationHandle released_orphan_handle(void) {
  * what it would have returned without gpureclaim (CUDA_SUCCESS), and does not reach the driver. */
 Test(release, a_late_cumemrelease_is_swallowed_like_a_late_free) {
   CUmemGenericAllocationHandle h = released_orphan_handle();
-  uint64_t late = grs().late_frees;
+  uint64_t late = h_grs(-1).late_frees;
   OK(cuMemRelease(h));
-  cr_assert_eq(grs().late_frees, late + 1);
+  cr_assert_eq(h_grs(-1).late_frees, late + 1);
   cr_assert(h_table_matches_sim("after the late release"));
   cr_assert_neq(cuMemRelease(h), CUDA_SUCCESS, "a second one is the program's own double release");
 }
@@ -279,11 +267,11 @@ Test(release, a_late_cumemrelease_is_swallowed_like_a_late_free) {
  * The simulator never reuses handle values, so its answer is injected here. */
 Test(release, a_cumemrelease_of_a_handle_the_driver_knows_reaches_the_driver) {
   CUmemGenericAllocationHandle h = released_orphan_handle();
-  uint64_t late = grs().late_frees, calls = simcuda_calls("cuMemRelease");
+  uint64_t late = h_grs(-1).late_frees, calls = simcuda_calls("cuMemRelease");
   cr_assert_eq(simcuda_inject("cuMemGetAllocationPropertiesFromHandle", CUDA_SUCCESS, 1), 0);
   cr_assert_eq(cuMemRelease(h), CUDA_ERROR_INVALID_VALUE, "the driver's answer (it released h already)");
   cr_assert_eq(simcuda_calls("cuMemRelease"), calls + 1, "it reached the driver");
-  cr_assert_eq(grs().late_frees, late);
+  cr_assert_eq(h_grs(-1).late_frees, late);
 }
 
 /* A release frees in rounds of 4,096 blocks (the context gate is held one round at a time). When the driver
@@ -301,11 +289,11 @@ Test(release, a_driver_that_refuses_every_free_ends_the_release) {
   cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &r), 0);
   cr_assert_eq(r.orphaned_blocks, 0);
   cr_assert_eq(r.failed_blocks, 4096, "one round, then it stops");
-  cr_assert_eq(grs().orphan_blocks, 5000, "all still tracked");
+  cr_assert_eq(h_grs(-1).orphan_blocks, 5000, "all still tracked");
   cr_assert_eq(simcuda_inject("cuMemFree_v2", CUDA_SUCCESS, 0), 0);
   cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &r), 0);
   cr_assert_eq(r.orphaned_blocks, 5000);
-  cr_assert_eq(grs().orphan_blocks, 0);
+  cr_assert_eq(h_grs(-1).orphan_blocks, 0);
   cr_assert(h_table_matches_sim("after the second release"));
 }
 
@@ -330,9 +318,9 @@ Test(release, many_handle_tombstones_leave_room_for_addresses) {
   OK(cuMemAlloc(&p, 1 * MiB));
   cr_assert_eq(gpureclaim_scope_end(s, 0), 0);
   cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &r), 0);
-  uint64_t late = grs().late_frees;
+  uint64_t late = h_grs(-1).late_frees;
   OK(cuMemFree(p));
-  cr_assert_eq(grs().late_frees, late + 1, "the late free was recognised, not passed to the driver");
+  cr_assert_eq(h_grs(-1).late_frees, late + 1, "the late free was recognised, not passed to the driver");
 }
 
 /* A scope ended from another thread leaves its thread's stack lazily. When its slot is open again, for a scope
@@ -410,10 +398,10 @@ Test(release, a_late_free_is_swallowed_until_the_address_is_reused) {
   uint64_t calls = simcuda_calls("cuMemFree_v2");
   cr_assert_eq(cuMemFree(p), CUDA_SUCCESS, "a late free of a reclaimed block succeeds");
   cr_assert_eq(simcuda_calls("cuMemFree_v2"), calls, "and never reaches the driver");
-  cr_assert_eq(grs().late_frees, 1);
+  cr_assert_eq(h_grs(-1).late_frees, 1);
   cr_assert_eq(cuMemFree(p), CUDA_ERROR_INVALID_VALUE, "a second one is the driver's business again");
   cr_assert_eq(simcuda_calls("cuMemFree_v2"), calls + 1);
-  cr_assert_eq(grs().late_frees, 1);
+  cr_assert_eq(h_grs(-1).late_frees, 1);
   /* Reclaim again, let the driver hand the address out, then free: that frees the new block. */
   s = gpureclaim_scope_begin();
   OK(cuMemAlloc(&p, 1 * MiB));
@@ -424,7 +412,7 @@ Test(release, a_late_free_is_swallowed_until_the_address_is_reused) {
   calls = simcuda_calls("cuMemFree_v2");
   OK(cuMemFree(q));
   cr_assert_eq(simcuda_calls("cuMemFree_v2"), calls + 1, "a free of the new block reaches the driver");
-  cr_assert_eq(grs().late_frees, 1, "and is not a late free");
+  cr_assert_eq(h_grs(-1).late_frees, 1, "and is not a late free");
   cr_assert(h_table_matches_sim("after reuse"));
 }
 
@@ -491,8 +479,8 @@ Test(release, all_frees_every_tracked_block_and_context_scoped_all) {
   cr_assert(h_find(a, &b), "other contexts untouched");
   cr_assert_eq(gpureclaim_release(GPURECLAIM_ALL, &r), 0);
   cr_assert_eq(r.all_blocks, 2);
-  cr_assert_eq(sim().live_blocks, 0);
-  cr_assert_eq(sim().host_blocks, 0);
+  cr_assert_eq(h_sim(-1, NULL).live_blocks, 0);
+  cr_assert_eq(h_sim(-1, NULL).host_blocks, 0);
   cr_assert(h_table_matches_sim("release all"));
   OK(cuCtxPushCurrent(c2));
   OK(cuStreamDestroy(s2));
@@ -607,7 +595,7 @@ Test(release, concurrent_requests_coalesce) {
     pthread_create(&th[i], NULL, release_thread, (void *)(intptr_t)i);
   for (int i = 0; i < NREQ; i++)
     pthread_join(th[i], NULL);
-  uint64_t n = grs().releases;
+  uint64_t n = h_grs(-1).releases;
   cr_assert_geq(n, 1);
   cr_assert_leq(n, 3, "16 concurrent requests ran %llu releases", (unsigned long long)n);
 }
@@ -631,7 +619,7 @@ Test(release, out_of_memory_retry_after_a_trim) {
   OK(cuMemFreeAsync(a, NULL)); /* 80 MiB cached in the pool */
   int id = gpureclaim_register_releaser("reentrant", reentrant_releaser, NULL);
   OK(cuMemAlloc(&b, 50 * MiB)); /* fits only after the pool is trimmed */
-  gpureclaim_stats_t s = grs();
+  gpureclaim_stats_t s = h_grs(-1);
   cr_assert_eq(s.oom_retries, 1);
   cr_assert_eq(s.oom_retry_successes, 1);
   cr_assert_eq(g_inner_rc, -EDEADLK, "a release requested from inside an allocation is refused");
@@ -654,11 +642,11 @@ Test(release, late_frees_are_recognised_for_65536_addresses_at_a_time, .timeout 
   gpureclaim_report_t r = {.size = sizeof r};
   cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &r), 0);
   cr_assert_eq(r.orphaned_blocks, BOUND + 1);
-  uint64_t late = grs().late_frees, calls = simcuda_calls("cuMemFree_v2");
+  uint64_t late = h_grs(-1).late_frees, calls = simcuda_calls("cuMemFree_v2");
   int refused = 0;
   for (int i = 0; i <= BOUND; i++)
     refused += cuMemFree(p[i]) != CUDA_SUCCESS;
-  cr_assert_eq(grs().late_frees - late, BOUND, "each remembered address swallowed one late free");
+  cr_assert_eq(h_grs(-1).late_frees - late, BOUND, "each remembered address swallowed one late free");
   cr_assert_eq(simcuda_calls("cuMemFree_v2") - calls, 1, "the one past the bound reached the driver");
   cr_assert_eq(refused, 1, "which refused it (the block was freed)");
 }
