@@ -129,6 +129,7 @@ static void thread_exit(void *arg) {
   atomic_fetch_add_explicit(&g_live_approx, r->batch, memory_order_relaxed);
   r->batch = 0;
   atomic_store_explicit(&r->announce, 0, memory_order_release);
+  atomic_store_explicit(&r->track_op, 0, memory_order_release);
   r->depth = 0;
   if (gr_epoch_t_rec == r)
     gr_epoch_t_rec = NULL;
@@ -272,6 +273,22 @@ void gr_epoch_count_live_slow(int64_t d) {
   atomic_store_explicit(&r->live, atomic_load_explicit(&r->live, memory_order_relaxed) + d, memory_order_relaxed);
 }
 
+/* Tracked inserts of threads without a record (track.c): counted, and treated as older than any destroy. */
+static _Atomic int64_t g_anon_track_ops;
+
+void gr_epoch_track_op_anon(int d) { atomic_fetch_add_explicit(&g_anon_track_ops, d, memory_order_seq_cst); }
+
+bool gr_epoch_track_op_before(uint64_t seq) {
+  if (atomic_load_explicit(&g_anon_track_ops, memory_order_seq_cst) > 0)
+    return true;
+  for (gr_thread_rec_t *r = atomic_load_explicit(&g_threads, memory_order_acquire); r; r = r->next) {
+    uint64_t v = atomic_load_explicit(&r->track_op, memory_order_seq_cst);
+    if (v && v - 1 < seq)
+      return true;
+  }
+  return false;
+}
+
 int64_t gr_epoch_live_approx(void) {
   int64_t v = atomic_load_explicit(&g_live_approx, memory_order_relaxed);
   return v < 0 ? 0 : v;
@@ -291,6 +308,7 @@ void gr_epoch_atfork_child(void) {
       continue;
     atomic_store_explicit(&r->announce, 0, memory_order_relaxed);
     atomic_store_explicit(&r->live, 0, memory_order_relaxed);
+    atomic_store_explicit(&r->track_op, 0, memory_order_relaxed);
     atomic_store_explicit(&r->owned, 0, memory_order_relaxed);
   }
   if (gr_epoch_t_rec) {
@@ -300,6 +318,7 @@ void gr_epoch_atfork_child(void) {
   }
   atomic_store_explicit(&g_exited_live, 0, memory_order_relaxed);
   atomic_store_explicit(&g_live_approx, 0, memory_order_relaxed);
+  atomic_store_explicit(&g_anon_track_ops, 0, memory_order_relaxed);
   if (gr_epoch_t_rec)
     gr_epoch_t_rec->batch = 0;
   atomic_store_explicit(&g_anon_inside, t_anon_depth ? 1u : 0u, memory_order_relaxed);

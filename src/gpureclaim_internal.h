@@ -359,6 +359,11 @@ void gr_track_ctx_detach(uint16_t ctx_id, gr_detached_t *d);
 void gr_track_ctx_begin(uint16_t ctx_id, gr_detached_t *d);
 void gr_track_ctx_mark(gr_detached_t *d);
 void gr_track_ctx_commit(gr_detached_t *d, bool destroyed);
+/* A destroy that committed while an insert that began before it was still under way keeps its watch
+ * (gr_rel_watch) until no such insert is left; every allocation that meets a raised watch calls this, and the
+ * last one lowers it. */
+void gr_track_linger_check(void);
+void gr_track_atfork_child(void);
 /* Context destroys so far, times two; odd while one runs. An allocation reads it before its driver call
  * (gr_track_ctx_seq) and hands it to gr_track_insert_ctx, which inserts the record unless a destroy of its
  * context since then freed the block. */
@@ -454,6 +459,8 @@ uint64_t gr_rel_count(void);
  * primary release and the driver's state read after it are not split by a retain. Reentrant per thread. */
 void gr_rel_gate_enter(void);
 void gr_rel_gate_exit(void);
+/* Whether the calling thread holds the gate. */
+bool gr_rel_gate_held(void);
 
 int gr_sig_install(void);
 /* The descriptor the handler writes to; the worker polls it. -1 when the signal is off. */

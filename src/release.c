@@ -441,6 +441,8 @@ void gr_rel_gate_exit(void) {
     pthread_mutex_unlock(&g_gate);
 }
 
+bool gr_rel_gate_held(void) { return t_gate != 0; }
+
 /* One pass of a release: claim what it frees, then free it in address order; again while the claim array
  * could not hold everything. Each round holds the context gate: a context destroyed between the claim and the
  * free would take the claimed blocks with it, and the driver could hand their addresses to another context's
@@ -477,6 +479,7 @@ static void free_pass(free_job_t *j) {
 GR_COLD static void key_reused_slow(unsigned ks, uint64_t key) {
   const unsigned stale = GR_STMASK(GR_ST_RECLAIMED) | GR_STMASK(GR_ST_RECLAIMING) | GR_STMASK(GR_ST_LIVE) |
                          GR_STMASK(GR_ST_ORPHAN);
+  gr_track_linger_check();
   gr_rec_t r;
   for (int n = 0; n < 8 && gr_table_take(ks, key, stale, &r) == 0; n++) {
     if (r.state == GR_ST_RECLAIMED)
@@ -800,9 +803,7 @@ void gr_rel_atfork_child(void) {
   atomic_store_explicit(&g_reclaimed[GR_KS_ADDR], 0, memory_order_relaxed);
   atomic_store_explicit(&g_reclaimed[GR_KS_HANDLE], 0, memory_order_relaxed);
   atomic_store_explicit(&g_watch, 0, memory_order_relaxed);
-  /* A context destroy that another thread had under way will never end here: its sequence must not stay odd. */
-  uint64_t q = atomic_load_explicit(&gr_track_seq, memory_order_relaxed);
-  atomic_store_explicit(&gr_track_seq, q + (q & 1), memory_order_relaxed);
+  gr_track_atfork_child();
   for (int i = 0; i < MAX_RELEASERS; i++)
     atomic_store_explicit(&g_rel[i].running, 0, memory_order_relaxed);
 }

@@ -26,6 +26,9 @@ typedef struct gr_thread_rec {
   int64_t batch;              /* owner only: change of `live` not yet added to the shared approximation */
   unsigned depth;             /* owner only: critical-section nesting */
   _Atomic int owned;
+  /* 0, or 1 + the context-destroy sequence an insert of an address record read before its driver call, while
+   * the thread is inside gr_track_insert_ctx/gr_track_restore_ctx (track.c). Written by the owner only. */
+  _Atomic uint64_t track_op;
   struct gr_thread_rec *next; /* immutable once the record is published */
 } __attribute__((aligned(64))) gr_thread_rec_t;
 
@@ -38,6 +41,10 @@ void gr_epoch_count_live_slow(int64_t d);
 /* Makes every thread's earlier stores visible to the caller's later loads, and orders every thread's later
  * loads after the caller's earlier stores: membarrier() where the kernel has it (see epoch.c), else a fence. */
 void gr_epoch_heavy_barrier(void);
+/* Whether a thread is inside a tracked insert whose sequence (track_op - 1) is below seq, or one that could not
+ * publish its sequence (no thread record) is inside one. */
+bool gr_epoch_track_op_before(uint64_t seq);
+void gr_epoch_track_op_anon(int d);
 
 /* Enters a critical section (nestable): memory retired from now on is not freed before the matching exit. */
 static inline void gr_epoch_enter(void) {

@@ -21,13 +21,17 @@
  * An allocation in the context whose driver call returned before the destroy but whose record is inserted
  * after step 1 looked at the table would leave a record for a freed block. Each allocation reads the sequence
  * before its driver call (seq0, one load) and again just before and just after its insert; when it changed or
- * was odd (a destroy overlapped), it waits for the gate and drops its record if its own context was destroyed
- * at or after seq0. The reads around the insert pair with the barrier after step 1's increment (the table's
- * asymmetric barrier, see table.c): either the marking sees the record, or the allocation sees the change.
+ * was odd (a destroy overlapped), it waits for a destroy of its own context under way to end (never for
+ * another context's: destroyed_since) and drops its record if its own context was destroyed at or after seq0.
+ * The reads around the insert pair with the barrier after step 1's increment (the table's asymmetric barrier,
+ * see table.c): either the marking sees the record, or the allocation sees the change. Until an allocation
+ * that the marking missed has dropped its record, the destroy's watch stays raised ("Lingering" below), so
+ * that an allocation that gets the same address meanwhile takes the stale record out first.
  */
 #include "gpureclaim_internal.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -124,15 +128,85 @@ void gr_track_restore(const gr_rec_t *r) {
 _Atomic uint64_t gr_track_seq;
 /* Per context id: the (odd) sequence number of its last destroy that the driver carried out; 0 for none. */
 static _Atomic uint64_t g_destroyed[4096];
+/* The context whose destroy is under way while gr_track_seq is odd (destroys run one at a time, under the gate). */
+static _Atomic uint16_t g_running;
+/* A destroy's end, for threads that wait for the destroy of their own context. */
+static pthread_mutex_t g_end_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_end_cv = PTHREAD_COND_INITIALIZER;
+/* The sequence number of the last destroy whose watch outlives its commit (see "Lingering"); 0 for none. */
+static _Atomic uint64_t g_linger;
+
+GR_COLD static uint64_t wait_end(uint64_t s) {
+  int old;
+  (void)pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old); /* never leave g_end_mu locked */
+  pthread_mutex_lock(&g_end_mu);
+  uint64_t now;
+  while ((now = atomic_load_explicit(&gr_track_seq, memory_order_acquire)) == s)
+    pthread_cond_wait(&g_end_cv, &g_end_mu);
+  pthread_mutex_unlock(&g_end_mu);
+  (void)pthread_setcancelstate(old, NULL);
+  return now;
+}
+
+/* Whether the sequence number now says that the calling thread runs a destroy of ctx_id itself. */
+static bool inside_destroy_of(uint16_t ctx_id, uint64_t now) {
+  return (now & 1) && atomic_load_explicit(&g_running, memory_order_acquire) == ctx_id && gr_rel_gate_held();
+}
 
 /* Whether the context ctx_id was destroyed by a destroy that may have come after a driver call made once the
- * sequence read seq0: then a block that call returned is gone. Waits for a destroy in progress to end. */
+ * sequence read seq0: then a block that call returned is gone. Waits for a destroy of ctx_id under way (on
+ * another thread) to end, and for no other: an allocation never waits for another context's destroy, whose
+ * driver call may wait for work this thread has yet to enqueue. *now: the sequence the answer holds for, odd
+ * while another context's destroy runs (which cannot free this context's blocks). */
 static bool destroyed_since(uint16_t ctx_id, uint64_t seq0, uint64_t *now) {
-  gr_rel_gate_enter();
-  uint64_t d = atomic_load_explicit(&g_destroyed[ctx_id & 0xfff], memory_order_relaxed);
-  *now = atomic_load_explicit(&gr_track_seq, memory_order_relaxed); /* even: no destroy runs without the gate */
-  gr_rel_gate_exit();
+  uint64_t s = atomic_load_explicit(&gr_track_seq, memory_order_acquire);
+  while ((s & 1) && atomic_load_explicit(&g_running, memory_order_acquire) == ctx_id && !gr_rel_gate_held())
+    s = wait_end(s);
+  uint64_t d = atomic_load_explicit(&g_destroyed[ctx_id & 0xfff], memory_order_acquire);
+  *now = s;
   return d != 0 && d >= seq0;
+}
+
+/* Lingering. A destroy's watch (gr_rel_watch) makes every allocation look for a stale record at the address
+ * the driver gave it (gr_rel_key_reused). An insert the destroy's marking missed leaves a record for a freed
+ * block until its own thread finds and drops it (settle_slow); were the watch lowered before that, a thread of
+ * another context that gets the address from the driver would insert beside the stale record, and its free
+ * could take the stale one and leave its own for freed memory. So each insert of an address record publishes
+ * the sequence number it read before its driver call in its thread's record (track_op) while it runs, and a
+ * destroy that commits while an insert that began before it is under way keeps its watch (g_linger); the
+ * first allocation after the last such insert ended lowers it (gr_track_linger_check).
+ * Why the destroy sees every insert it must: an insert its marking missed came after the barrier that follows
+ * the destroy's increment (gr_track_ctx_begin). Had the insert's publication come after that barrier too, the
+ * insert's check before the table insert would have seen the increment and waited for the destroy instead.
+ * So the publication came before the barrier, which makes it visible to the commit. */
+static inline gr_thread_rec_t *op_begin(uint64_t seq0) {
+  gr_thread_rec_t *t = gr_epoch_t_rec;
+  if (GR_UNLIKELY(!t) && !(t = gr_epoch_self())) {
+    gr_epoch_track_op_anon(1);
+    return NULL;
+  }
+  if (GR_LIKELY(atomic_load_explicit(&gr_epoch_asym, memory_order_relaxed))) {
+    atomic_store_explicit(&t->track_op, seq0 + 1, memory_order_relaxed);
+    atomic_signal_fence(memory_order_seq_cst); /* the destroy's membarrier supplies the hardware fence */
+  } else {
+    atomic_exchange_explicit(&t->track_op, seq0 + 1, memory_order_seq_cst);
+  }
+  return t;
+}
+
+static inline void op_end(gr_thread_rec_t *t) {
+  if (GR_LIKELY(t != NULL))
+    atomic_store_explicit(&t->track_op, 0, memory_order_release);
+  else
+    gr_epoch_track_op_anon(-1);
+}
+
+void gr_track_linger_check(void) {
+  uint64_t s = atomic_load_explicit(&g_linger, memory_order_acquire);
+  if (GR_LIKELY(s == 0) || gr_epoch_track_op_before(s))
+    return;
+  if (atomic_compare_exchange_strong_explicit(&g_linger, &s, 0, memory_order_acq_rel, memory_order_relaxed))
+    gr_rel_watch(-1);
 }
 
 /* This thread's record r, as inserted: the same key, context, thread, time and site. */
@@ -166,6 +240,9 @@ static int drop_mine(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
   return 1;
 }
 
+/* The destroy sequence, read before an insert, after the thread published its insert (op_begin). */
+static inline uint64_t seq_before_insert(void) { return atomic_load_explicit(&gr_track_seq, memory_order_seq_cst); }
+
 /* The destroy sequence, read after an insert and ordered after it: with the destroy's barrier after its
  * increment (the table's asymmetric barrier, see table.c), either the destroy's marking sees the record, or this
  * read sees the change. */
@@ -192,9 +269,10 @@ GR_COLD static void settle_slow(const gr_rec_t *r, uint64_t seq0) {
   uint64_t now;
   if (!destroyed_since(r->ctx_id, seq0, &now))
     return;
-  /* The record may be gone already (the destroy's marking saw it), or another thread's block may have its
-   * address by now: take exactly this one. Rare (a destroy of this context overlapped this allocation), so a
-   * visit of the table is affordable. */
+  /* The record may be gone already (the destroy's marking saw it, or an allocation that got the address from
+   * the driver took it while the destroy's watch lingered), or another thread's block may have its address by
+   * now: take exactly this one. Rare (a destroy of this context overlapped this allocation), so a visit of the
+   * table is affordable. */
   drop_t a = {.mine = r};
   gr_table_visit(drop_mine, &a);
   if (a.taken) {
@@ -204,36 +282,53 @@ GR_COLD static void settle_slow(const gr_rec_t *r, uint64_t seq0) {
 }
 
 void gr_track_restore_ctx(const gr_rec_t *r, uint64_t seq0) {
+  gr_thread_rec_t *t = op_begin(seq0);
   gr_rec_t back = *r;
-  bool in_ctx = gr_kind_keyspace(r->kind) == GR_KS_ADDR && r->ctx_id;
-  if (in_ctx && (r->aux == GR_AUX_DETACHING || atomic_load_explicit(&gr_track_seq, memory_order_relaxed) != seq0 ||
-                 (seq0 & 1))) {
+  bool in_ctx = gr_kind_keyspace(r->kind) == GR_KS_ADDR && r->ctx_id, slow = false;
+  if (in_ctx && (r->aux == GR_AUX_DETACHING || seq_before_insert() != seq0 || (seq0 & 1))) {
     /* A destroy of its context overlapped the free: the driver may have refused because the destroy took the
      * block. Then it must not come back (not tracking a block that still exists would be safe; a record for
      * one the driver freed is not). */
     uint64_t now;
+    slow = true;
     if (destroyed_since(r->ctx_id, seq0, &now)) {
       gr_stats_ctx_destroyed(r);
       gr_scope_unref(r->scope);
-      return;
+      goto out;
     }
-    back.aux = (now & 1) ? GR_AUX_DETACHING : 0; /* odd: this thread is inside that destroy, which commits it */
+    back.aux = inside_destroy_of(r->ctx_id, now) ? GR_AUX_DETACHING : 0; /* that destroy commits it */
     seq0 = now; /* destroys up to now spared the block's context */
   }
   gr_track_restore(&back);
   /* A destroy that began after the check above may have marked the table while the record was out of it, as
    * for a new block's insert (gr_track_insert_ctx): the same check after the insert. */
-  if (in_ctx && GR_UNLIKELY(seq_after_insert() != seq0))
+  if (in_ctx && GR_UNLIKELY(seq_after_insert() != seq0)) {
+    slow = true;
     settle_slow(&back, seq0);
+  }
+out:
+  op_end(t);
+  if (slow)
+    gr_track_linger_check();
 }
 
 void gr_track_insert_ctx(gr_rec_t *r, uint64_t seq0) {
-  if (GR_UNLIKELY(atomic_load_explicit(&gr_track_seq, memory_order_relaxed) != seq0 || (seq0 & 1)) &&
-      !precheck_slow(r, &seq0))
-    return;
+  gr_thread_rec_t *t = op_begin(seq0);
+  bool slow = false;
+  if (GR_UNLIKELY(seq_before_insert() != seq0 || (seq0 & 1))) {
+    slow = true;
+    if (!precheck_slow(r, &seq0))
+      goto out;
+  }
   gr_track_insert(r);
-  if (GR_UNLIKELY(seq_after_insert() != seq0) && r->ctx_id)
+  if (GR_UNLIKELY(seq_after_insert() != seq0) && r->ctx_id) {
+    slow = true;
     settle_slow(r, seq0);
+  }
+out:
+  op_end(t);
+  if (GR_UNLIKELY(slow))
+    gr_track_linger_check();
 }
 
 typedef struct {
@@ -291,6 +386,7 @@ static int commit_one(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
 void gr_track_ctx_begin(uint16_t ctx_id, gr_detached_t *d) {
   d->ctx_id = ctx_id;
   d->marked = false;
+  atomic_store_explicit(&g_running, ctx_id, memory_order_relaxed); /* published by the increment */
   d->seq = atomic_fetch_add_explicit(&gr_track_seq, 1, memory_order_seq_cst) + 1;
   gr_rel_watch(1);
   gr_epoch_heavy_barrier(); /* an insert the marking misses sees the odd sequence (gr_track_insert_ctx) */
@@ -313,6 +409,27 @@ void gr_track_ctx_commit(gr_detached_t *d, bool destroyed) {
     gr_table_visit(commit_one, &a);
   if (destroyed)
     atomic_store_explicit(&g_destroyed[d->ctx_id & 0xfff], d->seq, memory_order_relaxed);
-  gr_rel_watch(-1);
+  /* An insert that began before this destroy and is still under way may hold a record the marking missed, for
+   * a block the driver has now freed: the watch stays raised until it is gone ("Lingering" above). */
+  if (destroyed && gr_epoch_track_op_before(d->seq)) {
+    if (atomic_exchange_explicit(&g_linger, d->seq, memory_order_acq_rel) != 0)
+      gr_rel_watch(-1); /* one held watch is enough: the inserts the earlier one waited for began before this */
+  } else {
+    gr_rel_watch(-1);
+  }
+  pthread_mutex_lock(&g_end_mu);
   atomic_fetch_add_explicit(&gr_track_seq, 1, memory_order_release);
+  pthread_cond_broadcast(&g_end_cv);
+  pthread_mutex_unlock(&g_end_mu);
+}
+
+void gr_track_atfork_child(void) {
+  /* A destroy that another thread had under way will never end here: its sequence must not stay odd. The
+   * watch itself is reset with the release engine's state (gr_rel_atfork_child). */
+  uint64_t q = atomic_load_explicit(&gr_track_seq, memory_order_relaxed);
+  atomic_store_explicit(&gr_track_seq, q + (q & 1), memory_order_relaxed);
+  atomic_store_explicit(&g_running, 0, memory_order_relaxed);
+  atomic_store_explicit(&g_linger, 0, memory_order_relaxed);
+  pthread_mutex_init(&g_end_mu, NULL);
+  pthread_cond_init(&g_end_cv, NULL);
 }

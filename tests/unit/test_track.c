@@ -7,12 +7,20 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 
+#include <pthread.h>
+#include <stdatomic.h>
+#include <unistd.h>
+
 static int hooked_insert(const gr_rec_t *r);
+static int hooked_visit(gr_visit_fn fn, void *arg);
 #define gr_table_insert hooked_insert
+#define gr_table_visit hooked_visit
 #include "../../src/track.c"
 #undef gr_table_insert
+#undef gr_table_visit
 
 #define CTX_A 5
+#define CTX_B 6
 #define X 0x7f0000100000ull
 
 static int g_destroy_before_insert; /* one-shot: a complete, successful destroy of CTX_A before the insert */
@@ -38,6 +46,38 @@ static int hooked_insert(const gr_rec_t *r) {
     destroy_a();
   }
   return gr_table_insert(r);
+}
+
+/* One-shot: before this thread looks for its own record to drop it (settle_slow), another thread in context B
+ * gets X from the driver (which the destroy freed), tracks it, and frees it again. */
+static int g_other_ctx_reuses_x;
+static int g_other_ctx_done;
+
+static void *other_ctx_thread(void *arg) {
+  (void)arg;
+  gr_rec_t r;
+  gr_track_fill(&r, GPURECLAIM_KIND_DEVICE, X, 1 << 20, 0, (uintptr_t)0x5678);
+  r.ctx_id = CTX_B;
+  r.device = 1;
+  gr_track_insert_ctx(&r, gr_track_ctx_seq()); /* cuMemAlloc in B returned X */
+  gr_rec_t taken;
+  uint64_t seq0 = gr_track_ctx_seq(); /* cuMemFree(X) in B */
+  int rc = gr_track_take(GR_KS_ADDR, X, ~0u, &taken);
+  if (rc == 1)
+    gr_track_freed(&taken);
+  g_other_ctx_done = 1;
+  (void)seq0;
+  return NULL;
+}
+
+static int hooked_visit(gr_visit_fn fn, void *arg) {
+  if (fn == drop_mine && g_other_ctx_reuses_x) {
+    g_other_ctx_reuses_x = 0;
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, other_ctx_thread, NULL), 0);
+    cr_assert_eq(pthread_join(t, NULL), 0);
+  }
+  return gr_table_visit(fn, arg);
 }
 
 static int records_at_x(gr_rec_t *out) {
@@ -76,4 +116,59 @@ Test(track, restore_ctx_puts_back_a_record_whose_context_a_destroy_took_before_t
   gr_track_restore_ctx(&taken, seq0);
   gr_rec_t left;
   cr_assert_not(records_at_x(&left), "a record (ctx %u) came back for X, which the destroy freed", left.ctx_id);
+}
+
+/* The destroy commits while this thread's record, which its marking missed, is still in the table; before
+ * this thread finds and drops it, a thread of context B gets X from the driver, tracks it and frees it. That
+ * free must take B's own record (or the stale one must be gone first): were it to take this thread's stale
+ * record, B's record would stay behind for freed memory, and a later release could free X under its next
+ * owner. */
+Test(track, a_block_reused_in_another_context_before_the_stale_record_is_dropped_leaves_no_record) {
+  gr_rec_t r;
+  fill(&r, CTX_A);
+  uint64_t seq0 = gr_track_ctx_seq(); /* read before the driver call that returned X */
+  g_destroy_before_insert = 1;
+  g_other_ctx_reuses_x = 1;
+  gr_track_insert_ctx(&r, seq0);
+  cr_assert(g_other_ctx_done, "the other context's allocation did not run: the stale record was not looked for");
+  gr_rec_t left;
+  cr_assert_not(records_at_x(&left), "a record (ctx %u) stayed for X, which is freed", left.ctx_id);
+}
+
+/* A destroy of context A that has begun and not ended (its driver call still running: cuCtxDestroy waits for
+ * A's work, which may wait for work this thread enqueues next) must not hold up an allocation in context B. */
+static _Atomic int g_b_inserted, g_destroy_began, g_guard_fired;
+
+static void *slow_destroy_of_a(void *arg) {
+  (void)arg;
+  gr_detached_t d = {0};
+  gr_rel_gate_enter();
+  gr_track_ctx_detach(CTX_A, &d);
+  atomic_store(&g_destroy_began, 1);
+  /* the driver call: it returns once the other thread went on (a hang guard, not a timing: 60 s) */
+  for (int i = 0; i < 60000 && !atomic_load(&g_b_inserted); i++)
+    usleep(1000);
+  if (!atomic_load(&g_b_inserted))
+    atomic_store(&g_guard_fired, 1);
+  gr_track_ctx_commit(&d, true);
+  gr_rel_gate_exit();
+  return NULL;
+}
+
+Test(track, an_allocation_in_another_context_does_not_wait_for_a_destroy) {
+  uint64_t seq0 = gr_track_ctx_seq(); /* B's allocation read the sequence before its driver call... */
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, slow_destroy_of_a, NULL), 0);
+  while (!atomic_load(&g_destroy_began)) /* ...and the destroy of A began during it */
+    usleep(100);
+  gr_rec_t r;
+  gr_track_fill(&r, GPURECLAIM_KIND_DEVICE, X, 1 << 20, 0, (uintptr_t)0x5678);
+  r.ctx_id = CTX_B;
+  r.device = 1;
+  gr_track_insert_ctx(&r, seq0);
+  atomic_store(&g_b_inserted, 1);
+  cr_assert_eq(pthread_join(t, NULL), 0);
+  cr_assert_not(atomic_load(&g_guard_fired), "the allocation in context B waited for the destroy of context A");
+  gr_rec_t left;
+  cr_assert(records_at_x(&left) && left.ctx_id == CTX_B, "context B's block is not tracked");
 }
