@@ -109,6 +109,7 @@ static void atfork_child(void) {
     return;
   gr_epoch_atfork_child();
   gr_table_atfork_child();
+  gr_track_atfork_child();
   gr_stats_atfork_child();
   gr_reg_atfork_child();
   gr_scope_atfork_child();

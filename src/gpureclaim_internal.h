@@ -347,6 +347,31 @@ int gr_track_take(unsigned ks, uint64_t key, unsigned kind_mask, gr_rec_t *out);
 bool gr_track_late_free(unsigned ks, uint64_t key);
 void gr_track_freed(const gr_rec_t *r);
 void gr_track_restore(const gr_rec_t *r);
+/* A RECLAIMED tombstone is about to be left for (ks, key) by a release: counts it and says whether it may stay
+ * (within the bound); a tombstone that left the table another way (late free, its context went, an allocation
+ * got its address) is uncounted with gr_track_tombstone_gone. */
+bool gr_track_tombstone_add(unsigned ks);
+void gr_track_tombstone_gone(unsigned ks);
+/* d = +1/-1 around work that leaves records at addresses the driver may hand out again meanwhile (a release's
+ * round, a context's destroy): while any runs, every tracked allocation looks for such a record. */
+void gr_track_watch(int d);
+/* The context gate: a release holds it while it claims and frees blocks, and the hooks that destroy, reset,
+ * release or retain a context hold it around the driver call and the table's update. So a context never goes
+ * (and its addresses are never handed out again) while a release holds claimed blocks of it, and a final
+ * primary release and the driver's state read after it are not split by a retain. Reentrant per thread. */
+void gr_track_gate_enter(void);
+void gr_track_gate_exit(void);
+bool gr_track_gate_held(void);
+/* VMM. cuMemRelease: begin before the driver call (1: tracked, call end after it; 0: untracked, pass it on;
+ * -1: a late free of a handle a release freed, return CUDA_SUCCESS without the driver). cuMemMap: after a
+ * successful call. cuMemUnmap: take the mappings in the range before the call (at most cap), settle after.
+ * gr_track_unmapped: one mapping of handle is gone (the last one of a released handle frees its memory). */
+int gr_track_vmm_release_begin(uint64_t handle, gr_rec_t *before);
+void gr_track_vmm_release_end(const gr_rec_t *before, bool ok);
+void gr_track_vmm_map(uint64_t ptr, uint64_t size, uint64_t handle, uintptr_t ra);
+unsigned gr_track_vmm_unmap_begin(uint64_t ptr, uint64_t size, gr_rec_t *maps, unsigned cap);
+void gr_track_vmm_unmap_end(const gr_rec_t *maps, unsigned n, bool ok);
+void gr_track_unmapped(uint64_t handle);
 /* Destroying a context frees its blocks: under the context gate, they are marked detaching before the driver
  * call and either deleted (success) or unmarked (failure) after it. See track.c. */
 typedef struct gr_detached {
@@ -360,7 +385,7 @@ void gr_track_ctx_begin(uint16_t ctx_id, gr_detached_t *d);
 void gr_track_ctx_mark(gr_detached_t *d);
 void gr_track_ctx_commit(gr_detached_t *d, bool destroyed);
 /* A destroy that committed while an insert that began before it was still under way keeps its watch
- * (gr_rel_watch) until no such insert is left; every allocation that meets a raised watch calls this, and the
+ * (gr_track_watch) until no such insert is left; every allocation that meets a raised watch calls this, and the
  * last one lowers it. */
 void gr_track_linger_check(void);
 void gr_track_atfork_child(void);
@@ -444,23 +469,8 @@ typedef struct gr_scope_key {
 void gr_rel_free_scope_now(uint16_t slot, const gr_scope_key_t *keys, size_t n, gpureclaim_report_t *rep);
 int gr_rel_start_worker(void);
 void gr_rel_stop_worker(void);
-/* A block was allocated at key (an address, or a VMM handle): a tombstone of a reclaimed block there leaves. */
-void gr_rel_key_reused(unsigned ks, uint64_t key);
-/* A RECLAIMED tombstone left the table another way (late free consumed it, its context went). */
-void gr_rel_tombstone_gone(unsigned ks);
-/* d = +1/-1 around work that leaves records at addresses the driver may hand out again meanwhile (a release's
- * round, a context's destroy): while any runs, every tracked allocation looks for such a record. */
-void gr_rel_watch(int d);
 void gr_rel_atfork_child(void);
 uint64_t gr_rel_count(void);
-/* The context gate: a release holds it while it claims and frees blocks, and the hooks that destroy, reset,
- * release or retain a context hold it around the driver call and the table's update. So a context never goes
- * (and its addresses are never handed out again) while a release holds claimed blocks of it, and a final
- * primary release and the driver's state read after it are not split by a retain. Reentrant per thread. */
-void gr_rel_gate_enter(void);
-void gr_rel_gate_exit(void);
-/* Whether the calling thread holds the gate. */
-bool gr_rel_gate_held(void);
 
 int gr_sig_install(void);
 /* The descriptor the handler writes to; the worker polls it. -1 when the signal is off. */

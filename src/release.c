@@ -10,7 +10,7 @@
  * concurrent free of the same block never both free it; it then stays RECLAIMED (a tombstone with its address)
  * until the driver hands the address out again, so that a late free of it is recognised and swallowed.
  * The driver may hand the address out between its free and the record's move to RECLAIMED: the allocation
- * that gets it deletes the RECLAIMING record (gr_rel_key_reused), and the release then leaves no tombstone, so
+ * that gets it deletes the RECLAIMING record (gr_track_insert), and the release then leaves no tombstone, so
  * that the new block's own double free reaches the driver instead of passing as a late free.
  *
  * Who runs it: the caller of gpureclaim_release(), the worker thread (the signal, the control socket), or an
@@ -226,21 +226,6 @@ typedef struct free_job {
   size_t nkeys, next; /* next: the first key not yet looked at, across rounds */
 } free_job_t;
 
-/* RECLAIMED tombstones in the table, per key space: addresses (GR_KS_ADDR) and VMM handles (GR_KS_HANDLE).
- * Each has its own bound: a driver that never hands a handle value out again leaves handle tombstones in place
- * for good, and they must not use up the addresses' room. README.md and gpureclaim.h state the bounds. */
-static _Atomic uint64_t g_reclaimed[2];
-static const uint64_t k_max_reclaimed[2] = {65536, 4096};
-/* Release rounds and context destroys in progress (gr_rel_watch); next to g_reclaimed, read with it. */
-static _Atomic uint64_t g_watch;
-
-void gr_rel_watch(int d) {
-  if (d > 0)
-    atomic_fetch_add_explicit(&g_watch, 1, memory_order_seq_cst);
-  else
-    atomic_fetch_sub_explicit(&g_watch, 1, memory_order_release);
-}
-
 static bool in_pass(const free_job_t *j, unsigned kind) {
   switch (j->pass) {
   case PASS_MAPPINGS: return kind == GPURECLAIM_KIND_VMM_MAPPING;
@@ -273,16 +258,6 @@ static CUresult driver_free(const gr_rec_t *r) {
   }
   pop(pushed);
   return rc;
-}
-
-static bool edit_unmapped(gr_rec_t *r, void *arg) {
-  (void)arg;
-  if (r->aux == 0)
-    return false;
-  r->aux--;
-  if (r->aux == 0 && r->state == GR_ST_RELEASED)
-    r->state = GR_ST_DELETED;
-  return true;
 }
 
 /* Blocks claimed (and so freed under the context gate) per round: a context's destroy, reset or retain waits
@@ -383,22 +358,15 @@ static bool free_claimed(free_job_t *j, const gr_rec_t *expect) {
   }
   /* Remember the address until the driver hands it out again (late frees), within a bound. Counted before the
    * record becomes a tombstone, so that an allocation consuming it never takes the count below zero. */
-  bool tomb = (ks == GR_KS_ADDR || ks == GR_KS_HANDLE) &&
-              atomic_fetch_add_explicit(&g_reclaimed[ks], 1, memory_order_relaxed) < k_max_reclaimed[ks];
-  if (!tomb && (ks == GR_KS_ADDR || ks == GR_KS_HANDLE))
-    atomic_fetch_sub_explicit(&g_reclaimed[ks], 1, memory_order_relaxed);
+  bool tomb = gr_track_tombstone_add(ks);
   uint8_t done = tomb ? GR_ST_RECLAIMED : GR_ST_DELETED;
   /* -ENOENT: the driver handed the address out already and that allocation deleted the record. */
   if (gr_table_update(ks, expect->key, GR_STMASK(GR_ST_RECLAIMING), edit_state, &done, NULL) != 0 && tomb)
-    atomic_fetch_sub_explicit(&g_reclaimed[ks], 1, memory_order_relaxed);
+    gr_track_tombstone_gone(ks);
   gr_stats_free(expect);
   gr_scope_unref(expect->scope);
-  if (expect->kind == GPURECLAIM_KIND_VMM_MAPPING) {
-    gr_rec_t h;
-    if (gr_table_update(GR_KS_HANDLE, expect->map_handle, GR_PRESENT_MASK, edit_unmapped, NULL, &h) == 0 &&
-        h.state == GR_ST_RELEASED && h.aux == 1)
-      gr_track_freed(&h);
-  }
+  if (expect->kind == GPURECLAIM_KIND_VMM_MAPPING)
+    gr_track_unmapped(expect->map_handle);
   if (expect->kind == GPURECLAIM_KIND_ASYNC && expect->pool_id && j->npools < GR_ARRAY_LEN(j->pools)) {
     unsigned k = 0;
     while (k < j->npools && j->pools[k] != expect->pool_id)
@@ -426,31 +394,14 @@ static bool free_claimed(free_job_t *j, const gr_rec_t *expect) {
   return true;
 }
 
-/* ---- the context gate ---- */
-
-static pthread_mutex_t g_gate = PTHREAD_MUTEX_INITIALIZER;
-static GR_TLS unsigned t_gate;
-
-void gr_rel_gate_enter(void) {
-  if (t_gate++ == 0)
-    pthread_mutex_lock(&g_gate);
-}
-
-void gr_rel_gate_exit(void) {
-  if (--t_gate == 0)
-    pthread_mutex_unlock(&g_gate);
-}
-
-bool gr_rel_gate_held(void) { return t_gate != 0; }
-
 /* One pass of a release: claim what it frees, then free it in address order; again while the claim array
  * could not hold everything. Each round holds the context gate: a context destroyed between the claim and the
  * free would take the claimed blocks with it, and the driver could hand their addresses to another context's
  * allocations before this release freed them. */
 static void free_pass(free_job_t *j) {
   do {
-    gr_rel_gate_enter();
-    gr_rel_watch(1); /* before any claim: an allocation that gets a freed address sees its RECLAIMING record */
+    gr_track_gate_enter();
+    gr_track_watch(1); /* before any claim: an allocation that gets a freed address sees its RECLAIMING record */
     j->nclaimed = 0;
     j->more = false;
     if (j->keys)
@@ -462,49 +413,13 @@ static void free_pass(free_job_t *j) {
     size_t freed = 0;
     for (size_t i = 0; i < j->nclaimed; i++)
       freed += free_claimed(j, &j->claimed[i]);
-    gr_rel_watch(-1);
-    gr_rel_gate_exit();
+    gr_track_watch(-1);
+    gr_track_gate_exit();
     /* A round that freed nothing (the driver refused every block) would claim the same blocks again. */
     if (!freed)
       break;
   } while (j->more && j->nclaimed);
 }
-
-/* The driver handed (ks, key) out to a new block, so no earlier block has that address any more: a record
- * still there is of a block the driver freed. A RECLAIMED tombstone, a RECLAIMING record whose free the
- * release has made (it then leaves no tombstone), a block of a context being destroyed (DETACHING): each
- * leaves now, before the new block's record goes in. Called by every tracked allocation (track.c): one load
- * of each counter unless tombstones exist or a release or destroy runs. Those set their counter before their
- * driver call, and the allocation follows that call (the driver handed out what it freed), so it sees them. */
-GR_COLD static void key_reused_slow(unsigned ks, uint64_t key) {
-  const unsigned stale = GR_STMASK(GR_ST_RECLAIMED) | GR_STMASK(GR_ST_RECLAIMING) | GR_STMASK(GR_ST_LIVE) |
-                         GR_STMASK(GR_ST_ORPHAN);
-  gr_track_linger_check();
-  gr_rec_t r;
-  for (int n = 0; n < 8 && gr_table_take(ks, key, stale, &r) == 0; n++) {
-    if (r.state == GR_ST_RECLAIMED)
-      atomic_fetch_sub_explicit(&g_reclaimed[ks], 1, memory_order_relaxed);
-    else if (r.state == GR_ST_RECLAIMING)
-      continue; /* the release counts it */
-    else if (r.aux == GR_AUX_DETACHING && ks == GR_KS_ADDR)
-      gr_stats_ctx_destroyed(&r), gr_scope_unref(r.scope);
-    else
-      gr_track_freed(&r); /* freed behind gpureclaim's back */
-  }
-}
-
-void gr_rel_key_reused(unsigned ks, uint64_t key) {
-  /* g_watch first, with acquire: a round's end (its release decrement) then makes the tombstones it counted
-   * visible to the second load. The other order could read the tombstone count from before the round and the
-   * watch from after it, and leave a tombstone beside the new block (whose double free would then pass as a
-   * late free). */
-  if (GR_LIKELY(atomic_load_explicit(&g_watch, memory_order_acquire) == 0 &&
-                atomic_load_explicit(&g_reclaimed[ks], memory_order_relaxed) == 0))
-    return;
-  key_reused_slow(ks, key);
-}
-
-void gr_rel_tombstone_gone(unsigned ks) { atomic_fetch_sub_explicit(&g_reclaimed[ks], 1, memory_order_relaxed); }
 
 /* ---- pools ---- */
 
@@ -790,8 +705,6 @@ void gr_rel_atfork_child(void) {
   pthread_mutex_init(&g_mu, NULL);
   pthread_cond_init(&g_cv, NULL);
   pthread_mutex_init(&g_rel_lock, NULL);
-  pthread_mutex_init(&g_gate, NULL);
-  t_gate = 0;
   t_releasing = 0;
   g_running = false;
   g_pending_what = 0;
@@ -800,10 +713,6 @@ void gr_rel_atfork_child(void) {
   g_requested = g_served = 0;
   atomic_store_explicit(&g_oom_busy, 0, memory_order_relaxed);
   atomic_store_explicit(&g_seq, 0, memory_order_relaxed);
-  atomic_store_explicit(&g_reclaimed[GR_KS_ADDR], 0, memory_order_relaxed);
-  atomic_store_explicit(&g_reclaimed[GR_KS_HANDLE], 0, memory_order_relaxed);
-  atomic_store_explicit(&g_watch, 0, memory_order_relaxed);
-  gr_track_atfork_child();
   for (int i = 0; i < MAX_RELEASERS; i++)
     atomic_store_explicit(&g_rel[i].running, 0, memory_order_relaxed);
 }

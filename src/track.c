@@ -15,7 +15,7 @@
  * (A primary release is known to be the final one only after the driver call: step 1 makes the sequence odd
  * before it, and marks after it.)
  * While a record is marked, an allocation that gets its address from the driver proves the block gone and
- * deletes it (gr_rel_key_reused), so two records never share an address. A free reads the sequence before it
+ * deletes it (key_reused), so two records never share an address. A free reads the sequence before it
  * takes its record (one load); when the driver refused it and a destroy of its context overlapped, the record
  * does not come back: the destroy may have freed the block (gr_track_restore_ctx).
  * An allocation in the context whose driver call returned before the destroy but whose record is inserted
@@ -34,6 +34,86 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* ---- tombstones, the watch, the context gate ---- */
+
+/* RECLAIMED tombstones in the table, per key space: addresses (GR_KS_ADDR) and VMM handles (GR_KS_HANDLE).
+ * Each has its own bound: a driver that never hands a handle value out again leaves handle tombstones in place
+ * for good, and they must not use up the addresses' room. README.md and gpureclaim.h state the bounds. */
+static _Atomic uint64_t g_reclaimed[2];
+static const uint64_t k_max_reclaimed[2] = {65536, 4096};
+/* Release rounds and context destroys in progress (gr_track_watch); next to g_reclaimed, read with it. */
+static _Atomic uint64_t g_watch;
+
+void gr_track_watch(int d) {
+  if (d > 0)
+    atomic_fetch_add_explicit(&g_watch, 1, memory_order_seq_cst);
+  else
+    atomic_fetch_sub_explicit(&g_watch, 1, memory_order_release);
+}
+
+bool gr_track_tombstone_add(unsigned ks) {
+  if (ks != GR_KS_ADDR && ks != GR_KS_HANDLE)
+    return false;
+  if (atomic_fetch_add_explicit(&g_reclaimed[ks], 1, memory_order_relaxed) < k_max_reclaimed[ks])
+    return true;
+  atomic_fetch_sub_explicit(&g_reclaimed[ks], 1, memory_order_relaxed);
+  return false;
+}
+
+void gr_track_tombstone_gone(unsigned ks) { atomic_fetch_sub_explicit(&g_reclaimed[ks], 1, memory_order_relaxed); }
+
+/* The driver handed (ks, key) out to a new block, so no earlier block has that address any more: a record
+ * still there is of a block the driver freed. A RECLAIMED tombstone, a RECLAIMING record whose free the
+ * release has made (it then leaves no tombstone), a block of a context being destroyed (DETACHING): each
+ * leaves now, before the new block's record goes in. Called by every tracked allocation (gr_track_insert): one
+ * load of each counter unless tombstones exist or a release or destroy runs. Those set their counter before
+ * their driver call, and the allocation follows that call (the driver handed out what it freed), so it sees
+ * them. */
+GR_COLD static void key_reused_slow(unsigned ks, uint64_t key) {
+  const unsigned stale = GR_STMASK(GR_ST_RECLAIMED) | GR_STMASK(GR_ST_RECLAIMING) | GR_STMASK(GR_ST_LIVE) |
+                         GR_STMASK(GR_ST_ORPHAN);
+  gr_track_linger_check();
+  gr_rec_t r;
+  for (int n = 0; n < 8 && gr_table_take(ks, key, stale, &r) == 0; n++) {
+    if (r.state == GR_ST_RECLAIMED)
+      gr_track_tombstone_gone(ks);
+    else if (r.state == GR_ST_RECLAIMING)
+      continue; /* the release counts it */
+    else if (r.aux == GR_AUX_DETACHING && ks == GR_KS_ADDR)
+      gr_stats_ctx_destroyed(&r), gr_scope_unref(r.scope);
+    else
+      gr_track_freed(&r); /* freed behind gpureclaim's back */
+  }
+}
+
+static inline void key_reused(unsigned ks, uint64_t key) {
+  /* g_watch first, with acquire: a round's end (its release decrement) then makes the tombstones it counted
+   * visible to the second load. The other order could read the tombstone count from before the round and the
+   * watch from after it, and leave a tombstone beside the new block (whose double free would then pass as a
+   * late free). */
+  if (GR_LIKELY(atomic_load_explicit(&g_watch, memory_order_acquire) == 0 &&
+                atomic_load_explicit(&g_reclaimed[ks], memory_order_relaxed) == 0))
+    return;
+  key_reused_slow(ks, key);
+}
+
+static pthread_mutex_t g_gate = PTHREAD_MUTEX_INITIALIZER;
+static GR_TLS unsigned t_gate;
+
+void gr_track_gate_enter(void) {
+  if (t_gate++ == 0)
+    pthread_mutex_lock(&g_gate);
+}
+
+void gr_track_gate_exit(void) {
+  if (--t_gate == 0)
+    pthread_mutex_unlock(&g_gate);
+}
+
+bool gr_track_gate_held(void) { return t_gate != 0; }
+
+/* ---- a block's life ---- */
 
 void gr_track_fill(gr_rec_t *r, unsigned kind, uint64_t key, uint64_t size, unsigned driver_api, uintptr_t ra) {
   memset(r, 0, sizeof *r);
@@ -58,7 +138,7 @@ void gr_track_fill(gr_rec_t *r, unsigned kind, uint64_t key, uint64_t size, unsi
 void gr_track_insert(gr_rec_t *r) {
   unsigned ks = gr_kind_keyspace(r->kind);
   if (ks == GR_KS_ADDR || ks == GR_KS_HANDLE)
-    gr_rel_key_reused(ks, r->key); /* a freed orphan's address (handle) is back: late frees of it are this one's */
+    key_reused(ks, r->key); /* a freed orphan's address (handle) is back: late frees of it are this one's */
   if (GR_UNLIKELY(gr_table_insert(r) != 0)) {
     gr_warn_once(w_nomem, "no memory for the block table: new blocks are not tracked until memory frees up");
     gr_scope_unref(r->scope);
@@ -86,7 +166,7 @@ bool gr_track_late_free(unsigned ks, uint64_t key) {
         gr_table_lookup(ks, key, GR_STMASK(GR_ST_RECLAIMING), NULL) == 0))
     return false;
   if (consumed)
-    gr_rel_tombstone_gone(ks);
+    gr_track_tombstone_gone(ks);
   if (consumed && ks == GR_KS_HANDLE && handle_live(key))
     return false;
   gr_stats_late_free();
@@ -123,6 +203,107 @@ void gr_track_restore(const gr_rec_t *r) {
     gr_scope_note(r); /* its scope's list may have dropped it while it was out of the table */
 }
 
+/* ---- VMM handles and mappings ----
+ * The physical memory of a handle lives while the handle is unreleased or mapped: its record's aux counts its
+ * mappings, and a released handle that is still mapped stays in the table as RELEASED until its last unmap. */
+
+static bool edit_release(gr_rec_t *r, void *arg) {
+  (void)arg;
+  if (r->state != GR_ST_LIVE && r->state != GR_ST_ORPHAN)
+    return false;
+  r->state = r->aux ? GR_ST_RELEASED : GR_ST_DELETED;
+  return true;
+}
+
+static bool edit_unrelease(gr_rec_t *r, void *arg) {
+  if (r->state != GR_ST_RELEASED)
+    return false;
+  r->state = *(uint8_t *)arg;
+  return true;
+}
+
+static bool edit_map_count(gr_rec_t *r, void *arg) {
+  int d = *(int *)arg;
+  if (d > 0) {
+    if (r->aux == 255) {
+      gr_warn_once(w_sat, "a VMM handle is mapped more than 255 times; its memory is counted until release");
+      return false;
+    }
+    r->aux++;
+    return true;
+  }
+  if (r->aux == 0)
+    return false;
+  r->aux--;
+  if (r->aux == 0 && r->state == GR_ST_RELEASED)
+    r->state = GR_ST_DELETED; /* released and no longer mapped: the driver frees the memory now */
+  return true;
+}
+
+int gr_track_vmm_release_begin(uint64_t handle, gr_rec_t *before) {
+  if (gr_table_update(GR_KS_HANDLE, handle, GR_STMASK(GR_ST_LIVE) | GR_STMASK(GR_ST_ORPHAN), edit_release, NULL,
+                      before) == 0)
+    return 1;
+  if (gr_track_late_free(GR_KS_HANDLE, handle))
+    return -1; /* a release freed this orphan's memory already: as a late cuMemFree */
+  gr_stats_untracked_free();
+  return 0;
+}
+
+void gr_track_vmm_release_end(const gr_rec_t *before, bool ok) {
+  bool deleted = before->aux == 0;
+  if (ok) {
+    if (deleted)
+      gr_track_freed(before);
+  } else if (deleted) {
+    gr_track_restore(before);
+  } else {
+    (void)gr_table_update(GR_KS_HANDLE, before->key, GR_STMASK(GR_ST_RELEASED), edit_unrelease,
+                          (void *)&before->state, NULL);
+  }
+}
+
+void gr_track_vmm_map(uint64_t ptr, uint64_t size, uint64_t handle, uintptr_t ra) {
+  gr_rec_t h;
+  int one = 1;
+  bool known = gr_table_update(GR_KS_HANDLE, handle, GR_PRESENT_MASK, edit_map_count, &one, &h) == 0;
+  gr_rec_t r;
+  gr_track_fill(&r, GPURECLAIM_KIND_VMM_MAPPING, ptr, size, GR_API_cuMemMap, ra);
+  r.map_handle = handle;
+  r.device = known ? h.device : GR_DEVICE_NONE;
+  gr_track_insert(&r);
+}
+
+void gr_track_unmapped(uint64_t handle) {
+  gr_rec_t h;
+  int minus = -1;
+  if (gr_table_update(GR_KS_HANDLE, handle, GR_PRESENT_MASK, edit_map_count, &minus, &h) == 0 &&
+      h.state == GR_ST_RELEASED && h.aux == 1)
+    gr_track_freed(&h); /* that was the last mapping of a released handle */
+}
+
+unsigned gr_track_vmm_unmap_begin(uint64_t ptr, uint64_t size, gr_rec_t *maps, unsigned cap) {
+  /* The range covers whole mappings, possibly several adjacent ones. */
+  unsigned n = 0;
+  for (uint64_t p = ptr; p < ptr + size && n < cap;) {
+    if (gr_track_take(GR_KS_MAPPING, p, 1u << GPURECLAIM_KIND_VMM_MAPPING, &maps[n]) <= 0 || maps[n].size == 0)
+      break;
+    p += maps[n++].size;
+  }
+  return n;
+}
+
+void gr_track_vmm_unmap_end(const gr_rec_t *maps, unsigned n, bool ok) {
+  for (unsigned i = 0; i < n; i++) {
+    if (!ok) {
+      gr_track_restore(&maps[i]);
+      continue;
+    }
+    gr_track_freed(&maps[i]);
+    gr_track_unmapped(maps[i].map_handle);
+  }
+}
+
 /* ---- context destroys ---- */
 
 _Atomic uint64_t gr_track_seq;
@@ -150,7 +331,7 @@ GR_COLD static uint64_t wait_end(uint64_t s) {
 
 /* Whether the sequence number now says that the calling thread runs a destroy of ctx_id itself. */
 static bool inside_destroy_of(uint16_t ctx_id, uint64_t now) {
-  return (now & 1) && atomic_load_explicit(&g_running, memory_order_acquire) == ctx_id && gr_rel_gate_held();
+  return (now & 1) && atomic_load_explicit(&g_running, memory_order_acquire) == ctx_id && gr_track_gate_held();
 }
 
 /* Whether the context ctx_id was destroyed by a destroy that may have come after a driver call made once the
@@ -160,15 +341,15 @@ static bool inside_destroy_of(uint16_t ctx_id, uint64_t now) {
  * while another context's destroy runs (which cannot free this context's blocks). */
 static bool destroyed_since(uint16_t ctx_id, uint64_t seq0, uint64_t *now) {
   uint64_t s = atomic_load_explicit(&gr_track_seq, memory_order_acquire);
-  while ((s & 1) && atomic_load_explicit(&g_running, memory_order_acquire) == ctx_id && !gr_rel_gate_held())
+  while ((s & 1) && atomic_load_explicit(&g_running, memory_order_acquire) == ctx_id && !gr_track_gate_held())
     s = wait_end(s);
   uint64_t d = atomic_load_explicit(&g_destroyed[ctx_id & 0xfff], memory_order_acquire);
   *now = s;
   return d != 0 && d >= seq0;
 }
 
-/* Lingering. A destroy's watch (gr_rel_watch) makes every allocation look for a stale record at the address
- * the driver gave it (gr_rel_key_reused). An insert the destroy's marking missed leaves a record for a freed
+/* Lingering. A destroy's watch (gr_track_watch) makes every allocation look for a stale record at the address
+ * the driver gave it (key_reused). An insert the destroy's marking missed leaves a record for a freed
  * block until its own thread finds and drops it (settle_slow); were the watch lowered before that, a thread of
  * another context that gets the address from the driver would insert beside the stale record, and its free
  * could take the stale one and leave its own for freed memory. So each insert of an address record publishes
@@ -206,7 +387,7 @@ void gr_track_linger_check(void) {
   if (GR_LIKELY(s == 0) || gr_epoch_track_op_before(s))
     return;
   if (atomic_compare_exchange_strong_explicit(&g_linger, &s, 0, memory_order_acq_rel, memory_order_relaxed))
-    gr_rel_watch(-1);
+    gr_track_watch(-1);
 }
 
 /* This thread's record r, as inserted: the same key, context, thread, time and site. */
@@ -375,7 +556,7 @@ static int commit_one(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
   if (rc != 0 || !a->destroyed)
     return 0;
   if (expect.state == GR_ST_RECLAIMED) {
-    gr_rel_tombstone_gone(GR_KS_ADDR); /* counted, and its scope released, when the release freed it */
+    gr_track_tombstone_gone(GR_KS_ADDR); /* counted, and its scope released, when the release freed it */
     return 0;
   }
   gr_stats_ctx_destroyed(&expect);
@@ -388,7 +569,7 @@ void gr_track_ctx_begin(uint16_t ctx_id, gr_detached_t *d) {
   d->marked = false;
   atomic_store_explicit(&g_running, ctx_id, memory_order_relaxed); /* published by the increment */
   d->seq = atomic_fetch_add_explicit(&gr_track_seq, 1, memory_order_seq_cst) + 1;
-  gr_rel_watch(1);
+  gr_track_watch(1);
   gr_epoch_heavy_barrier(); /* an insert the marking misses sees the odd sequence (gr_track_insert_ctx) */
 }
 
@@ -413,9 +594,9 @@ void gr_track_ctx_commit(gr_detached_t *d, bool destroyed) {
    * a block the driver has now freed: the watch stays raised until it is gone ("Lingering" above). */
   if (destroyed && gr_epoch_track_op_before(d->seq)) {
     if (atomic_exchange_explicit(&g_linger, d->seq, memory_order_acq_rel) != 0)
-      gr_rel_watch(-1); /* one held watch is enough: the inserts the earlier one waited for began before this */
+      gr_track_watch(-1); /* one held watch is enough: the inserts the earlier one waited for began before this */
   } else {
-    gr_rel_watch(-1);
+    gr_track_watch(-1);
   }
   pthread_mutex_lock(&g_end_mu);
   atomic_fetch_add_explicit(&gr_track_seq, 1, memory_order_release);
@@ -425,11 +606,16 @@ void gr_track_ctx_commit(gr_detached_t *d, bool destroyed) {
 
 void gr_track_atfork_child(void) {
   /* A destroy that another thread had under way will never end here: its sequence must not stay odd. The
-   * watch itself is reset with the release engine's state (gr_rel_atfork_child). */
+   * locks may have been held by threads that did not survive the fork. */
   uint64_t q = atomic_load_explicit(&gr_track_seq, memory_order_relaxed);
   atomic_store_explicit(&gr_track_seq, q + (q & 1), memory_order_relaxed);
   atomic_store_explicit(&g_running, 0, memory_order_relaxed);
   atomic_store_explicit(&g_linger, 0, memory_order_relaxed);
+  atomic_store_explicit(&g_reclaimed[GR_KS_ADDR], 0, memory_order_relaxed);
+  atomic_store_explicit(&g_reclaimed[GR_KS_HANDLE], 0, memory_order_relaxed);
+  atomic_store_explicit(&g_watch, 0, memory_order_relaxed);
+  pthread_mutex_init(&g_gate, NULL);
+  t_gate = 0;
   pthread_mutex_init(&g_end_mu, NULL);
   pthread_cond_init(&g_end_cv, NULL);
 }

@@ -293,22 +293,6 @@ static CUresult b_mem_create(void *realp, uintptr_t ra, CUmemGenericAllocationHa
   return rc;
 }
 
-/* The physical memory of a handle lives while the handle is unreleased or mapped. aux counts mappings. */
-static bool edit_release(gr_rec_t *r, void *arg) {
-  (void)arg;
-  if (r->state != GR_ST_LIVE && r->state != GR_ST_ORPHAN)
-    return false;
-  r->state = r->aux ? GR_ST_RELEASED : GR_ST_DELETED;
-  return true;
-}
-
-static bool edit_unrelease(gr_rec_t *r, void *arg) {
-  if (r->state != GR_ST_RELEASED)
-    return false;
-  r->state = *(uint8_t *)arg;
-  return true;
-}
-
 static CUresult b_mem_release(void *realp, uintptr_t ra, CUmemGenericAllocationHandle handle) {
   (void)ra;
   NEED_REAL(realp);
@@ -316,44 +300,13 @@ static CUresult b_mem_release(void *realp, uintptr_t ra, CUmemGenericAllocationH
   if (!gr_core_active())
     return real(handle);
   gr_rec_t before;
-  bool known = gr_table_update(GR_KS_HANDLE, (uint64_t)handle, GR_STMASK(GR_ST_LIVE) | GR_STMASK(GR_ST_ORPHAN),
-                               edit_release, NULL, &before) == 0;
-  if (!known && gr_track_late_free(GR_KS_HANDLE, (uint64_t)handle))
-    return CUDA_SUCCESS; /* a release freed this orphan's memory already: as a late cuMemFree */
-  if (!known)
-    gr_stats_untracked_free();
+  int known = gr_track_vmm_release_begin((uint64_t)handle, &before);
+  if (known < 0)
+    return CUDA_SUCCESS; /* a late free of memory a release freed: must not reach the driver */
   CUresult rc = real(handle);
-  if (!known)
-    return rc;
-  bool deleted = before.aux == 0;
-  if (rc == CUDA_SUCCESS) {
-    if (deleted)
-      gr_track_freed(&before);
-  } else if (deleted) {
-    gr_track_restore(&before);
-  } else {
-    (void)gr_table_update(GR_KS_HANDLE, (uint64_t)handle, GR_STMASK(GR_ST_RELEASED), edit_unrelease,
-                          &before.state, NULL);
-  }
+  if (known)
+    gr_track_vmm_release_end(&before, rc == CUDA_SUCCESS);
   return rc;
-}
-
-static bool edit_map_count(gr_rec_t *r, void *arg) {
-  int d = *(int *)arg;
-  if (d > 0) {
-    if (r->aux == 255) {
-      gr_warn_once(w_sat, "a VMM handle is mapped more than 255 times; its memory is counted until release");
-      return false;
-    }
-    r->aux++;
-    return true;
-  }
-  if (r->aux == 0)
-    return false;
-  r->aux--;
-  if (r->aux == 0 && r->state == GR_ST_RELEASED)
-    r->state = GR_ST_DELETED; /* released and no longer mapped: the driver frees the memory now */
-  return true;
 }
 
 static CUresult b_mem_map(void *realp, uintptr_t ra, CUdeviceptr ptr, size_t size, size_t offset,
@@ -363,16 +316,8 @@ static CUresult b_mem_map(void *realp, uintptr_t ra, CUdeviceptr ptr, size_t siz
   if (!gr_core_active())
     return real(ptr, size, offset, handle, flags);
   CUresult rc = real(ptr, size, offset, handle, flags);
-  if (rc != CUDA_SUCCESS)
-    return rc;
-  gr_rec_t h;
-  int one = 1;
-  bool known = gr_table_update(GR_KS_HANDLE, (uint64_t)handle, GR_PRESENT_MASK, edit_map_count, &one, &h) == 0;
-  gr_rec_t r;
-  gr_track_fill(&r, GPURECLAIM_KIND_VMM_MAPPING, ptr, size, GR_API_cuMemMap, ra);
-  r.map_handle = (uint64_t)handle;
-  r.device = known ? h.device : GR_DEVICE_NONE;
-  gr_track_insert(&r);
+  if (rc == CUDA_SUCCESS)
+    gr_track_vmm_map(ptr, size, (uint64_t)handle, ra);
   return rc;
 }
 
@@ -382,27 +327,10 @@ static CUresult b_mem_unmap(void *realp, uintptr_t ra, CUdeviceptr ptr, size_t s
   PFN_cuMemUnmap_v10020 real = (PFN_cuMemUnmap_v10020)realp;
   if (!gr_core_active())
     return real(ptr, size);
-  /* The range covers whole mappings, possibly several adjacent ones. */
   gr_rec_t maps[64];
-  unsigned n = 0;
-  for (uint64_t p = ptr; p < (uint64_t)ptr + size && n < GR_ARRAY_LEN(maps);) {
-    if (gr_track_take(GR_KS_MAPPING, p, 1u << GPURECLAIM_KIND_VMM_MAPPING, &maps[n]) <= 0 || maps[n].size == 0)
-      break;
-    p += maps[n++].size;
-  }
+  unsigned n = gr_track_vmm_unmap_begin(ptr, size, maps, GR_ARRAY_LEN(maps));
   CUresult rc = real(ptr, size);
-  for (unsigned i = 0; i < n; i++) {
-    if (rc != CUDA_SUCCESS) {
-      gr_track_restore(&maps[i]);
-      continue;
-    }
-    gr_track_freed(&maps[i]);
-    gr_rec_t h;
-    int minus = -1;
-    if (gr_table_update(GR_KS_HANDLE, maps[i].map_handle, GR_PRESENT_MASK, edit_map_count, &minus, &h) == 0 &&
-        h.state == GR_ST_RELEASED && h.aux == 1)
-      gr_track_freed(&h); /* that was the last mapping of a released handle */
-  }
+  gr_track_vmm_unmap_end(maps, n, rc == CUDA_SUCCESS);
   return rc;
 }
 
@@ -557,11 +485,11 @@ static CUresult b_primary_retain(void *realp, uintptr_t ra, CUcontext *pctx, CUd
   PFN_cuDevicePrimaryCtxRetain_v7000 real = (PFN_cuDevicePrimaryCtxRetain_v7000)realp;
   if (!gr_core_active())
     return real(pctx, dev);
-  gr_rel_gate_enter(); /* not between a final release and its state check (b_primary_release) */
+  gr_track_gate_enter(); /* not between a final release and its state check (b_primary_release) */
   CUresult rc = real(pctx, dev);
   if (rc == CUDA_SUCCESS)
     gr_reg_primary(dev, *pctx);
-  gr_rel_gate_exit();
+  gr_track_gate_exit();
   return rc;
 }
 
@@ -605,7 +533,7 @@ static CUresult b_ctx_destroy(void *realp, uintptr_t ra, CUcontext ctx) {
   PFN_cuCtxDestroy_v4000 real = (PFN_cuCtxDestroy_v4000)realp;
   if (!ctx || !gr_core_active())
     return real(ctx);
-  gr_rel_gate_enter(); /* not while a release holds claimed blocks of it */
+  gr_track_gate_enter(); /* not while a release holds claimed blocks of it */
   uint16_t id = gr_reg_ctx_find(ctx);
   gr_detached_t d = {0};
   if (id)
@@ -616,7 +544,7 @@ static CUresult b_ctx_destroy(void *realp, uintptr_t ra, CUcontext ctx) {
     if (rc == CUDA_SUCCESS)
       gr_reg_ctx_destroyed(id);
   }
-  gr_rel_gate_exit();
+  gr_track_gate_exit();
   return rc;
 }
 
@@ -626,7 +554,7 @@ static CUresult b_primary_reset(void *realp, uintptr_t ra, CUdevice dev) {
   PFN_cuDevicePrimaryCtxReset_v11000 real = (PFN_cuDevicePrimaryCtxReset_v11000)realp;
   if (!gr_core_active())
     return real(dev);
-  gr_rel_gate_enter();
+  gr_track_gate_enter();
   uint16_t id = gr_reg_primary_id(dev);
   gr_detached_t d = {0};
   if (id)
@@ -636,7 +564,7 @@ static CUresult b_primary_reset(void *realp, uintptr_t ra, CUdevice dev) {
     gr_track_ctx_commit(&d, rc == CUDA_SUCCESS);
   if (rc == CUDA_SUCCESS)
     gr_reg_device_reset(dev);
-  gr_rel_gate_exit();
+  gr_track_gate_exit();
   return rc;
 }
 
@@ -650,7 +578,7 @@ static CUresult b_primary_release(void *realp, uintptr_t ra, CUdevice dev) {
   PFN_cuDevicePrimaryCtxRelease_v11000 real = (PFN_cuDevicePrimaryCtxRelease_v11000)realp;
   if (!gr_core_active())
     return real(dev);
-  gr_rel_gate_enter();
+  gr_track_gate_enter();
   uint16_t id = gr_reg_primary_id(dev);
   gr_detached_t d = {0};
   if (id)
@@ -667,7 +595,7 @@ static CUresult b_primary_release(void *realp, uintptr_t ra, CUdevice dev) {
   }
   if (gone)
     gr_reg_device_reset(dev);
-  gr_rel_gate_exit();
+  gr_track_gate_exit();
   return rc;
 }
 
