@@ -114,6 +114,7 @@ static void atfork_child(void) {
   gr_reg_atfork_child();
   gr_scope_atfork_child();
   gr_rel_atfork_child();
+  gr_worker_atfork_child();
   gr_sig_atfork_child();
   gr_ctl_forget();
   gr_rep_atfork_child();
@@ -125,7 +126,7 @@ static void core_exit(void) {
     return;
   if (atomic_load_explicit(&gr_core_state, memory_order_acquire) != 1)
     return;
-  gr_rel_stop_worker();
+  gr_worker_stop();
   if (gr_opt()->leak_report)
     gr_rep_leaks_fd(2, false);
   gr_ctl_close();
@@ -192,7 +193,7 @@ bool gr_core_start_slow(void) {
   atomic_store_explicit(&gr_core_state, 1, memory_order_release);
   if (o->signal && gr_sig_install() != 0)
     gr_warn("could not install the release signal handler");
-  if (gr_rel_start_worker() != 0)
+  if (gr_worker_start() != 0)
     gr_warn("could not start the worker thread: signals and the gpureclaim command will not reach this process");
   if (o->status)
     gr_rep_status_update();

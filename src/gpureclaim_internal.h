@@ -467,10 +467,13 @@ typedef struct gr_scope_key {
 /* Frees the orphans of scope slot `slot` at once (GPURECLAIM_FREE_NOW): those under the n keys given, or with
  * keys NULL every orphan of the slot in the table. */
 void gr_rel_free_scope_now(uint16_t slot, const gr_scope_key_t *keys, size_t n, gpureclaim_report_t *rep);
-int gr_rel_start_worker(void);
-void gr_rel_stop_worker(void);
 void gr_rel_atfork_child(void);
 uint64_t gr_rel_count(void);
+
+/* worker.c: the thread that serves the signal and the control socket. */
+int gr_worker_start(void);
+void gr_worker_stop(void);
+void gr_worker_atfork_child(void);
 
 int gr_sig_install(void);
 /* The descriptor the handler writes to; the worker polls it. -1 when the signal is off. */

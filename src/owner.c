@@ -2,7 +2,7 @@
  * owner.c -- who owns the blocks a library allocates, from the library's path.
  *
  * A framework's allocator keeps and reuses what it allocated, and CUDA's own libraries keep workspaces: such
- * blocks are never orphans, whatever scope was open when they were made (FINDINGS.md section 3: freeing them
+ * blocks are never orphans, whatever scope was open when they were made (docs/ARCHITECTURE.md, "What may be released": freeing them
  * is a use-after-free). The owner is decided by the file name, then by the Python package the file is in (the
  * directory right under site-packages or dist-packages). Never by a word anywhere in the path: a virtual
  * environment at /opt/torch/.venv holds CuPy and JAX too.

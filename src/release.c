@@ -1,7 +1,7 @@
 /*
  * release.c -- the release engine: gives cached and orphaned device memory back.
  *
- * What a release does, in order (FINDINGS.md section 3 says what is safe):
+ * What a release does, in order (docs/ARCHITECTURE.md, "What may be released", says what is safe):
  *   1. framework caches, through the framework's own call (releasers/python.c), never by freeing their blocks;
  *   2. orphans (blocks of ended scopes), or with GPURECLAIM_ALL every tracked block (of one context);
  *   3. stream-ordered pools: synchronize every context, then cuMemPoolTrimTo(pool, 0) on every pool seen;
@@ -22,14 +22,11 @@
 #include "gpureclaim_internal.h"
 
 #include <errno.h>
-#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -650,58 +647,8 @@ uint64_t gr_rel_for_oom(void) {
   return rep.cached_bytes + rep.orphaned_bytes;
 }
 
-/* ---- the worker thread ---- */
-
-static _Atomic int g_worker_up;
-
-static void *worker(void *arg) {
-  (void)arg;
-  prctl(PR_SET_NAME, "gpureclaim", 0, 0, 0);
-  for (;;) {
-    struct pollfd fds[2] = {{.fd = gr_sig_fd(), .events = POLLIN}, {.fd = gr_ctl_fd(), .events = POLLIN}};
-    int n = poll(fds, 2, 2000);
-    if (!atomic_load_explicit(&g_worker_up, memory_order_acquire))
-      break; /* the process forked or is exiting */
-    if (n > 0 && (fds[0].revents & POLLIN)) {
-      uint64_t count;
-      while (read(fds[0].fd, &count, sizeof count) > 0) /* coalesce a storm into one release */
-        ;
-      gr_rel_run(gr_opt()->on_signal, GPURECLAIM_TRIGGER_SIGNAL, NULL);
-    }
-    if (n > 0 && (fds[1].revents & POLLIN))
-      gr_ctl_serve_one();
-    gr_sig_check_replaced();
-  }
-  return NULL;
-}
-
-int gr_rel_start_worker(void) {
-  if (atomic_exchange_explicit(&g_worker_up, 1, memory_order_acq_rel))
-    return 0;
-  if (gr_opt()->status)
-    gr_ctl_open();
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old); /* the worker inherits a mask that blocks every signal */
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  pthread_t th;
-  int rc = pthread_create(&th, &attr, worker, NULL);
-  pthread_attr_destroy(&attr);
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
-  if (rc != 0) {
-    atomic_store_explicit(&g_worker_up, 0, memory_order_release);
-    return -rc;
-  }
-  return 0;
-}
-
-void gr_rel_stop_worker(void) { atomic_store_explicit(&g_worker_up, 0, memory_order_release); }
-
 void gr_rel_atfork_child(void) {
-  /* The worker did not survive the fork; locks may have been held by threads that did not either. */
-  atomic_store_explicit(&g_worker_up, 0, memory_order_relaxed);
+  /* Locks may have been held by threads that did not survive the fork. */
   pthread_mutex_init(&g_mu, NULL);
   pthread_cond_init(&g_cv, NULL);
   pthread_mutex_init(&g_rel_lock, NULL);

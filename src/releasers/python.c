@@ -2,8 +2,8 @@
  * python.c -- framework caches, released through the frameworks' own calls via the CPython C API.
  *
  * Only when the process runs CPython (its symbols are visible) and the interpreter is up and not finalizing;
- * only for frameworks that are imported and initialised; never by freeing their blocks (FINDINGS.md
- * section 3: freeing behind a framework's back is a use-after-free):
+ * only for frameworks that are imported and initialised; never by freeing their blocks (docs/ARCHITECTURE.md,
+ * "What may be released": freeing behind a framework's back is a use-after-free):
  *   PyTorch: torch.cuda.empty_cache(), after clearing its cuBLAS workspaces (which go back to its cache);
  *   CuPy: the default memory pool's and pinned memory pool's free_all_blocks();
  *   any module that defines a callable __gpureclaim_release__() returning the bytes it freed.

@@ -2,7 +2,7 @@
  * simplugin.c -- a plugin fixture in the shape of JAX's CUDA plugin: loaded by its host with
  * RTLD_DEEPBIND | RTLD_LOCAL, it dlopen()s libcuda.so.1 itself and dlsym()s driver entry points by name,
  * so it imports no cu* symbol. A library loaded with RTLD_DEEPBIND binds dlsym to libc directly: this is
- * the known escape route of a preloaded dlsym override (see shared/docs/FINDINGS.md).
+ * the known escape route of a preloaded dlsym override (see docs/ARCHITECTURE.md).
  */
 #define _GNU_SOURCE
 #include <cuda.h>

@@ -1,0 +1,68 @@
+/*
+ * worker.c -- gpureclaim's one thread: what happens on SIGUSR1 and on the control socket.
+ *
+ * The signal handler (signal.c) only writes to an eventfd; this thread polls it and the control socket
+ * (control.c), runs the release the signal asks for (GPURECLAIM_ON_SIGNAL, release.c), serves one client at a
+ * time, and every 2 s checks whether the program replaced gpureclaim's handler. It starts with CUDA (core.c),
+ * blocks every signal, and ends when the process forks (the child starts its own when it uses CUDA) or exits.
+ */
+#include "gpureclaim_internal.h"
+
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+static _Atomic int g_worker_up;
+
+static void *worker(void *arg) {
+  (void)arg;
+  prctl(PR_SET_NAME, "gpureclaim", 0, 0, 0);
+  for (;;) {
+    struct pollfd fds[2] = {{.fd = gr_sig_fd(), .events = POLLIN}, {.fd = gr_ctl_fd(), .events = POLLIN}};
+    int n = poll(fds, 2, 2000);
+    if (!atomic_load_explicit(&g_worker_up, memory_order_acquire))
+      break; /* the process forked or is exiting */
+    if (n > 0 && (fds[0].revents & POLLIN)) {
+      uint64_t count;
+      while (read(fds[0].fd, &count, sizeof count) > 0) /* coalesce a storm into one release */
+        ;
+      gr_rel_run(gr_opt()->on_signal, GPURECLAIM_TRIGGER_SIGNAL, NULL);
+    }
+    if (n > 0 && (fds[1].revents & POLLIN))
+      gr_ctl_serve_one();
+    gr_sig_check_replaced();
+  }
+  return NULL;
+}
+
+int gr_worker_start(void) {
+  if (atomic_exchange_explicit(&g_worker_up, 1, memory_order_acq_rel))
+    return 0;
+  if (gr_opt()->status)
+    gr_ctl_open();
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old); /* the worker inherits a mask that blocks every signal */
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  pthread_t th;
+  int rc = pthread_create(&th, &attr, worker, NULL);
+  pthread_attr_destroy(&attr);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (rc != 0) {
+    atomic_store_explicit(&g_worker_up, 0, memory_order_release);
+    return -rc;
+  }
+  return 0;
+}
+
+void gr_worker_stop(void) { atomic_store_explicit(&g_worker_up, 0, memory_order_release); }
+
+
+void gr_worker_atfork_child(void) {
+  /* The worker did not survive the fork. */
+  atomic_store_explicit(&g_worker_up, 0, memory_order_relaxed);
+}
