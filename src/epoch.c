@@ -119,10 +119,19 @@ void gr_epoch_heavy_barrier(void) {
 static pthread_key_t g_key;
 static pthread_once_t g_key_once = PTHREAD_ONCE_INIT;
 
+static void (*_Atomic g_on_exit)(gr_thread_rec_t *r);
+
+void gr_epoch_on_exit(void (*fn)(gr_thread_rec_t *r)) { atomic_store_explicit(&g_on_exit, fn, memory_order_release); }
+
+gr_thread_rec_t *gr_epoch_first(void) { return atomic_load_explicit(&g_threads, memory_order_acquire); }
+
 static void thread_exit(void *arg) {
   gr_thread_rec_t *r = arg;
   if (!r)
     return;
+  void (*fn)(gr_thread_rec_t *) = atomic_load_explicit(&g_on_exit, memory_order_acquire);
+  if (fn)
+    fn(r);
   atomic_fetch_add_explicit(&g_exited_live, atomic_load_explicit(&r->live, memory_order_relaxed),
                             memory_order_relaxed);
   atomic_store_explicit(&r->live, 0, memory_order_relaxed);

@@ -3,7 +3,8 @@
  *
  * Counts (allocations, frees, pinned and address-space bytes) live in per-thread shards written with plain
  * stores by their owner only, so an allocation adds no shared read-modify-write for them; a read sums the
- * shards. Shards of exited threads are folded into a global one and reused.
+ * shards. A thread's shard lives in its epoch record (table.h), so one per-thread record serves the table and
+ * the counters; when the thread exits its counts are folded into a global one and the record is reused.
  *
  * Live device bytes and their peak
  *   Live bytes of a device are a shared atomic `committed` plus every thread's `pending` change, which the
@@ -38,32 +39,30 @@ enum { C_DEV_ALLOCS, C_DEV_FREES, C_HOST_IN, C_HOST_OUT, C_HOST_BYTES_IN, C_HOST
 typedef struct shard {
   _Atomic uint64_t c[NDEV][C_N];
   _Atomic int64_t pending[NDEV]; /* live bytes not yet in committed: always <= 0 */
-  struct shard *next;
-  _Atomic int owned;
-} __attribute__((aligned(64))) shard_t; /* whole cache lines: written by its thread on every allocation */
+} shard_t; /* in the thread's epoch record (table.h): whole cache lines, written by its thread on every allocation */
+_Static_assert(sizeof(shard_t) <= GR_THREAD_STATS_BYTES, "the counters must fit in the thread record");
 
 typedef struct dev_atomics {
   _Atomic uint64_t live_bytes /* committed */, peak, orphan_blocks, orphan_bytes, ctxd_blocks, ctxd_bytes, ctxd_host;
 } __attribute__((aligned(64))) dev_atomics_t;
 
 static dev_atomics_t g_dev[NDEV];
-static _Atomic(shard_t *) g_shards;
 static shard_t g_exited; /* counts of threads that exited */
 static _Atomic int g_used_devices_mask_set;
 static _Atomic uint64_t g_devmask; /* devices seen, first 64 */
 static _Atomic uint64_t g_total_live, g_total_peak;
 static _Atomic uint64_t g_untracked_frees, g_late_frees, g_releases, g_released_bytes, g_oom_retries, g_oom_ok;
 
-static GR_TLS shard_t *t_shard;
-static pthread_key_t g_key;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 static void commit_sub(int d, uint64_t bytes);
 
-static void fold(void *arg) {
-  shard_t *s = arg;
-  if (!s)
-    return;
+static inline shard_t *shard_of(gr_thread_rec_t *r) { return (shard_t *)(void *)r->stats; }
+
+/* A thread exits: its counts go to g_exited, its pending live bytes to committed, and its record is clean for
+ * the next thread that takes it. */
+static void fold(gr_thread_rec_t *r) {
+  shard_t *s = shard_of(r);
   for (int d = 0; d < NDEV; d++)
     for (int c = 0; c < C_N; c++) {
       uint64_t v = atomic_load_explicit(&s->c[d][c], memory_order_relaxed);
@@ -79,40 +78,26 @@ static void fold(void *arg) {
       commit_sub(d, (uint64_t)-p);
     }
   }
-  if (t_shard == s)
-    t_shard = NULL;
-  atomic_store_explicit(&s->owned, 0, memory_order_release);
 }
 
-static void make_key(void) { (void)pthread_key_create(&g_key, fold); }
+static void set_on_exit(void) { gr_epoch_on_exit(fold); }
 
-GR_COLD static shard_t *new_shard(void) {
-  shard_t *s;
-  for (s = atomic_load_explicit(&g_shards, memory_order_acquire); s; s = s->next) {
-    int expected = 0;
-    if (atomic_compare_exchange_strong_explicit(&s->owned, &expected, 1, memory_order_acq_rel, memory_order_relaxed))
-      break;
-  }
-  if (!s) {
-    s = aligned_alloc(64, sizeof *s);
-    if (!s)
-      return NULL;
-    memset(s, 0, sizeof *s);
-    atomic_init(&s->owned, 1);
-    shard_t *head = atomic_load_explicit(&g_shards, memory_order_relaxed);
-    do
-      s->next = head;
-    while (!atomic_compare_exchange_weak_explicit(&g_shards, &head, s, memory_order_release, memory_order_relaxed));
-  }
-  pthread_once(&g_once, make_key);
-  (void)pthread_setspecific(g_key, s);
-  t_shard = s;
-  return s;
+/* The calling thread's counters; NULL when it has no record (memory ran out): then counts go to the shared
+ * totals directly. */
+GR_COLD static shard_t *register_shard(void) {
+  pthread_once(&g_once, set_on_exit);
+  gr_thread_rec_t *r = gr_epoch_self();
+  return r ? shard_of(r) : NULL;
+}
+
+static inline shard_t *my_shard(void) {
+  gr_thread_rec_t *r = gr_epoch_t_rec;
+  return GR_LIKELY(r != NULL) ? shard_of(r) : register_shard();
 }
 
 static inline void add(int dev, int c, uint64_t v) {
-  shard_t *s = t_shard;
-  if (GR_UNLIKELY(!s) && !(s = new_shard())) {
+  shard_t *s = my_shard();
+  if (GR_UNLIKELY(!s)) {
     atomic_fetch_add_explicit(&g_exited.c[dev][c], v, memory_order_relaxed);
     return;
   }
@@ -156,8 +141,8 @@ static void commit_sub(int d, uint64_t bytes) {
 }
 
 static inline void live_add(int d, uint64_t bytes) {
-  shard_t *s = t_shard;
-  if (GR_UNLIKELY(!s) && !(s = new_shard())) {
+  shard_t *s = my_shard();
+  if (GR_UNLIKELY(!s)) {
     commit_add(d, bytes);
     return;
   }
@@ -171,8 +156,8 @@ static inline void live_add(int d, uint64_t bytes) {
 }
 
 static inline void live_sub(int d, uint64_t bytes) {
-  shard_t *s = t_shard;
-  if (GR_UNLIKELY(!s) && !(s = new_shard())) {
+  shard_t *s = my_shard();
+  if (GR_UNLIKELY(!s)) {
     commit_sub(d, bytes);
     return;
   }
@@ -272,8 +257,8 @@ void gr_stats_oom_retry(bool ok) {
 
 static uint64_t sum(int d, int c) {
   uint64_t v = atomic_load_explicit(&g_exited.c[d][c], memory_order_relaxed);
-  for (shard_t *s = atomic_load_explicit(&g_shards, memory_order_acquire); s; s = s->next)
-    v += atomic_load_explicit(&s->c[d][c], memory_order_relaxed);
+  for (gr_thread_rec_t *r = gr_epoch_first(); r; r = r->next)
+    v += atomic_load_explicit(&shard_of(r)->c[d][c], memory_order_relaxed);
   return v;
 }
 
@@ -312,8 +297,8 @@ static void add_pool(uint16_t id, CUmemoryPool pool, int device, void *arg) {
 /* Committed plus every thread's pending change. */
 static uint64_t live_bytes(int d) {
   int64_t v = (int64_t)atomic_load_explicit(&g_dev[d].live_bytes, memory_order_relaxed);
-  for (shard_t *s = atomic_load_explicit(&g_shards, memory_order_acquire); s; s = s->next)
-    v += atomic_load_explicit(&s->pending[d], memory_order_relaxed);
+  for (gr_thread_rec_t *r = gr_epoch_first(); r; r = r->next)
+    v += atomic_load_explicit(&shard_of(r)->pending[d], memory_order_relaxed);
   return v < 0 ? 0 : (uint64_t)v; /* read mid-update */
 }
 
@@ -380,11 +365,9 @@ int gr_stats_get(int device, gpureclaim_stats_t *out) {
 
 void gr_stats_atfork_child(void) {
   memset(g_dev, 0, sizeof g_dev);
-  for (shard_t *s = atomic_load_explicit(&g_shards, memory_order_relaxed); s; s = s->next) {
-    memset((void *)s->c, 0, sizeof s->c);
-    memset((void *)s->pending, 0, sizeof s->pending);
-    if (s != t_shard)
-      atomic_store_explicit(&s->owned, 0, memory_order_relaxed);
+  for (gr_thread_rec_t *r = gr_epoch_first(); r; r = r->next) { /* (the records themselves: epoch.c) */
+    memset((void *)shard_of(r)->c, 0, sizeof shard_of(r)->c);
+    memset((void *)shard_of(r)->pending, 0, sizeof shard_of(r)->pending);
   }
   memset((void *)g_exited.c, 0, sizeof g_exited.c);
   atomic_store(&g_devmask, 0);

@@ -20,6 +20,9 @@
 
 /* A thread's registration: its announced epoch and the per-thread counters the table sums. Records are never
  * freed; a thread that exits gives its record back for the next new thread. */
+/* Room for stats.c's per-thread counters in each thread record (stats.c checks that they fit). */
+#define GR_THREAD_STATS_BYTES 8192
+
 typedef struct gr_thread_rec {
   _Atomic uint64_t announce;  /* 0 outside a critical section, epoch << 1 | 1 inside */
   _Atomic int64_t live;       /* records inserted minus deleted; written by the owner only */
@@ -30,6 +33,9 @@ typedef struct gr_thread_rec {
    * the thread is inside gr_track_insert_ctx/gr_track_restore_ctx (track.c). Written by the owner only. */
   _Atomic uint64_t track_op;
   struct gr_thread_rec *next; /* immutable once the record is published */
+  /* stats.c's counters of this thread (its shard_t), written by the owner only; folded into the totals of
+   * exited threads and zeroed when the thread exits (gr_epoch_on_exit). One record per thread for both. */
+  _Alignas(64) unsigned char stats[GR_THREAD_STATS_BYTES];
 } __attribute__((aligned(64))) gr_thread_rec_t;
 
 extern GR_TLS_IE gr_thread_rec_t *gr_epoch_t_rec;
@@ -44,6 +50,10 @@ void gr_epoch_heavy_barrier(void);
 /* Whether a thread is inside a tracked insert whose sequence (track_op - 1) is below seq, or one that could not
  * publish its sequence (no thread record) is inside one. */
 bool gr_epoch_track_op_before(uint64_t seq);
+/* Every thread record ever registered (append-only list, never freed): `for (r = first; r; r = r->next)`. */
+gr_thread_rec_t *gr_epoch_first(void);
+/* Called with its record when a registered thread exits, before the record can be reused (set once, by stats.c). */
+void gr_epoch_on_exit(void (*fn)(gr_thread_rec_t *r));
 void gr_epoch_track_op_anon(int d);
 
 /* Enters a critical section (nestable): memory retired from now on is not freed before the matching exit. */
