@@ -36,6 +36,14 @@
 /* Code that sanitizer runtimes reach before they are initialised: their start-up looks up real functions with
  * dlsym, which is gpureclaim's override. It must not be instrumented. */
 #define GR_NO_SANITIZE __attribute__((no_sanitize("address", "undefined", "thread")))
+/* Internal invariants, checked in the debug build (GPURECLAIM_DEBUG=ON, which CI's sanitizer build uses): a
+ * broken one prints what and where, then aborts. Free in a normal build: the condition is not evaluated. */
+#ifdef GR_DEBUG
+#define GR_ASSERT(c) (GR_LIKELY(c) ? (void)0 : gr_assert_fail(#c, __FILE__, __LINE__))
+#else
+#define GR_ASSERT(c) ((void)0)
+#endif
+void gr_assert_fail(const char *what, const char *file, int line) __attribute__((noreturn, cold));
 
 /* ------------------------------------------------------------------------------------------------------------
  * options.c: the one table of GPURECLAIM_* options, read once

@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 void gr_log(int level, const char *fmt, ...) {
@@ -38,4 +39,13 @@ const char *gr_log_bytes(uint64_t v, char *buf, size_t len) {
   }
   snprintf(buf, len, i ? "%.1f %s" : "%.0f %s", x, u[i]);
   return buf;
+}
+
+void gr_assert_fail(const char *what, const char *file, int line) {
+  char buf[512];
+  int n = snprintf(buf, sizeof buf, "gpureclaim[%d]: internal invariant broken at %s:%d: %s\n", (int)getpid(), file,
+                   line, what);
+  if (n > 0)
+    (void)!write(STDERR_FILENO, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
+  abort();
 }

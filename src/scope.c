@@ -80,8 +80,9 @@ static inline bool is_open(uint16_t s, uint64_t id) {
 static void unref(uint16_t s) {
   if (!s || !g_slots)
     return;
-  if (atomic_fetch_sub_explicit(&g_slots[s].refs, 1, memory_order_acq_rel) == 1 &&
-      atomic_load_explicit(&g_slots[s].state, memory_order_acquire) == S_ENDED) {
+  uint32_t was = atomic_fetch_sub_explicit(&g_slots[s].refs, 1, memory_order_acq_rel);
+  GR_ASSERT(was > 0); /* every record of a scope holds one reference, and gives it back once */
+  if (was == 1 && atomic_load_explicit(&g_slots[s].state, memory_order_acquire) == S_ENDED) {
     int ended = S_ENDED;
     atomic_compare_exchange_strong_explicit(&g_slots[s].state, &ended, S_FREE, memory_order_acq_rel,
                                             memory_order_relaxed);

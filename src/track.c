@@ -46,10 +46,13 @@ static const uint64_t k_max_reclaimed[2] = {65536, 4096};
 static _Atomic uint64_t g_watch;
 
 void gr_track_watch(int d) {
-  if (d > 0)
+  if (d > 0) {
     atomic_fetch_add_explicit(&g_watch, 1, memory_order_seq_cst);
-  else
-    atomic_fetch_sub_explicit(&g_watch, 1, memory_order_release);
+  } else {
+    uint64_t was = atomic_fetch_sub_explicit(&g_watch, 1, memory_order_release);
+    GR_ASSERT(was > 0);
+    (void)was;
+  }
 }
 
 bool gr_track_tombstone_add(unsigned ks) {
@@ -61,7 +64,11 @@ bool gr_track_tombstone_add(unsigned ks) {
   return false;
 }
 
-void gr_track_tombstone_gone(unsigned ks) { atomic_fetch_sub_explicit(&g_reclaimed[ks], 1, memory_order_relaxed); }
+void gr_track_tombstone_gone(unsigned ks) {
+  uint64_t was = atomic_fetch_sub_explicit(&g_reclaimed[ks], 1, memory_order_relaxed);
+  GR_ASSERT(was > 0);
+  (void)was;
+}
 
 /* The driver handed (ks, key) out to a new block, so no earlier block has that address any more: a record
  * still there is of a block the driver freed. A RECLAIMED tombstone, a RECLAIMING record whose free the
@@ -102,11 +109,13 @@ static pthread_mutex_t g_gate = PTHREAD_MUTEX_INITIALIZER;
 static GR_TLS unsigned t_gate;
 
 void gr_track_gate_enter(void) {
+  GR_ASSERT(t_gate < 64); /* re-entered per thread, never without bound */
   if (t_gate++ == 0)
     pthread_mutex_lock(&g_gate);
 }
 
 void gr_track_gate_exit(void) {
+  GR_ASSERT(t_gate > 0);
   if (--t_gate == 0)
     pthread_mutex_unlock(&g_gate);
 }
@@ -567,6 +576,8 @@ static int commit_one(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
 void gr_track_ctx_begin(uint16_t ctx_id, gr_detached_t *d) {
   d->ctx_id = ctx_id;
   d->marked = false;
+  GR_ASSERT(gr_track_gate_held()); /* destroys run one at a time */
+  GR_ASSERT((atomic_load_explicit(&gr_track_seq, memory_order_relaxed) & 1) == 0);
   atomic_store_explicit(&g_running, ctx_id, memory_order_relaxed); /* published by the increment */
   d->seq = atomic_fetch_add_explicit(&gr_track_seq, 1, memory_order_seq_cst) + 1;
   gr_track_watch(1);
@@ -585,6 +596,7 @@ void gr_track_ctx_detach(uint16_t ctx_id, gr_detached_t *d) {
 }
 
 void gr_track_ctx_commit(gr_detached_t *d, bool destroyed) {
+  GR_ASSERT(gr_track_gate_held() && atomic_load_explicit(&gr_track_seq, memory_order_relaxed) == d->seq);
   detach_t a = {d->ctx_id, destroyed};
   if (d->marked)
     gr_table_visit(commit_one, &a);

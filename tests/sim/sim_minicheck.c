@@ -133,7 +133,8 @@ int main(int argc, char **argv) {
       continue;
     }
     run++;
-    if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+    int want = tests[i].o.signal;
+    if (want ? WIFSIGNALED(st) && WTERMSIG(st) == want : WIFEXITED(st) && WEXITSTATUS(st) == 0) {
       printf("[PASS] %s: (%.2fs)\n", id, secs);
     } else {
       failed++;

@@ -22,6 +22,7 @@ struct simck_opts {
   int unused_;
   simck_fn init, fini;
   double timeout;
+  int signal; /* the test passes only when it ends by this signal (Criterion's .signal) */
 };
 void simck_register(const char *suite, const char *name, simck_fn fn, struct simck_opts o);
 void simck_suite(const char *suite, struct simck_opts o);
