@@ -7,6 +7,7 @@
 #include "gpureclaim_internal.h"
 
 #include <errno.h>
+#include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -243,38 +244,69 @@ static void release_job(void *arg) {
     j->ans = release_one(j->p, j->rq, &j->rep, &j->why, &j->via);
 }
 
+static const char g_help[] =
+    "usage: gpureclaim release [options] PID...\n"
+    "       gpureclaim release [options] --all\n"
+    "Asks each process to give back memory and prints what it gave back (bytes, milliseconds) and each\n"
+    "device's free memory before and after. Over the process's control socket; with --signal, or when\n"
+    "nothing listens there, by its release signal, waiting for its status file to report the release.\n"
+    "\n"
+    "  -a, --all          every process of yours running gpureclaim\n"
+    "  -w, --what WHAT    cached, orphaned, all, comma-separated (default: the process's GPURECLAIM_ON_SIGNAL;\n"
+    "                     by signal it must match that)\n"
+    "  -t, --timeout S    how long to wait, in seconds (default 30), for the processes asked at once (32 at a\n"
+    "                     time). A request the process has not begun when it passes is withdrawn; one it has\n"
+    "                     begun cannot be, and the command says so (the process finishes it: see ps). On a\n"
+    "                     terminal, a wait longer than a second shows its progress on standard error.\n"
+    "  -s, --signal       by the release signal even when the control socket answers\n"
+    "  -j, --json         one JSON array of results (the report formats of docs/PROTOCOL.md)\n"
+    "  -h, --help         this text\n";
+
 int cmd_release(int argc, char **argv) {
   request_t rq = {NULL, 0, 30, false};
   bool all = false;
   pid_t *pids = calloc((size_t)argc + 1, sizeof *pids);
   size_t npids = 0;
   int rc = EX_OK;
-  for (int i = 0; i < argc && rc == EX_OK; i++) {
-    const char *v = NULL;
-    int m;
-    if ((m = cmd_opt_value(argc, argv, &i, "release", "--what", &v)) != 0) {
-      rq.what = v;
-      if (m < 0)
-        rc = EX_USAGE;
-      else if (gr_opt_parse_what(rq.what, &rq.what_flags) != 0)
+  static const struct option longopts[] = {{"what", required_argument, NULL, 'w'},
+                                           {"timeout", required_argument, NULL, 't'},
+                                           {"all", no_argument, NULL, 'a'},
+                                           {"signal", no_argument, NULL, 's'},
+                                           {"json", no_argument, NULL, 'j'},
+                                           {"help", no_argument, NULL, 'h'},
+                                           {NULL, 0, NULL, 0}};
+  optind = 1;
+  int c;
+  while (rc == EX_OK && (c = cmd_getopt(argc, argv, ":w:t:asjh", longopts)) != -1) {
+    switch (c) {
+    case 'w':
+      rq.what = optarg;
+      if (gr_opt_parse_what(rq.what, &rq.what_flags) != 0)
         rc = cmd_usage_error("release: bad --what %s (expected cached, orphaned, all, comma-separated)", rq.what);
-    } else if ((m = cmd_opt_value(argc, argv, &i, "release", "--timeout", &v)) != 0) {
-      if (m < 0)
-        rc = EX_USAGE;
-      else if (!cmd_parse_seconds(v, &rq.timeout) || rq.timeout <= 0)
-        rc = cmd_usage_error("release: bad timeout %s (seconds, more than 0 and at most 86400)", v);
-    } else if (!strcmp(argv[i], "--all")) {
+      break;
+    case 't':
+      if (!cmd_parse_seconds(optarg, &rq.timeout) || rq.timeout <= 0)
+        rc = cmd_usage_error("release: bad timeout %s (seconds, more than 0 and at most 86400)", optarg);
+      break;
+    case 'a':
       all = true;
-    } else if (!strcmp(argv[i], "--signal")) {
+      break;
+    case 's':
       rq.by_signal = true;
-    } else if (!strcmp(argv[i], "--json")) {
+      break;
+    case 'j':
       cmd_set_json(true);
-    } else if (argv[i][0] == '-' && argv[i][1]) {
-      rc = cmd_usage_error("release: unknown option: %s", argv[i]);
-    } else if (!pids || !cmd_parse_pid(argv[i], &pids[npids++])) {
-      rc = cmd_usage_error("release: not a pid: %s", argv[i]);
+      break;
+    case 'h':
+      free(pids);
+      return cmd_help(g_help);
+    default:
+      rc = EX_USAGE;
     }
   }
+  for (int i = optind; i < argc && rc == EX_OK; i++)
+    if (!pids || !cmd_parse_pid(argv[i], &pids[npids++]))
+      rc = cmd_usage_error("release: not a pid: %s", argv[i]);
   if (rc == EX_OK && all && npids > 0)
     rc = cmd_usage_error("release: give pids or --all, not both%s", "");
   else if (rc == EX_OK && !all && !npids)
