@@ -6,6 +6,7 @@
 #include "command.h"
 #include "gpureclaim_internal.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -256,6 +257,38 @@ static void absolute_log(void) {
   setenv("GPURECLAIM_LOG", abs, 1);
 }
 
+/* Whether the CUDA driver can be loaded here, as the program would load it (same environment): without it
+ * a CUDA program fails in ways that do not say why (a framework's MemoryError, "no CUDA-capable device").
+ * One line, before CMD starts, saying what to do: the simulator of a build tree when there is one next to
+ * the command (tools/../sim), else the driver or LD_LIBRARY_PATH. CMD still runs: it may not need CUDA. */
+static void check_driver(void) {
+  void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (h) {
+    dlclose(h);
+    return;
+  }
+  const char *err = dlerror();
+  char self[PATH_MAX], sim[PATH_MAX + 32], real[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  bool have_sim = false;
+  if (n > 0) {
+    self[n] = '\0';
+    *strrchr(self, '/') = '\0';
+    snprintf(sim, sizeof sim, "%s/../sim", self);
+    char lib[PATH_MAX + 64];
+    snprintf(lib, sizeof lib, "%s/libcuda.so.1", sim);
+    have_sim = access(lib, R_OK) == 0 && realpath(sim, real);
+  }
+  if (have_sim)
+    fprintf(stderr, "gpureclaim: run: no CUDA driver can be loaded (%s), so the program will find no GPU; without "
+                    "an NVIDIA GPU, run it on gpureclaim's simulator: export LD_LIBRARY_PATH=%s\n",
+            err ? err : "libcuda.so.1 not found", real);
+  else
+    fprintf(stderr, "gpureclaim: run: no CUDA driver can be loaded (%s), so the program will find no GPU: install "
+                    "the NVIDIA driver, or put the directory holding libcuda.so.1 on LD_LIBRARY_PATH\n",
+            err ? err : "libcuda.so.1 not found");
+}
+
 static const char g_help[] =
     "usage: gpureclaim run [options] [--] CMD ARGS...\n"
     "Runs CMD with libgpureclaim.so.0 prepended to LD_PRELOAD (after sanitizer runtimes; any other\n"
@@ -366,6 +399,7 @@ int cmd_run(int argc, char **argv) {
             getenv("GPURECLAIM_LIBRARY") && *getenv("GPURECLAIM_LIBRARY") ? " (from GPURECLAIM_LIBRARY)" : "");
     return EX_FAILED;
   }
+  check_driver();
   const char *old = getenv("LD_PRELOAD");
   char *pre = preload_list(old ? old : "", lib);
   if (!pre)
