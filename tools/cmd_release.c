@@ -479,7 +479,8 @@ static void *tick(void *arg) {
       snprintf(state, sizeof state, "%s", begun ? "its release has begun" : "it has not begun the release yet");
     else
       snprintf(state, sizeof state, "%zu of them have begun their release", begun);
-    fprintf(stderr, "\rgpureclaim: waiting for %s: %.0f s of %.0f s (%s)\033[K", who, waited, t->timeout, state);
+    fprintf(stderr, "\rgpureclaim: waiting for %s: %.0f s of %.0f s (%s)\033[K", who,
+            waited < t->timeout ? waited : t->timeout, t->timeout, state);
     fflush(stderr);
     shown = true;
   }
