@@ -5,8 +5,9 @@
  * request line in, one JSON object out. Only a peer with the same effective uid is answered (SO_PEERCRED), on
  * top of the directory's 0700 and the socket's 0600. A client silent for a second is dropped unanswered. A
  * release whose client hung up before it was served is not run (client_waiting()); `release-begun` first says
- * when it begins, so that a client that gives up can tell withdrawn from begun. Answers are sent without
- * SIGPIPE: a client that went away must not end the program.
+ * when it begins, so that a client that gives up can tell withdrawn from begun. Answers are sent with
+ * MSG_NOSIGNAL: the worker blocks every signal, but a SIGPIPE left pending on it for a client that went away
+ * serves nothing.
  */
 #include "gpureclaim_internal.h"
 #include "json.h"
@@ -78,7 +79,8 @@ static bool client_waiting(int fd, bool half_close_withdraws) {
   return poll(&p, 1, 0) == 0 || !(p.revents & (POLLHUP | POLLERR | POLLRDHUP));
 }
 
-/* Writes all of b to the client; never raises SIGPIPE (a client that gave up must not end the program). */
+/* Writes all of b to the client, without raising SIGPIPE (a client that gave up gets nothing, and the worker,
+ * which blocks every signal, keeps no pending SIGPIPE). */
 static int send_all(int fd, const jbuf_t *b) {
   if (b->failed)
     return -ENOMEM;

@@ -235,7 +235,7 @@ class FirstMinutes(unittest.TestCase):
         os.unlink(gate)
         self.served_all_before(h)
         self.assertEqual(self.status(h)["releases"], 1, "the release the command said goes on did not happen")
-        self.assertIsNone(h.p.poll(), "the answer to a client that left ended the program (SIGPIPE)")
+        self.assertIsNone(h.p.poll(), "the answer to a client that had left ended the program")
         # With --json, the same words.
         open(gate, "w").close()
         out = json.loads(run("release", str(h.pid), "--timeout", "0.5", "--json", env=self.env, check=1).stdout)
