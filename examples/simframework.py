@@ -9,6 +9,17 @@ _rt = ctypes.CDLL("libcudart.so.13")
 _rt.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
 _rt.cudaFree.argtypes = [ctypes.c_void_p]
 _rt.cudaMemGetInfo.argtypes = [ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+_rt.cudaGetErrorName.restype = ctypes.c_char_p
+_CUDA_ERROR_MEMORY_ALLOCATION = 2
+
+
+def _cuda_error(rc):
+    """Out of memory is a MemoryError; anything else (no driver, no device) says what CUDA said, and what to do."""
+    if rc == _CUDA_ERROR_MEMORY_ALLOCATION:
+        return MemoryError("out of device memory")
+    name = (_rt.cudaGetErrorName(rc) or b"error %d" % rc).decode()
+    return RuntimeError("CUDA failed: %s (no NVIDIA driver or GPU? without one, run on gpureclaim's simulator: "
+                        "LD_LIBRARY_PATH=build/sim)" % name)
 
 _lock = threading.Lock()
 _cache = {}  # size -> [pointers]
@@ -24,14 +35,17 @@ class Tensor:
                 self.ptr = free.pop()
             else:
                 p = ctypes.c_void_p()
-                if _rt.cudaMalloc(ctypes.byref(p), nbytes) != 0:
-                    raise MemoryError("out of device memory")
+                rc = _rt.cudaMalloc(ctypes.byref(p), nbytes)
+                if rc != 0:
+                    raise _cuda_error(rc)
                 self.ptr = p.value
             self.nbytes = nbytes
             _live += nbytes
 
     def __del__(self):
         global _live
+        if not hasattr(self, "ptr"):  # its allocation failed
+            return
         with _lock:
             _cache.setdefault(self.nbytes, []).append(self.ptr)  # cached, not freed
             _live -= self.nbytes

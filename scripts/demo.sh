@@ -23,17 +23,17 @@ else
   export LD_LIBRARY_PATH="$(cd "$build/sim" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 echo "\$ gpureclaim run -- $build/examples/demo"
-GPURECLAIM_LOG=/dev/null "$build/tools/gpureclaim" run -- "$build/examples/demo"
+"$build/tools/gpureclaim" run -- "$build/examples/demo"
 
 echo
 echo "== from outside the process"
-coproc HOLD { GPURECLAIM_LOG=/dev/null exec "$build/tools/gpureclaim" run -- "$build/tests/cli/hold"; }
+coproc HOLD { exec "$build/tools/gpureclaim" run -- "$build/tests/cli/hold"; }
 hold_pid=$HOLD_PID # bash unsets HOLD_PID as soon as the coprocess has exited: keep it for the wait below
 read -r _ pid <&"${HOLD[0]}"
 echo "\$ gpureclaim ps"
 "$build/tools/gpureclaim" ps
 echo "\$ gpureclaim release $pid"
-GPURECLAIM_LOG=/dev/null "$build/tools/gpureclaim" release "$pid"
+"$build/tools/gpureclaim" release "$pid"
 echo "\$ gpureclaim snapshot $pid"
 "$build/tools/gpureclaim" snapshot "$pid"
 exec {HOLD[1]}>&-

@@ -4,7 +4,10 @@
  * A Unix stream socket in the private run directory, served by the worker thread one client at a time: one
  * request line in, one JSON object out. Only a peer with the same effective uid is answered (SO_PEERCRED), on
  * top of the directory's 0700 and the socket's 0600. A client silent for a second is dropped unanswered. A
- * release whose client hung up before it was served is not run (client_waiting()).
+ * release whose client hung up before it was served is not run (client_waiting()); `release-begun` first says
+ * when it begins, so that a client that gives up can tell withdrawn from begun. Answers are sent with
+ * MSG_NOSIGNAL: the worker blocks every signal, but a SIGPIPE left pending on it for a client that went away
+ * serves nothing.
  */
 #include "gpureclaim_internal.h"
 #include "json.h"
@@ -68,15 +71,33 @@ void gr_ctl_forget(void) {
 
 /* Whether the client still waits for the answer. A command whose --timeout passed (this process was stopped,
  * or busy in a long release) has closed its end and told its user the release did not happen: its request is
- * withdrawn, and running it later would free memory behind that user's back. */
-static bool client_waiting(int fd) {
-  /* POLLHUP only: a client that shut down its writing half after its line (socat, nc -U) still reads. */
-  struct pollfd p = {fd, 0, 0};
-  return poll(&p, 1, 0) == 0 || !(p.revents & (POLLHUP | POLLERR));
+ * withdrawn, and running it later would free memory behind that user's back. For `release`, POLLHUP only: a
+ * client that shut down its writing half after its line (socat, nc -U) still reads. For `release-begun`, whose
+ * client withdraws by shutting down its writing half, that counts too (POLLRDHUP). */
+static bool client_waiting(int fd, bool half_close_withdraws) {
+  struct pollfd p = {fd, half_close_withdraws ? POLLRDHUP : 0, 0};
+  return poll(&p, 1, 0) == 0 || !(p.revents & (POLLHUP | POLLERR | POLLRDHUP));
+}
+
+/* Writes all of b to the client, without raising SIGPIPE (a client that gave up gets nothing, and the worker,
+ * which blocks every signal, keeps no pending SIGPIPE). */
+static int send_all(int fd, const jbuf_t *b) {
+  if (b->failed)
+    return -ENOMEM;
+  for (size_t off = 0; off < b->len;) {
+    ssize_t n = send(fd, b->p + off, b->len - off, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      return n < 0 ? -errno : -EIO;
+    off += (size_t)n;
+  }
+  return 0;
 }
 
 /* Answers one request line; NULL for a line longer than the protocol allows. */
 static void answer(int fd, const char *line) {
+  size_t verb;
   jbuf_t b;
   jb_init(&b);
   jb_obj(&b);
@@ -92,16 +113,38 @@ static void answer(int fd, const char *line) {
     jb_bool(&b, "ok", true);
     jb_i64(&b, "pid", getpid());
     gr_rep_stats_json(&b);
-  } else if (strncmp(line, "release", 7) == 0 && (line[7] == ' ' || line[7] == '\0')) {
+  } else if ((verb = 7, strncmp(line, "release", 7) == 0 && (line[7] == ' ' || line[7] == '\0')) ||
+             (verb = 13, strncmp(line, "release-begun", 13) == 0 && (line[13] == ' ' || line[13] == '\0'))) {
     unsigned what = gr_opt()->on_signal;
-    const char *arg = line[7] ? line + 8 : "";
+    const char *arg = line[verb] ? line + verb + 1 : "";
+    bool announce = verb == 13;
     gpureclaim_report_t rep = {.size = sizeof rep};
-    if (!client_waiting(fd)) {
+    bool bad = *arg && gr_opt_parse_what(arg, &what) != 0;
+    if (!client_waiting(fd, announce)) {
       gr_info("a release request was withdrawn: the gpureclaim command stopped waiting before it was served");
       jb_free(&b);
       return;
     }
-    int rc = *arg && gr_opt_parse_what(arg, &what) != 0 ? -EINVAL : gr_rel_run(what, GPURECLAIM_TRIGGER_COMMAND, &rep);
+    /* release-begun: a first line says the release begins, so that a client that gives up afterwards knows
+     * it will still happen (a release cannot be stopped once begun). If it cannot be sent, the client is gone
+     * and was told the request was withdrawn: not begun. */
+    if (announce && !bad) {
+      jbuf_t first;
+      jb_init(&first);
+      jb_obj(&first);
+      jb_bool(&first, "ok", true);
+      jb_bool(&first, "begun", true);
+      jb_obj_end(&first);
+      jb_raw(&first, "\n", 1);
+      int sent = send_all(fd, &first);
+      jb_free(&first);
+      if (sent != 0) {
+        gr_info("a release request was withdrawn: the gpureclaim command stopped waiting before it was served");
+        jb_free(&b);
+        return;
+      }
+    }
+    int rc = bad ? -EINVAL : gr_rel_run(what, GPURECLAIM_TRIGGER_COMMAND, &rep);
     jb_bool(&b, "ok", rc == 0);
     if (rc == 0) {
       jb_key(&b, "report");
@@ -125,7 +168,7 @@ static void answer(int fd, const char *line) {
   }
   jb_obj_end(&b);
   jb_raw(&b, "\n", 1);
-  jb_write_fd(&b, fd);
+  send_all(fd, &b);
   jb_free(&b);
 }
 

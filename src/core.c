@@ -12,6 +12,8 @@
 #include "gpureclaim_internal.h"
 
 #include <dlfcn.h>
+#include <link.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -64,15 +66,49 @@ static void check_link_order(void) {
 /* Two copies of gpureclaim in one process (one preloaded by hand, another by `gpureclaim run` or linked): the
  * first copy's definitions serve the whole process, and its dlsym() resolves the driver through the second
  * copy's dlsym, which would hand back the first copy's own hooks (endless recursion). The copy that comes
- * second finds the first one's gpureclaim_version ahead of its own, and passes every call through. */
+ * second finds the first one's gpureclaim_version ahead of its own, and passes every call through, silently:
+ * LD_PRELOAD reaches every program (/bin/true too), and a program that never uses CUDA is not concerned. The
+ * first copy says it once, when the process starts using CUDA (second_copy_check()). */
 static bool another_copy_first(void) {
   Dl_info mine, theirs;
-  if (!defined_first_elsewhere("gpureclaim_version", &theirs, &mine))
-    return false;
-  gr_warn("two copies of libgpureclaim in this process: %s comes first and tracks everything; this one (%s) "
-          "passes every call through",
-          object_name(&theirs), mine.dli_fname);
-  return true;
+  return defined_first_elsewhere("gpureclaim_version", &theirs, &mine);
+}
+
+typedef struct {
+  void *my_base;
+  char name[512];
+} copy_search_t;
+
+/* dl_iterate_phdr: a loaded object other than this one whose file name is a libgpureclaim (one loaded with
+ * RTLD_LOCAL, which no symbol lookup from here finds). */
+static int find_copy(struct dl_phdr_info *info, size_t size, void *arg) {
+  (void)size;
+  copy_search_t *s = arg;
+  const char *name = info->dlpi_name, *base = name ? strrchr(name, '/') : NULL;
+  base = base ? base + 1 : name;
+  if (!base || strncmp(base, "libgpureclaim.so", 16) != 0 || (void *)info->dlpi_addr == s->my_base)
+    return 0;
+  snprintf(s->name, sizeof s->name, "%s", name);
+  return 1;
+}
+
+/* Run by the copy that tracks, as it starts: another copy after it in the global scope (RTLD_NEXT), or loaded
+ * on its own, passes every call through; said once per process, where CUDA is used. */
+static void second_copy_check(void) {
+  Dl_info mine, theirs;
+  if (!dladdr((void *)&second_copy_check, &mine))
+    return;
+  copy_search_t s = {mine.dli_fbase, ""};
+  const gr_real_libc_t *r = gr_real_libc();
+  void *next = r->dlsym ? r->dlsym(RTLD_NEXT, "gpureclaim_version") : NULL;
+  if (next && dladdr(next, &theirs) && theirs.dli_fbase != mine.dli_fbase)
+    snprintf(s.name, sizeof s.name, "%s", object_name(&theirs));
+  else
+    dl_iterate_phdr(find_copy, &s);
+  if (s.name[0])
+    gr_warn("two copies of libgpureclaim in this process: %s comes first and tracks everything; the other (%s) "
+            "passes every call through",
+            object_name(&mine), s.name);
 }
 
 __attribute__((constructor)) static void gr_core_ctor(void) {
@@ -197,6 +233,7 @@ bool gr_core_start_slow(void) {
     gr_warn("could not start the worker thread: signals and the gpureclaim command will not reach this process");
   if (o->status)
     gr_rep_status_update();
+  second_copy_check();
   char sig[32];
   gr_info("tracking CUDA allocations (release signal %s, run directory %s)",
           gr_opt_signal_name(o->signal, sig, sizeof sig), o->rundir);

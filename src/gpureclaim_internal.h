@@ -54,7 +54,8 @@ typedef struct gr_options {
   int signal;            /* GPURECLAIM_SIGNAL: signal number, 0 = off */
   unsigned on_signal;    /* GPURECLAIM_ON_SIGNAL: GPURECLAIM_CACHED | ... */
   unsigned oom_retry;    /* GPURECLAIM_OOM_RETRY: retries after out-of-memory (0 = off) */
-  char log[4096];        /* GPURECLAIM_LOG: "" = stderr, else a path appended to */
+  char log[4096];        /* GPURECLAIM_LOG: a path appended to; "": none (see log_stderr) */
+  bool log_stderr;       /* GPURECLAIM_LOG=stderr: release reports on stderr (unset: no reports written) */
   char rundir[4096];     /* GPURECLAIM_RUNDIR (resolved default) */
   bool leak_report;      /* GPURECLAIM_LEAK_REPORT */
   bool backtrace;        /* GPURECLAIM_BACKTRACE */
@@ -92,6 +93,9 @@ void gr_opt_note_start_dir(void);
  * ---------------------------------------------------------------------------------------------------------- */
 
 void gr_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* One short line for people about a release, at GPURECLAIM_VERBOSE=1 (the JSON report goes to GPURECLAIM_LOG). */
+struct gpureclaim_report;
+void gr_log_release(const struct gpureclaim_report *r);
 /* v bytes for people, in binary units ("512 B", "1.5 GiB"), in buf; returns buf. Shared with the command. */
 const char *gr_log_bytes(uint64_t v, char *buf, size_t len);
 /* "s" unless n is 1, for "%llu block%s". Shared with the command. */

@@ -1,9 +1,13 @@
 /*
  * log.c -- gpureclaim's messages: one line each on stderr, "gpureclaim[pid]: ...", written with a single
  * write(2) from a stack buffer (no stdio locks, no allocation), so it is usable from any hook.
- * Release reports (JSON lines) go to GPURECLAIM_LOG instead: see report.c.
+ * Quiet by default: a library inside other people's programs writes nothing there unless something is wrong
+ * (warnings) or it was asked (GPURECLAIM_VERBOSE). Release reports (JSON lines) go to GPURECLAIM_LOG when it
+ * names a file or stderr, else nowhere (report.c); at GPURECLAIM_VERBOSE=1 each release also gets one short
+ * line for people here (gr_log_release()).
  */
 #include "gpureclaim_internal.h"
+#include "gpureclaim.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -48,4 +52,18 @@ void gr_assert_fail(const char *what, const char *file, int line) {
   if (n > 0)
     (void)!write(STDERR_FILENO, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
   abort();
+}
+
+void gr_log_release(const gpureclaim_report_t *r) {
+  if (gr_opt()->verbose < 1)
+    return;
+  static const char *const by[] = {"?", "the API", "the signal", "an out-of-memory retry", "the gpureclaim command",
+                                   "a scope's end"};
+  char total[32], cached[32], orphaned[32];
+  uint64_t sum = r->cached_bytes + r->orphaned_bytes + r->all_bytes;
+  gr_info("released %s in %.2f ms (cached %s, orphaned %s in %llu block%s), asked by %s",
+          gr_log_bytes(sum, total, sizeof total), (double)r->duration_ns / 1e6,
+          gr_log_bytes(r->cached_bytes, cached, sizeof cached), gr_log_bytes(r->orphaned_bytes, orphaned, sizeof orphaned),
+          (unsigned long long)r->orphaned_blocks, gr_plural(r->orphaned_blocks),
+          r->trigger >= 0 && (size_t)r->trigger < GR_ARRAY_LEN(by) ? by[r->trigger] : by[0]);
 }

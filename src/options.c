@@ -186,8 +186,10 @@ void gr_opt_note_start_dir(void) {
 static int p_log(const char *v, gr_options_t *o) {
   if (gr_opt_log_is_stderr(v)) {
     o->log[0] = '\0';
+    o->log_stderr = true;
     return 0;
   }
+  o->log_stderr = false;
   if (v[0] == '/' || !*v)
     return p_path(v, o->log, sizeof o->log);
   char cwd[4096];
@@ -223,7 +225,8 @@ static const struct {
     {"GPURECLAIM_SIGNAL", "USR1, USR2, RTMIN+n or off", p_signal},
     {"GPURECLAIM_ON_SIGNAL", "a list of cached, orphaned, all", p_on_signal},
     {"GPURECLAIM_OOM_RETRY", "a number of retries from 0 to 16", p_oom_retry},
-    {"GPURECLAIM_LOG", "stderr or a file path (a relative one from the directory the program started in)", p_log},
+    {"GPURECLAIM_LOG", "stderr or a file path (a relative one from the directory the program started in)",
+     p_log},
     {"GPURECLAIM_RUNDIR", "an absolute directory path", p_rundir},
     {"GPURECLAIM_LEAK_REPORT", "1/0/yes/no/on/off", p_leak},
     {"GPURECLAIM_BACKTRACE", "1/0/yes/no/on/off", p_bt},
@@ -268,6 +271,7 @@ static gr_options_t g_opts;
 static _Atomic int g_loaded; /* 0 no, 1 loading, 2 loaded */
 
 static void load(void) {
+  bool rundir_refused = false;
   gr_options_t o;
   defaults(&o);
   for (size_t i = 0; i < GR_ARRAY_LEN(g_table); i++) {
@@ -277,9 +281,21 @@ static void load(void) {
     gr_options_t trial = o;
     if (g_table[i].parse(v, &trial) == 0)
       o = trial;
+    else if (g_table[i].parse == p_rundir)
+      rundir_refused = true; /* below, once GPURECLAIM_STATUS is read too */
     else
       gr_warn("%s=\"%.200s\" is not valid (expected %s); using the default", g_table[i].name, v,
               g_table[i].expected);
+  }
+  /* A run directory given but refused is not replaced by the default: the user meant another directory (one
+   * per job, say), and the default one may hold other jobs' files. No status file and no socket, then. */
+  if (rundir_refused) {
+    gr_warn("GPURECLAIM_RUNDIR=\"%.200s\" is not valid (expected an absolute directory path); refusing it: no "
+            "status file and no control socket (the default directory is not used instead), so the gpureclaim "
+            "command cannot list this process; its release signal still works",
+            env_get("GPURECLAIM_RUNDIR"));
+    o.rundir[0] = '\0';
+    o.status = false;
   }
   g_opts = o;
 }

@@ -1,6 +1,6 @@
 /*
- * report.c -- what gpureclaim writes: release reports (JSON lines to GPURECLAIM_LOG), the per-process status
- * file, snapshots and leak reports. Formats: docs/PROTOCOL.md.
+ * report.c -- what gpureclaim writes: release reports (JSON lines to GPURECLAIM_LOG, when set), the per-process
+ * status file, snapshots and leak reports. Formats: docs/PROTOCOL.md.
  *
  * Files go to a private run directory (mode 0700, owned by the user); one that exists with other owners or
  * wider permissions is refused with one warning. Regular files are written to a temporary name and renamed,
@@ -358,9 +358,10 @@ void gr_rep_release(const gpureclaim_report_t *r, bool served_signal) {
       gr_warn_once(w_log, "cannot open GPURECLAIM_LOG=%s: %s; reports go to stderr", log, why);
       jb_write_fd(&b, STDERR_FILENO);
     }
-  } else {
+  } else if (gr_opt()->log_stderr) { /* asked for: GPURECLAIM_LOG=stderr */
     jb_write_fd(&b, STDERR_FILENO);
-  }
+  } /* else quiet: nothing on the program's stderr unless asked */
+  gr_log_release(r);
   jb_free(&b);
   pthread_mutex_lock(&g_status_lock);
   g_last_report = *r;

@@ -7,11 +7,18 @@
 #include "gpureclaim_internal.h"
 
 #include <errno.h>
+#include <getopt.h>
+#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
+#include <unistd.h>
 
 static double seconds_since(const struct timespec *t0) {
   struct timespec t;
@@ -149,6 +156,180 @@ static jnode_t *release_by_signal(const proc_t *p, double timeout, bool explicit
   }
 }
 
+/* A deadline timeout seconds from now (CLOCK_MONOTONIC). */
+static struct timespec deadline_in(double timeout) {
+  struct timespec d;
+  clock_gettime(CLOCK_MONOTONIC, &d);
+  d.tv_sec += (time_t)timeout;
+  d.tv_nsec += (long)((timeout - (double)(time_t)timeout) * 1e9);
+  if (d.tv_nsec >= 1000000000L) {
+    d.tv_sec++;
+    d.tv_nsec -= 1000000000L;
+  }
+  return d;
+}
+
+/* Reads from fd into *buf (grown as needed) until the peer closes (1), the deadline passes (0), or an error
+ * (-1). With stop_at_line, returns 2 as soon as a whole line is there. */
+static int read_until(int fd, char **buf, size_t *n, size_t *cap, const struct timespec *deadline, bool stop_at_line) {
+  for (;;) {
+    if (stop_at_line && memchr(*buf, '\n', *n))
+      return 2;
+    struct pollfd pfd = {fd, POLLIN, 0};
+    int wait = gr_ms_until(deadline);
+    int pr = wait ? poll(&pfd, 1, wait) : 0;
+    if (pr < 0 && errno == EINTR)
+      continue;
+    if (pr == 0)
+      return 0;
+    if (*n + 1 >= *cap) {
+      char *t = realloc(*buf, *cap * 2);
+      if (!t)
+        return -1;
+      *buf = t;
+      *cap *= 2;
+    }
+    ssize_t r = pr < 0 ? -1 : read(fd, *buf + *n, *cap - *n - 1);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r < 0)
+      return -1;
+    if (r == 0)
+      return 1;
+    *n += (size_t)r;
+    (*buf)[*n] = '\0';
+  }
+}
+
+/* Whether buf starts with the line the process sends when it begins a release ({"ok":true,"begun":true}); if so
+ * it is removed from buf. */
+static bool take_begun_line(char *buf, size_t *n) {
+  char *nl = memchr(buf, '\n', *n);
+  if (!nl)
+    return false;
+  *nl = '\0';
+  const char *err = NULL;
+  jnode_t *j = jparse(buf, &err);
+  bool begun = j && j->type == JN_OBJ && jbool(j, "begun", false);
+  if (j) {
+    jfree(j);
+    free(j);
+  }
+  if (!begun) {
+    *nl = '\n';
+    return false;
+  }
+  size_t rest = *n - (size_t)(nl + 1 - buf);
+  memmove(buf, nl + 1, rest);
+  *n = rest;
+  buf[rest] = '\0';
+  return true;
+}
+
+/* How a release asked over the socket ended when it did not answer in time. */
+static const char why_begun[] = "timed out; the release had begun when the wait ended, and a release cannot be "
+                                "stopped once begun: the process finishes it (gpureclaim ps shows it as its last "
+                                "release once it ends)";
+static const char why_withdrawn[] = "timed out before the process took the request up (it is busy or stopped); "
+                                    "the request is withdrawn: the process will not run it";
+static const char why_unknown_verb[] = "(an older library)";
+
+/* Asks for a release with `release-begun` (docs/PROTOCOL.md): the process says when it begins, so that a wait
+ * that times out can say truthfully whether the release was withdrawn or will still happen. At the timeout the
+ * command shuts down its writing half (which withdraws a request not yet begun) and reads on for up to a
+ * second: the process's "begun" line, or its closing without one. *begun is set as soon as the release begins
+ * (for the progress line). Returns the answer, or NULL with *why; *why is why_unknown_verb when the process's
+ * library predates release-begun (ask with cmd_ask() and "release" then). */
+static jnode_t *ask_release(const proc_t *p, const char *what, double timeout, const char **why, bool *no_listener,
+                            _Atomic int *begun) {
+  *no_listener = false;
+  const char *sock = jstr(p->status, "socket", NULL);
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  if (!sock) {
+    *why = "the process has no control socket";
+    *no_listener = true;
+    return NULL;
+  }
+  if (strlen(sock) >= sizeof sa.sun_path) {
+    *why = "socket path too long";
+    return NULL;
+  }
+  strcpy(sa.sun_path, sock);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    *why = strerror(errno);
+    return NULL;
+  }
+  struct timespec deadline = deadline_in(timeout);
+  struct timeval tv = {(time_t)timeout, (suseconds_t)((timeout - (double)(time_t)timeout) * 1e6)};
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv); /* bounds a connect to a full backlog */
+  if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+    int e = errno;
+    *why = e == EAGAIN || e == EINPROGRESS ? "timed out connecting to its control socket" : strerror(e);
+    *no_listener = e == ENOENT || e == ECONNREFUSED;
+    close(fd);
+    return NULL;
+  }
+  char line[160];
+  snprintf(line, sizeof line, what ? "release-begun %s\n" : "release-begun\n", what ? what : "");
+  if (send(fd, line, strlen(line), MSG_NOSIGNAL) < 0) {
+    *why = strerror(errno);
+    close(fd);
+    return NULL;
+  }
+  size_t cap = 65536, n = 0;
+  char *buf = malloc(cap);
+  if (!buf) {
+    close(fd);
+    *why = "out of memory";
+    return NULL;
+  }
+  buf[0] = '\0';
+  int r;
+  for (;;) { /* the "begun" line first (or the whole answer, from a request it refused) */
+    r = read_until(fd, &buf, &n, &cap, &deadline, !atomic_load(begun));
+    if (r == 2 && take_begun_line(buf, &n)) {
+      atomic_store(begun, 1);
+      continue;
+    }
+    if (r == 2) /* a line that is not "begun": the answer; read it to its end */
+      r = read_until(fd, &buf, &n, &cap, &deadline, false);
+    break;
+  }
+  if (r == 0) { /* timed out: withdraw, then see whether the process had begun */
+    shutdown(fd, SHUT_WR);
+    struct timespec grace = deadline_in(1);
+    while (!atomic_load(begun) && read_until(fd, &buf, &n, &cap, &grace, true) == 2 && take_begun_line(buf, &n))
+      atomic_store(begun, 1);
+  }
+  close(fd);
+  if (r <= 0 || n == 0) {
+    *why = r == 0 ? (atomic_load(begun) ? why_begun : why_withdrawn)
+                  : r < 0 ? "cannot read its answer" : "it closed the connection without answering";
+    free(buf);
+    return NULL;
+  }
+  const char *perr = NULL;
+  jnode_t *j = jparse(buf, &perr);
+  free(buf);
+  if (!j || j->type != JN_OBJ) {
+    *why = "its answer is not a JSON object";
+    if (j) {
+      jfree(j);
+      free(j);
+    }
+    return NULL;
+  }
+  const char *err = jstr(j, "error", "");
+  if (!jbool(j, "ok", false) && !strncmp(err, "unknown request: release-begun", 30)) {
+    jfree(j);
+    free(j);
+    *why = why_unknown_verb;
+    return NULL;
+  }
+  return j;
+}
+
 static void print_report(const proc_t *p, const jnode_t *rep) {
   char b[8][32], cmdline[256];
   int64_t cached = jint(rep, "cached_bytes", 0), orph = jint(rep, "orphaned_bytes", 0), all = jint(rep, "all_bytes", 0);
@@ -185,17 +366,20 @@ typedef struct request {
 
 /* Releases one process; returns the answer to free and points *rep at the report inside it, or NULL with *why. */
 static jnode_t *release_one(const proc_t *p, const request_t *rq, const jnode_t **rep, const char **why,
-                            const char **via) {
+                            const char **via, _Atomic int *begun) {
   *rep = NULL;
   *via = "socket";
   if (!rq->by_signal) {
-    char line[160];
-    snprintf(line, sizeof line, rq->what ? "release %s" : "release", rq->what ? rq->what : "");
     bool no_listener = false;
-    jnode_t *ans = cmd_ask(p, line, rq->timeout, why, &no_listener);
-    if (!ans && *why == cmd_why_timed_out)
-      *why = "timed out waiting for its answer; the request is withdrawn (the process drops it unless it had "
-             "already begun the release, which then finishes)";
+    jnode_t *ans = ask_release(p, rq->what, rq->timeout, why, &no_listener, begun);
+    if (!ans && *why == why_unknown_verb) { /* an older library: it does not say when it begins */
+      char line[160];
+      snprintf(line, sizeof line, rq->what ? "release %s" : "release", rq->what ? rq->what : "");
+      ans = cmd_ask(p, line, rq->timeout, why, &no_listener);
+      if (!ans && *why == cmd_why_timed_out)
+        *why = "timed out waiting for its answer; the request is withdrawn unless the process had already begun "
+               "the release, which then finishes (its library is too old to say which)";
+    }
     if (ans) {
       if (jbool(ans, "ok", false) && (*rep = jget(ans, "report")) && (*rep)->type == JN_OBJ)
         return ans;
@@ -234,14 +418,97 @@ typedef struct job {
   jnode_t *ans;
   const jnode_t *rep;
   const char *why, *via;
+  _Atomic int begun; /* the process said it began the release */
+  _Atomic int done;
 } job_t;
 
 static void release_job(void *arg) {
   job_t *j = arg;
   j->why = j->via = "";
   if (!j->skip)
-    j->ans = release_one(j->p, j->rq, &j->rep, &j->why, &j->via);
+    j->ans = release_one(j->p, j->rq, &j->rep, &j->why, &j->via, &j->begun);
+  atomic_store(&j->done, 1);
 }
+
+/* The progress line on a terminal: once the wait passes a second, standard error shows how long it has waited
+ * and for how many processes, on one line redrawn in place, erased when the wait ends. */
+typedef struct ticker {
+  job_t *jobs;
+  size_t n;
+  double timeout;
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  bool stop;
+} ticker_t;
+
+static void *tick(void *arg) {
+  ticker_t *t = arg;
+  struct timespec t0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  bool shown = false;
+  pthread_mutex_lock(&t->lock);
+  while (!t->stop) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += 200000000L;
+    if (until.tv_nsec >= 1000000000L) {
+      until.tv_sec++;
+      until.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&t->cond, &t->lock, &until);
+    double waited = seconds_since(&t0);
+    if (t->stop || waited < 1)
+      continue;
+    size_t left = 0, begun = 0;
+    pid_t one = 0;
+    for (size_t i = 0; i < t->n; i++)
+      if (!t->jobs[i].skip && !atomic_load(&t->jobs[i].done)) {
+        left++;
+        begun += atomic_load(&t->jobs[i].begun) != 0;
+        one = t->jobs[i].p->pid;
+      }
+    if (!left)
+      continue;
+    char who[64];
+    if (left == 1)
+      snprintf(who, sizeof who, "%d", (int)one);
+    else
+      snprintf(who, sizeof who, "%zu processes", left);
+    char state[64];
+    if (left == 1)
+      snprintf(state, sizeof state, "%s", begun ? "its release has begun" : "it has not begun the release yet");
+    else
+      snprintf(state, sizeof state, "%zu of them have begun their release", begun);
+    fprintf(stderr, "\rgpureclaim: waiting for %s: %.0f s of %.0f s (%s)\033[K", who,
+            waited < t->timeout ? waited : t->timeout, t->timeout, state);
+    fflush(stderr);
+    shown = true;
+  }
+  pthread_mutex_unlock(&t->lock);
+  if (shown) {
+    fputs("\r\033[K", stderr);
+    fflush(stderr);
+  }
+  return NULL;
+}
+
+static const char g_help[] =
+    "usage: gpureclaim release [options] PID...\n"
+    "       gpureclaim release [options] --all\n"
+    "Asks each process to give back memory and prints what it gave back (bytes, milliseconds) and each\n"
+    "device's free memory before and after. Over the process's control socket; with --signal, or when\n"
+    "nothing listens there, by its release signal, waiting for its status file to report the release.\n"
+    "\n"
+    "  -a, --all          every process of yours running gpureclaim\n"
+    "  -w, --what WHAT    cached, orphaned, all, comma-separated (default: the process's GPURECLAIM_ON_SIGNAL;\n"
+    "                     by signal it must match that)\n"
+    "  -t, --timeout S    how long to wait, in seconds (default 30), for the processes asked at once (32 at a\n"
+    "                     time). A request the process has not begun when it passes is withdrawn; one it has\n"
+    "                     begun cannot be, and the command says so (the process finishes it: see ps). On a\n"
+    "                     terminal, a wait longer than a second shows its progress on standard error.\n"
+    "  -s, --signal       by the release signal even when the control socket answers\n"
+    "  -j, --json         one JSON array of results (the report formats of docs/PROTOCOL.md)\n"
+    "  -h, --help         this text\n";
 
 int cmd_release(int argc, char **argv) {
   request_t rq = {NULL, 0, 30, false};
@@ -249,32 +516,45 @@ int cmd_release(int argc, char **argv) {
   pid_t *pids = calloc((size_t)argc + 1, sizeof *pids);
   size_t npids = 0;
   int rc = EX_OK;
-  for (int i = 0; i < argc && rc == EX_OK; i++) {
-    const char *v = NULL;
-    int m;
-    if ((m = cmd_opt_value(argc, argv, &i, "release", "--what", &v)) != 0) {
-      rq.what = v;
-      if (m < 0)
-        rc = EX_USAGE;
-      else if (gr_opt_parse_what(rq.what, &rq.what_flags) != 0)
+  static const struct option longopts[] = {{"what", required_argument, NULL, 'w'},
+                                           {"timeout", required_argument, NULL, 't'},
+                                           {"all", no_argument, NULL, 'a'},
+                                           {"signal", no_argument, NULL, 's'},
+                                           {"json", no_argument, NULL, 'j'},
+                                           {"help", no_argument, NULL, 'h'},
+                                           {NULL, 0, NULL, 0}};
+  optind = 1;
+  int c;
+  while (rc == EX_OK && (c = cmd_getopt(argc, argv, ":w:t:asjh", longopts)) != -1) {
+    switch (c) {
+    case 'w':
+      rq.what = optarg;
+      if (gr_opt_parse_what(rq.what, &rq.what_flags) != 0)
         rc = cmd_usage_error("release: bad --what %s (expected cached, orphaned, all, comma-separated)", rq.what);
-    } else if ((m = cmd_opt_value(argc, argv, &i, "release", "--timeout", &v)) != 0) {
-      if (m < 0)
-        rc = EX_USAGE;
-      else if (!cmd_parse_seconds(v, &rq.timeout) || rq.timeout <= 0)
-        rc = cmd_usage_error("release: bad timeout %s (seconds, more than 0 and at most 86400)", v);
-    } else if (!strcmp(argv[i], "--all")) {
+      break;
+    case 't':
+      if (!cmd_parse_seconds(optarg, &rq.timeout) || rq.timeout <= 0)
+        rc = cmd_usage_error("release: bad timeout %s (seconds, more than 0 and at most 86400)", optarg);
+      break;
+    case 'a':
       all = true;
-    } else if (!strcmp(argv[i], "--signal")) {
+      break;
+    case 's':
       rq.by_signal = true;
-    } else if (!strcmp(argv[i], "--json")) {
+      break;
+    case 'j':
       cmd_set_json(true);
-    } else if (argv[i][0] == '-' && argv[i][1]) {
-      rc = cmd_usage_error("release: unknown option: %s", argv[i]);
-    } else if (!pids || !cmd_parse_pid(argv[i], &pids[npids++])) {
-      rc = cmd_usage_error("release: not a pid: %s", argv[i]);
+      break;
+    case 'h':
+      free(pids);
+      return cmd_help(g_help);
+    default:
+      rc = EX_USAGE;
     }
   }
+  for (int i = optind; i < argc && rc == EX_OK; i++)
+    if (!pids || !cmd_parse_pid(argv[i], &pids[npids++]))
+      rc = cmd_usage_error("release: not a pid: %s", argv[i]);
   if (rc == EX_OK && all && npids > 0)
     rc = cmd_usage_error("release: give pids or --all, not both%s", "");
   else if (rc == EX_OK && !all && !npids)
@@ -317,9 +597,22 @@ int cmd_release(int argc, char **argv) {
     n = 0;
     rc = EX_FAILED;
   }
-  for (size_t i = 0; i < n; i++)
+  for (size_t i = 0; i < n; i++) {
     jobs[i] = (job_t){.p = &procs[i], .rq = &rq, .skip = found && !found[i]};
+    atomic_init(&jobs[i].begun, 0);
+    atomic_init(&jobs[i].done, 0);
+  }
+  ticker_t tk = {jobs, n, rq.timeout, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false};
+  pthread_t tk_thread;
+  bool ticking = n && isatty(STDERR_FILENO) && pthread_create(&tk_thread, NULL, tick, &tk) == 0;
   cmd_each_at_once(jobs, n, sizeof *jobs, release_job);
+  if (ticking) {
+    pthread_mutex_lock(&tk.lock);
+    tk.stop = true;
+    pthread_cond_signal(&tk.cond);
+    pthread_mutex_unlock(&tk.lock);
+    pthread_join(tk_thread, NULL);
+  }
   if (cmd_json_out())
     printf("[");
   for (size_t i = 0; i < n; i++) {

@@ -6,8 +6,10 @@
 #include "command.h"
 #include "gpureclaim_internal.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <getopt.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -255,51 +257,125 @@ static void absolute_log(void) {
   setenv("GPURECLAIM_LOG", abs, 1);
 }
 
-int cmd_run(int argc, char **argv) {
-  static const struct {
-    const char *opt, *var, *value;
-  } flags[] = {{"--leak-report", "GPURECLAIM_LEAK_REPORT", "1"}, {"--backtrace", "GPURECLAIM_BACKTRACE", "1"},
-               {"--verbose", "GPURECLAIM_VERBOSE", "1"},         {"--verbose=0", "GPURECLAIM_VERBOSE", "0"},
-               {"--verbose=1", "GPURECLAIM_VERBOSE", "1"},       {"--verbose=2", "GPURECLAIM_VERBOSE", "2"},
-               {"--no-status", "GPURECLAIM_STATUS", "0"},        {"--disable", "GPURECLAIM_DISABLE", "1"}};
-  int i = 0;
-  for (; i < argc; i++) {
-    const char *a = argv[i];
-    if (!strcmp(a, "--")) {
-      i++;
-      break;
-    }
-    if (a[0] != '-')
-      break; /* the program */
-    bool known = false;
-    for (size_t k = 0; k < sizeof g_valued / sizeof g_valued[0] && !known; k++) {
-      const char *v = NULL;
-      int m = cmd_opt_value(argc, argv, &i, "run", g_valued[k].opt, &v);
-      if (m == 0)
-        continue;
-      if (m < 0)
-        return EX_USAGE;
-      if (!strcmp(v, "--")) /* the end of run's options, not a value */
-        return cmd_usage_error("run: %s needs a value", g_valued[k].opt);
-      int rc = set_checked(g_valued[k].var, v, g_valued[k].check, g_valued[k].expected);
-      if (rc != EX_OK)
-        return rc;
-      known = true;
-    }
-    for (size_t k = 0; k < sizeof flags / sizeof flags[0] && !known; k++)
-      if (!strcmp(a, flags[k].opt)) {
-        setenv(flags[k].var, flags[k].value, 1);
-        known = true;
-      }
-    if (!known && !strncmp(a, "--verbose=", 10)) { /* a spelling the flags above do not list ("01") */
-      int rc = set_checked("GPURECLAIM_VERBOSE", a + 10, NULL, NULL);
-      if (rc != EX_OK)
-        return rc;
-      known = true;
-    }
-    if (!known)
-      return cmd_usage_error("run: unknown option %s", a);
+/* Whether the CUDA driver can be loaded here, as the program would load it (same environment): without it
+ * a CUDA program fails in ways that do not say why (a framework's MemoryError, "no CUDA-capable device").
+ * One line, before CMD starts, saying what to do: the simulator of a build tree when there is one next to
+ * the command (tools/../sim), else the driver or LD_LIBRARY_PATH. CMD still runs: it may not need CUDA. */
+static void check_driver(void) {
+  void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (h) {
+    dlclose(h);
+    return;
   }
+  const char *err = dlerror();
+  char self[PATH_MAX], sim[PATH_MAX + 32], real[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  bool have_sim = false;
+  if (n > 0) {
+    self[n] = '\0';
+    *strrchr(self, '/') = '\0';
+    snprintf(sim, sizeof sim, "%s/../sim", self);
+    char lib[PATH_MAX + 64];
+    snprintf(lib, sizeof lib, "%s/libcuda.so.1", sim);
+    have_sim = access(lib, R_OK) == 0 && realpath(sim, real);
+  }
+  if (have_sim)
+    fprintf(stderr, "gpureclaim: run: no CUDA driver can be loaded (%s), so the program will find no GPU; without "
+                    "an NVIDIA GPU, run it on gpureclaim's simulator: export LD_LIBRARY_PATH=%s\n",
+            err ? err : "libcuda.so.1 not found", real);
+  else
+    fprintf(stderr, "gpureclaim: run: no CUDA driver can be loaded (%s), so the program will find no GPU: install "
+                    "the NVIDIA driver, or put the directory holding libcuda.so.1 on LD_LIBRARY_PATH\n",
+            err ? err : "libcuda.so.1 not found");
+}
+
+static const char g_help[] =
+    "usage: gpureclaim run [options] [--] CMD ARGS...\n"
+    "Runs CMD with libgpureclaim.so.0 prepended to LD_PRELOAD (after sanitizer runtimes; any other\n"
+    "libgpureclaim there is dropped). Options set the GPURECLAIM_* variables; a bad value, given here or\n"
+    "already in the environment, is refused before CMD starts. Options end at \"--\" or at CMD.\n"
+    "\n"
+    "  -s, --signal SIG      release signal: USR1 (default), USR2, RTMIN+n, off      GPURECLAIM_SIGNAL\n"
+    "  -w, --on-signal WHAT  what the signal releases: cached, orphaned, all          GPURECLAIM_ON_SIGNAL\n"
+    "                        (comma-separated; default cached,orphaned)\n"
+    "      --oom-retry N     retries of an allocation that ran out of memory (0..16) GPURECLAIM_OOM_RETRY\n"
+    "  -l, --log PATH        release reports (JSON lines) appended to PATH           GPURECLAIM_LOG\n"
+    "                        (stderr or -: standard error; unset: no reports)\n"
+    "  -d, --rundir DIR      private directory of status files and sockets           GPURECLAIM_RUNDIR\n"
+    "                        (absolute, yours, mode 0700)\n"
+    "      --leak-report     blocks never freed, printed at exit                     GPURECLAIM_LEAK_REPORT=1\n"
+    "      --backtrace       a short backtrace per allocation for leak reports       GPURECLAIM_BACKTRACE=1\n"
+    "  -v, --verbose[=N]     informational (1) or debugging (2) messages; N only     GPURECLAIM_VERBOSE\n"
+    "                        with \"=\" (run --verbose 2 CMD runs 2)\n"
+    "      --no-status       no status file or control socket (the signal works)     GPURECLAIM_STATUS=0\n"
+    "      --disable         load but interpose nothing                              GPURECLAIM_DISABLE=1\n"
+    "  -h, --help            this text\n"
+    "\n"
+    "The library is found next to the command (../LIBDIR/libgpureclaim.so.0, or src/ in a build tree), or\n"
+    "set GPURECLAIM_LIBRARY. When no CUDA driver (libcuda.so.1) can be loaded, run says so before CMD starts.\n";
+
+enum { O_OOM_RETRY = 256, O_LEAK_REPORT, O_BACKTRACE, O_NO_STATUS, O_DISABLE };
+
+int cmd_run(int argc, char **argv) {
+  static const struct option longopts[] = {
+      {"signal", required_argument, NULL, 's'},   {"on-signal", required_argument, NULL, 'w'},
+      {"oom-retry", required_argument, NULL, O_OOM_RETRY}, {"log", required_argument, NULL, 'l'},
+      {"rundir", required_argument, NULL, 'd'},   {"leak-report", no_argument, NULL, O_LEAK_REPORT},
+      {"backtrace", no_argument, NULL, O_BACKTRACE}, {"verbose", optional_argument, NULL, 'v'},
+      {"no-status", no_argument, NULL, O_NO_STATUS}, {"disable", no_argument, NULL, O_DISABLE},
+      {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0}};
+  /* The option each valued one sets (g_valued's index), by getopt value. */
+  static const struct {
+    int val;
+    size_t k;
+  } valued[] = {{'s', 0}, {'w', 1}, {O_OOM_RETRY, 2}, {'l', 3}, {'d', 4}};
+  optind = 1;
+  int c;
+  /* "+": options end at the program (whose own options follow it). */
+  while ((c = cmd_getopt(argc, argv, "+:s:w:l:d:vh", longopts)) != -1) {
+    if (c == -2)
+      return EX_USAGE;
+    if (c == 'h')
+      return cmd_help(g_help);
+    bool done = false;
+    for (size_t v = 0; v < sizeof valued / sizeof valued[0] && !done; v++) {
+      if (valued[v].val != c)
+        continue;
+      size_t k = valued[v].k;
+      if (!strcmp(optarg, "--")) /* the end of run's options, not a value */
+        return cmd_usage_error("run: %s needs a value", g_valued[k].opt);
+      int rc = set_checked(g_valued[k].var, optarg, g_valued[k].check, g_valued[k].expected);
+      if (rc != EX_OK)
+        return rc;
+      done = true;
+    }
+    if (done)
+      continue;
+    int rc = EX_OK;
+    switch (c) {
+    case 'v':
+      rc = optarg ? set_checked("GPURECLAIM_VERBOSE", optarg, NULL, NULL)
+                  : (setenv("GPURECLAIM_VERBOSE", "1", 1), EX_OK);
+      break;
+    case O_LEAK_REPORT:
+      setenv("GPURECLAIM_LEAK_REPORT", "1", 1);
+      break;
+    case O_BACKTRACE:
+      setenv("GPURECLAIM_BACKTRACE", "1", 1);
+      break;
+    case O_NO_STATUS:
+      setenv("GPURECLAIM_STATUS", "0", 1);
+      break;
+    case O_DISABLE:
+      setenv("GPURECLAIM_DISABLE", "1", 1);
+      break;
+    default:
+      return cmd_usage_error("run: unknown option: %s", argv[optind - 1]);
+    }
+    if (rc != EX_OK)
+      return rc;
+  }
+  int i = optind;
   if (i >= argc)
     return cmd_usage_error("run: give the program to run (gpureclaim run [options] -- CMD ARGS...)%s", "");
   int env_rc = chk_environment();
@@ -323,6 +399,7 @@ int cmd_run(int argc, char **argv) {
             getenv("GPURECLAIM_LIBRARY") && *getenv("GPURECLAIM_LIBRARY") ? " (from GPURECLAIM_LIBRARY)" : "");
     return EX_FAILED;
   }
+  check_driver();
   const char *old = getenv("LD_PRELOAD");
   char *pre = preload_list(old ? old : "", lib);
   if (!pre)

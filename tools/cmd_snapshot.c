@@ -1,10 +1,11 @@
 /*
- * cmd_snapshot.c -- `gpureclaim snapshot PID [--json] [--leaks]`: the process's live blocks grouped by device,
+ * cmd_snapshot.c -- `gpureclaim snapshot PID [--json] [--leaks] [--timeout S]`: the process's live blocks grouped by device,
  * context, kind and calling library, largest group first; or its leak report, laid out like LeakSanitizer's.
  */
 #include "command.h"
 #include "gpureclaim_internal.h"
 
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,29 +101,50 @@ static void print_leaks(const jnode_t *l) {
   }
 }
 
+static const char g_help[] =
+    "usage: gpureclaim snapshot [options] PID\n"
+    "The process's live blocks grouped by device, context, kind and calling library, largest first, with\n"
+    "orphans counted; or its leak report. Asked over its control socket (docs/PROTOCOL.md).\n"
+    "\n"
+    "  -l, --leaks        the leak report instead: blocks never freed, by library and caller\n"
+    "  -j, --json         the answer as JSON (the formats of docs/PROTOCOL.md)\n"
+    "  -t, --timeout S    how long to wait for the answer, in seconds (default 30; a stopped process gives none)\n"
+    "  -h, --help         this text\n";
+
 int cmd_snapshot(int argc, char **argv) {
+  static const struct option longopts[] = {{"json", no_argument, NULL, 'j'},
+                                           {"leaks", no_argument, NULL, 'l'},
+                                           {"timeout", required_argument, NULL, 't'},
+                                           {"help", no_argument, NULL, 'h'},
+                                           {NULL, 0, NULL, 0}};
   bool leaks = false;
   pid_t pid = 0;
   double timeout = 30;
-  for (int i = 0; i < argc; i++) {
-    const char *v = NULL;
-    int m;
-    if (!strcmp(argv[i], "--json"))
+  optind = 1;
+  int c;
+  while ((c = cmd_getopt(argc, argv, ":jlt:h", longopts)) != -1) {
+    switch (c) {
+    case 'j':
       cmd_set_json(true);
-    else if (!strcmp(argv[i], "--leaks"))
+      break;
+    case 'l':
       leaks = true;
-    else if ((m = cmd_opt_value(argc, argv, &i, "snapshot", "--timeout", &v)) != 0) {
-      if (m < 0)
-        return EX_USAGE;
-      if (!cmd_parse_seconds(v, &timeout) || timeout <= 0)
-        return cmd_usage_error("snapshot: bad timeout %s (seconds, more than 0 and at most 86400)", v);
-    } else if (argv[i][0] == '-' && argv[i][1]) {
-      return cmd_usage_error("snapshot: unknown option: %s", argv[i]);
-    } else if (pid) {
-      return cmd_usage_error("snapshot: one pid at a time (got %s too)", argv[i]);
-    } else if (!cmd_parse_pid(argv[i], &pid)) {
-      return cmd_usage_error("snapshot: not a pid: %s", argv[i]);
+      break;
+    case 't':
+      if (!cmd_parse_seconds(optarg, &timeout) || timeout <= 0)
+        return cmd_usage_error("snapshot: bad timeout %s (seconds, more than 0 and at most 86400)", optarg);
+      break;
+    case 'h':
+      return cmd_help(g_help);
+    default:
+      return EX_USAGE;
     }
+  }
+  for (int i = optind; i < argc; i++) {
+    if (pid)
+      return cmd_usage_error("snapshot: one pid at a time (got %s too)", argv[i]);
+    if (!cmd_parse_pid(argv[i], &pid))
+      return cmd_usage_error("snapshot: not a pid: %s", argv[i]);
   }
   if (!pid)
     return cmd_usage_error("snapshot: give a pid%s", "");

@@ -12,6 +12,8 @@
 
 /* Exit statuses (documented in --help). */
 enum { EX_OK = 0, EX_FAILED = 1, EX_USAGE = 2, EX_NOPROC = 3 };
+/* Returned by a subcommand that printed its --help (cmd_help()): main exits 0. */
+enum { EX_HELP = -1 };
 
 /* A process running gpureclaim, as its status file describes it. */
 typedef struct proc {
@@ -69,6 +71,14 @@ int cmd_usage_error(const char *fmt, const char *arg); /* prints, returns EX_USA
  * missing. */
 int cmd_opt_value(int argc, char **argv, int *i, const char *cmd, const char *name, const char **value);
 bool cmd_parse_seconds(const char *s, double *out);     /* 0..86400 */
+struct option;
+/* getopt_long for subcommands whose argv[0] is their name: returns the option, -1 after the last one (optind
+ * then indexes the first operand), or -2 after printing a usage error that names the subcommand and the
+ * option (unknown, missing its value, or given a value it does not take). Set optind = 1 before the first
+ * call. */
+int cmd_getopt(int argc, char **argv, const char *shortopts, const struct option *longopts);
+/* Prints a subcommand's --help text, then the exit statuses, on stdout; returns EX_HELP. */
+int cmd_help(const char *text);
 bool cmd_parse_pid(const char *s, pid_t *out);
 /* The command line to show for a process: paths shortened to file names ("python3 train.py --steps 5"), in
  * buf; with --json the whole command line as recorded. */
@@ -80,7 +90,8 @@ char *cmd_printable(char *s);
 void cmd_program_of(const proc_t *p, char *buf, size_t len);
 uint64_t cmd_now_ms(void); /* CLOCK_REALTIME, as the status files' times */
 
-/* The subcommands: argc/argv are what follows the subcommand's name; each returns an exit status. */
+/* The subcommands, each returning an exit status: run, release and snapshot get argv[0] = their name (for
+ * getopt_long, through cmd_getopt()); ps and top get what follows their name. */
 int cmd_run(int argc, char **argv);
 int cmd_ps(int argc, char **argv);
 int cmd_top(int argc, char **argv);

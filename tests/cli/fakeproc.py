@@ -3,7 +3,7 @@ status file in the run directory and serves the control socket with canned answe
 signal by counting a release in its status file. The command's tests use it to check parsing, formatting and
 refusals without the library, and to make it misbehave in ways the library never does (silence, garbage).
 
-    python3 fakeproc.py RUNDIR [--mode normal|silent|garbage|refuse|close] [--uid N] [--no-socket]
+    python3 fakeproc.py RUNDIR [--mode normal|silent|garbage|refuse|close] [--uid N] [--no-socket] [--old-library]
                                [--socket-gone] [--signal USR1] [--deaf] [--ignore-signal] [--program NAME]
                                [--log FILE]
                                [--other-release-first] [--old-status] [--die-on-signal] [--barrier N]
@@ -134,6 +134,9 @@ class Fake:
         if line == "release" or line.startswith("release "):
             what = line[8:] or "cached,orphaned"
             return {"ok": True, "report": self.release("command", what)}
+        if (line == "release-begun" or line.startswith("release-begun ")) and not self.args.old_library:
+            what = line[14:] or "cached,orphaned"
+            return {"ok": True, "report": self.release("command", what)}
         if line == "snapshot":
             return {"ok": True, "snapshot": {"pid": self.pid, "version": "0.1.0", "time_ms": 1, "total": TOTAL,
                                              "devices": DEVICES, "contexts": [], "blocks": SNAPSHOT_BLOCKS}}
@@ -161,6 +164,8 @@ class Fake:
             elif mode == "refuse":
                 conn.sendall(json.dumps({"ok": False, "error": "gpureclaim is disabled in this process"}).encode())
             elif mode == "normal":
+                if line.split(" ")[0] == "release-begun" and not self.args.old_library:
+                    conn.sendall(b'{"ok": true, "begun": true}\n')
                 conn.sendall(json.dumps(self.answer(line)).encode() + b"\n")
             # "close": nothing at all
 
@@ -231,6 +236,7 @@ def main():
     ap.add_argument("--other-release-first", action="store_true",
                     help="on the signal, a command release ends first and the signal's 0.5 s later")
     ap.add_argument("--old-status", action="store_true", help="no signal_releases (a library before 0.1.1)")
+    ap.add_argument("--old-library", action="store_true", help="no release-begun request (an older library)")
     ap.add_argument("--barrier", type=int, help="answer once --log holds this many requests (of all fakes)")
     ap.add_argument("--die-on-signal", action="store_true", help="exit on the release signal, releasing nothing")
     ap.add_argument("--log")

@@ -8,7 +8,10 @@
  * with a handler of its own: it prints "exec'd <pid>", then answers "signals" with "signals <count>".
  * "handler" installs the program's own SIGUSR1 handler over gpureclaim's and prints "handler"; "signals"
  * prints how many signals that handler counted.
+ * With GR_HOLD_GATE=PATH in the environment, a releaser ("gate") makes every release of cached memory wait
+ * while PATH exists: a release that is slow for as long as a test wants, without timing.
  */
+#define _POSIX_C_SOURCE 200809L
 #include "simcuda.h"
 #include "gpureclaim.h"
 
@@ -16,7 +19,9 @@
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MiB (1024ull * 1024)
@@ -25,6 +30,15 @@ static volatile sig_atomic_t g_signals;
 static void count(int sig) {
   (void)sig;
   g_signals++;
+}
+
+/* The "gate" releaser: waits while the file named by GR_HOLD_GATE exists; frees nothing. */
+static size_t gate(void *arg) {
+  const char *path = arg;
+  struct timespec nap = {0, 10000000};
+  while (access(path, F_OK) == 0)
+    nanosleep(&nap, NULL);
+  return 0;
 }
 
 /* Prints "signals N" for each line "signals". */
@@ -67,6 +81,9 @@ int main(int argc, char **argv) {
   void *host;
   if (cuMemHostAlloc(&host, 64 * 1024, 0))
     return 6;
+  const char *gate_path = getenv("GR_HOLD_GATE");
+  if (gate_path && gpureclaim_register_releaser("gate", gate, (void *)gate_path) <= 0)
+    return 9;
   printf("ready %d\n", (int)getpid());
   fflush(stdout);
   char line[64];
