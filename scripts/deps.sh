@@ -11,6 +11,7 @@ command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v nm >/dev/null || need+=(binutils)
 command -v python3 >/dev/null || need+=(python3)
 pkg-config --exists criterion 2>/dev/null || need+=(libcriterion-dev)
+command -v groff >/dev/null || need+=(groff-base)   # tests/packaging: the man pages render without warnings
 
 if ((${#need[@]})); then
   echo "scripts/deps.sh: installing ${need[*]}"
