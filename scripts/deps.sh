@@ -12,6 +12,7 @@ command -v nm >/dev/null || need+=(binutils)
 command -v python3 >/dev/null || need+=(python3)
 pkg-config --exists criterion 2>/dev/null || need+=(libcriterion-dev)
 command -v groff >/dev/null || need+=(groff-base)   # tests/packaging: the man pages render without warnings
+command -v zsh >/dev/null || need+=(zsh)             # tests/packaging: the zsh completion loads
 
 if ((${#need[@]})); then
   echo "scripts/deps.sh: installing ${need[*]}"
