@@ -13,6 +13,9 @@ command -v python3 >/dev/null || need+=(python3)
 pkg-config --exists criterion 2>/dev/null || need+=(libcriterion-dev)
 command -v groff >/dev/null || need+=(groff-base)   # tests/packaging: the man pages render without warnings
 command -v zsh >/dev/null || need+=(zsh)             # tests/packaging: the zsh completion loads
+command -v lintian >/dev/null || need+=(lintian)     # tests/packaging: the DEB passes lintian
+command -v dpkg-shlibdeps >/dev/null || need+=(dpkg-dev) # cpack -G DEB: Depends from dpkg-shlibdeps
+command -v file >/dev/null || need+=(file)           # cpack -G DEB: finds the binaries to strip
 
 if ((${#need[@]})); then
   echo "scripts/deps.sh: installing ${need[*]}"

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The Debian package: `cpack -G DEB`, run from an unrelated directory, writes only under the build directory
+# (build/package/), and lintian finds no error in the package or in its -dbgsym package. Also checks what
+# lintian's tags stand for, directly: the multiarch library directory, an ldconfig trigger, a shlibs file,
+# stripped binaries whose debug information is in the -dbgsym package (found by build id), gzipped man pages,
+# copyright and changelog. Usage: test_deb.sh BUILD_DIR
+set -euo pipefail
+build="$(cd "$1" && pwd -P)"
+for tool in cpack dpkg-deb dpkg-shlibdeps lintian readelf file; do
+  command -v "$tool" >/dev/null || { echo "test_deb: $tool is not installed (scripts/deps.sh installs it)"; exit 1; }
+done
+fail=0
+bad() { echo "test_deb: $*"; fail=1; }
+
+cwd="$(mktemp -d)"
+trap 'rm -rf "$cwd"' EXIT
+rm -rf "$build/package"
+(cd "$cwd" && cpack --config "$build/CPackConfig.cmake" -G DEB >"$build/cpack.log" 2>&1) ||
+  { cat "$build/cpack.log"; echo "test_deb: cpack failed"; exit 1; }
+[[ -z "$(ls -A "$cwd")" ]] || bad "cpack wrote into the directory it ran in: $(ls -A "$cwd")"
+deb="$(ls "$build"/package/gpureclaim_*.deb)"
+ddeb="$(ls "$build"/package/gpureclaim-dbgsym_*.ddeb)"
+
+# lintian: no error (E:) in either; warnings are printed.
+lint="$(lintian --tag-display-limit 0 "$deb" "$ddeb" 2>&1 | grep -v 'running with root privileges' || true)"
+[[ -n "$lint" ]] && echo "$lint"
+grep -q '^E:' <<<"$lint" && bad "lintian reports errors"
+
+arch="$(dpkg-deb -f "$deb" Architecture)"
+triplet="$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch)"
+contents="$(dpkg-deb -c "$deb")"
+for f in "usr/lib/$triplet/libgpureclaim.so.0.1.0" "usr/lib/$triplet/pkgconfig/gpureclaim.pc" usr/bin/gpureclaim \
+         usr/share/man/man1/gpureclaim.1.gz usr/share/man/man3/gpureclaim.3.gz usr/share/man/man7/gpureclaim.7.gz \
+         usr/share/doc/gpureclaim/copyright usr/share/doc/gpureclaim/changelog.gz \
+         usr/share/bash-completion/completions/gpureclaim usr/include/gpureclaim.h; do
+  grep -q " \./$f\( \|$\)" <<<"$contents" || bad "$(basename "$deb") lacks $f"
+done
+ctrl="$(mktemp -d -p "$cwd")"
+dpkg-deb -e "$deb" "$ctrl"
+grep -qx 'activate-noawait ldconfig' "$ctrl/triggers" 2>/dev/null || bad "no ldconfig trigger"
+grep -q '^libgpureclaim 0 gpureclaim' "$ctrl/shlibs" 2>/dev/null || bad "no shlibs entry for libgpureclaim.so.0"
+grep -q '^Depends:.*libc6' "$ctrl/control" || bad "Depends lacks libc6 (dpkg-shlibdeps)"
+
+# Stripped binaries, each with its debug information in the dbgsym package under its build id.
+root="$(mktemp -d -p "$cwd")" dbg="$(mktemp -d -p "$cwd")"
+dpkg-deb -x "$deb" "$root"
+dpkg-deb -x "$ddeb" "$dbg"
+for bin in usr/bin/gpureclaim "usr/lib/$triplet/libgpureclaim.so.0.1.0"; do
+  file -b "$root/$bin" | grep -q ', stripped' || bad "$bin is not stripped"
+  id="$(readelf -n "$root/$bin" | sed -n 's/.*Build ID: \([0-9a-f]*\).*/\1/p')"
+  debug="$dbg/usr/lib/debug/.build-id/${id:0:2}/${id:2}.debug"
+  [[ -n "$id" && -f "$debug" ]] || { bad "$bin: no debug file for build id '$id' in the dbgsym package"; continue; }
+  readelf -S "$debug" 2>/dev/null | grep -q '\.debug_info' || bad "$bin: its debug file has no .debug_info"
+done
+((fail == 0)) || exit 1
+echo "test_deb: $(basename "$deb") and $(basename "$ddeb") ($arch) pass lintian without errors"
