@@ -16,6 +16,10 @@ command -v zsh >/dev/null || need+=(zsh)             # tests/packaging: the zsh 
 command -v lintian >/dev/null || need+=(lintian)     # tests/packaging: the DEB passes lintian
 command -v dpkg-shlibdeps >/dev/null || need+=(dpkg-dev) # cpack -G DEB: Depends from dpkg-shlibdeps
 command -v file >/dev/null || need+=(file)           # cpack -G DEB: finds the binaries to strip
+# tests/packaging: the wheel, built offline with Debian's pip, setuptools and wheel, in a venv; the pod spec
+# parsed as YAML.
+[[ -x /usr/bin/python3 ]] && /usr/bin/python3 -c 'import setuptools, wheel, venv, pip, yaml' 2>/dev/null ||
+  need+=(python3-pip python3-setuptools python3-wheel python3-venv python3-yaml)
 
 if ((${#need[@]})); then
   echo "scripts/deps.sh: installing ${need[*]}"
