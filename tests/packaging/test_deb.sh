@@ -46,11 +46,12 @@ root="$(mktemp -d -p "$cwd")" dbg="$(mktemp -d -p "$cwd")"
 dpkg-deb -x "$deb" "$root"
 dpkg-deb -x "$ddeb" "$dbg"
 for bin in usr/bin/gpureclaim "usr/lib/$triplet/libgpureclaim.so.0.1.0"; do
-  file -b "$root/$bin" | grep -q ', stripped' || bad "$bin is not stripped"
+  # (grep -q on a variable: on a pipe it may exit first, and pipefail would take the writer's SIGPIPE for a failure)
+  [[ "$(file -b "$root/$bin")" == *", stripped"* ]] || bad "$bin is not stripped"
   id="$(readelf -n "$root/$bin" | sed -n 's/.*Build ID: \([0-9a-f]*\).*/\1/p')"
   debug="$dbg/usr/lib/debug/.build-id/${id:0:2}/${id:2}.debug"
   [[ -n "$id" && -f "$debug" ]] || { bad "$bin: no debug file for build id '$id' in the dbgsym package"; continue; }
-  readelf -S "$debug" 2>/dev/null | grep -q '\.debug_info' || bad "$bin: its debug file has no .debug_info"
+  [[ "$(readelf -S "$debug" 2>/dev/null)" == *" .debug_info "* ]] || bad "$bin: its debug file has no .debug_info"
 done
 ((fail == 0)) || exit 1
 echo "test_deb: $(basename "$deb") and $(basename "$ddeb") ($arch) pass lintian without errors"
