@@ -32,7 +32,8 @@ contents="$(dpkg-deb -c "$deb")"
 for f in "usr/lib/$triplet/libgpureclaim.so.0.1.0" "usr/lib/$triplet/pkgconfig/gpureclaim.pc" usr/bin/gpureclaim \
          usr/share/man/man1/gpureclaim.1.gz usr/share/man/man3/gpureclaim.3.gz usr/share/man/man7/gpureclaim.7.gz \
          usr/share/doc/gpureclaim/copyright usr/share/doc/gpureclaim/changelog.gz \
-         usr/share/bash-completion/completions/gpureclaim usr/include/gpureclaim.h; do
+         usr/share/bash-completion/completions/gpureclaim usr/share/zsh/vendor-completions/_gpureclaim \
+         usr/include/gpureclaim.h; do
   grep -q " \./$f\( \|$\)" <<<"$contents" || bad "$(basename "$deb") lacks $f"
 done
 ctrl="$(mktemp -d -p "$cwd")"

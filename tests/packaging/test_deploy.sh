@@ -79,7 +79,8 @@ grep -q "^gpureclaim_live_bytes{pid=\"$holdpid\"" "$prom" || bad "no gpureclaim_
 # ---- Slurm ----
 slurm_env=(SLURM_JOB_ID=4242 SLURM_STEP_ID=0 SLURM_JOB_UID="$(id -u)" SLURM_JOB_USER="$(id -un)"
            SLURM_JOB_GPUS=0 SLURM_STEP_GPUS=0 CUDA_VISIBLE_DEVICES=0 TMPDIR="$tmp")
-out="$(env "${slurm_env[@]}" sh "$deploy/slurm/gpureclaim-taskprolog.sh")"
+# A sanitizer build's runtime must come first (GR_PRELOAD): as an LD_PRELOAD the task already has, it stays.
+out="$(env "${slurm_env[@]}" LD_PRELOAD="${GR_PRELOAD:-}" sh "$deploy/slurm/gpureclaim-taskprolog.sh")"
 grep -q "^export LD_PRELOAD=.*libgpureclaim.so.0" <<<"$out" || bad "the task prolog exports no LD_PRELOAD: $out"
 grep -qx "export GPURECLAIM_LOG=$tmp/gpureclaim-4242.0.log" <<<"$out" || bad "the task prolog exports no log: $out"
 # The task: the prolog's exports applied, as slurmstepd applies them.
@@ -137,7 +138,8 @@ spec = pod["spec"]
 if not spec.get("shareProcessNamespace"):
     bad("the sidecar needs shareProcessNamespace to check pids")
 mounts = {v["name"]: v for v in spec["volumes"]}
-base_env = dict(os.environ, LD_LIBRARY_PATH=sim, PYTHONPATH=os.path.join(src, "python"))
+base_env = dict(os.environ, LD_LIBRARY_PATH=sim, PYTHONPATH=os.path.join(src, "python"),
+                LD_PRELOAD=os.environ.get("GR_PRELOAD", ""))  # a sanitizer build's runtime
 base_env.pop("GPURECLAIM_RUNDIR", None)
 def mapped(path):  # the volumes' mount paths, under the temporary directory
     for prefix in ("/run/gpureclaim", "/metrics"):
