@@ -49,7 +49,9 @@ expect_has "gpureclaim run --rundir / bas" "bash"
 
 # Every option that --help names is offered for some subcommand.
 help="$("$cmd" --help)"
-subs="$(sed -n 's/^  \([a-z][a-z]*\) .*/\1/p' <<<"$help" | sort -u)"
+# The subcommands: the dispatch table of tools/gpureclaim.c ({"run", cmd_run}, ...).
+subs="$(grep -o '{"[a-z]*", *cmd_[a-z_]*}' "$src/tools/gpureclaim.c" | sed 's/{"\([a-z]*\)".*/\1/' | sort -u)"
+(($(wc -w <<<"$subs") >= 5)) || bad "found only '$subs' in tools/gpureclaim.c's table of subcommands"
 offered=""
 for s in $subs; do offered+=" $(complete_words gpureclaim "$s" -- | tr '\n' ' ')"; done
 for o in $(grep -o -- '--[a-z][a-z-]*' <<<"$help" | sort -u); do
@@ -79,6 +81,11 @@ got="$(GPURECLAIM_RUNDIR="$rundir" complete_words gpureclaim release '' | tr '\n
 got="$(GPURECLAIM_RUNDIR="$rundir" complete_words gpureclaim snapshot --json '' | tr '\n' ' ')"
 [[ "$got" == "$holdpid " ]] || bad "snapshot: offered pids '$got', expected '$holdpid'"
 [[ -z "$(GPURECLAIM_RUNDIR="$rundir" complete_words gpureclaim ps '')" ]] || bad "ps offers pids"
+if command -v zsh >/dev/null; then # the zsh function's pid list, _describe replaced by a printer
+  got="$(GPURECLAIM_RUNDIR="$rundir" zsh -f -c 'source <(sed "\$d" "$1"); _describe() { print -l -- ${(P)4}; }
+         _gpureclaim_pids' _ "$src/completions/_gpureclaim" | cut -d: -f1 | tr '\n' ' ')"
+  [[ "$got" == "$holdpid " ]] || bad "zsh: offered pids '$got', expected '$holdpid'"
+fi
 
 # zsh: the same options, and the file loads as a completion function.
 zcomp="$src/completions/_gpureclaim"

@@ -46,8 +46,9 @@ done
 
 # gpureclaim(1): each subcommand has an entry, each option the --help output names appears.
 help="$("$cmd" --help)"
-subs="$(sed -n 's/^  \([a-z][a-z]*\) .*/\1/p' <<<"$help" | sort -u)"
-[[ -n "$subs" ]] || bad "no subcommand found in gpureclaim --help"
+# The subcommands: the dispatch table of tools/gpureclaim.c ({"run", cmd_run}, ...).
+subs="$(grep -o '{"[a-z]*", *cmd_[a-z_]*}' "$src/tools/gpureclaim.c" | sed 's/{"\([a-z]*\)".*/\1/' | sort -u)"
+(($(wc -w <<<"$subs") >= 5)) || bad "found only '$subs' in tools/gpureclaim.c's table of subcommands"
 opts=""
 for s in $subs; do
   grep -q "^\.B\(R\|I\)\? $s\b" "$man/gpureclaim.1" || bad "gpureclaim.1 has no entry for the subcommand $s"
