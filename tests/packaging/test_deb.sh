@@ -36,6 +36,8 @@ for f in "usr/lib/$triplet/libgpureclaim.so.0.1.0" "usr/lib/$triplet/pkgconfig/g
          usr/include/gpureclaim.h; do
   grep -q " \./$f\( \|$\)" <<<"$contents" || bad "$(basename "$deb") lacks $f"
 done
+grep -q ' \./usr/share/man/man3/gpureclaim_release\.3\.gz -> gpureclaim\.3\.gz$' <<<"$contents" ||
+  bad "no man page link for gpureclaim_release(3)"
 ctrl="$(mktemp -d -p "$cwd")"
 dpkg-deb -e "$deb" "$ctrl"
 grep -qx 'activate-noawait ldconfig' "$ctrl/triggers" 2>/dev/null || bad "no ldconfig trigger"
