@@ -6,8 +6,8 @@
 #  - Slurm: the TaskProlog, run with the environment slurmd gives a GPU task, prints the exports that make
 #    examples/train.py run under gpureclaim (checked by running it so) with its release log in the step's file;
 #    nothing for a task without GPUs; a "print" line for a value gpureclaim refuses; the TaskEpilog removes
-#    what a killed task left in the run directory. (No slurmd runs here: the scripts get the environment it
-#    would give them.)
+#    what a killed task left in the run directory. (The scripts get the environment slurmd would give them;
+#    test_slurm runs them under a real slurmd.)
 #  - Kubernetes: the pod spec parses as YAML, and its containers' commands run with their env (paths of the
 #    volumes mapped to a temporary directory, `python3 train.py` to examples/train.py);
 #  - Jupyter: kernel.json parses, and its argv runs with a stand-in ipykernel_launcher that reports what the
