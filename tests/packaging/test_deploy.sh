@@ -42,6 +42,7 @@ start_hold() {
   GPURECLAIM_LOG=/dev/null "$hold" <"$fifo" >"$out" 2>&1 &
   holdpid=$!
   pids+=("$holdpid")
+  # shellcheck disable=SC2034 # the fd keeps hold alive (it exits when stdin closes)
   exec {holdfd}>"$fifo"
   for _ in $(seq 1 600); do grep -q '^ready' "$out" && break; sleep 0.05; done
   grep -q "^ready $holdpid" "$out" || { echo "test_deploy: hold did not start: $(cat "$out")"; exit 1; }
