@@ -3,7 +3,7 @@
 # (build/package/), and lintian finds no error in the package or in its -dbgsym package. Also checks what
 # lintian's tags stand for, directly: the multiarch library directory, an ldconfig trigger, a shlibs file,
 # stripped binaries whose debug information is in the -dbgsym package (found by build id), gzipped man pages,
-# copyright and changelog. Usage: test_deb.sh BUILD_DIR
+# copyright and changelog; and that the packaged command preloads the packaged library. Usage: test_deb.sh BUILD_DIR
 set -euo pipefail
 build="$(cd "$1" && pwd -P)"
 for tool in cpack dpkg-deb dpkg-shlibdeps lintian readelf file; do
@@ -56,5 +56,13 @@ for bin in usr/bin/gpureclaim "usr/lib/$triplet/libgpureclaim.so.0.1.0"; do
   [[ -n "$id" && -f "$debug" ]] || { bad "$bin: no debug file for build id '$id' in the dbgsym package"; continue; }
   [[ "$(readelf -S "$debug" 2>/dev/null)" == *" .debug_info "* ]] || bad "$bin: its debug file has no .debug_info"
 done
+# The packaged command finds the packaged library (next to it, in the multiarch directory), and the stripped
+# library loads.
+lib="$root/usr/lib/$triplet/libgpureclaim.so.0"
+maps="$(LD_PRELOAD="${GR_PRELOAD:-}" "$root/usr/bin/gpureclaim" run -- sh -c 'echo "LD_PRELOAD=$LD_PRELOAD"; cat /proc/$$/maps')" ||
+  bad "the packaged command's run failed: $maps"
+[[ "$maps" == *"LD_PRELOAD="*"$lib"* ]] || bad "the packaged command does not preload $lib: $(head -1 <<<"$maps")"
+[[ "$maps" == *"$root/usr/lib/$triplet/libgpureclaim.so.0.1.0"* ]] || bad "the packaged library is not mapped"
+
 ((fail == 0)) || exit 1
 echo "test_deb: $(basename "$deb") and $(basename "$ddeb") ($arch) pass lintian without errors"
