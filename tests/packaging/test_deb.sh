@@ -48,6 +48,10 @@ grep -q '^Depends:.*libc6' "$ctrl/control" || bad "Depends lacks libc6 (dpkg-shl
 root="$(mktemp -d -p "$cwd")" dbg="$(mktemp -d -p "$cwd")"
 dpkg-deb -x "$deb" "$root"
 dpkg-deb -x "$ddeb" "$dbg"
+version="$(dpkg-deb -f "$deb" Version)"
+top="$(zcat "$root/usr/share/doc/gpureclaim/changelog.gz" | head -1)" || true
+[[ "$top" == "gpureclaim ($version) "* ]] ||
+  bad "cmake/debian/changelog's first entry is not version $version (the project's): $top"
 for bin in usr/bin/gpureclaim "usr/lib/$triplet/libgpureclaim.so.0.1.0"; do
   # (grep -q on a variable: on a pipe it may exit first, and pipefail would take the writer's SIGPIPE for a failure)
   [[ "$(file -b "$root/$bin")" == *", stripped"* ]] || bad "$bin is not stripped"

@@ -23,6 +23,13 @@ for page in gpureclaim.1 gpureclaim.3 gpureclaim.7; do
   fi
 done
 
+# Each page names the project's version (CMakeLists.txt) in its .TH line.
+version="$(sed -n 's/^project(gpureclaim VERSION \([0-9.]*\).*/\1/p' "$src/CMakeLists.txt")"
+for page in gpureclaim.1 gpureclaim.3 gpureclaim.7; do
+  grep -q "^\.TH GPURECLAIM [137] [0-9-]* \"gpureclaim $version\"" "$man/$page" ||
+    bad "$page: its .TH line does not name gpureclaim $version"
+done
+
 # gpureclaim(7): each variable gets its own .B entry (tagged paragraph). The list comes from the option table
 # of src/options.c ({"GPURECLAIM_X", ...}) and the command's own getenv calls.
 vars="$( (grep -o '{"GPURECLAIM_[A-Z_]*"' "$src/src/options.c" | tr -d '{"'
