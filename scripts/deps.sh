@@ -11,6 +11,18 @@ command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v nm >/dev/null || need+=(binutils)
 command -v python3 >/dev/null || need+=(python3)
 pkg-config --exists criterion 2>/dev/null || need+=(libcriterion-dev)
+command -v groff >/dev/null || need+=(groff-base)   # tests/packaging: the man pages render without warnings
+command -v zsh >/dev/null || need+=(zsh)             # tests/packaging: the zsh completion loads
+command -v lintian >/dev/null || need+=(lintian)     # tests/packaging: the DEB passes lintian
+command -v systemd-analyze >/dev/null || need+=(systemd) # tests/packaging: verifies the example units (runs none)
+[[ -x /usr/sbin/slurmd && -x /usr/sbin/slurmctld && -x /usr/sbin/munged ]] && command -v srun >/dev/null ||
+  need+=(slurmd slurmctld slurm-client munge)        # tests/packaging: a private single-node Slurm (test_slurm)
+command -v dpkg-shlibdeps >/dev/null || need+=(dpkg-dev) # cpack -G DEB: Depends from dpkg-shlibdeps
+command -v file >/dev/null || need+=(file)           # cpack -G DEB: finds the binaries to strip
+# tests/packaging: the wheel, built offline with Debian's pip, setuptools and wheel, in a venv; the pod spec
+# parsed as YAML.
+[[ -x /usr/bin/python3 ]] && /usr/bin/python3 -c 'import setuptools, wheel, venv, pip, yaml' 2>/dev/null ||
+  need+=(python3-pip python3-setuptools python3-wheel python3-venv python3-yaml)
 
 if ((${#need[@]})); then
   echo "scripts/deps.sh: installing ${need[*]}"

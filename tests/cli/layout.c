@@ -1,4 +1,4 @@
-/* Prints the public structs' sizes and a few offsets, for checking python/gpureclaim.py's ctypes mirrors. */
+/* Prints the public structs' sizes and a few offsets, for checking python/gpureclaim/'s ctypes mirrors. */
 #include "gpureclaim.h"
 
 #include <stddef.h>

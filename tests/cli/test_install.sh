@@ -7,11 +7,10 @@ tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 prefix="$tmp/prefix"
 cmake --install "$build" --prefix "$prefix" >/dev/null
-libdir="$(cd "$prefix" && ls -d lib*/ | grep -v '^libexec' | head -1)"
-libdir="${libdir%/}"
+libdir="$(cd "$prefix" && dirname "$(find lib* -name libgpureclaim.so.0 | head -1)")" # lib, lib64, lib/<triplet>
 for f in bin/gpureclaim "$libdir/libgpureclaim.so.0" "$libdir/libgpureclaim.so" include/gpureclaim.h \
          "$libdir/pkgconfig/gpureclaim.pc" "$libdir/cmake/gpureclaim/gpureclaimConfig.cmake" \
-         "$libdir/cmake/gpureclaim/gpureclaimConfigVersion.cmake" share/gpureclaim/python/gpureclaim.py; do
+         "$libdir/cmake/gpureclaim/gpureclaimConfigVersion.cmake" share/gpureclaim/python/gpureclaim/__init__.py; do
   [[ -e "$prefix/$f" ]] || { echo "test_install: missing $f"; exit 1; }
 done
 flags="$(PKG_CONFIG_PATH="$prefix/$libdir/pkgconfig" pkg-config --cflags --libs gpureclaim)"
@@ -69,11 +68,11 @@ fi
 
 # A Debian package of the same.
 if command -v dpkg-deb >/dev/null; then
-  (cd "$tmp" && cpack --config "$build/CPackConfig.cmake" -G DEB >/dev/null)
+  (cd "$tmp" && cpack --config "$build/CPackConfig.cmake" -G DEB -B "$tmp" >/dev/null) # build/package is test_deb's
   deb="$(ls "$tmp"/*.deb)"
   contents="$(dpkg-deb -c "$deb")"
   for f in bin/gpureclaim include/gpureclaim.h libgpureclaim.so.0 pkgconfig/gpureclaim.pc \
-           cmake/gpureclaim/gpureclaimConfig.cmake share/gpureclaim/python/gpureclaim.py; do
+           cmake/gpureclaim/gpureclaimConfig.cmake share/gpureclaim/python/gpureclaim/__init__.py; do
     [[ "$contents" == *"$f"* ]] || { echo "test_install: $deb lacks $f"; exit 1; }
   done
   echo "test_install: $(basename "$deb") ok"

@@ -2,7 +2,7 @@
 
 The structs below mirror include/gpureclaim.h field by field (same order, same C types); the library is
 reached through ctypes.CDLL(None), i.e. the symbols already in the process (LD_PRELOAD or -lgpureclaim).
-Kept independent of python/gpureclaim.py on purpose: the tests check the C ABI, not the Python package.
+Kept independent of python/gpureclaim/ on purpose: the tests check the C ABI, not the Python package.
 """
 import ctypes
 

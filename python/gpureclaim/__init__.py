@@ -10,6 +10,10 @@ Pure ctypes, no build step::
     with gpureclaim.scope():              # blocks this thread allocates inside are abandoned at the end:
         load_model()                      # the next release frees those still live (framework-owned ones excepted)
 
+Installed with pip (``pip install .`` in the source tree), the package also carries the library and the
+``gpureclaim`` command: ``python -m gpureclaim run -- python train.py`` (or the ``gpureclaim`` script pip puts
+on PATH) starts a script under gpureclaim, and :data:`LIBRARY` names the library inside the package.
+
 Libraries take part in releases by defining a module-level ``__gpureclaim_release__()`` that frees their own
 cache and returns the bytes it freed: gpureclaim calls it (holding the GIL, from its own thread) on every
 release of cached memory, after PyTorch's ``torch.cuda.empty_cache()`` and CuPy's pools.
@@ -31,6 +35,13 @@ _TRIGGERS = {1: "api", 2: "signal", 3: "oom", 4: "command", 5: "scope"}
 MAX_DEVICES = 16
 
 _u64 = ctypes.c_uint64
+
+# The library a pip install puts inside the package (gpureclaim/lib/), next to the command (gpureclaim/bin/),
+# which finds it there by itself; None in the source tree and in a CMake install (the command is on PATH there).
+_HERE = os.path.dirname(os.path.abspath(__file__))
+LIBRARY = os.path.join(_HERE, "lib", "libgpureclaim.so.0")
+if not os.path.isfile(LIBRARY):
+    LIBRARY = None
 
 
 class NotLoaded(RuntimeError):
@@ -76,8 +87,9 @@ def _load():
         me = ctypes.CDLL(None)  # the process itself: a preloaded or linked libgpureclaim is visible here
         if not hasattr(me, "gpureclaim_version"):
             raise NotLoaded("gpureclaim is not loaded in this process: start the script with "
-                            "`gpureclaim run -- python script.py` (or LD_PRELOAD=/path/to/libgpureclaim.so.0); "
-                            "loading it later cannot see allocations made before")
+                            "`python -m gpureclaim run -- python script.py` (or LD_PRELOAD=%s); "
+                            "loading it later cannot see allocations made before"
+                            % (LIBRARY or "/path/to/libgpureclaim.so.0"))
         me.gpureclaim_version.restype = ctypes.c_char_p
         me.gpureclaim_scope_begin.restype = _u64
         me.gpureclaim_scope_end.argtypes = [_u64, ctypes.c_uint]
