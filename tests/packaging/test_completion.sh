@@ -50,7 +50,7 @@ expect_has "gpureclaim run --rundir / bas" "bash"
 # Every option that --help names is offered for some subcommand.
 help="$("$cmd" --help)"
 # The subcommands: the dispatch table of tools/gpureclaim.c ({"run", cmd_run}, ...).
-subs="$(grep -o '{"[a-z]*", *cmd_[a-z_]*}' "$src/tools/gpureclaim.c" | sed 's/{"\([a-z]*\)".*/\1/' | sort -u)"
+subs="$(grep -o '{"[a-z]*", *cmd_[a-z_]*' "$src/tools/gpureclaim.c" | sed 's/{"\([a-z]*\)".*/\1/' | sort -u)"
 (($(wc -w <<<"$subs") >= 5)) || bad "found only '$subs' in tools/gpureclaim.c's table of subcommands"
 offered=""
 for s in $subs; do offered+=" $(complete_words gpureclaim "$s" -- | tr '\n' ' ')"; done

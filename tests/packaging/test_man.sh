@@ -54,7 +54,7 @@ done
 # gpureclaim(1): each subcommand has an entry, each option the --help output names appears.
 help="$("$cmd" --help)"
 # The subcommands: the dispatch table of tools/gpureclaim.c ({"run", cmd_run}, ...).
-subs="$(grep -o '{"[a-z]*", *cmd_[a-z_]*}' "$src/tools/gpureclaim.c" | sed 's/{"\([a-z]*\)".*/\1/' | sort -u)"
+subs="$(grep -o '{"[a-z]*", *cmd_[a-z_]*' "$src/tools/gpureclaim.c" | sed 's/{"\([a-z]*\)".*/\1/' | sort -u)"
 (($(wc -w <<<"$subs") >= 5)) || bad "found only '$subs' in tools/gpureclaim.c's table of subcommands"
 opts=""
 for s in $subs; do
