@@ -909,6 +909,8 @@ int cmd_ps(int argc, char **argv) {
     return cmd_usage_error("ps: --json and --format %s are two formats: give one", o.fmt == OUT_CSV ? "csv" : "table");
   if (json)
     o.fmt = OUT_JSON;
+  if (o.prom && json)
+    return cmd_usage_error("ps: --json and --prometheus are two formats: give one%s", "");
   if (o.prom && (o.fmt != OUT_TABLE || o.nquery))
     return cmd_usage_error("ps: --prometheus is a format of its own: give no --json, --query or --format%s", "");
   if (o.fmt == OUT_CSV && !o.nquery) /* every field, in the help's order */
