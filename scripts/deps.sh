@@ -11,6 +11,8 @@ command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v nm >/dev/null || need+=(binutils)
 command -v python3 >/dev/null || need+=(python3)
 pkg-config --exists criterion 2>/dev/null || need+=(libcriterion-dev)
+pkg-config --exists ncurses 2>/dev/null || need+=(libncurses-dev) # gpureclaim top (the command only)
+command -v tmux >/dev/null || need+=(tmux)                            # tests/cli/test_top_tmux.py
 
 if ((${#need[@]})); then
   echo "scripts/deps.sh: installing ${need[*]}"
