@@ -364,11 +364,13 @@ void ps_row_line(const ps_row_t *r, char *buf, size_t len, int width) {
 
 /* Under the table: why these numbers are not nvidia-smi's. */
 static const char g_footnote[] =
-    "USED and TOTAL are the driver's, as nvidia-smi shows them; HELD is what gpureclaim tracks. OTHER = USED -\n"
-    "HELD: each CUDA context's own memory (hundreds of MiB per process and GPU), memory of routes gpureclaim\n"
-    "does not see, and processes not started under gpureclaim. CACHED includes framework caches (PyTorch...).\n";
+    "USED and TOTAL are the driver's figures, as nvidia-smi shows them; HELD is what\n"
+    "gpureclaim tracks in its processes; OTHER = USED - HELD, what it does not see:\n"
+    "each CUDA context's own memory (hundreds of MiB per process and GPU), memory of\n"
+    "routes it does not intercept, and processes not started under gpureclaim.\n"
+    "CACHED includes framework caches (PyTorch's releasable part).\n";
 
-void ps_print_frameworks(FILE *f, const ps_row_t *r, const ps_filter_t *flt) {
+void ps_print_frameworks(FILE *f, const ps_row_t *r, const ps_filter_t *flt, int width) {
   const jnode_t *fws = arr(r->stats, "frameworks");
   for (size_t k = 0; fws && k < fws->n; k++) {
     const jnode_t *x = &fws->kids[k];
@@ -377,11 +379,13 @@ void ps_print_frameworks(FILE *f, const ps_row_t *r, const ps_filter_t *flt) {
       continue;
     uint64_t res = u64(x, "reserved_bytes"), al = u64(x, "allocated_bytes"), rel = u64(x, "releasable_bytes");
     uint64_t kept = res > al + rel ? res - al - rel : 0;
-    char b1[32], b2[32], b3[32], b4[32], name[64];
+    char b1[32], b2[32], b3[32], b4[32], name[64], line[512];
     snprintf(name, sizeof name, "%s", jstr(x, "framework", "?"));
     cmd_printable(name);
-    fprintf(f, "%15s%s on GPU %d: %s reserved = %s in use + %s releasable + %s not releasable (split)\n", "",
-            name, d, b(res, b1, sizeof b1), b(al, b2, sizeof b2), b(rel, b3, sizeof b3), b(kept, b4, sizeof b4));
+    snprintf(line, sizeof line, "%8s%s on GPU %d: %s reserved = %s in use + %s releasable + %s non-releasable",
+             "", name, d, b(res, b1, sizeof b1), b(al, b2, sizeof b2), b(rel, b3, sizeof b3), b(kept, b4, sizeof b4));
+    cut(line, sizeof line, width);
+    fprintf(f, "%s\n", line);
   }
 }
 
@@ -409,7 +413,7 @@ void ps_print_table(FILE *f, const ps_view_t *v, const ps_filter_t *flt, bool fo
   for (size_t i = 0; i < v->n; i++) {
     ps_row_line(&v->rows[i], line, sizeof line, width);
     fprintf(f, "%s\n", line);
-    ps_print_frameworks(f, &v->rows[i], flt);
+    ps_print_frameworks(f, &v->rows[i], flt, width);
   }
   if (!v->n)
     fprintf(f, "(no process of yours is running gpureclaim%s)\n", flt && flt->n ? " on the GPUs selected" : "");

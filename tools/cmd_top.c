@@ -142,7 +142,7 @@ static void draw(screen_t *s, const top_opts_t *o) {
   if (s->v.n) {
     FILE *m = open_memstream(&fw, &fwlen);
     if (m) {
-      ps_print_frameworks(m, &s->v.rows[s->sel], &o->filter);
+      ps_print_frameworks(m, &s->v.rows[s->sel], &o->filter, 0);
       fclose(m);
     }
     for (size_t i = 0; fw && i < fwlen; i++)

@@ -65,9 +65,10 @@ void ps_row_line(const ps_row_t *r, char *buf, size_t len, int width);
 /* The whole of ps's text output (GPU table, process table, frameworks' lines, with the footnote), as wide as
  * the terminal standard output is (no limit when it is not one); and --json's array. */
 void ps_print_table(FILE *f, const ps_view_t *v, const ps_filter_t *flt, bool footnote);
-/* A process's framework caches (PyTorch, CuPy, ...), one indented line each: reserved = in use + releasable +
- * not releasable. Nothing when it has none. */
-void ps_print_frameworks(FILE *f, const ps_row_t *r, const ps_filter_t *flt);
+/* A process's framework caches (PyTorch, CuPy, ...), one indented line each, cut to width columns (0: no
+ * limit): reserved = in use + releasable + non-releasable (as torch.cuda.memory_summary() splits them). Nothing
+ * when it has none. */
+void ps_print_frameworks(FILE *f, const ps_row_t *r, const ps_filter_t *flt, int width);
 void ps_print_json(FILE *f, const ps_view_t *v, const ps_filter_t *flt);
 
 #endif

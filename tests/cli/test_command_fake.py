@@ -98,7 +98,7 @@ class FakeTest(unittest.TestCase):
         out = self.cmd("ps", check=0).stdout
         self.assertRegex(out, r"(?m)^\s*%d 0,1\s+4\.5 GiB\s+1\.5 GiB\s+512\.0 MiB\s" % f.pid)
         self.assertRegex(out, r"(?m)^\s+pytorch on GPU 0: 2\.0 GiB reserved = 1\.2 GiB in use \+ 512\.0 MiB "
-                              r"releasable \+ 256\.0 MiB not releasable \(split\)$")
+                              r"releasable \+ 256\.0 MiB non-releasable$")
         r = json.loads(self.cmd("ps", "--json", check=0).stdout)[0]
         self.assertEqual((r["cached_bytes"], r["pool_cached_bytes"], r["releasable_bytes"]),
                          (GiB + 512 * MiB, GiB, 2 * GiB))

@@ -48,9 +48,9 @@ class TopInTmux(unittest.TestCase):
         self.assertEqual(p.returncode, 0, (args, p.stderr))
         return p.stdout
 
-    def start(self, *top_args, width=80, height=24):
+    def start(self, *top_args, width=80, height=24, command="top"):
         inner = ["env", "GPURECLAIM_RUNDIR=" + self.rundir, "LD_LIBRARY_PATH=" + os.environ.get("LD_LIBRARY_PATH", ""),
-                 CMD, "top", *top_args]
+                 CMD, command, *top_args]
         shell = " ".join("'%s'" % a.replace("'", "'\\''") for a in inner) + "; echo TOP-EXITED $?; sleep 600"
         self.tmux("-f", "/dev/null", "new-session", "-d", "-x", str(width), "-y", str(height), "-c", self.tmp,
                   "sh", "-c", shell)
@@ -124,6 +124,15 @@ class TopInTmux(unittest.TestCase):
         self.check_fits(lines, 100)
         self.tmux("send-keys", "q")
         self.wait_for("TOP-EXITED 0", "top ending on q")
+
+    def test_ps_fits_80_columns(self):
+        """ps on a terminal: every line, the footnote included, within its width."""
+        self.start(command="ps")
+        lines = self.wait_for("TOP-EXITED 0", "ps ending")
+        self.assertTrue(any(l.lstrip().startswith("%d 0 " % self.held.pid) for l in lines), lines)
+        self.assertTrue(any("context's own memory" in l for l in lines), lines)
+        for line in lines:
+            self.assertLessEqual(len(line.rstrip()), 80, "wrapped: %r" % line)
 
 
 if __name__ == "__main__":
