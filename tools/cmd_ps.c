@@ -310,6 +310,8 @@ static void cut(char *buf, size_t len, int width) {
   size_t w = (size_t)width;
   while (w > 0 && ((unsigned char)buf[w] & 0xc0) == 0x80)
     w--;
+  while (w > 0 && buf[w - 1] == ' ')
+    w--;
   buf[w] = '\0';
 }
 
@@ -379,13 +381,22 @@ void ps_print_frameworks(FILE *f, const ps_row_t *r, const ps_filter_t *flt, int
       continue;
     uint64_t res = u64(x, "reserved_bytes"), al = u64(x, "allocated_bytes"), rel = u64(x, "releasable_bytes");
     uint64_t kept = res > al + rel ? res - al - rel : 0;
-    char b1[32], b2[32], b3[32], b4[32], name[64], line[512];
+    char b1[32], b2[32], b3[32], b4[32], name[64], head[160], tail[160], line[400];
     snprintf(name, sizeof name, "%s", jstr(x, "framework", "?"));
     cmd_printable(name);
-    snprintf(line, sizeof line, "%8s%s on GPU %d: %s reserved = %s in use + %s releasable + %s non-releasable",
-             "", name, d, b(res, b1, sizeof b1), b(al, b2, sizeof b2), b(rel, b3, sizeof b3), b(kept, b4, sizeof b4));
-    cut(line, sizeof line, width);
-    fprintf(f, "%s\n", line);
+    snprintf(head, sizeof head, "%8s%s on GPU %d: %s reserved = %s in use", "", name, d, b(res, b1, sizeof b1),
+             b(al, b2, sizeof b2));
+    snprintf(tail, sizeof tail, "+ %s releasable + %s non-releasable", b(rel, b3, sizeof b3), b(kept, b4, sizeof b4));
+    snprintf(line, sizeof line, "%s %s", head, tail);
+    if (width > 0 && strlen(line) > (size_t)width) /* two lines rather than one cut short */
+      snprintf(line, sizeof line, "%s\n%10s%s", head, "", tail);
+    for (char *l = line, *nl; l; l = nl) {
+      nl = strchr(l, '\n');
+      if (nl)
+        *nl++ = '\0';
+      cut(l, sizeof line - (size_t)(l - line), width);
+      fprintf(f, "%s\n", l);
+    }
   }
 }
 
