@@ -12,6 +12,7 @@
 #include <curses.h>
 #include <errno.h>
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdio_ext.h>
 #include <stdlib.h>
@@ -24,7 +25,7 @@ static const char g_top_help[] =
     "ps, refreshed. On a terminal, a full-screen view; keys:\n"
     "  Up/Down, k/j   select a process        r   release it (what its GPURECLAIM_ON_SIGNAL says)\n"
     "  s              snapshot it, to gpureclaim-snapshot-PID-TIME.json in the current directory\n"
-    "  > / <          next / previous sort     space  refresh now        q   quit\n"
+    "  > / <          next / previous sort     space  refresh now        q, ^C   quit\n"
     "Not on a terminal (or with --json), frames are printed one after another.\n"
     "\n"
     "  -d, --interval S     seconds between refreshes (default 2, at least 0.1)\n"
@@ -259,7 +260,21 @@ static void snapshot_selected(screen_t *s, const top_opts_t *o) {
   }
 }
 
+static volatile sig_atomic_t g_quit;
+static void on_quit(int sig) {
+  (void)sig;
+  g_quit = 1;
+}
+
 static int full_screen(top_opts_t *o) {
+  /* ^C and SIGTERM quit as q does: the terminal is restored and the exit status is 0. Installed before newterm(),
+   * which then leaves them to us. */
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_quit;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
   SCREEN *scr = newterm(NULL, stdout, stdin);
   if (!scr) {
     fprintf(stderr, "gpureclaim: top: cannot use the terminal (TERM=%s); printing frames instead\n",
@@ -276,7 +291,7 @@ static int full_screen(top_opts_t *o) {
   int rc = EX_OK;
   bool again = true;
   struct timespec next = {0, 0};
-  for (;;) {
+  while (!g_quit) {
     if (again) {
       collect(&s, o);
       if (cmd_rundir_refused()) {
@@ -299,6 +314,8 @@ static int full_screen(top_opts_t *o) {
     int wait = gr_ms_until(&next);
     timeout(wait > 0 ? wait : 0);
     int ch = getch();
+    if (g_quit)
+      break;
     switch (ch) {
     case ERR: again = gr_ms_until(&next) == 0; break;
     case 'q':

@@ -51,7 +51,11 @@ class TopInTmux(unittest.TestCase):
     def start(self, *top_args, width=80, height=24, command="top"):
         inner = ["env", "GPURECLAIM_RUNDIR=" + self.rundir, "LD_LIBRARY_PATH=" + os.environ.get("LD_LIBRARY_PATH", ""),
                  CMD, command, *top_args]
-        shell = " ".join("'%s'" % a.replace("'", "'\\''") for a in inner) + "; echo TOP-EXITED $?; sleep 600"
+        # The shell survives ^C (a trap: top, exec'd, gets the default action back), then says how top ended and
+        # whether the terminal is back in its normal mode (canonical, echoing).
+        shell = ("trap : INT; " + " ".join("'%s'" % a.replace("'", "'\\''") for a in inner) +
+                 "; echo TOP-EXITED $?; stty -a | grep -q -- ' icanon' && stty -a | grep -q -- ' echo ' &&"
+                 " echo TERMINAL-RESTORED; sleep 600")
         self.tmux("-f", "/dev/null", "new-session", "-d", "-x", str(width), "-y", str(height), "-c", self.tmp,
                   "sh", "-c", shell)
 
@@ -107,6 +111,7 @@ class TopInTmux(unittest.TestCase):
         # Quit: top ends, exit status 0, and the terminal is the shell's again.
         self.tmux("send-keys", "q")
         self.wait_for("TOP-EXITED 0", "top ending on q")
+        self.wait_for("TERMINAL-RESTORED", "the terminal's mode after q")
 
     def test_fits_a_narrow_terminal_and_follows_a_resize(self):
         self.start("--interval", "0.2", width=60, height=12)
@@ -122,8 +127,10 @@ class TopInTmux(unittest.TestCase):
             time.sleep(0.05)
             lines = self.screen()
         self.check_fits(lines, 100)
-        self.tmux("send-keys", "q")
-        self.wait_for("TOP-EXITED 0", "top ending on q")
+        # ^C quits as q does.
+        self.tmux("send-keys", "C-c")
+        self.wait_for("TOP-EXITED 0", "top ending on ^C")
+        self.wait_for("TERMINAL-RESTORED", "the terminal's mode after ^C")
 
     def test_ps_fits_80_columns(self):
         """ps on a terminal: every line, the footnote included, within its width."""
