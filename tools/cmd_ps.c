@@ -561,15 +561,12 @@ static void print_query(FILE *f, const ps_view_t *v, const int *q, size_t nq, in
         fputs(fmt == OUT_CSV ? "" : "         ?", f);
         continue;
       }
-      if (fd->type == F_STR) {
+      if (fd->type == F_STR && fmt == OUT_CSV) {
+        csv_str(f, s ? s : ""); /* whole: a command line may be long */
+      } else if (fd->type == F_STR) {
         char tmp[512];
         snprintf(tmp, sizeof tmp, "%s", s ? s : "");
-        if (fmt == OUT_CSV) {
-          csv_str(f, tmp);
-        } else {
-          cmd_printable(tmp);
-          fprintf(f, "%-12s", tmp);
-        }
+        fprintf(f, "%-12s", cmd_printable(tmp));
       } else if (fd->type == F_BOOL) {
         fprintf(f, fmt == OUT_CSV ? "%s" : "%10s", n ? "yes" : "no");
       } else if (fd->type == F_BYTES && fmt == OUT_TABLE) {
