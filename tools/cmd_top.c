@@ -12,6 +12,7 @@
 #include <curses.h>
 #include <errno.h>
 #include <getopt.h>
+#include <locale.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdio_ext.h>
@@ -275,6 +276,7 @@ static int full_screen(top_opts_t *o) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
+  setlocale(LC_CTYPE, ""); /* the terminal's character set: UTF-8 command lines as characters */
   SCREEN *scr = newterm(NULL, stdout, stdin);
   if (!scr) {
     fprintf(stderr, "gpureclaim: top: cannot use the terminal (TERM=%s); printing frames instead\n",

@@ -12,10 +12,11 @@ import subprocess
 import sys
 import tempfile
 import time
+import unicodedata
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_command import CMD, Held  # noqa: E402
+from test_command import CMD, HOLD, Held  # noqa: E402
 
 TMUX = shutil.which("tmux")
 
@@ -50,13 +51,13 @@ class TopInTmux(unittest.TestCase):
 
     def start(self, *top_args, width=80, height=24, command="top"):
         inner = ["env", "GPURECLAIM_RUNDIR=" + self.rundir, "LD_LIBRARY_PATH=" + os.environ.get("LD_LIBRARY_PATH", ""),
-                 CMD, command, *top_args]
+                 "LC_ALL=C.UTF-8", CMD, command, *top_args]
         # The shell survives ^C (a trap: top, exec'd, gets the default action back), then says how top ended and
         # whether the terminal is back in its normal mode (canonical, echoing).
         shell = ("trap : INT; " + " ".join("'%s'" % a.replace("'", "'\\''") for a in inner) +
                  "; echo TOP-EXITED $?; stty -a | grep -q -- ' icanon' && stty -a | grep -q -- ' echo ' &&"
                  " echo TERMINAL-RESTORED; sleep 600")
-        self.tmux("-f", "/dev/null", "new-session", "-d", "-x", str(width), "-y", str(height), "-c", self.tmp,
+        self.tmux("-u", "-f", "/dev/null", "new-session", "-d", "-x", str(width), "-y", str(height), "-c", self.tmp,
                   "sh", "-c", shell)
 
     def screen(self):
@@ -74,10 +75,12 @@ class TopInTmux(unittest.TestCase):
                 self.fail("%s: %r never appeared on the screen:\n%s" % (why, text, "\n".join(lines)))
             time.sleep(0.05)
 
-    def check_fits(self, lines, width):
+    def check_fits(self, lines, width, top=True):
         for line in lines:
-            self.assertLessEqual(len(line.rstrip()), width, "wrapped: %r" % line)
-        self.assertTrue(lines[0].startswith("gpureclaim top - "), lines[0])
+            cells = sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in line.rstrip())
+            self.assertLessEqual(cells, width, "wrapped: %r" % line)
+        if top:  # the header stays on the first line
+            self.assertTrue(lines[0].startswith("gpureclaim top - "), lines[0])
 
     def test_keys_release_snapshot_sort_quit(self):
         pid = self.held.pid
@@ -114,11 +117,20 @@ class TopInTmux(unittest.TestCase):
         self.wait_for("TERMINAL-RESTORED", "the terminal's mode after q")
 
     def test_fits_a_narrow_terminal_and_follows_a_resize(self):
-        self.start("--interval", "0.2", width=60, height=12)
-        lines = self.wait_for("%d 0 " % self.held.pid, "the process's row")
-        self.check_fits(lines, 60)
-        self.assertIn("GPU-", "\n".join(lines))
-        self.tmux("resize-window", "-x", "100", "-y", "30")
+        # A command line that is not ASCII: drawn as characters, and cut without wrapping either.
+        name = os.path.join(self.tmp, "hold-\u8bad\u7ec3-" + "\u00e9" * 40)
+        os.symlink(HOLD, name)
+        wide = Held(self.env, program=name)
+        try:
+            self.start("--interval", "0.2", width=60, height=12)
+            lines = self.wait_for("%d 0 " % self.held.pid, "the process's row")
+            self.check_fits(lines, 60)
+            self.assertIn("GPU-", "\n".join(lines))
+            self.tmux("resize-window", "-x", "100", "-y", "30")
+            lines = self.wait_for("hold-\u8bad\u7ec3-\u00e9", "the UTF-8 command line")
+            self.check_fits(lines, 100)
+        finally:
+            wide.close()
         # Wider: the UUID is shown whole.
         lines = self.wait_for("GPU-", "the GPU line")
         deadline = time.monotonic() + 60
@@ -138,8 +150,7 @@ class TopInTmux(unittest.TestCase):
         lines = self.wait_for("TOP-EXITED 0", "ps ending")
         self.assertTrue(any(l.lstrip().startswith("%d 0 " % self.held.pid) for l in lines), lines)
         self.assertTrue(any("context's own memory" in l for l in lines), lines)
-        for line in lines:
-            self.assertLessEqual(len(line.rstrip()), 80, "wrapped: %r" % line)
+        self.check_fits(lines, 80, top=False)
 
 
 if __name__ == "__main__":
