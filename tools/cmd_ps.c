@@ -872,6 +872,12 @@ int cmd_ps(int argc, char **argv) {
       {"help", no_argument, NULL, 'h'},        {NULL, 0, NULL, 0}};
   ps_opts_t o = {.sort = ps_sort_key("held"), .fmt = OUT_TABLE, .header = true};
   bool json = false, fmt_given = false;
+  /* The arguments after the subcommand's name, or (as main() passes them to commands that parse their own
+   * --help) with the name first: "ps" is no valid argument of ps's either way. */
+  if (argc > 0 && !strcmp(argv[0], "ps")) {
+    argc--;
+    argv++;
+  }
   char *av[argc + 2];
   av[0] = "gpureclaim ps";
   for (int i = 0; i < argc; i++)

@@ -375,6 +375,12 @@ int cmd_top(int argc, char **argv) {
       {"json", no_argument, NULL, 'j'},           {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   top_opts_t o = {.interval = 2, .iterations = -1, .sort = ps_sort_key("held")};
+  /* The arguments after the subcommand's name, or (as main() passes them to commands that parse their own
+   * --help) with the name first: "top" is no valid argument of top's either way. */
+  if (argc > 0 && !strcmp(argv[0], "top")) {
+    argc--;
+    argv++;
+  }
   char *av[argc + 2];
   av[0] = "gpureclaim top";
   for (int i = 0; i < argc; i++)
