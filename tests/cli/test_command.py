@@ -110,6 +110,9 @@ class CommandTest(unittest.TestCase):
         self.assertEqual((r["held_bytes"], r["orphan_bytes"], r["releasable_bytes"], r["gpu_uuids"]),
                          (72 * MiB, 5 * MiB, 69 * MiB, [uuid.group(1)]))
         self.assertTrue(r["answered"])
+        # The status file names the GPUs it can see the same way (written once CUDA is initialised).
+        with open(os.path.join(self.rundir, "%d.json" % h.pid)) as f:
+            self.assertEqual(json.load(f)["gpus"][0], {"device": 0, "uuid": uuid.group(1)})
         # Selected by that UUID; another GPU selects nothing.
         self.assertEqual(len(json.loads(run("ps", "--json", "-i", uuid.group(1), env=self.env, check=0).stdout)), 1)
         self.assertEqual(json.loads(run("ps", "--json", "-i", "1", env=self.env, check=0).stdout), [])
