@@ -51,7 +51,8 @@ class TopInTmux(unittest.TestCase):
 
     def start(self, *top_args, width=80, height=24, command="top"):
         inner = ["env", "GPURECLAIM_RUNDIR=" + self.rundir, "LD_LIBRARY_PATH=" + os.environ.get("LD_LIBRARY_PATH", ""),
-                 "LC_ALL=C.UTF-8", CMD, command, *top_args]
+                 "LC_ALL=C.UTF-8", "ASAN_OPTIONS=detect_leaks=1",  # sanitizer builds: a leak in top fails
+                 CMD, command, *top_args]
         # The shell survives ^C (a trap: top, exec'd, gets the default action back), then says how top ended and
         # whether the terminal is back in its normal mode (canonical, echoing).
         shell = ("trap : INT; " + " ".join("'%s'" % a.replace("'", "'\\''") for a in inner) +
