@@ -59,10 +59,10 @@ _gpureclaim() {
       return 0
     fi
     ;;
-  ps) opts="--json --prometheus --help" valued="--prometheus" ;;
+  ps) opts="--gpu --sort --json --query --format --prometheus --help" valued="--gpu --sort --query --format --prometheus" ;;
   release) opts="--all --what --timeout --signal --json --help" valued="--what --timeout" ;;
   snapshot) opts="--json --leaks --timeout --help" valued="--timeout" ;;
-  top) opts="--interval --iterations --json --help" valued="--interval --iterations" ;;
+  top) opts="--interval --iterations --gpu --sort --json --help" valued="--interval --iterations --gpu --sort" ;;
   *) return 0 ;;
   esac
 
@@ -83,6 +83,9 @@ _gpureclaim() {
       mapfile -t COMPREPLY < <(compgen -P "$head" -W "cached orphaned all" -- "$last")
       ;;
     run:--log | ps:--prometheus) mapfile -t COMPREPLY < <(compgen -f -- "$val") ;;
+    ps:--sort | top:--sort)
+      mapfile -t COMPREPLY < <(compgen -W "held cached releasable orphan live pinned releases pid command gpu" -- "$val") ;;
+    ps:--format) mapfile -t COMPREPLY < <(compgen -W "table csv csv,noheader json" -- "$val") ;;
     run:--rundir) mapfile -t COMPREPLY < <(compgen -d -- "$val") ;;
     run:--verbose) mapfile -t COMPREPLY < <(compgen -W "0 1 2" -- "$val") ;;
     *) ;; # a number: nothing to offer

@@ -78,3 +78,11 @@ def __gpureclaim_release__():
     before = memory_reserved()
     empty_cache()
     return before - memory_reserved()
+
+
+def __gpureclaim_memory__():
+    """What `gpureclaim ps` shows for this cache (as it does for torch.cuda.memory_stats()): reserved, in use,
+    and what a release would give back (here all that is not in use)."""
+    with _lock:
+        cached = sum(n * len(ps) for n, ps in _cache.items())
+        return {"device": 0, "reserved": _live + cached, "allocated": _live, "releasable": cached}

@@ -23,6 +23,8 @@ command -v file >/dev/null || need+=(file)           # cpack -G DEB: finds the b
 # parsed as YAML.
 [[ -x /usr/bin/python3 ]] && /usr/bin/python3 -c 'import setuptools, wheel, venv, pip, yaml' 2>/dev/null ||
   need+=(python3-pip python3-setuptools python3-wheel python3-venv python3-yaml)
+pkg-config --exists ncurses 2>/dev/null || need+=(libncurses-dev) # gpureclaim top (the command only)
+command -v tmux >/dev/null || need+=(tmux)                            # tests/cli/test_top_tmux.py
 
 if ((${#need[@]})); then
   echo "scripts/deps.sh: installing ${need[*]}"

@@ -147,6 +147,112 @@ static void pool_json(uint16_t id, CUmemoryPool pool, int device, void *arg) {
   jb_obj_end(b);
 }
 
+/* ---- GPUs: ordinal, UUID as nvidia-smi writes it, and the driver's memory figures ---- */
+
+typedef CUresult (*uuid_fn_t)(CUuuid *, CUdevice);
+static uuid_fn_t g_uuid_fn;
+static pthread_once_t g_uuid_once = PTHREAD_ONCE_INIT;
+
+static void resolve_uuid(void) {
+  /* _v2 names a MIG instance by its own UUID; the first version, the GPU's. */
+  *(void **)&g_uuid_fn = gr_real_driver("cuDeviceGetUuid_v2");
+  if (!g_uuid_fn)
+    *(void **)&g_uuid_fn = gr_real_driver("cuDeviceGetUuid");
+}
+
+/* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" of device ordinal d, as nvidia-smi -L shows it; false if unknown. */
+static bool gpu_uuid(int d, char *buf, size_t len) {
+  pthread_once(&g_uuid_once, resolve_uuid);
+  CUdevice dev;
+  CUuuid u;
+  if (!g_uuid_fn || !gr_drv.cuDeviceGet || gr_drv.cuDeviceGet(&dev, d) != CUDA_SUCCESS ||
+      g_uuid_fn(&u, dev) != CUDA_SUCCESS)
+    return false;
+  const unsigned char *x = (const unsigned char *)u.bytes;
+  snprintf(buf, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", x[0], x[1], x[2],
+           x[3], x[4], x[5], x[6], x[7], x[8], x[9], x[10], x[11], x[12], x[13], x[14], x[15]);
+  return true;
+}
+
+typedef struct {
+  int device;
+  CUcontext found;
+} ctx_find_t;
+
+static void ctx_find(uint16_t id, CUcontext ctx, int device, void *arg) {
+  (void)id;
+  ctx_find_t *f = arg;
+  if (!f->found && device == f->device)
+    f->found = ctx;
+}
+
+/* A context of this process on device d (its primary one when active), NULL when it has none there. */
+static CUcontext ctx_on(int d) {
+  unsigned flags = 0;
+  int active = 0;
+  uint16_t id = gr_reg_primary_id(d);
+  if (id && gr_reg_ctx_alive(id) && gr_drv.cuDevicePrimaryCtxGetState &&
+      gr_drv.cuDevicePrimaryCtxGetState(d, &flags, &active) == CUDA_SUCCESS && active)
+    return gr_reg_ctx_handle(id);
+  ctx_find_t f = {d, NULL};
+  gr_reg_foreach_ctx(ctx_find, &f);
+  return f.found;
+}
+
+/* "gpus": ordinal and UUID of each GPU; with memory, of those this process has a context on, with
+ * cuMemGetInfo's figures (the whole device's: every process's memory and every context's own included), else
+ * of every GPU it can see (none before cuInit). */
+static void gpus_json(jbuf_t *b, bool memory) {
+  int count = 0;
+  if (!gr_drv.cuDeviceGetCount || gr_drv.cuDeviceGetCount(&count) != CUDA_SUCCESS)
+    count = 0;
+  jb_arr(b, "gpus");
+  for (int d = 0; d < count && d < GR_MAX_DEV; d++) {
+    CUcontext ctx = memory && atomic_load_explicit(&gr_core_state, memory_order_acquire) == 1 ? ctx_on(d) : NULL;
+    if (memory && !ctx)
+      continue;
+    char uuid[64];
+    jb_key(b, NULL);
+    jb_obj(b);
+    jb_i64(b, "device", d);
+    jb_str(b, "uuid", gpu_uuid(d, uuid, sizeof uuid) ? uuid : NULL);
+    if (memory) {
+      size_t free_b = 0, total = 0;
+      CUcontext cur = NULL;
+      bool pushed = false;
+      if (gr_drv.cuCtxPushCurrent && gr_drv.cuCtxGetCurrent && gr_drv.cuCtxGetCurrent(&cur) == CUDA_SUCCESS &&
+          cur != ctx)
+        pushed = gr_drv.cuCtxPushCurrent(ctx) == CUDA_SUCCESS;
+      if (gr_drv.cuMemGetInfo && gr_drv.cuMemGetInfo(&free_b, &total) == CUDA_SUCCESS) {
+        jb_u64(b, "free_bytes", free_b);
+        jb_u64(b, "total_bytes", total);
+      }
+      if (pushed)
+        gr_drv.cuCtxPopCurrent(&cur);
+    }
+    jb_obj_end(b);
+  }
+  jb_arr_end(b);
+}
+
+/* "frameworks": what framework caches hold, read through CPython (releasers/python.c). */
+static void frameworks_json(jbuf_t *b) {
+  gr_py_cache_t c[16];
+  int n = gr_py_caches(c, (int)GR_ARRAY_LEN(c));
+  jb_arr(b, "frameworks");
+  for (int i = 0; i < n; i++) {
+    jb_key(b, NULL);
+    jb_obj(b);
+    jb_str(b, "framework", c[i].name);
+    jb_i64(b, "device", c[i].device);
+    jb_u64(b, "reserved_bytes", c[i].reserved);
+    jb_u64(b, "allocated_bytes", c[i].allocated);
+    jb_u64(b, "releasable_bytes", c[i].releasable);
+    jb_obj_end(b);
+  }
+  jb_arr_end(b);
+}
+
 void gr_rep_stats_json(jbuf_t *b) {
   gpureclaim_stats_t s = {.size = sizeof s};
   gr_stats_get(-1, &s);
@@ -158,6 +264,8 @@ void gr_rep_stats_json(jbuf_t *b) {
   jb_arr(b, "pools");
   gr_reg_foreach_pool(pool_json, b);
   jb_arr_end(b);
+  gpus_json(b, true);
+  frameworks_json(b);
 }
 
 /* ---- the status file ---- */
@@ -238,6 +346,7 @@ int gr_rep_status_update(void) {
   /* Where this image's AT_RANDOM bytes are: a new address at every exec (address-space randomisation), which
    * keeps the pid and start time; the command reads it back from /proc/PID/auxv. */
   jb_u64(&b, "exec_id", (uint64_t)getauxval(AT_RANDOM));
+  gpus_json(&b, false); /* ordinals and UUIDs of the GPUs it has contexts on, as of this update */
   /* What changes is read under the lock, in the order the number gives (appending to memory only). */
   pthread_mutex_lock(&g_status_lock);
   if (g_status_closed) {

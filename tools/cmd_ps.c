@@ -1,54 +1,197 @@
 /*
- * cmd_ps.c -- `gpureclaim ps` (a table, --json, or node_exporter's textfile format) and `gpureclaim top` (the
- * same table, refreshed). Live numbers come from each process's control socket (`stats`); a process that does
- * not answer is still listed, from its status file, marked as not answering.
+ * cmd_ps.c -- `gpureclaim ps`: your processes running gpureclaim, sorted (by device memory held, --sort), with
+ * totals per GPU (the driver's used and total memory beside what gpureclaim's processes hold and could give
+ * back), as a table, --json, --query FIELDS with --format csv, or node_exporter's textfile format. cmd_top.c
+ * draws the same rows (ps.h). Live numbers come from each process's control socket (`stats`, which carries
+ * framework caches and the GPUs' UUIDs and driver figures); a process that does not answer is still listed,
+ * from its status file, marked as not answering.
  */
-#include "command.h"
+#include "ps.h"
 #include "gpureclaim_internal.h"
 #include "outfile.h"
 
+#include <ctype.h>
 #include <errno.h>
+#include <getopt.h>
 #include <stdio.h>
-#include <stdio_ext.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+#include <strings.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
-typedef struct row {
-  proc_t p;
-  jnode_t *stats;  /* the socket's answer, NULL if it did not answer */
-  const char *why; /* ... and why not */
-} row_t;
+/* ---- reading the stats answer ---- */
 
-static uint64_t total(const row_t *r, const char *field) {
-  int64_t v = jint(jget(r->stats, "total"), field, 0);
+static uint64_t u64(const jnode_t *o, const char *field) {
+  int64_t v = jint(o, field, 0);
   return v > 0 ? (uint64_t)v : 0;
 }
 
-static uint64_t cached_of(const jnode_t *stats) {
-  int64_t reserved = jint(stats, "pool_reserved_bytes", 0), used = jint(stats, "pool_used_bytes", 0);
-  return reserved > used ? (uint64_t)(reserved - used) : 0;
+static const jnode_t *arr(const jnode_t *o, const char *key) {
+  const jnode_t *a = jget(o, key);
+  return a && a->type == JN_ARR ? a : NULL;
 }
 
-static const jnode_t *devices(const row_t *r) {
-  const jnode_t *d = jget(r->stats, "devices");
-  return d && d->type == JN_ARR ? d : NULL;
+static uint64_t pool_cached(const jnode_t *s) {
+  uint64_t reserved = u64(s, "pool_reserved_bytes"), used = u64(s, "pool_used_bytes");
+  return reserved > used ? reserved - used : 0;
 }
 
-static void devices_text(const row_t *r, char *buf, size_t len) {
-  const jnode_t *d = devices(r);
-  size_t used = 0;
-  buf[0] = '\0';
-  for (size_t i = 0; d && i < d->n && used + 8 < len; i++)
-    used += (size_t)snprintf(buf + used, len - used, "%s%lld", i ? "," : "", (long long)jint(&d->kids[i], "device", -1));
-  if (!buf[0])
-    snprintf(buf, len, r->stats ? "-" : "?");
+/* Whether device d is among those shown. */
+static bool selected(const ps_filter_t *f, int d, const char *uuid) {
+  if (!f || !f->n)
+    return true;
+  for (size_t i = 0; i < f->n; i++) {
+    const char *s = f->sel[i];
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*s && !*end) {
+      if (v == d)
+        return true;
+      continue;
+    }
+    if (!uuid || !*uuid)
+      continue;
+    const char *u = uuid;
+    if (strncasecmp(s, "GPU-", 4) != 0 && strncasecmp(u, "GPU-", 4) == 0)
+      u += 4; /* a UUID given without its prefix */
+    if (!strncasecmp(u, s, strlen(s)))
+      return true;
+  }
+  return false;
 }
 
-/* Asks one process for its stats (a thread of collect()). */
+bool ps_parse_filter(const char *s, ps_filter_t *f) {
+  memset(f, 0, sizeof *f);
+  while (*s) {
+    size_t n = strcspn(s, ",");
+    if (!n || n >= PS_UUID_LEN || f->n == PS_MAX_GPUS)
+      return false;
+    memcpy(f->sel[f->n], s, n);
+    f->sel[f->n][n] = '\0';
+    for (size_t i = 0; i < n; i++)
+      if (!isalnum((unsigned char)s[i]) && s[i] != '-')
+        return false;
+    f->n++;
+    s += n;
+    if (*s == ',' && !*++s)
+      return false;
+  }
+  return f->n > 0;
+}
+
+/* The UUID of device d from a process's `stats` gpus, else its status file's; "" if unknown. */
+static const char *uuid_of(const ps_row_t *r, int d) {
+  const jnode_t *srcs[2] = {arr(r->stats, "gpus"), arr(r->p.status, "gpus")};
+  for (int k = 0; k < 2; k++)
+    for (size_t i = 0; srcs[k] && i < srcs[k]->n; i++)
+      if (jint(&srcs[k]->kids[i], "device", -1) == d)
+        return jstr(&srcs[k]->kids[i], "uuid", "");
+  return "";
+}
+
+static ps_gpu_t *gpu_of(ps_view_t *v, int d, const char *uuid) {
+  for (size_t i = 0; i < v->ngpus; i++)
+    if (v->gpus[i].device == d) {
+      if (!v->gpus[i].uuid[0] && uuid && *uuid)
+        snprintf(v->gpus[i].uuid, sizeof v->gpus[i].uuid, "%s", uuid);
+      return &v->gpus[i];
+    }
+  if (v->ngpus == PS_MAX_GPUS)
+    return NULL;
+  ps_gpu_t *g = &v->gpus[v->ngpus++];
+  memset(g, 0, sizeof *g);
+  g->device = d;
+  snprintf(g->uuid, sizeof g->uuid, "%s", uuid ? uuid : "");
+  return g;
+}
+
+/* Sums a process's figures over the GPUs shown, and adds them to those GPUs' totals. false when it uses none
+ * of them (answering processes only: one that does not answer is shown, as it may). */
+static bool figures(ps_view_t *v, ps_row_t *r, const ps_filter_t *f) {
+  r->pinned = u64(jget(r->stats, "total"), "host_pinned_bytes");
+  if (!r->stats) {
+    snprintf(r->gpus, sizeof r->gpus, "?");
+    return true;
+  }
+  int used[PS_MAX_GPUS];
+  size_t nused = 0;
+  /* The GPUs it uses: blocks or pools there, a context there, or a framework cache there. */
+  const jnode_t *lists[3] = {arr(r->stats, "devices"), arr(r->stats, "gpus"), arr(r->stats, "frameworks")};
+  for (int k = 0; k < 3; k++)
+    for (size_t i = 0; lists[k] && i < lists[k]->n; i++) {
+      int d = (int)jint(&lists[k]->kids[i], "device", -1);
+      bool seen = d < 0;
+      for (size_t j = 0; j < nused && !seen; j++)
+        seen = used[j] == d;
+      if (!seen && nused < PS_MAX_GPUS && selected(f, d, uuid_of(r, d)))
+        used[nused++] = d;
+    }
+  for (size_t i = 1; i < nused; i++) /* in order */
+    for (size_t j = i; j > 0 && used[j - 1] > used[j]; j--) {
+      int t = used[j];
+      used[j] = used[j - 1];
+      used[j - 1] = t;
+    }
+  size_t gl = 0, ul = 0;
+  r->gpus[0] = r->uuids[0] = '\0';
+  for (size_t i = 0; i < nused; i++) {
+    int d = used[i];
+    const char *uuid = uuid_of(r, d);
+    gl += (size_t)snprintf(r->gpus + gl, gl < sizeof r->gpus ? sizeof r->gpus - gl : 0, "%s%d", i ? "," : "", d);
+    ul += (size_t)snprintf(r->uuids + ul, ul < sizeof r->uuids ? sizeof r->uuids - ul : 0, "%s%s", i ? "," : "",
+                           *uuid ? uuid : "?");
+    uint64_t live = 0, pc = 0, orphan = 0, fr = 0, fa = 0, frel = 0;
+    const jnode_t *devs = arr(r->stats, "devices"), *fws = arr(r->stats, "frameworks"), *gpus = arr(r->stats, "gpus");
+    for (size_t k = 0; devs && k < devs->n; k++)
+      if (jint(&devs->kids[k], "device", -1) == d) {
+        live += u64(&devs->kids[k], "live_bytes");
+        pc += pool_cached(&devs->kids[k]);
+        orphan += u64(&devs->kids[k], "orphan_bytes");
+      }
+    for (size_t k = 0; fws && k < fws->n; k++)
+      if (jint(&fws->kids[k], "device", -1) == d) {
+        fr += u64(&fws->kids[k], "reserved_bytes");
+        fa += u64(&fws->kids[k], "allocated_bytes");
+        frel += u64(&fws->kids[k], "releasable_bytes");
+      }
+    r->live += live;
+    r->pool_cached += pc;
+    r->orphan += orphan;
+    r->fw_reserved += fr;
+    r->fw_allocated += fa;
+    r->fw_releasable += frel;
+    ps_gpu_t *g = gpu_of(v, d, uuid);
+    if (!g)
+      continue;
+    g->procs++;
+    g->held += live + pc;
+    g->cached += pc + frel;
+    g->orphan += orphan;
+    g->releasable += pc + frel + orphan;
+    for (size_t k = 0; gpus && k < gpus->n; k++)
+      if (jint(&gpus->kids[k], "device", -1) == d && jget(&gpus->kids[k], "total_bytes")) {
+        uint64_t fb = u64(&gpus->kids[k], "free_bytes"), tb = u64(&gpus->kids[k], "total_bytes");
+        /* Each process read them at its own moment: the most used is the latest enough. */
+        if (!g->have_mem || tb - fb > g->total - g->free) {
+          g->free = fb;
+          g->total = tb;
+          g->have_mem = true;
+        }
+      }
+  }
+  if (!nused)
+    snprintf(r->gpus, sizeof r->gpus, "-");
+  r->held = r->live + r->pool_cached;
+  r->cached = r->pool_cached + r->fw_releasable;
+  r->releasable = r->cached + r->orphan;
+  return nused > 0 || !f || !f->n;
+}
+
+/* ---- collecting and sorting ---- */
+
 static void ask_stats(void *arg) {
-  row_t *r = arg;
+  ps_row_t *r = arg;
   r->stats = cmd_ask(&r->p, "stats", 2.0, &r->why, NULL);
   if (r->stats && !jbool(r->stats, "ok", false)) {
     r->why = "it refused the stats request";
@@ -58,48 +201,423 @@ static void ask_stats(void *arg) {
   }
 }
 
-static size_t collect(row_t **out) {
+static void free_row(ps_row_t *r) {
+  cmd_free(&r->p);
+  if (r->stats) {
+    jfree(r->stats);
+    free(r->stats);
+  }
+  r->stats = NULL;
+}
+
+enum { K_HELD, K_CACHED, K_RELEASABLE, K_ORPHAN, K_LIVE, K_PINNED, K_PID, K_COMMAND, K_GPU, K_RELEASES, K_N };
+static const char *const g_sort_names[K_N] = {"held", "cached", "releasable", "orphan", "live",
+                                              "pinned", "pid", "command", "gpu", "releases"};
+
+int ps_sort_key(const char *name) {
+  for (int k = 0; k < K_N; k++)
+    if (!strcmp(name, g_sort_names[k]))
+      return k;
+  return -1;
+}
+const char *ps_sort_name(int key) { return key >= 0 && key < K_N ? g_sort_names[key] : "?"; }
+int ps_sort_count(void) { return K_N; }
+
+static int g_key; /* qsort has no argument */
+
+static uint64_t sort_num(const ps_row_t *r, int key) {
+  switch (key) {
+  case K_HELD: return r->held;
+  case K_CACHED: return r->cached;
+  case K_RELEASABLE: return r->releasable;
+  case K_ORPHAN: return r->orphan;
+  case K_LIVE: return r->live;
+  case K_PINNED: return r->pinned;
+  case K_RELEASES: return u64(r->p.status, "releases");
+  default: return 0;
+  }
+}
+
+static int by_key(const void *a, const void *b) {
+  const ps_row_t *x = a, *y = b;
+  int c = 0;
+  if (g_key == K_COMMAND) {
+    c = strcmp(jstr(x->p.status, "cmdline", ""), jstr(y->p.status, "cmdline", ""));
+  } else if (g_key == K_GPU) {
+    c = strcmp(x->gpus, y->gpus);
+  } else if (g_key != K_PID) {
+    /* Largest first; a process that did not answer (numbers unknown) last. */
+    if (!x->stats != !y->stats && g_key != K_RELEASES)
+      return x->stats ? -1 : 1;
+    uint64_t u = sort_num(x, g_key), v = sort_num(y, g_key);
+    c = u > v ? -1 : u < v ? 1 : 0;
+  }
+  return c ? c : x->p.pid < y->p.pid ? -1 : x->p.pid > y->p.pid;
+}
+
+static int by_device(const void *a, const void *b) {
+  const ps_gpu_t *x = a, *y = b;
+  return x->device - y->device;
+}
+
+void ps_collect(ps_view_t *v, const ps_filter_t *f, int sort_key) {
+  memset(v, 0, sizeof *v);
   proc_t *ps;
   size_t n = cmd_list(&ps);
-  row_t *rows = calloc(n ? n : 1, sizeof *rows);
-  if (!rows) {
+  v->rows = calloc(n ? n : 1, sizeof *v->rows);
+  if (!v->rows) {
     for (size_t i = 0; i < n; i++)
       cmd_free(&ps[i]);
-    n = 0;
+    free(ps);
+    return;
   }
   for (size_t i = 0; i < n; i++) {
-    rows[i].p = ps[i];
-    rows[i].why = "";
+    v->rows[i].p = ps[i];
+    v->rows[i].why = "";
   }
-  cmd_each_at_once(rows, n, sizeof *rows, ask_stats); /* a silent process costs its 2 s once */
   free(ps);
-  *out = rows;
-  return n;
+  cmd_each_at_once(v->rows, n, sizeof *v->rows, ask_stats); /* a silent process costs its 2 s once */
+  for (size_t i = 0; i < n; i++) {
+    if (figures(v, &v->rows[i], f))
+      v->rows[v->n++] = v->rows[i];
+    else
+      free_row(&v->rows[i]);
+  }
+  g_key = sort_key >= 0 && sort_key < K_N ? sort_key : K_HELD;
+  if (v->n)
+    qsort(v->rows, v->n, sizeof *v->rows, by_key);
+  if (v->ngpus)
+    qsort(v->gpus, v->ngpus, sizeof *v->gpus, by_device);
 }
 
-static void free_rows(row_t *rows, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    cmd_free(&rows[i].p);
-    if (rows[i].stats) {
-      jfree(rows[i].stats);
-      free(rows[i].stats);
+void ps_free(ps_view_t *v) {
+  for (size_t i = 0; i < v->n; i++)
+    free_row(&v->rows[i]);
+  free(v->rows);
+  v->rows = NULL;
+  v->n = 0;
+}
+
+/* ---- the table ---- */
+
+static const char *b(uint64_t v, char *buf, size_t len) { return cmd_bytes(v, buf, len); }
+
+/* Cuts a line to width columns (0: no limit), at a character's start (a command line may be UTF-8). Each
+ * character takes at least one byte, so the line never takes more columns than bytes: it never wraps. */
+static void cut(char *buf, size_t len, int width) {
+  if (width <= 0 || (size_t)width >= len || strlen(buf) <= (size_t)width)
+    return;
+  size_t w = (size_t)width;
+  while (w > 0 && ((unsigned char)buf[w] & 0xc0) == 0x80)
+    w--;
+  while (w > 0 && buf[w - 1] == ' ')
+    w--;
+  buf[w] = '\0';
+}
+
+/* The UUID in full when the line has room for it, else its first 8 digits (still a unique prefix for -i in
+ * practice, as nvidia-smi's -i takes one). */
+static int uuid_width(int width) { return width == 0 || width >= 100 ? 40 : 12; }
+
+void ps_gpu_header(char *buf, size_t len, int width) {
+  snprintf(buf, len, "GPU %-*s %10s %10s %10s %10s %10s", uuid_width(width), "UUID", "USED", "TOTAL", "HELD",
+           "RELEASABLE", "OTHER");
+  cut(buf, len, width);
+}
+
+void ps_gpu_line(const ps_gpu_t *g, char *buf, size_t len, int width) {
+  char b1[32] = "?", b2[32] = "?", b3[32], b4[32], b5[32] = "?";
+  if (g->have_mem) {
+    uint64_t used = g->total > g->free ? g->total - g->free : 0;
+    b(used, b1, sizeof b1);
+    b(g->total, b2, sizeof b2);
+    b(used > g->held ? used - g->held : 0, b5, sizeof b5);
+  }
+  snprintf(buf, len, "%3d %-*.*s %10s %10s %10s %10s %10s", g->device, uuid_width(width), uuid_width(width),
+           g->uuid[0] ? g->uuid : "?", b1, b2, b(g->held, b3, sizeof b3), b(g->releasable, b4, sizeof b4), b5);
+  cut(buf, len, width);
+}
+
+#define ROW_FMT "%7s %-5.5s %10s %10s %10s %10s %4s %s"
+
+void ps_row_header(char *buf, size_t len, int width) {
+  snprintf(buf, len, ROW_FMT, "PID", "GPU", "HELD", "CACHED", "ORPHAN", "PINNED", "REL", "COMMAND");
+  cut(buf, len, width);
+}
+
+void ps_row_line(const ps_row_t *r, char *buf, size_t len, int width) {
+  char pid[16], b1[32] = "?", b2[32] = "?", b3[32] = "?", b4[32] = "?", rel[24], cmdline[512];
+  snprintf(pid, sizeof pid, "%d", (int)r->p.pid);
+  snprintf(rel, sizeof rel, "%lld", (long long)jint(r->p.status, "releases", 0));
+  if (r->stats) {
+    b(r->held, b1, sizeof b1);
+    b(r->cached, b2, sizeof b2);
+    b(r->orphan, b3, sizeof b3);
+    b(r->pinned, b4, sizeof b4);
+  }
+  cmd_command_of(&r->p, cmdline, sizeof cmdline);
+  if (!r->stats) {
+    size_t l = strlen(cmdline);
+    snprintf(cmdline + l, sizeof cmdline - l, " [not answering: %s]", r->why);
+  }
+  snprintf(buf, len, ROW_FMT, pid, r->gpus, b1, b2, b3, b4, rel, cmdline);
+  cut(buf, len, width);
+}
+
+/* Under the table: why these numbers are not nvidia-smi's. */
+static const char g_footnote[] =
+    "USED and TOTAL are the driver's figures, as nvidia-smi shows them; HELD is what\n"
+    "gpureclaim tracks in its processes; OTHER = USED - HELD, what it does not see:\n"
+    "each CUDA context's own memory (hundreds of MiB per process and GPU), memory of\n"
+    "routes it does not intercept, and processes not started under gpureclaim.\n"
+    "CACHED includes framework caches (PyTorch's releasable part).\n";
+
+void ps_print_frameworks(FILE *f, const ps_row_t *r, const ps_filter_t *flt, int width) {
+  const jnode_t *fws = arr(r->stats, "frameworks");
+  for (size_t k = 0; fws && k < fws->n; k++) {
+    const jnode_t *x = &fws->kids[k];
+    int d = (int)jint(x, "device", -1);
+    if (!selected(flt, d, uuid_of(r, d)))
+      continue;
+    uint64_t res = u64(x, "reserved_bytes"), al = u64(x, "allocated_bytes"), rel = u64(x, "releasable_bytes");
+    uint64_t kept = res > al + rel ? res - al - rel : 0;
+    char b1[32], b2[32], b3[32], b4[32], name[64], head[160], tail[160], line[400];
+    snprintf(name, sizeof name, "%s", jstr(x, "framework", "?"));
+    cmd_printable(name);
+    snprintf(head, sizeof head, "%8s%s on GPU %d: %s reserved = %s in use", "", name, d, b(res, b1, sizeof b1),
+             b(al, b2, sizeof b2));
+    snprintf(tail, sizeof tail, "+ %s releasable + %s non-releasable", b(rel, b3, sizeof b3), b(kept, b4, sizeof b4));
+    snprintf(line, sizeof line, "%s %s", head, tail);
+    if (width > 0 && strlen(line) > (size_t)width) /* two lines rather than one cut short */
+      snprintf(line, sizeof line, "%s\n%10s%s", head, "", tail);
+    for (char *l = line, *nl; l; l = nl) {
+      nl = strchr(l, '\n');
+      if (nl)
+        *nl++ = '\0';
+      cut(l, sizeof line - (size_t)(l - line), width);
+      fprintf(f, "%s\n", l);
     }
   }
-  free(rows);
 }
 
+static int term_width(void) {
+  struct winsize ws;
+  if (!isatty(STDOUT_FILENO) || ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) != 0 || ws.ws_col == 0)
+    return 0;
+  return ws.ws_col;
+}
+
+void ps_print_table(FILE *f, const ps_view_t *v, const ps_filter_t *flt, bool footnote) {
+  char line[1024];
+  int width = term_width();
+  if (v->ngpus) {
+    ps_gpu_header(line, sizeof line, width);
+    fprintf(f, "%s\n", line);
+    for (size_t i = 0; i < v->ngpus; i++) {
+      ps_gpu_line(&v->gpus[i], line, sizeof line, width);
+      fprintf(f, "%s\n", line);
+    }
+    fputc('\n', f);
+  }
+  ps_row_header(line, sizeof line, width);
+  fprintf(f, "%s\n", line);
+  for (size_t i = 0; i < v->n; i++) {
+    ps_row_line(&v->rows[i], line, sizeof line, width);
+    fprintf(f, "%s\n", line);
+    ps_print_frameworks(f, &v->rows[i], flt, width);
+  }
+  if (!v->n)
+    fprintf(f, "(no process of yours is running gpureclaim%s)\n", flt && flt->n ? " on the GPUs selected" : "");
+  else if (footnote && v->ngpus)
+    fprintf(f, "\n%s", g_footnote);
+}
+
+/* ---- --query fields: table, CSV, JSON ---- */
+
+enum { F_NUM, F_BYTES, F_STR, F_BOOL };
+
+typedef struct field {
+  const char *name, *header;
+  int type;
+  bool from_stats; /* unknown (null, empty, ?) when the process did not answer */
+} field_t;
+
+static const field_t g_fields[] = {
+    {"pid", "PID", F_NUM, false},
+    {"command", "COMMAND", F_STR, false},
+    {"program", "PROGRAM", F_STR, false},
+    {"answered", "ANSWERED", F_BOOL, false},
+    {"gpu", "GPU", F_STR, true},
+    {"gpu_uuid", "GPU UUID", F_STR, true},
+    {"held", "HELD", F_BYTES, true},
+    {"live", "LIVE", F_BYTES, true},
+    {"cached", "CACHED", F_BYTES, true},
+    {"pool_cached", "POOL CACHED", F_BYTES, true},
+    {"framework_reserved", "FW RESERVED", F_BYTES, true},
+    {"framework_in_use", "FW IN USE", F_BYTES, true},
+    {"framework_releasable", "FW RELEASABLE", F_BYTES, true},
+    {"orphan", "ORPHAN", F_BYTES, true},
+    {"releasable", "RELEASABLE", F_BYTES, true},
+    {"pinned", "PINNED", F_BYTES, true},
+    {"releases", "RELEASES", F_NUM, false},
+    {"released", "RELEASED", F_BYTES, true},
+    {"last_release", "LAST RELEASE", F_BYTES, false},
+    {"signal", "SIGNAL", F_STR, false},
+    {"error", "ERROR", F_STR, false},
+};
+#define NFIELDS (sizeof g_fields / sizeof g_fields[0])
+
+static int field_index(const char *name, size_t n) {
+  for (size_t i = 0; i < NFIELDS; i++)
+    if (strlen(g_fields[i].name) == n && !strncmp(g_fields[i].name, name, n))
+      return (int)i;
+  return -1;
+}
+
+/* A field's value: *num for numbers, bytes and booleans, else the string. */
+static const char *field_value(const ps_row_t *r, int i, uint64_t *num, char *buf, size_t len) {
+  *num = 0;
+  const char *name = g_fields[i].name;
+  if (!strcmp(name, "pid")) *num = (uint64_t)r->p.pid;
+  else if (!strcmp(name, "command")) return cmd_command_of(&r->p, NULL, 0); /* as recorded */
+  else if (!strcmp(name, "program")) { cmd_program_of(&r->p, buf, len); return buf; }
+  else if (!strcmp(name, "answered")) *num = r->stats != NULL;
+  else if (!strcmp(name, "gpu")) return r->gpus;
+  else if (!strcmp(name, "gpu_uuid")) return r->uuids;
+  else if (!strcmp(name, "held")) *num = r->held;
+  else if (!strcmp(name, "live")) *num = r->live;
+  else if (!strcmp(name, "cached")) *num = r->cached;
+  else if (!strcmp(name, "pool_cached")) *num = r->pool_cached;
+  else if (!strcmp(name, "framework_reserved")) *num = r->fw_reserved;
+  else if (!strcmp(name, "framework_in_use")) *num = r->fw_allocated;
+  else if (!strcmp(name, "framework_releasable")) *num = r->fw_releasable;
+  else if (!strcmp(name, "orphan")) *num = r->orphan;
+  else if (!strcmp(name, "releasable")) *num = r->releasable;
+  else if (!strcmp(name, "pinned")) *num = r->pinned;
+  else if (!strcmp(name, "releases")) *num = u64(r->p.status, "releases");
+  else if (!strcmp(name, "released")) *num = u64(jget(r->stats, "total"), "released_bytes");
+  else if (!strcmp(name, "last_release")) {
+    const jnode_t *lr = jget(r->p.status, "last_release");
+    *num = u64(lr, "cached_bytes") + u64(lr, "orphaned_bytes") + u64(lr, "all_bytes");
+  } else if (!strcmp(name, "signal")) return jstr(r->p.status, "signal", "?");
+  else if (!strcmp(name, "error")) return r->stats ? "" : r->why;
+  return NULL;
+}
+
+static void csv_str(FILE *f, const char *s) {
+  if (!s[strcspn(s, ",\"\n\r")]) {
+    fputs(s, f);
+    return;
+  }
+  fputc('"', f);
+  for (; *s; s++) {
+    if (*s == '"')
+      fputc('"', f);
+    fputc(*s, f);
+  }
+  fputc('"', f);
+}
+
+enum { OUT_TABLE, OUT_CSV, OUT_JSON };
+
+static void print_query(FILE *f, const ps_view_t *v, const int *q, size_t nq, int fmt, bool header) {
+  char buf[512], num[32];
+  if (fmt == OUT_JSON)
+    fputc('[', f);
+  if (fmt == OUT_CSV && header) {
+    for (size_t k = 0; k < nq; k++)
+      fprintf(f, "%s%s", k ? "," : "", g_fields[q[k]].name);
+    fputc('\n', f);
+  }
+  if (fmt == OUT_TABLE) {
+    for (size_t k = 0; k < nq; k++)
+      fprintf(f, "%s%*s", k ? " " : "", g_fields[q[k]].type == F_STR ? -12 : 10, g_fields[q[k]].header);
+    fputc('\n', f);
+  }
+  for (size_t i = 0; i < v->n; i++) {
+    const ps_row_t *r = &v->rows[i];
+    if (fmt == OUT_JSON)
+      fputs(i ? ",{" : "{", f);
+    for (size_t k = 0; k < nq; k++) {
+      const field_t *fd = &g_fields[q[k]];
+      uint64_t n;
+      const char *s = field_value(r, q[k], &n, buf, sizeof buf);
+      bool unknown = fd->from_stats && !r->stats;
+      if (fmt == OUT_JSON) {
+        fprintf(f, "%s\"%s\":", k ? "," : "", fd->name);
+        if (unknown)
+          fputs("null", f);
+        else if (fd->type == F_STR)
+          cmd_json_str(f, s ? s : "");
+        else if (fd->type == F_BOOL)
+          fputs(n ? "true" : "false", f);
+        else
+          fprintf(f, "%llu", (unsigned long long)n);
+        continue;
+      }
+      if (k)
+        fputs(fmt == OUT_CSV ? "," : " ", f);
+      if (unknown) {
+        fputs(fmt == OUT_CSV ? "" : "         ?", f);
+        continue;
+      }
+      if (fd->type == F_STR && fmt == OUT_CSV) {
+        csv_str(f, s ? s : ""); /* whole: a command line may be long */
+      } else if (fd->type == F_STR) {
+        char tmp[512];
+        snprintf(tmp, sizeof tmp, "%s", s ? s : "");
+        fprintf(f, "%-12s", cmd_printable(tmp));
+      } else if (fd->type == F_BOOL) {
+        fprintf(f, fmt == OUT_CSV ? "%s" : "%10s", n ? "yes" : "no");
+      } else if (fd->type == F_BYTES && fmt == OUT_TABLE) {
+        fprintf(f, "%10s", b(n, num, sizeof num));
+      } else {
+        fprintf(f, fmt == OUT_CSV ? "%llu" : "%10llu", (unsigned long long)n);
+      }
+    }
+    fputs(fmt == OUT_JSON ? "}" : "\n", f);
+  }
+  if (fmt == OUT_JSON)
+    fputs("]\n", f);
+}
+
+/* ---- --json: one array of objects (docs/PROTOCOL.md) ---- */
+
 /* A number of the stats answer, or null when the process did not answer. */
-static void json_num(FILE *f, const char *key, const row_t *r, uint64_t v) {
+static void json_num(FILE *f, const char *key, const ps_row_t *r, uint64_t v) {
   if (r->stats)
     fprintf(f, ",\"%s\":%llu", key, (unsigned long long)v);
   else
     fprintf(f, ",\"%s\":null", key);
 }
 
-static void print_json(FILE *f, const row_t *rows, size_t n) {
+static void json_list(FILE *f, const char *key, const ps_row_t *r, const char *list, bool strings) {
+  fprintf(f, ",\"%s\":", key);
+  if (!r->stats) {
+    fputs("null", f);
+    return;
+  }
   fputc('[', f);
-  for (size_t i = 0; i < n; i++) {
-    const row_t *r = &rows[i];
+  if (strcmp(list, "-"))
+    for (const char *p = list; *p;) {
+      size_t n = strcspn(p, ",");
+      char item[PS_UUID_LEN];
+      snprintf(item, sizeof item, "%.*s", (int)n, p);
+      if (p != list)
+        fputc(',', f);
+      if (strings)
+        cmd_json_str(f, item);
+      else
+        fputs(item, f);
+      p += n + (p[n] == ',');
+    }
+  fputc(']', f);
+}
+
+void ps_print_json(FILE *f, const ps_view_t *v, const ps_filter_t *flt) {
+  fputc('[', f);
+  for (size_t i = 0; i < v->n; i++) {
+    const ps_row_t *r = &v->rows[i];
     char prog[256];
     cmd_program_of(&r->p, prog, sizeof prog);
     fprintf(f, "%s{\"pid\":%d,\"command\":", i ? "," : "", (int)r->p.pid);
@@ -111,22 +629,39 @@ static void print_json(FILE *f, const row_t *rows, size_t n) {
       fputs(",\"error\":", f);
       cmd_json_str(f, r->why);
     }
-    fputs(",\"devices\":", f);
-    if (r->stats) {
-      const jnode_t *d = devices(r);
-      fputc('[', f);
-      for (size_t k = 0; d && k < d->n; k++)
-        fprintf(f, "%s%lld", k ? "," : "", (long long)jint(&d->kids[k], "device", -1));
-      fputc(']', f);
-    } else {
+    json_list(f, "devices", r, r->gpus, false);
+    json_list(f, "gpu_uuids", r, r->uuids, true);
+    json_num(f, "live_blocks", r, u64(jget(r->stats, "total"), "live_blocks"));
+    json_num(f, "live_bytes", r, r->live);
+    json_num(f, "held_bytes", r, r->held);
+    json_num(f, "cached_bytes", r, r->cached);
+    json_num(f, "pool_cached_bytes", r, r->pool_cached);
+    json_num(f, "orphan_bytes", r, r->orphan);
+    json_num(f, "releasable_bytes", r, r->releasable);
+    json_num(f, "pinned_bytes", r, r->pinned);
+    json_num(f, "released_bytes", r, u64(jget(r->stats, "total"), "released_bytes"));
+    fputs(",\"frameworks\":", f);
+    if (!r->stats) {
       fputs("null", f);
+    } else {
+      const jnode_t *fws = arr(r->stats, "frameworks");
+      size_t shown = 0;
+      fputc('[', f);
+      for (size_t k = 0; fws && k < fws->n; k++) {
+        const jnode_t *x = &fws->kids[k];
+        int d = (int)jint(x, "device", -1);
+        if (!selected(flt, d, uuid_of(r, d)))
+          continue;
+        uint64_t res = u64(x, "reserved_bytes"), al = u64(x, "allocated_bytes"), rel = u64(x, "releasable_bytes");
+        fprintf(f, "%s{\"framework\":", shown++ ? "," : "");
+        cmd_json_str(f, jstr(x, "framework", "?"));
+        fprintf(f, ",\"device\":%d,\"reserved_bytes\":%llu,\"in_use_bytes\":%llu,\"releasable_bytes\":%llu,"
+                   "\"non_releasable_bytes\":%llu}",
+                d, (unsigned long long)res, (unsigned long long)al, (unsigned long long)rel,
+                (unsigned long long)(res > al + rel ? res - al - rel : 0));
+      }
+      fputc(']', f);
     }
-    json_num(f, "live_blocks", r, total(r, "live_blocks"));
-    json_num(f, "live_bytes", r, total(r, "live_bytes"));
-    json_num(f, "cached_bytes", r, cached_of(jget(r->stats, "total")));
-    json_num(f, "pinned_bytes", r, total(r, "host_pinned_bytes"));
-    json_num(f, "orphan_bytes", r, total(r, "orphan_bytes"));
-    json_num(f, "released_bytes", r, total(r, "released_bytes"));
     fprintf(f, ",\"releases\":%lld,\"signal\":", (long long)jint(r->p.status, "releases", 0));
     cmd_json_str(f, jstr(r->p.status, "signal", "?"));
     fputs(",\"last_release\":", f);
@@ -134,36 +669,6 @@ static void print_json(FILE *f, const row_t *rows, size_t n) {
     fputc('}', f);
   }
   fputs("]\n", f);
-}
-
-static void print_table(FILE *f, const row_t *rows, size_t n) {
-  char b1[32], b2[32], b3[32], devs[64], age[32], cmdline[256];
-  uint64_t now = cmd_now_ms();
-  fprintf(f, "%7s  %-28s %-7s %10s %10s %10s %8s  %s\n", "PID", "COMMAND", "DEVICES", "LIVE", "CACHED", "PINNED",
-          "RELEASES", "LAST RELEASE");
-  for (size_t i = 0; i < n; i++) {
-    const row_t *r = &rows[i];
-    devices_text(r, devs, sizeof devs);
-    char last[128] = "-";
-    const jnode_t *lr = jget(r->p.status, "last_release");
-    if (lr && lr->type == JN_OBJ) {
-      int64_t gave = jint(lr, "cached_bytes", 0) + jint(lr, "orphaned_bytes", 0) + jint(lr, "all_bytes", 0);
-      snprintf(last, sizeof last, "%s (%s, %s)", cmd_bytes(gave > 0 ? (uint64_t)gave : 0, b1, sizeof b1),
-               jstr(lr, "trigger", "?"),
-               cmd_age((uint64_t)jint(r->p.status, "updated_ms", 0), now, age, sizeof age));
-    }
-    long long releases = (long long)jint(r->p.status, "releases", 0);
-    if (!r->stats) {
-      fprintf(f, "%7d  %-28.28s %-7s %10s %10s %10s %8lld  %s [not answering: %s]\n", (int)r->p.pid,
-              cmd_command_of(&r->p, cmdline, sizeof cmdline), devs, "?", "?", "?", releases, last, r->why);
-      continue;
-    }
-    fprintf(f, "%7d  %-28.28s %-7s %10s %10s %10s %8lld  %s\n", (int)r->p.pid, cmd_command_of(&r->p, cmdline, sizeof cmdline), devs,
-            cmd_bytes(total(r, "live_bytes"), b1, sizeof b1), cmd_bytes(cached_of(jget(r->stats, "total")), b2, sizeof b2),
-            cmd_bytes(total(r, "host_pinned_bytes"), b3, sizeof b3), releases, last);
-  }
-  if (!n)
-    fprintf(f, "(no process of yours is running gpureclaim)\n");
 }
 
 /* ---- Prometheus text format, for node_exporter's textfile collector ---- */
@@ -186,7 +691,7 @@ static void prom_escaped(FILE *f, const char *s) {
   }
 }
 
-static void prom_labels(FILE *f, const row_t *r, long long device) {
+static void prom_labels(FILE *f, const ps_row_t *r, long long device) {
   char prog[256];
   cmd_program_of(&r->p, prog, sizeof prog);
   fprintf(f, "{pid=\"%d\",", (int)r->p.pid);
@@ -197,7 +702,18 @@ static void prom_labels(FILE *f, const row_t *r, long long device) {
   fputs("\"}", f);
 }
 
-static void prom_rows(FILE *f, const row_t *rows, size_t n) {
+/* What a release of cached memory gives back on one device: its pools' unused memory and its framework
+ * caches' releasable part. */
+static uint64_t dev_cached(const ps_row_t *r, const jnode_t *dev) {
+  uint64_t c = pool_cached(dev);
+  const jnode_t *fws = arr(r->stats, "frameworks");
+  for (size_t k = 0; fws && k < fws->n; k++)
+    if (jint(&fws->kids[k], "device", -1) == jint(dev, "device", -2))
+      c += u64(&fws->kids[k], "releasable_bytes");
+  return c;
+}
+
+static void prom_rows(FILE *f, const ps_row_t *rows, size_t n, const ps_filter_t *flt) {
   /* Per device: what the process holds on each GPU. */
   static const struct {
     const char *name, *field, *help;
@@ -207,21 +723,25 @@ static void prom_rows(FILE *f, const row_t *rows, size_t n) {
       {"gpureclaim_peak_bytes", "peak_bytes", "Highest live device memory seen."},
       {"gpureclaim_pool_reserved_bytes", "pool_reserved_bytes", "Memory held by stream-ordered pools."},
       {"gpureclaim_pool_used_bytes", "pool_used_bytes", "Pool memory handed out to the program."},
-      {"gpureclaim_cached_bytes", NULL, "Pool memory held but not used (reserved - used): what a release can trim."},
+      {"gpureclaim_cached_bytes", NULL, "What a release of cached memory can give back: pools' unused memory "
+                                        "and framework caches' releasable part."},
       {"gpureclaim_orphan_bytes", "orphan_bytes", "Memory of ended scopes awaiting a release."},
   };
   for (size_t k = 0; k < sizeof dev / sizeof dev[0]; k++) {
     fprintf(f, "# HELP %s %s\n# TYPE %s gauge\n", dev[k].name, dev[k].help, dev[k].name);
     for (size_t i = 0; i < n; i++) {
-      const jnode_t *d = devices(&rows[i]);
+      const jnode_t *d = arr(rows[i].stats, "devices");
       for (size_t j = 0; d && j < d->n; j++) {
         const jnode_t *x = &d->kids[j];
+        int dn = (int)jint(x, "device", -1);
+        if (!selected(flt, dn, uuid_of(&rows[i], dn)))
+          continue;
         fputs(dev[k].name, f);
-        prom_labels(f, &rows[i], (long long)jint(x, "device", -1));
+        prom_labels(f, &rows[i], dn);
         if (dev[k].field)
           fprintf(f, " %lld\n", (long long)jint(x, dev[k].field, 0));
         else
-          fprintf(f, " %llu\n", (unsigned long long)cached_of(x));
+          fprintf(f, " %llu\n", (unsigned long long)dev_cached(&rows[i], x));
       }
     }
   }
@@ -240,7 +760,7 @@ static void prom_rows(FILE *f, const row_t *rows, size_t n) {
         continue;
       fputs(proc[k].name, f);
       prom_labels(f, &rows[i], -1);
-      fprintf(f, " %llu\n", (unsigned long long)total(&rows[i], proc[k].field));
+      fprintf(f, " %llu\n", (unsigned long long)u64(jget(rows[i].stats, "total"), proc[k].field));
     }
   }
   fputs("# HELP gpureclaim_up Whether the process answered on its control socket.\n# TYPE gpureclaim_up gauge\n", f);
@@ -254,7 +774,7 @@ static void prom_rows(FILE *f, const row_t *rows, size_t n) {
 /* "-" is standard output. A regular file (or a link's regular target) is written to a temporary name in the
  * same directory and renamed, so the collector never reads half a file (the temporary name does not end in
  * .prom, so the collector ignores it); outfile.h says what happens to anything else. */
-static int write_prometheus(const char *path, const row_t *rows, size_t n) {
+static int write_prometheus(const char *path, const ps_view_t *v, const ps_filter_t *flt) {
   char *text = NULL;
   size_t len = 0;
   FILE *f = open_memstream(&text, &len);
@@ -262,7 +782,7 @@ static int write_prometheus(const char *path, const row_t *rows, size_t n) {
     fprintf(stderr, "gpureclaim: out of memory\n");
     return EX_FAILED;
   }
-  prom_rows(f, rows, n);
+  prom_rows(f, v->rows, v->n, flt);
   bool ok = fclose(f) == 0 && text;
   int rc = 0;
   if (ok && !strcmp(path, "-"))
@@ -277,99 +797,156 @@ static int write_prometheus(const char *path, const row_t *rows, size_t n) {
   return EX_OK;
 }
 
-int cmd_ps(int argc, char **argv) {
-  const char *prom = NULL;
-  for (int i = 0; i < argc; i++) {
-    int m;
-    if (!strcmp(argv[i], "--json"))
-      cmd_set_json(true);
-    else if ((m = cmd_opt_value(argc, argv, &i, "ps", "--prometheus", &prom)) < 0)
-      return EX_USAGE;
-    else if (m == 0)
-      return cmd_usage_error("ps: unknown option: %s", argv[i]);
-    else if (!*prom)
-      return cmd_usage_error("ps: --prometheus needs a file (or - for standard output)%s", "");
+
+/* ---- the command ---- */
+
+static const char g_ps_help[] =
+    "usage: gpureclaim ps [-i GPUS] [-s FIELD] [--json | --query FIELDS [--format table|csv|json] |\n"
+    "                     --prometheus FILE]\n"
+    "Your processes running gpureclaim, largest first, with totals per GPU.\n"
+    "\n"
+    "  -i, --gpu GPUS       only these GPUs: ordinals or UUIDs (a unique prefix does), comma-separated,\n"
+    "                       as nvidia-smi -i takes them; each process's figures are then those GPUs' only\n"
+    "  -s, --sort FIELD     held (default), cached, releasable, orphan, live, pinned, releases (largest\n"
+    "                       first), pid, command, gpu\n"
+    "      --json           one JSON array, one object per process (docs/PROTOCOL.md)\n"
+    "  -q, --query FIELDS   only these fields, comma-separated, in this order: pid, command, program,\n"
+    "                       answered, gpu, gpu_uuid, held, live, cached, pool_cached, framework_reserved,\n"
+    "                       framework_in_use, framework_releasable, orphan, releasable, pinned, releases,\n"
+    "                       released, last_release, signal, error\n"
+    "  -f, --format FMT     table (default), csv (a header line, then bytes as integers), csv,noheader,\n"
+    "                       or json\n"
+    "      --prometheus FILE  node_exporter's textfile format to FILE (atomically; - for standard output)\n"
+    "  -h, --help           this help\n"
+    "\n"
+    "GPU table: USED and TOTAL as the driver reports them (nvidia-smi's figures); HELD: what gpureclaim tracks\n"
+    "in its processes there (live blocks and pools' unused memory); RELEASABLE: what they could give back\n"
+    "(cached and orphaned); OTHER: USED - HELD (contexts' own memory, memory gpureclaim does not see, other\n"
+    "processes). Processes: HELD; CACHED: pools' unused memory and framework caches' releasable part (PyTorch:\n"
+    "reserved - allocated - non-releasable, as torch.cuda.memory_summary() splits it); ORPHAN: memory of ended\n"
+    "scopes; PINNED: pinned host memory; REL: releases so far.\n";
+
+/* Options shared by ps and top (ps.h); the rest are each command's. */
+typedef struct ps_opts {
+  ps_filter_t filter;
+  int sort;
+  int fmt;
+  bool header;
+  int query[NFIELDS * 2];
+  size_t nquery;
+  const char *prom;
+} ps_opts_t;
+
+static int parse_query(const char *s, ps_opts_t *o) {
+  o->nquery = 0;
+  while (*s) {
+    size_t n = strcspn(s, ",");
+    int i = field_index(s, n);
+    if (i < 0 || o->nquery == sizeof o->query / sizeof o->query[0]) {
+      fprintf(stderr, "gpureclaim: ps: unknown field in --query: %.*s (see gpureclaim ps --help)\n", (int)n, s);
+      return -1;
+    }
+    o->query[o->nquery++] = i;
+    s += n + (s[n] == ',');
   }
-  if (prom && cmd_json_out())
+  if (!o->nquery)
+    return cmd_usage_error("ps: --query needs fields%s", ""), -1;
+  return 0;
+}
+
+/* getopt_long's '?': an option without its value, or an unknown one. */
+static int bad_option(char **av, int ind, int opt, const char *cmd, const char *with_value) {
+  const char *arg = av[ind - 1];
+  if (opt && strchr(with_value, opt))
+    fprintf(stderr, "gpureclaim: %s: %s needs a value\n(see gpureclaim %s --help)\n", cmd, arg, cmd);
+  else
+    fprintf(stderr, "gpureclaim: %s: unknown option: %s\n(see gpureclaim %s --help)\n", cmd, arg, cmd);
+  return EX_USAGE;
+}
+
+int cmd_ps(int argc, char **argv) {
+  static const struct option longs[] = {
+      {"gpu", required_argument, NULL, 'i'},   {"sort", required_argument, NULL, 's'},
+      {"json", no_argument, NULL, 'j'},        {"query", required_argument, NULL, 'q'},
+      {"format", required_argument, NULL, 'f'}, {"prometheus", required_argument, NULL, 'P'},
+      {"help", no_argument, NULL, 'h'},        {NULL, 0, NULL, 0}};
+  ps_opts_t o = {.sort = ps_sort_key("held"), .fmt = OUT_TABLE, .header = true};
+  bool json = false, fmt_given = false;
+  /* The arguments after the subcommand's name, or (as main() passes them to commands that parse their own
+   * --help) with the name first: "ps" is no valid argument of ps's either way. */
+  if (argc > 0 && !strcmp(argv[0], "ps")) {
+    argc--;
+    argv++;
+  }
+  char *av[argc + 2];
+  av[0] = "gpureclaim ps";
+  for (int i = 0; i < argc; i++)
+    av[i + 1] = argv[i];
+  av[argc + 1] = NULL;
+  opterr = 0;
+  optind = 0; /* from the start, in every call (tests call it more than once) */
+  int c;
+  while ((c = getopt_long(argc + 1, av, "+i:s:q:f:h", longs, NULL)) != -1) {
+    switch (c) {
+    case 'i':
+      if (!ps_parse_filter(optarg, &o.filter))
+        return cmd_usage_error("ps: bad --gpu %s (ordinals or UUIDs, comma-separated)", optarg);
+      break;
+    case 's':
+      if ((o.sort = ps_sort_key(optarg)) < 0)
+        return cmd_usage_error("ps: unknown --sort field %s (see gpureclaim ps --help)", optarg);
+      break;
+    case 'j': json = true; break;
+    case 'q':
+      if (parse_query(optarg, &o) != 0)
+        return EX_USAGE;
+      break;
+    case 'f':
+      fmt_given = true;
+      if (!strcmp(optarg, "table")) o.fmt = OUT_TABLE;
+      else if (!strcmp(optarg, "csv")) o.fmt = OUT_CSV;
+      else if (!strcmp(optarg, "csv,noheader") || !strcmp(optarg, "noheader,csv")) o.fmt = OUT_CSV, o.header = false;
+      else if (!strcmp(optarg, "json")) o.fmt = OUT_JSON;
+      else return cmd_usage_error("ps: unknown --format %s (table, csv, csv,noheader or json)", optarg);
+      break;
+    case 'P':
+      if (!*optarg)
+        return cmd_usage_error("ps: --prometheus needs a file (or - for standard output)%s", "");
+      o.prom = optarg;
+      break;
+    case 'h':
+      return cmd_help(g_ps_help);
+    default:
+      return bad_option(av, optind, optopt, "ps", "isqf");
+    }
+  }
+  if (optind < argc + 1)
+    return cmd_usage_error("ps: unexpected argument: %s", av[optind]);
+  if (json && fmt_given && o.fmt != OUT_JSON)
+    return cmd_usage_error("ps: --json and --format %s are two formats: give one", o.fmt == OUT_CSV ? "csv" : "table");
+  if (json)
+    o.fmt = OUT_JSON;
+  if (o.prom && json)
     return cmd_usage_error("ps: --json and --prometheus are two formats: give one%s", "");
-  row_t *rows;
-  size_t n = collect(&rows);
+  if (o.prom && (o.fmt != OUT_TABLE || o.nquery))
+    return cmd_usage_error("ps: --prometheus is a format of its own: give no --json, --query or --format%s", "");
+  if (o.fmt == OUT_CSV && !o.nquery) /* every field, in the help's order */
+    for (size_t i = 0; i < NFIELDS; i++)
+      o.query[o.nquery++] = (int)i;
+  cmd_set_json(o.fmt == OUT_JSON);
+  ps_view_t v;
+  ps_collect(&v, &o.filter, o.sort);
   int rc = EX_OK;
   if (cmd_rundir_refused()) /* said why; an empty table would read as "nothing running" */
     rc = EX_FAILED;
-  else if (prom)
-    rc = write_prometheus(prom, rows, n);
-  else if (cmd_json_out())
-    print_json(stdout, rows, n);
+  else if (o.prom)
+    rc = write_prometheus(o.prom, &v, &o.filter);
+  else if (o.nquery)
+    print_query(stdout, &v, o.query, o.nquery, o.fmt, o.header);
+  else if (o.fmt == OUT_JSON)
+    ps_print_json(stdout, &v, &o.filter);
   else
-    print_table(stdout, rows, n);
-  free_rows(rows, n);
+    ps_print_table(stdout, &v, &o.filter, true);
+  ps_free(&v);
   return rc;
-}
-
-int cmd_top(int argc, char **argv) {
-  double interval = 2;
-  long iterations = -1;
-  for (int i = 0; i < argc; i++) {
-    const char *v = NULL;
-    int m;
-    if ((m = cmd_opt_value(argc, argv, &i, "top", "--interval", &v)) != 0) {
-      if (m < 0)
-        return EX_USAGE;
-      if (!cmd_parse_seconds(v, &interval) || interval < 0.1)
-        return cmd_usage_error("top: bad interval %s (0.1 to 86400 seconds)", v);
-    } else if ((m = cmd_opt_value(argc, argv, &i, "top", "--iterations", &v)) != 0) {
-      if (m < 0)
-        return EX_USAGE;
-      char *end;
-      errno = 0;
-      iterations = strtol(v, &end, 10);
-      if (errno || end == v || *end || iterations < 1)
-        return cmd_usage_error("top: bad iterations %s (a whole number, 1 or more)", v);
-    } else if (!strcmp(argv[i], "--json")) {
-      cmd_set_json(true);
-    } else {
-      return cmd_usage_error("top: unknown option: %s", argv[i]);
-    }
-  }
-  /* Clearing only makes sense on a terminal; piped, the frames follow one another. */
-  bool clear = isatty(STDOUT_FILENO) && !cmd_json_out();
-  for (long it = 0; iterations < 0 || it < iterations; it++) {
-    if (it) {
-      struct timespec ts = {(time_t)interval, (long)((interval - (double)(time_t)interval) * 1e9)};
-      while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-        ;
-    }
-    row_t *rows;
-    size_t n = collect(&rows);
-    if (cmd_rundir_refused()) {
-      free_rows(rows, n);
-      return EX_FAILED;
-    }
-    if (cmd_json_out()) {
-      print_json(stdout, rows, n); /* one array per line: JSON Lines */
-    } else {
-      time_t now = time(NULL);
-      char ts[64];
-      strftime(ts, sizeof ts, "%H:%M:%S", localtime(&now));
-      printf("%sgpureclaim top - %s - %zu process%s (every %.1fs, ^C quits)\n\n", clear ? "\033[H\033[2J" : "", ts,
-             n, n == 1 ? "" : "es", interval);
-      print_table(stdout, rows, n);
-    }
-    free_rows(rows, n);
-    /* Output that cannot be written ends top, which would otherwise go on forever (`top > /dev/full`), with
-     * the error as main() reports it for the other commands; a reader that went away (EPIPE) ends it without
-     * one. What could not be written is discarded so that main() does not try, and report, it again. */
-    errno = 0;
-    if (fflush(stdout) != 0 || ferror(stdout)) {
-      int e = errno ? errno : EIO;
-      __fpurge(stdout);
-      clearerr(stdout);
-      if (e == EPIPE)
-        return EX_OK;
-      fprintf(stderr, "gpureclaim: cannot write the output: %s\n", strerror(e));
-      return EX_FAILED;
-    }
-  }
-  return EX_OK;
 }

@@ -175,14 +175,14 @@ int main(int argc, char **argv) {
                     "absolute path (or unset it for the default)\n", rd);
     return EX_USAGE;
   }
-  /* own_options: the subcommand parses its own --help (argv[0] is its name, for getopt_long); the others
-   * (ps, top) get the arguments after their name, and --help among them prints the general usage. */
+  /* own_options: the subcommand parses its own --help (argv[0] is its name, for getopt_long); the others get
+   * the arguments after their name, and --help among them prints the general usage. */
   static const struct {
     const char *name;
     int (*fn)(int, char **);
     bool own_options;
-  } cmds[] = {{"run", cmd_run, true},          {"ps", cmd_ps, false}, {"release", cmd_release, true},
-              {"snapshot", cmd_snapshot, true}, {"top", cmd_top, false}};
+  } cmds[] = {{"run", cmd_run, true},          {"ps", cmd_ps, true}, {"release", cmd_release, true},
+              {"snapshot", cmd_snapshot, true}, {"top", cmd_top, true}};
   bool help = !strcmp(argv[1], "help"); /* gpureclaim help CMD */
   const char *name = help ? argv[2] : argv[1];
   for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {

@@ -7,6 +7,9 @@
  *   PyTorch: torch.cuda.empty_cache(), after clearing its cuBLAS workspaces (which go back to its cache);
  *   CuPy: the default memory pool's and pinned memory pool's free_all_blocks();
  *   any module that defines a callable __gpureclaim_release__() returning the bytes it freed.
+ * gr_py_caches() reads, without changing anything, what the same frameworks hold: reserved, in use, and what
+ * their release would give back (PyTorch: reserved - allocated - inactive split blocks, memory_summary()'s
+ * "non-releasable" part; a module's __gpureclaim_memory__()), for `gpureclaim ps`.
  * Each step runs on its own: one that raises (SystemExit included) is reported, with its traceback, and
  * skipped; the others still run and count. A module's return value must be a non-negative integer below 2^62
  * (None counts as 0); anything else is reported as its error. A KeyboardInterrupt stops the remaining steps
@@ -19,6 +22,8 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdio.h>
+#include <string.h>
 
 typedef void PyObject;
 typedef int PyGILState_STATE;
@@ -42,6 +47,7 @@ static struct {
   PyObject *(*Err_Occurred)(void);
   void (*Err_Clear)(void);
   void (*Err_WriteUnraisable)(PyObject *);
+  const char *(*Unicode_AsUTF8)(PyObject *);
 } py;
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
@@ -68,6 +74,7 @@ static void resolve(void) {
   R(Err_Occurred, "PyErr_Occurred");
   R(Err_Clear, "PyErr_Clear");
   R(Err_WriteUnraisable, "PyErr_WriteUnraisable");
+  R(Unicode_AsUTF8, "PyUnicode_AsUTF8");
 #undef R
   g_have = py.IsInitialized && py.GILState_Ensure && py.GILState_Release && py.GILState_Check &&
            py.Eval_SaveThread && py.Eval_RestoreThread && py.Dict_New && py.Dict_GetItemString &&
@@ -191,4 +198,95 @@ void *gr_py_save_if_held(void) {
 void gr_py_restore(void *state) {
   if (state)
     py.Eval_RestoreThread(state);
+}
+
+/* What the frameworks hold, one line each: "name device reserved allocated releasable". Reads their counters
+ * only (torch.cuda.memory_stats(), CuPy's pool totals, a module's __gpureclaim_memory__() returning a dict with
+ * "reserved", "allocated" and optionally "releasable" and "device"); nothing is freed, nothing is printed, and
+ * a framework whose counters raise is left out. */
+static const char g_caches_code[] =
+    "def _gpureclaim_caches():\n"
+    "    try:\n"
+    "        return _caches()\n"
+    "    except KeyboardInterrupt:\n"
+    "        import _thread\n"
+    "        _thread.interrupt_main()  # Ctrl-C meant for the program: given back to its main thread\n"
+    "        return ''\n"
+    "def _caches():\n"
+    "    import sys\n"
+    "    out = []\n"
+    "    def add(name, dev, reserved, allocated, releasable=None):\n"
+    "        reserved, allocated = max(0, int(reserved)), max(0, int(allocated))\n"
+    "        free = max(0, reserved - allocated)\n"
+    "        releasable = free if releasable is None else min(free, max(0, int(releasable)))\n"
+    "        out.append('%s %d %d %d %d' % (name.replace(' ', '_')[:40], int(dev), reserved, allocated, releasable))\n"
+    "    try:\n"
+    "        t = sys.modules.get('torch')\n"
+    "        c = getattr(t, 'cuda', None) if t is not None else None\n"
+    "        if c is not None and c.is_initialized():\n"
+    "            for d in range(c.device_count()):\n"
+    "                s = c.memory_stats(d)\n"
+    "                r = s.get('reserved_bytes.all.current', 0)\n"
+    "                a = s.get('allocated_bytes.all.current', 0)\n"
+    "                if r:\n"
+    "                    add('pytorch', d, r, a, r - a - s.get('inactive_split_bytes.all.current', 0))\n"
+    "    except Exception:\n"
+    "        pass\n"
+    "    try:\n"
+    "        cp = sys.modules.get('cupy')\n"
+    "        if cp is not None and hasattr(cp, 'get_default_memory_pool'):\n"
+    "            pool = cp.get_default_memory_pool()\n"
+    "            if pool.total_bytes():\n"
+    "                add('cupy', cp.cuda.Device().id, pool.total_bytes(), pool.used_bytes())\n"
+    "    except Exception:\n"
+    "        pass\n"
+    "    for name, m in list(sys.modules.items()):\n"
+    "        try:\n"
+    "            f = getattr(m, '__dict__', {}).get('__gpureclaim_memory__')\n"
+    "            if callable(f):\n"
+    "                v = f()\n"
+    "                add(name, v.get('device', 0), v['reserved'], v['allocated'], v.get('releasable'))\n"
+    "        except Exception:\n"
+    "            pass\n"
+    "    return '\\n'.join(out[:64])\n";
+
+static PyObject *g_caches_fn; /* compiled once, kept for the process's life */
+
+int gr_py_caches(gr_py_cache_t *out, int max) {
+  if (!gr_opt()->python || !python_up() || !py.Unicode_AsUTF8)
+    return 0;
+  PyGILState_STATE st = py.GILState_Ensure();
+  int n = 0;
+  if (!g_caches_fn) {
+    PyObject *globals = py.Dict_New();
+    PyObject *r = globals ? py.Run_StringFlags(g_caches_code, Py_file_input, globals, globals, NULL) : NULL;
+    if (r) {
+      py.DecRef(r);
+      g_caches_fn = py.Dict_GetItemString(globals, "_gpureclaim_caches");
+    } else if (globals) {
+      py.DecRef(globals);
+    }
+  }
+  PyObject *r = g_caches_fn ? py.Object_CallObject(g_caches_fn, NULL) : NULL;
+  const char *text = r ? py.Unicode_AsUTF8(r) : NULL;
+  for (const char *line = text; line && *line && n < max;) {
+    gr_py_cache_t *c = &out[n];
+    unsigned long long reserved, allocated, releasable;
+    int dev, used = 0;
+    if (sscanf(line, "%39s %d %llu %llu %llu%n", c->name, &dev, &reserved, &allocated, &releasable, &used) == 5) {
+      c->device = dev;
+      c->reserved = reserved;
+      c->allocated = allocated;
+      c->releasable = releasable;
+      n++;
+    }
+    const char *nl = strchr(line, '\n');
+    line = nl ? nl + 1 : NULL;
+  }
+  if (r)
+    py.DecRef(r);
+  if (py.Err_Occurred()) /* the code catches what the frameworks raise; anything else is dropped unseen */
+    py.Err_Clear();
+  py.GILState_Release(st);
+  return n;
 }

@@ -48,8 +48,14 @@ cat "$tmp/train.out"
 expect "train.py: waits for a release" "$(cat "$tmp/train.out")" "waiting up to"
 out="$("$cmd" ps)"
 echo "$out"
-expect "ps: lists train.py on device 0" "$out" "^ *$train +python3? .*train\.py.* 0 "
+expect "ps: lists train.py on device 0" "$out" "^ *$train 0 .*python3? .*train\.py"
+expect "ps: the GPU's used and total memory as the driver reports them" "$out" "^ +0 GPU-[0-9a-f-]{36} +[0-9.]+ [KMG]?i?B +[0-9.]+ GiB "
 expect "ps --json parses" "$("$cmd" ps --json | "$py" -c 'import json,sys; r=json.load(sys.stdin); print(r[0]["answered"], r[0]["devices"])')" "^True \[0\]$"
+# The UUID is nvidia-smi's; the framework cache is counted in CACHED before the release (checked below).
+uuid="$("$cmd" ps --query gpu_uuid --format csv,noheader | head -1)"
+expect "ps: the GPU's UUID is one nvidia-smi -L lists" "$(nvidia-smi -L)" "UUID: ${uuid:-none}\)"
+cached="$("$cmd" ps --query cached --format csv,noheader | head -1)"
+expect "ps: the framework's releasable cache is in CACHED" "$("$cmd" ps --json)" "\"frameworks\":\[\{\"framework\":\"(pytorch|simframework)\",\"device\":0,\"reserved_bytes\":[1-9]"
 "$cmd" ps --prometheus "$tmp/g.prom" && expect "ps --prometheus" "$(cat "$tmp/g.prom")" "^gpureclaim_live_bytes\{pid=\"$train\",device=\"0\",command=\"python3?[^\"]*\"\} [1-9]"
 out="$("$cmd" snapshot "$train")"
 echo "$out" | head -8
@@ -57,6 +63,10 @@ expect "snapshot: blocks attributed to PyTorch's library" "$out" "libc10_cuda\.s
 out="$("$cmd" release --json "$train")"
 echo "$out"
 expect "release: PyTorch's cache came back" "$out" "\"ok\":true.*\"framework_bytes\":[1-9]"
+fw="$(grep -Eo '"framework_bytes":[0-9]+' <<<"$out" | head -1 | cut -d: -f2)"
+# Not less than ps said: the release also empties cuBLAS's workspaces into the cache first.
+if [[ -n "$fw" && -n "$cached" && "$cached" -gt 0 && "$fw" -ge "$cached" ]]; then pass "release: at least what ps said ($cached)"
+else fail "release: framework_bytes $fw, ps said $cached"; fi
 wait "$train"
 rc=$?
 train=""

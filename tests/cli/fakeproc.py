@@ -7,6 +7,7 @@ refusals without the library, and to make it misbehave in ways the library never
                                [--socket-gone] [--signal USR1] [--deaf] [--ignore-signal] [--program NAME]
                                [--log FILE]
                                [--other-release-first] [--old-status] [--die-on-signal] [--barrier N]
+                               [--framework] [--scale N]
 
 Prints "ready PID" once the status file and the socket exist; exits when stdin closes. Every request line and
 every signal it receives is appended to --log, so a test can tell that nothing reached it.
@@ -42,6 +43,27 @@ DEVICES = [dict(stats(live_blocks=3, live_bytes=3 * GiB, peak_bytes=4 * GiB, poo
 TOTAL = stats(live_blocks=4, live_bytes=3 * GiB + 512 * MiB, peak_bytes=4 * GiB + 512 * MiB,
               pool_reserved_bytes=3 * GiB // 2, pool_used_bytes=GiB // 2, orphan_blocks=1, orphan_bytes=512 * MiB,
               host_pinned_blocks=1, host_pinned_bytes=2 * MiB, contexts=2, pools=1, table_bytes=4096)
+
+
+# The GPUs as the library's stats report them: ordinal, UUID, the driver's free and total memory (10 GiB used on
+# device 0, 1 GiB on device 1).
+GPUS = [{"device": 0, "uuid": "GPU-11111111-2222-4333-8444-555555555555", "free_bytes": 70 * GiB,
+         "total_bytes": 80 * GiB},
+        {"device": 1, "uuid": "GPU-aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee", "free_bytes": 79 * GiB,
+         "total_bytes": 80 * GiB}]
+# --framework: a PyTorch cache on device 0 (inside the live blocks): 2 GiB reserved, 1.25 GiB allocated,
+# 512 MiB releasable, the other 256 MiB in split blocks that empty_cache() cannot give back.
+FRAMEWORKS = [{"framework": "pytorch", "device": 0, "reserved_bytes": 2 * GiB, "allocated_bytes": GiB + 256 * MiB,
+               "releasable_bytes": 512 * MiB}]
+
+
+def scaled(x, n):
+    """x with every *_bytes number multiplied by n."""
+    if isinstance(x, list):
+        return [scaled(v, n) for v in x]
+    if isinstance(x, dict):
+        return {k: v * n if k.endswith("_bytes") and isinstance(v, int) else scaled(v, n) for k, v in x.items()}
+    return x
 
 
 def report(seq, trigger, what):
@@ -128,9 +150,11 @@ class Fake:
         if line == "ping":
             return {"ok": True, "pid": self.pid, "version": "0.1.0"}
         if line == "stats":
-            return {"ok": True, "pid": self.pid, "total": dict(TOTAL, releases=self.releases),
-                    "devices": DEVICES, "pools": [{"pool": "0xp0", "device": 0, "reserved_bytes": 3 * GiB // 2,
-                                                   "used_bytes": GiB // 2}]}
+            n = self.args.scale
+            return {"ok": True, "pid": self.pid, "total": dict(scaled(TOTAL, n), releases=self.releases),
+                    "devices": scaled(DEVICES, n), "pools": [{"pool": "0xp0", "device": 0,
+                                                             "reserved_bytes": 3 * GiB // 2, "used_bytes": GiB // 2}],
+                    "gpus": GPUS, "frameworks": scaled(FRAMEWORKS, n) if self.args.framework else []}
         if line == "release" or line.startswith("release "):
             what = line[8:] or "cached,orphaned"
             return {"ok": True, "report": self.release("command", what)}
@@ -239,6 +263,8 @@ def main():
     ap.add_argument("--old-library", action="store_true", help="no release-begun request (an older library)")
     ap.add_argument("--barrier", type=int, help="answer once --log holds this many requests (of all fakes)")
     ap.add_argument("--die-on-signal", action="store_true", help="exit on the release signal, releasing nothing")
+    ap.add_argument("--framework", action="store_true", help="a PyTorch cache in the stats (FRAMEWORKS)")
+    ap.add_argument("--scale", type=int, default=1, help="every byte count of the stats times N")
     ap.add_argument("--log")
     Fake(ap.parse_args()).run()
 

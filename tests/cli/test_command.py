@@ -19,6 +19,7 @@ import unittest
 CMD = os.environ["GR_CMD"]
 HOLD = os.environ["GR_HOLD"]
 MiB = 1024 * 1024
+EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples")
 
 
 def run(*args, env=None, check=None):
@@ -95,13 +96,47 @@ class CommandTest(unittest.TestCase):
     def test_ps_lists_the_process_with_its_memory(self):
         h = self.hold()
         out = run("ps", env=self.env, check=0).stdout
-        self.assertRegex(out, r"(?m)^\s*%d\s+hold\s+0\s+8\.0 MiB\s+64\.0 MiB\s+64\.0 KiB\s+0\s+-$" % h.pid)
+        # HELD: 8 MiB live (5 of them orphaned) and the pool's 64 MiB unused.
+        self.assertRegex(out, r"(?m)^\s*%d 0\s+72\.0 MiB\s+64\.0 MiB\s+5\.0 MiB\s+64\.0 KiB\s+0 hold$" % h.pid)
+        # The GPU, named as nvidia-smi names it, with the driver's figures (the simulator's).
+        uuid = re.search(r"(?m)^\s+0 (GPU-[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12})\s+"
+                         r"\S+ [KMG]iB\s+80\.0 GiB\s+72\.0 MiB\s+69\.0 MiB\s", out)
+        self.assertTrue(uuid, out)
         rows = json.loads(run("ps", "--json", env=self.env, check=0).stdout)
         self.assertEqual(len(rows), 1)
         r = rows[0]
         self.assertEqual((r["pid"], r["live_bytes"], r["cached_bytes"], r["pinned_bytes"], r["devices"]),
                          (h.pid, 8 * MiB, 64 * MiB, 64 * 1024, [0]))
+        self.assertEqual((r["held_bytes"], r["orphan_bytes"], r["releasable_bytes"], r["gpu_uuids"]),
+                         (72 * MiB, 5 * MiB, 69 * MiB, [uuid.group(1)]))
         self.assertTrue(r["answered"])
+        # The status file names the GPUs it can see the same way (written once CUDA is initialised).
+        with open(os.path.join(self.rundir, "%d.json" % h.pid)) as f:
+            self.assertEqual(json.load(f)["gpus"][0], {"device": 0, "uuid": uuid.group(1)})
+        # Selected by that UUID; another GPU selects nothing.
+        self.assertEqual(len(json.loads(run("ps", "--json", "-i", uuid.group(1), env=self.env, check=0).stdout)), 1)
+        self.assertEqual(json.loads(run("ps", "--json", "-i", "1", env=self.env, check=0).stdout), [])
+
+    def test_ps_shows_a_framework_cache_and_a_release_gives_it_back(self):
+        """A framework's cache (examples/simframework.py, PyTorch's stand-in on the simulator): ps counts its
+        releasable part in CACHED before any release, and a release gives back exactly that."""
+        code = ("import os, sys; sys.path.insert(0, %r); import simframework as f\n"
+                "keep = [f.Tensor(1 << 20) for _ in range(4)]\n"
+                "gone = [f.Tensor(2 << 20) for _ in range(3)]; del gone\n"
+                "print('ready', os.getpid(), flush=True); sys.stdin.read()\n") % EXAMPLES
+        h = Held(self.env, program=sys.executable, args=("-c", code))
+        self.held.append(h)
+        r = json.loads(run("ps", "--json", env=self.env, check=0).stdout)[0]
+        self.assertEqual(r["frameworks"], [{"framework": "simframework", "device": 0, "reserved_bytes": 10 * MiB,
+                                            "in_use_bytes": 4 * MiB, "releasable_bytes": 6 * MiB,
+                                            "non_releasable_bytes": 0}])
+        self.assertEqual((r["cached_bytes"], r["held_bytes"]), (6 * MiB, 10 * MiB))
+        out = run("ps", env=self.env, check=0).stdout
+        self.assertIn("simframework on GPU 0: 10.0 MiB reserved = 4.0 MiB in use + 6.0 MiB releasable", out)
+        rep = json.loads(run("release", str(h.pid), "--json", env=self.env, check=0).stdout)[0]["report"]
+        self.assertEqual(rep["framework_bytes"], r["cached_bytes"])
+        r = json.loads(run("ps", "--json", env=self.env, check=0).stdout)[0]
+        self.assertEqual((r["cached_bytes"], r["held_bytes"]), (0, 4 * MiB))
 
     def test_release_reports_what_the_driver_gave_back(self):
         h = self.hold()

@@ -45,7 +45,7 @@ set -e
 printf '%s\n' "$out"
 [[ $rc -eq 0 ]] || { echo "test_readme: the block failed (exit $rc)"; exit 1; }
 # What the block promises: the process listed, its snapshot, its release, and model 2 after it.
-grep -Eq '^ +[0-9]+ +python3 train\.py --wait' <<<"$out" || { echo "test_readme: ps did not list train.py"; exit 1; }
+grep -Eq '^ +[0-9]+ [0-9,?-]+ .* python3 train\.py --wait' <<<"$out" || { echo "test_readme: ps did not list train.py"; exit 1; }
 grep -q 'live blocks' <<<"$out" || { echo "test_readme: no snapshot"; exit 1; }
 grep -Eq '^[0-9]+ \(python3 .*\): released [0-9.]+ MiB in' <<<"$out" || { echo "test_readme: no release report"; exit 1; }
 grep -q 'after the release: 0.0 MiB reserved' <<<"$out" || { echo "test_readme: the cache did not come back"; exit 1; }

@@ -47,6 +47,7 @@
 
 #define SIM_ENTRY_POINTS(X)                                                                                   \
   X(cuInit) X(cuDriverGetVersion) X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetName) X(cuDeviceTotalMem)   \
+  X(cuDeviceGetUuid) X(cuDeviceGetUuid_v2)                                                                  \
   X(cuDeviceTotalMem_v2) X(cuDeviceGetAttribute) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)     \
   X(cuDevicePrimaryCtxRelease_v2) X(cuDevicePrimaryCtxReset) X(cuDevicePrimaryCtxReset_v2)                    \
   X(cuDevicePrimaryCtxGetState) X(cuCtxCreate) X(cuCtxCreate_v2) X(cuCtxCreate_v3) X(cuCtxCreate_v4)          \
@@ -1121,6 +1122,36 @@ SIM_API cuDeviceGetName(char *name, int len, CUdevice dev) {
   if (!dev_ok(dev)) LEAVE(cuDeviceGetName, CUDA_ERROR_INVALID_DEVICE);
   snprintf(name, (size_t)len, "NVIDIA H100 80GB HBM3 (simcuda)");
   LEAVE(cuDeviceGetName, CUDA_SUCCESS);
+}
+
+/* A UUID per device, fixed for a given ordinal (so two processes agree on it, as on a real machine), random-looking
+ * and marked as a version 4 UUID; nvidia-smi writes it as GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx. */
+static CUresult impl_device_uuid(CUuuid *uuid, CUdevice dev) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!uuid) return CUDA_ERROR_INVALID_VALUE;
+  if (!dev_ok(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  uint32_t x = 0x9e3779b9u * (uint32_t)(dev + 1);
+  for (int i = 0; i < 16; i++) {
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    uuid->bytes[i] = (char)(x & 0xff);
+  }
+  uuid->bytes[6] = (char)((uuid->bytes[6] & 0x0f) | 0x40);
+  uuid->bytes[8] = (char)((uuid->bytes[8] & 0x3f) | 0x80);
+  return CUDA_SUCCESS;
+}
+
+SIM_API cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
+  ENTER(cuDeviceGetUuid);
+  LEAVE(cuDeviceGetUuid, impl_device_uuid(uuid, dev));
+}
+
+/* Declared by CUDA 12's headers only; the same call (MIG instances aside, which the simulator has none of). */
+SIM_API cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev);
+SIM_API cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) {
+  ENTER(cuDeviceGetUuid_v2);
+  LEAVE(cuDeviceGetUuid_v2, impl_device_uuid(uuid, dev));
 }
 
 static CUresult impl_total_mem(uint64_t *bytes, CUdevice dev) {
@@ -2422,6 +2453,8 @@ static const struct pa_entry {
     PA("cuDeviceGet", 2000, 0, cuDeviceGet)
     PA("cuDeviceGetCount", 2000, 0, cuDeviceGetCount)
     PA("cuDeviceGetName", 2000, 0, cuDeviceGetName)
+    PA("cuDeviceGetUuid", 9020, 0, cuDeviceGetUuid)
+    PA("cuDeviceGetUuid", 11040, 0, cuDeviceGetUuid_v2)
     PA("cuDeviceTotalMem", 2000, 0, cuDeviceTotalMem)
     PA("cuDeviceTotalMem", 3020, 0, cuDeviceTotalMem_v2)
     PA("cuDeviceGetAttribute", 2000, 0, cuDeviceGetAttribute)

@@ -58,6 +58,16 @@ Test(sim_driver, devices_and_attributes) {
   cr_assert(strstr(name, "H100") != NULL, "%s", name);
   ERR(cuDeviceGetName(name, 0, 1), CUDA_ERROR_INVALID_VALUE);
   ERR(cuDeviceGetName(name, sizeof name, 5), CUDA_ERROR_INVALID_DEVICE);
+  /* A UUID per device: the same for the same ordinal, different between devices, version 4. */
+  CUuuid u0, u1, u1b;
+  OK(cuDeviceGetUuid(&u0, 0));
+  OK(cuDeviceGetUuid(&u1, 1));
+  OK(cuDeviceGetUuid_v2(&u1b, 1));
+  cr_assert(memcmp(u0.bytes, u1.bytes, 16) != 0);
+  cr_assert(memcmp(u1.bytes, u1b.bytes, 16) == 0);
+  cr_assert_eq((unsigned char)u0.bytes[6] >> 4, 4u);
+  ERR(cuDeviceGetUuid(&u0, 3), CUDA_ERROR_INVALID_DEVICE);
+  ERR(cuDeviceGetUuid(NULL, 0), CUDA_ERROR_INVALID_VALUE);
   size_t total = 0;
   OK(cuDeviceTotalMem(&total, 0));
   cr_assert_eq(total, 4 * GiB);

@@ -1,0 +1,424 @@
+/*
+ * cmd_top.c -- `gpureclaim top`: ps's tables (ps.h), refreshed. On a terminal it is a full-screen view drawn
+ * with ncurses (which only updates what changed: no flicker), cut to the terminal's width, with keys to move a
+ * selection, release or snapshot the selected process, change the sort and quit. When standard input or output
+ * is not a terminal, or with --json, frames are printed one after another (--iterations N stops after N), for
+ * scripts and logs. ncurses is linked into the command only, never into the preloaded library.
+ */
+#include "ps.h"
+#include "gpureclaim_internal.h"
+#include "outfile.h"
+
+#include <curses.h>
+#include <errno.h>
+#include <getopt.h>
+#include <locale.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdio_ext.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char g_top_help[] =
+    "usage: gpureclaim top [-d SECONDS] [-n N] [-i GPUS] [-s FIELD] [--json]\n"
+    "ps, refreshed. On a terminal, a full-screen view; keys:\n"
+    "  Up/Down, k/j   select a process        r   release it (what its GPURECLAIM_ON_SIGNAL says)\n"
+    "  s              snapshot it, to gpureclaim-snapshot-PID-TIME.json in the current directory\n"
+    "  > / <          next / previous sort     space  refresh now        q, ^C   quit\n"
+    "Not on a terminal (or with --json), frames are printed one after another.\n"
+    "\n"
+    "  -d, --interval S     seconds between refreshes (default 2, at least 0.1)\n"
+    "  -n, --iterations N   stop after N frames (default: until q or ^C)\n"
+    "  -i, --gpu GPUS       only these GPUs (ordinals or UUIDs, comma-separated), as ps -i\n"
+    "  -s, --sort FIELD     as ps --sort (default held)\n"
+    "      --json           one JSON array per frame, one per line (JSON Lines)\n"
+    "  -h, --help           this help\n";
+
+typedef struct top_opts {
+  double interval;
+  long iterations;
+  ps_filter_t filter;
+  int sort;
+} top_opts_t;
+
+/* ---- frames printed one after another ---- */
+
+static int write_error(void) {
+  /* Output that cannot be written ends top, which would otherwise go on forever (`top > /dev/full`), with the
+   * error as main() reports it for the other commands; a reader that went away (EPIPE) ends it without one.
+   * What could not be written is discarded so that main() does not try, and report, it again. */
+  errno = 0;
+  if (fflush(stdout) == 0 && !ferror(stdout))
+    return -1;
+  int e = errno ? errno : EIO;
+  __fpurge(stdout);
+  clearerr(stdout);
+  if (e == EPIPE)
+    return EX_OK;
+  fprintf(stderr, "gpureclaim: cannot write the output: %s\n", strerror(e));
+  return EX_FAILED;
+}
+
+static void sleep_s(double s) {
+  struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+    ;
+}
+
+static int plain(const top_opts_t *o) {
+  for (long it = 0; o->iterations < 0 || it < o->iterations; it++) {
+    if (it)
+      sleep_s(o->interval);
+    ps_view_t v;
+    ps_collect(&v, &o->filter, o->sort);
+    if (cmd_rundir_refused()) {
+      ps_free(&v);
+      return EX_FAILED;
+    }
+    if (cmd_json_out()) {
+      ps_print_json(stdout, &v, &o->filter); /* one array per line: JSON Lines */
+    } else {
+      time_t now = time(NULL);
+      char ts[64];
+      strftime(ts, sizeof ts, "%H:%M:%S", localtime(&now));
+      printf("gpureclaim top - %s - %zu process%s (every %.1fs, sorted by %s)\n\n", ts, v.n, v.n == 1 ? "" : "es",
+             o->interval, ps_sort_name(o->sort));
+      ps_print_table(stdout, &v, &o->filter, false);
+      putchar('\n');
+    }
+    ps_free(&v);
+    int rc = write_error();
+    if (rc >= 0)
+      return rc;
+  }
+  return EX_OK;
+}
+
+/* ---- the full-screen view ---- */
+
+typedef struct screen {
+  ps_view_t v;
+  pid_t selected; /* followed across refreshes by pid */
+  size_t sel, top;
+  char msg[512];
+} screen_t;
+
+static void line_at(int y, const char *s, attr_t attr) {
+  if (y < 0 || y >= LINES)
+    return;
+  move(y, 0);
+  attron(attr);
+  addnstr(s, COLS); /* ps_* lines are cut to COLS already; a byte-limited copy cannot wrap either */
+  for (int x = getcurx(stdscr); attr && x < COLS && getcury(stdscr) == y; x++)
+    addch(' '); /* the bar across the whole line */
+  attroff(attr);
+}
+
+static void draw(screen_t *s, const top_opts_t *o) {
+  char line[1024];
+  erase();
+  time_t now = time(NULL);
+  char ts[64];
+  strftime(ts, sizeof ts, "%H:%M:%S", localtime(&now));
+  snprintf(line, sizeof line, "gpureclaim top - %s - %zu process%s - every %.1fs - sorted by %s", ts, s->v.n,
+           s->v.n == 1 ? "" : "es", o->interval, ps_sort_name(o->sort));
+  line_at(0, line, A_BOLD);
+  int y = 2;
+  if (s->v.ngpus) {
+    ps_gpu_header(line, sizeof line, COLS);
+    line_at(y++, line, A_BOLD);
+    for (size_t i = 0; i < s->v.ngpus && y < LINES - 4; i++) {
+      ps_gpu_line(&s->v.gpus[i], line, sizeof line, COLS);
+      line_at(y++, line, 0);
+    }
+    y++;
+  }
+  ps_row_header(line, sizeof line, COLS);
+  line_at(y++, line, A_REVERSE);
+  /* The selected process's framework caches, under the table. */
+  char *fw = NULL;
+  size_t fwlen = 0;
+  int fwlines = 0;
+  if (s->v.n) {
+    FILE *m = open_memstream(&fw, &fwlen);
+    if (m) {
+      ps_print_frameworks(m, &s->v.rows[s->sel], &o->filter, 0);
+      fclose(m);
+    }
+    for (size_t i = 0; fw && i < fwlen; i++)
+      fwlines += fw[i] == '\n';
+  }
+  int rows = LINES - 1 - y - fwlines; /* the last line is for keys and messages */
+  if (rows < 1) {
+    fwlines = 0;
+    rows = LINES - 1 - y;
+  }
+  if (rows > 0) {
+    if (s->sel < s->top)
+      s->top = s->sel;
+    if (s->sel >= s->top + (size_t)rows)
+      s->top = s->sel - (size_t)rows + 1;
+  }
+  for (size_t i = s->top; i < s->v.n && rows > 0 && y < LINES - 1 - fwlines; i++) {
+    ps_row_line(&s->v.rows[i], line, sizeof line, COLS);
+    line_at(y++, line, i == s->sel ? A_REVERSE | A_BOLD : 0);
+  }
+  if (!s->v.n)
+    line_at(y++, o->filter.n ? "(no process of yours is running gpureclaim on the GPUs selected)"
+                             : "(no process of yours is running gpureclaim)", 0);
+  for (char *p = fw, *nl; fwlines && p && *p && (nl = strchr(p, '\n')); p = nl + 1) {
+    *nl = '\0';
+    line_at(y++, p + strspn(p, " "), A_DIM);
+  }
+  free(fw);
+  line_at(LINES - 1, s->msg[0] ? s->msg : "q quit  r release  s snapshot  </> sort  up/down select  space refresh",
+          s->msg[0] ? A_BOLD : A_DIM);
+  refresh();
+}
+
+static void collect(screen_t *s, const top_opts_t *o) {
+  ps_free(&s->v);
+  ps_collect(&s->v, &o->filter, o->sort);
+  s->sel = 0;
+  for (size_t i = 0; i < s->v.n; i++)
+    if (s->v.rows[i].p.pid == s->selected)
+      s->sel = i;
+  s->selected = s->v.n ? s->v.rows[s->sel].p.pid : 0;
+}
+
+static void select_row(screen_t *s, long delta) {
+  if (!s->v.n)
+    return;
+  long i = (long)s->sel + delta;
+  s->sel = i < 0 ? 0 : (size_t)i >= s->v.n ? s->v.n - 1 : (size_t)i;
+  s->selected = s->v.rows[s->sel].p.pid;
+}
+
+static void release_selected(screen_t *s, const top_opts_t *o) {
+  if (!s->v.n)
+    return;
+  const ps_row_t *r = &s->v.rows[s->sel];
+  snprintf(s->msg, sizeof s->msg, "releasing %d ...", (int)r->p.pid);
+  draw(s, o);
+  const char *why = NULL;
+  jnode_t *a = cmd_ask(&r->p, "release", 30.0, &why, NULL);
+  const jnode_t *rep = jget(a, "report");
+  if (a && jbool(a, "ok", false) && rep) {
+    char b1[32], b2[32], b3[32];
+    int64_t c = jint(rep, "cached_bytes", 0), orph = jint(rep, "orphaned_bytes", 0), all = jint(rep, "all_bytes", 0);
+    snprintf(s->msg, sizeof s->msg, "%d released %s (cached %s, orphaned %s) in %.3g ms", (int)r->p.pid,
+             cmd_bytes((uint64_t)(c + orph + all), b1, sizeof b1), cmd_bytes((uint64_t)c, b2, sizeof b2),
+             cmd_bytes((uint64_t)orph, b3, sizeof b3), jget(rep, "ms") ? jget(rep, "ms")->num : 0.0);
+  } else {
+    snprintf(s->msg, sizeof s->msg, "%d did not release: %s", (int)r->p.pid,
+             a ? jstr(a, "error", "refused") : why ? why : "no answer");
+  }
+  if (a) {
+    jfree(a);
+    free(a);
+  }
+}
+
+static void snapshot_selected(screen_t *s, const top_opts_t *o) {
+  if (!s->v.n)
+    return;
+  const ps_row_t *r = &s->v.rows[s->sel];
+  snprintf(s->msg, sizeof s->msg, "taking a snapshot of %d ...", (int)r->p.pid);
+  draw(s, o);
+  const char *why = NULL;
+  jnode_t *a = cmd_ask(&r->p, "snapshot", 30.0, &why, NULL);
+  const jnode_t *snap = jget(a, "snapshot");
+  if (a && jbool(a, "ok", false) && snap) {
+    char path[128], ts[32];
+    time_t now = time(NULL);
+    strftime(ts, sizeof ts, "%Y%m%d-%H%M%S", localtime(&now));
+    snprintf(path, sizeof path, "gpureclaim-snapshot-%d-%s.json", (int)r->p.pid, ts);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&text, &len);
+    int rc = -ENOMEM;
+    if (m) {
+      cmd_json_dump(m, snap);
+      fputc('\n', m);
+      if (fclose(m) == 0 && text)
+        rc = gr_out_write(path, text, len, 0644);
+    }
+    free(text);
+    if (rc == 0)
+      snprintf(s->msg, sizeof s->msg, "snapshot of %d written to %s (gpureclaim snapshot %d shows it grouped)",
+               (int)r->p.pid, path, (int)r->p.pid);
+    else
+      snprintf(s->msg, sizeof s->msg, "cannot write %s: %s", path, strerror(-rc));
+  } else {
+    snprintf(s->msg, sizeof s->msg, "no snapshot of %d: %s", (int)r->p.pid,
+             a ? jstr(a, "error", "refused") : why ? why : "no answer");
+  }
+  if (a) {
+    jfree(a);
+    free(a);
+  }
+}
+
+static volatile sig_atomic_t g_quit;
+static void on_quit(int sig) {
+  (void)sig;
+  g_quit = 1;
+}
+
+static int full_screen(top_opts_t *o) {
+  /* ^C and SIGTERM quit as q does: the terminal is restored and the exit status is 0. Installed before newterm(),
+   * which then leaves them to us. */
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_quit;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  setlocale(LC_CTYPE, ""); /* the terminal's character set: UTF-8 command lines as characters */
+  SCREEN *scr = newterm(NULL, stdout, stdin);
+  if (!scr) {
+    fprintf(stderr, "gpureclaim: top: cannot use the terminal (TERM=%s); printing frames instead\n",
+            getenv("TERM") ? getenv("TERM") : "");
+    return plain(o);
+  }
+  cbreak();
+  noecho();
+  keypad(stdscr, TRUE);
+  curs_set(0);
+  screen_t s;
+  memset(&s, 0, sizeof s);
+  long frames = 0;
+  int rc = EX_OK;
+  bool again = true;
+  struct timespec next = {0, 0};
+  while (!g_quit) {
+    if (again) {
+      collect(&s, o);
+      if (cmd_rundir_refused()) {
+        rc = EX_FAILED;
+        break;
+      }
+      frames++;
+      clock_gettime(CLOCK_MONOTONIC, &next);
+      next.tv_sec += (time_t)o->interval;
+      next.tv_nsec += (long)((o->interval - (double)(time_t)o->interval) * 1e9);
+      if (next.tv_nsec >= 1000000000L) {
+        next.tv_sec++;
+        next.tv_nsec -= 1000000000L;
+      }
+      again = false;
+    }
+    draw(&s, o);
+    if (o->iterations > 0 && frames >= o->iterations)
+      break;
+    int wait = gr_ms_until(&next);
+    timeout(wait > 0 ? wait : 0);
+    int ch = getch();
+    if (g_quit)
+      break;
+    switch (ch) {
+    case ERR: again = gr_ms_until(&next) == 0; break;
+    case 'q':
+    case 'Q': goto out;
+    case KEY_UP:
+    case 'k': select_row(&s, -1); break;
+    case KEY_DOWN:
+    case 'j': select_row(&s, 1); break;
+    case KEY_PPAGE: select_row(&s, -10); break;
+    case KEY_NPAGE: select_row(&s, 10); break;
+    case '>':
+    case '<':
+      o->sort = (o->sort + (ch == '>' ? 1 : ps_sort_count() - 1)) % ps_sort_count();
+      snprintf(s.msg, sizeof s.msg, "sorted by %s", ps_sort_name(o->sort));
+      again = true;
+      break;
+    case 'r':
+      release_selected(&s, o);
+      again = true;
+      break;
+    case 's':
+      snapshot_selected(&s, o);
+      break;
+    case ' ':
+      s.msg[0] = '\0';
+      again = true;
+      break;
+    case KEY_RESIZE: break; /* drawn anew at the new size */
+    default:
+      snprintf(s.msg, sizeof s.msg, "unknown key; q quit  r release  s snapshot  </> sort  up/down select");
+      break;
+    }
+  }
+out:
+  endwin();
+  delscreen(scr);
+  ps_free(&s.v);
+  return rc;
+}
+
+/* getopt_long's '?': an option without its value, or an unknown one. */
+static int bad_option(char **av, int ind, int opt, const char *cmd, const char *with_value) {
+  const char *arg = av[ind - 1];
+  if (opt && strchr(with_value, opt))
+    fprintf(stderr, "gpureclaim: %s: %s needs a value\n(see gpureclaim %s --help)\n", cmd, arg, cmd);
+  else
+    fprintf(stderr, "gpureclaim: %s: unknown option: %s\n(see gpureclaim %s --help)\n", cmd, arg, cmd);
+  return EX_USAGE;
+}
+
+int cmd_top(int argc, char **argv) {
+  static const struct option longs[] = {
+      {"interval", required_argument, NULL, 'd'}, {"iterations", required_argument, NULL, 'n'},
+      {"gpu", required_argument, NULL, 'i'},      {"sort", required_argument, NULL, 's'},
+      {"json", no_argument, NULL, 'j'},           {"help", no_argument, NULL, 'h'},
+      {NULL, 0, NULL, 0}};
+  top_opts_t o = {.interval = 2, .iterations = -1, .sort = ps_sort_key("held")};
+  /* The arguments after the subcommand's name, or (as main() passes them to commands that parse their own
+   * --help) with the name first: "top" is no valid argument of top's either way. */
+  if (argc > 0 && !strcmp(argv[0], "top")) {
+    argc--;
+    argv++;
+  }
+  char *av[argc + 2];
+  av[0] = "gpureclaim top";
+  for (int i = 0; i < argc; i++)
+    av[i + 1] = argv[i];
+  av[argc + 1] = NULL;
+  opterr = 0;
+  optind = 0;
+  int c;
+  while ((c = getopt_long(argc + 1, av, "+d:n:i:s:h", longs, NULL)) != -1) {
+    char *end;
+    switch (c) {
+    case 'd':
+      if (!cmd_parse_seconds(optarg, &o.interval) || o.interval < 0.1)
+        return cmd_usage_error("top: bad interval %s (0.1 to 86400 seconds)", optarg);
+      break;
+    case 'n':
+      errno = 0;
+      o.iterations = strtol(optarg, &end, 10);
+      if (errno || end == optarg || *end || o.iterations < 1)
+        return cmd_usage_error("top: bad iterations %s (a whole number, 1 or more)", optarg);
+      break;
+    case 'i':
+      if (!ps_parse_filter(optarg, &o.filter))
+        return cmd_usage_error("top: bad --gpu %s (ordinals or UUIDs, comma-separated)", optarg);
+      break;
+    case 's':
+      if ((o.sort = ps_sort_key(optarg)) < 0)
+        return cmd_usage_error("top: unknown --sort field %s (see gpureclaim ps --help)", optarg);
+      break;
+    case 'j': cmd_set_json(true); break;
+    case 'h': return cmd_help(g_top_help);
+    default:
+      return bad_option(av, optind, optopt, "top", "dnis");
+    }
+  }
+  if (optind < argc + 1)
+    return cmd_usage_error("top: unexpected argument: %s", av[optind]);
+  if (!cmd_json_out() && isatty(STDIN_FILENO) && isatty(STDOUT_FILENO))
+    return full_screen(&o);
+  return plain(&o);
+}
