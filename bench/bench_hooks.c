@@ -1,20 +1,33 @@
 /*
- * bench_hooks -- what gpureclaim adds to an allocation + free pair, on the simulator (or a real driver).
+ * bench_hooks -- what gpureclaim adds to an allocation + free pair, per route, in thread CPU time.
  *
- * `bench_hooks [rounds] [pairs]` runs itself as a child twice per round, once without and once with
- * libgpureclaim.so preloaded (GPURECLAIM_LIBRARY, else next to this binary's build tree), alternating to cancel
- * drift, and prints per route and size the median ns per pair, the ns gpureclaim adds and the ratio.
- * Routes: the exported driver symbols (a -lcuda program), cuGetProcAddress (the runtime's route), and
- * stream-ordered pool hits. The child mode (`--child`) prints one line per measurement.
- * Both children are multi-threaded processes, as every process that initialised CUDA is: the simulated driver
- * starts a thread in cuInit like libcuda (glibc's mutexes are cheaper in a single-threaded process, which
- * would charge gpureclaim's own thread to it).
- * Then it times, alone, the steps every tracked pair takes whatever the implementation: asking the driver for
- * the current context, reading the clock, and the two compare-and-swaps of a lock-free insert and of the
- * claim on a record's state.
+ * `bench_hooks [rounds] [pairs]` (default 7 rounds of 200000 pairs) runs itself as a child four times per round:
+ * without and with libgpureclaim.so preloaded (GPURECLAIM_LIBRARY, else next to this binary's build tree), on
+ * two drivers: the null driver (bench/nullcuda.c: entry points that do almost nothing, so the figure is
+ * gpureclaim's cost) and the simulator (tests/sim). The order alternates between rounds to cancel drift. Each
+ * child times each route's loop with CLOCK_THREAD_CPUTIME_ID (thread CPU time: on a shared machine wall time
+ * moves with the load, CPU time repeats within about a nanosecond) and prints ns per pair; the parent prints
+ * min and median over the rounds, without, with, and added (with minus without, of the mins and of the
+ * medians). Routes:
+ *   cuMemAlloc_v2 + cuMemFree_v2 by exported name (a program linked with -lcuda);
+ *   the same through cuGetProcAddress (the CUDA runtime's route);
+ *   cuMemAllocAsync + cuMemFreeAsync by exported name (stream-ordered, pool hits);
+ *   the same through cuGetProcAddress.
+ * Then it times, alone, steps every tracked pair may take (the driver's cuCtxGetCurrent, a clock read, two
+ * compare-and-swaps), on the null driver.
+ *
+ * `bench_hooks --callgrind [pairs]` prints instructions per pair instead: for each route, without and with
+ * gpureclaim, it runs the child under `valgrind --tool=callgrind` on the null driver, collecting only inside
+ * the timed loop (--toggle-collect), once with `pairs` pairs (default 20000) and once with twice as many, and
+ * divides the difference of the instruction counts by `pairs` (so one-time costs cancel). Needs valgrind.
+ *
+ * Driver directories: BENCH_NULL_DIR and BENCH_SIM_DIR (environment), else the build tree's. Children are
+ * multi-threaded processes, as every process that initialised CUDA is (both drivers start a thread in cuInit).
+ * Each child reports which libcuda it loaded, and the parent refuses figures from the wrong one.
  */
 #include <cuda.h>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -25,23 +38,27 @@
 #include <time.h>
 #include <unistd.h>
 
-#define NCASES 5
-/* Steps every tracked pair takes, timed alone in the run without gpureclaim: what they cost here is the part of
- * the added time that no trimming of gpureclaim's own code removes. */
-#define NSTEPS 3
-static const char *const g_step[NSTEPS] = {"the driver's cuCtxGetCurrent (context of a cuMemAlloc)",
-                                           "clock_gettime(CLOCK_MONOTONIC_COARSE) (the record's time)",
-                                           "two compare-and-swaps (claim a slot, claim a record)"};
-#define STEP_KEY 100
-static const char *const g_case[NCASES] = {"cuMemAlloc+cuMemFree 512 B (exported)",
-                                           "cuMemAlloc+cuMemFree 1 MiB (exported)",
-                                           "cuMemAlloc+cuMemFree 512 B (cuGetProcAddress)",
-                                           "cuMemAllocAsync+cuMemFreeAsync 4 KiB (pool hit)",
-                                           "cuMemAllocAsync+cuMemFreeAsync 4 KiB (cuGetProcAddress)"};
+#ifndef BENCH_NULL_DIR_DEFAULT
+#define BENCH_NULL_DIR_DEFAULT ""
+#endif
+#ifndef BENCH_SIM_DIR_DEFAULT
+#define BENCH_SIM_DIR_DEFAULT ""
+#endif
 
-static double now(void) {
+#define NROUTES 4
+static const char *const g_route[NROUTES] = {
+    "cuMemAlloc_v2+cuMemFree_v2 (exported)", "cuMemAlloc+cuMemFree (cuGetProcAddress)",
+    "cuMemAllocAsync+cuMemFreeAsync (exported)", "cuMemAllocAsync+cuMemFreeAsync (cuGetProcAddress)"};
+#define NSTEPS 3
+static const char *const g_step[NSTEPS] = {"the driver's cuCtxGetCurrent", "clock_gettime(CLOCK_MONOTONIC_COARSE)",
+                                           "two compare-and-swaps"};
+#define STEP_KEY 100
+#define NDRV 2
+static const char *const g_drv[NDRV] = {"null", "sim"};
+
+static double cpu_ns(void) {
   struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
 }
 
@@ -50,76 +67,106 @@ typedef CUresult (*free_t)(CUdeviceptr);
 typedef CUresult (*aalloc_t)(CUdeviceptr *, size_t, CUstream);
 typedef CUresult (*afree_t)(CUdeviceptr, CUstream);
 
-static double pairs(alloc_t a, free_t f, size_t size, long n) {
+static void *g_fn[NROUTES][2];
+
+/* The timed loop of one route (named, and kept out of line, for callgrind's --toggle-collect). */
+void bench_timed_loop(int route, long n);
+__attribute__((noinline)) void bench_timed_loop(int route, long n) {
   CUdeviceptr p;
-  double t0 = now();
-  for (long i = 0; i < n; i++) {
-    if (a(&p, size) != CUDA_SUCCESS || f(p) != CUDA_SUCCESS) {
-      fprintf(stderr, "bench_hooks: allocation failed\n");
-      exit(1);
+  if (route < 2) {
+    alloc_t a = (alloc_t)g_fn[route][0];
+    free_t f = (free_t)g_fn[route][1];
+    for (long i = 0; i < n; i++)
+      if (a(&p, 512) != CUDA_SUCCESS || f(p) != CUDA_SUCCESS) {
+        fprintf(stderr, "bench_hooks: allocation failed\n");
+        exit(1);
+      }
+  } else {
+    aalloc_t a = (aalloc_t)g_fn[route][0];
+    afree_t f = (afree_t)g_fn[route][1];
+    for (long i = 0; i < n; i++)
+      if (a(&p, 4096, NULL) != CUDA_SUCCESS || f(p, NULL) != CUDA_SUCCESS) {
+        fprintf(stderr, "bench_hooks: stream-ordered allocation failed\n");
+        exit(1);
+      }
+  }
+}
+
+static double timed(int route, long n) {
+  double t0 = cpu_ns();
+  bench_timed_loop(route, n);
+  return (cpu_ns() - t0) / (double)n;
+}
+
+/* Prints the path of the libcuda this process loaded. */
+static void print_driver(void) {
+  FILE *m = fopen("/proc/self/maps", "r");
+  char line[4096];
+  while (m && fgets(line, sizeof line, m)) {
+    char *p = strstr(line, "/libcuda.so");
+    if (p) {
+      char *s = strchr(line, '/');
+      line[strcspn(line, "\n")] = '\0';
+      printf("driver %s\n", s);
+      break;
     }
   }
-  return (now() - t0) / (double)n;
+  if (m)
+    fclose(m);
 }
 
-static double apairs(aalloc_t a, afree_t f, size_t size, long n) {
-  CUdeviceptr p;
-  double t0 = now();
-  for (long i = 0; i < n; i++)
-    if (a(&p, size, NULL) != CUDA_SUCCESS || f(p, NULL) != CUDA_SUCCESS) {
-      fprintf(stderr, "bench_hooks: stream-ordered allocation failed\n");
-      exit(1);
-    }
-  return (now() - t0) / (double)n;
-}
-
-static int child(long n) {
+/* route < 0: every route, and (without the preload) the steps; else that route only (callgrind). */
+static int child(long n, int route) {
   CUdevice dev;
   CUcontext ctx;
   if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx))
     return 2;
+  print_driver();
   typedef CUresult (*gp_t)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
   gp_t gp = (gp_t)dlsym(dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD), "cuGetProcAddress_v2");
-  void *pa = NULL, *pf = NULL, *paa = NULL, *paf = NULL;
   CUdriverProcAddressQueryResult st;
-  gp("cuMemAlloc", &pa, 13000, 0, &st);
-  gp("cuMemFree", &pf, 13000, 0, &st);
-  gp("cuMemAllocAsync", &paa, 13000, 0, &st);
-  gp("cuMemFreeAsync", &paf, 13000, 0, &st);
+  g_fn[0][0] = (void *)cuMemAlloc_v2;
+  g_fn[0][1] = (void *)cuMemFree_v2;
+  g_fn[2][0] = (void *)cuMemAllocAsync;
+  g_fn[2][1] = (void *)cuMemFreeAsync;
+  if (!gp || gp("cuMemAlloc", &g_fn[1][0], 13000, 0, &st) || gp("cuMemFree", &g_fn[1][1], 13000, 0, &st) ||
+      gp("cuMemAllocAsync", &g_fn[3][0], 13000, 0, &st) || gp("cuMemFreeAsync", &g_fn[3][1], 13000, 0, &st))
+    return 2;
   CUmemoryPool pool;
   cuDeviceGetDefaultMemPool(&pool, dev);
   cuuint64_t keep = UINT64_MAX; /* pool hits, as PyTorch's cudaMallocAsync backend sets it */
   cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep);
-  /* Warm up every path once, then measure. */
-  pairs(cuMemAlloc_v2, cuMemFree_v2, 512, n / 10);
-  printf("0 %.2f\n", pairs(cuMemAlloc_v2, cuMemFree_v2, 512, n));
-  printf("1 %.2f\n", pairs(cuMemAlloc_v2, cuMemFree_v2, 1 << 20, n));
-  printf("2 %.2f\n", pairs((alloc_t)pa, (free_t)pf, 512, n));
-  apairs(cuMemAllocAsync, cuMemFreeAsync, 4096, n / 10);
-  printf("3 %.2f\n", apairs(cuMemAllocAsync, cuMemFreeAsync, 4096, n));
-  printf("4 %.2f\n", apairs((aalloc_t)paa, (afree_t)paf, 4096, n));
+  if (route >= 0) {
+    bench_timed_loop(route, 1000); /* warm up: the same in every run, so it cancels */
+    bench_timed_loop(route, n);
+    return 0;
+  }
+  for (int k = 0; k < NROUTES; k++) {
+    bench_timed_loop(k, n / 10); /* warm up */
+    printf("%d %.3f\n", k, timed(k, n));
+  }
   if (getenv("LD_PRELOAD"))
     return 0;
   CUcontext cur;
-  double t0 = now();
+  double t0 = cpu_ns();
   for (long i = 0; i < n; i++)
     if (cuCtxGetCurrent(&cur) != CUDA_SUCCESS)
       return 2;
-  printf("%d %.2f\n", STEP_KEY, (now() - t0) / (double)n);
+  printf("%d %.3f\n", STEP_KEY, (cpu_ns() - t0) / (double)n);
   struct timespec ts;
-  t0 = now();
+  t0 = cpu_ns();
   for (long i = 0; i < n; i++)
     clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-  printf("%d %.2f\n", STEP_KEY + 1, (now() - t0) / (double)n);
+  printf("%d %.3f\n", STEP_KEY + 1, (cpu_ns() - t0) / (double)n);
   static _Atomic unsigned long word;
-  t0 = now();
+  t0 = cpu_ns();
   for (long i = 0; i < n; i++) {
     unsigned long v = atomic_load_explicit(&word, memory_order_relaxed);
     atomic_compare_exchange_strong(&word, &v, v + 1);
     v++;
     atomic_compare_exchange_strong(&word, &v, v + 1);
   }
-  printf("%d %.2f\n", STEP_KEY + 2, (now() - t0) / (double)n);
+  printf("%d %.3f\n", STEP_KEY + 2, (cpu_ns() - t0) / (double)n);
   return 0;
 }
 
@@ -128,8 +175,33 @@ static int cmpd(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* Runs the child with or without the preload and reads its NCASES figures (and, without, the NSTEPS ones). */
-static int run(const char *self, const char *lib, long n, double *out, double *steps) {
+static char g_self[PATH_MAX], g_lib[PATH_MAX], g_dir[NDRV][PATH_MAX];
+
+/* Child environment: the driver's directory first on LD_LIBRARY_PATH, the preload or none. */
+static void child_env(int drv, bool with) {
+  const char *old = getenv("LD_LIBRARY_PATH");
+  char path[2 * PATH_MAX + 2];
+  snprintf(path, sizeof path, "%s%s%s", g_dir[drv], old && *old ? ":" : "", old && *old ? old : "");
+  setenv("LD_LIBRARY_PATH", path, 1);
+  if (with) {
+    setenv("LD_PRELOAD", g_lib, 1);
+    setenv("GPURECLAIM_STATUS", "0", 1); /* no files from a benchmark */
+  } else {
+    unsetenv("LD_PRELOAD");
+  }
+}
+
+/* Whether the child's "driver PATH" line names a libcuda in drv's directory. */
+static bool right_driver(int drv, const char *path) {
+  char real_dir[PATH_MAX], real_path[PATH_MAX];
+  if (!realpath(g_dir[drv], real_dir) || !realpath(path, real_path))
+    return false;
+  size_t l = strlen(real_dir);
+  return !strncmp(real_path, real_dir, l) && real_path[l] == '/' && !strchr(real_path + l + 1, '/');
+}
+
+/* Runs the child on driver drv with or without the preload; reads its NROUTES figures (and the NSTEPS ones). */
+static int run(int drv, bool with, long n, double *out, double *steps) {
   int fd[2];
   if (pipe(fd) != 0)
     return -1;
@@ -137,87 +209,183 @@ static int run(const char *self, const char *lib, long n, double *out, double *s
   if (pid == 0) {
     dup2(fd[1], 1);
     close(fd[0]);
-    if (lib) {
-      setenv("LD_PRELOAD", lib, 1);
-      setenv("GPURECLAIM_STATUS", "0", 1); /* no files from a benchmark */
-    } else {
-      unsetenv("LD_PRELOAD");
-    }
+    child_env(drv, with);
     char num[32];
     snprintf(num, sizeof num, "%ld", n);
-    execl(self, self, "--child", num, (char *)NULL);
+    execl(g_self, g_self, "--child", num, (char *)NULL);
     _exit(127);
   }
   close(fd[1]);
   FILE *f = fdopen(fd[0], "r");
-  int k, got = 0;
-  double v;
-  while (fscanf(f, "%d %lf", &k, &v) == 2)
-    if (k >= 0 && k < NCASES)
-      out[k] = v, got++;
-    else if (steps && k >= STEP_KEY && k < STEP_KEY + NSTEPS)
-      steps[k - STEP_KEY] = v;
+  char line[PATH_MAX + 64];
+  int got = 0;
+  bool driver_ok = false;
+  while (fgets(line, sizeof line, f)) {
+    int k;
+    double v;
+    if (!strncmp(line, "driver ", 7)) {
+      line[strcspn(line, "\n")] = '\0';
+      driver_ok = right_driver(drv, line + 7);
+      if (!driver_ok)
+        fprintf(stderr, "bench_hooks: the child loaded %s, not the %s driver of %s\n", line + 7, g_drv[drv],
+                g_dir[drv]);
+    } else if (sscanf(line, "%d %lf", &k, &v) == 2) {
+      if (k >= 0 && k < NROUTES)
+        out[k] = v, got++;
+      else if (steps && k >= STEP_KEY && k < STEP_KEY + NSTEPS)
+        steps[k - STEP_KEY] = v;
+    }
+  }
   fclose(f);
   int st;
   waitpid(pid, &st, 0);
-  return WIFEXITED(st) && WEXITSTATUS(st) == 0 && got == NCASES ? 0 : -1;
+  return WIFEXITED(st) && WEXITSTATUS(st) == 0 && got == NROUTES && driver_ok ? 0 : -1;
+}
+
+/* Instructions callgrind counted in the timed loop of one child run (null driver), or -1. */
+static double callgrind_ir(int route, bool with, long n) {
+  int fd[2];
+  if (pipe(fd) != 0)
+    return -1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fd[1], 2);
+    close(fd[0]);
+    int devnull = open("/dev/null", O_WRONLY);
+    if (devnull >= 0)
+      dup2(devnull, 1);
+    child_env(0, with);
+    char num[32], r[16];
+    snprintf(num, sizeof num, "%ld", n);
+    snprintf(r, sizeof r, "%d", route);
+    execlp("valgrind", "valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", "--collect-atstart=no",
+           "--toggle-collect=bench_timed_loop", g_self, "--child", num, r, (char *)NULL);
+    _exit(127);
+  }
+  close(fd[1]);
+  FILE *f = fdopen(fd[0], "r");
+  char line[1024];
+  double ir = -1;
+  while (fgets(line, sizeof line, f)) {
+    char *p = strstr(line, "Collected : ");
+    if (p)
+      ir = atof(p + 12);
+  }
+  fclose(f);
+  int st;
+  waitpid(pid, &st, 0);
+  return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? ir : -1;
+}
+
+static int callgrind_main(long n) {
+  printf("bench_hooks --callgrind: instructions per alloc+free pair in the timed loop, null driver\n");
+  printf("((Ir of %ld pairs - Ir of %ld pairs) / %ld, so one-time costs cancel)\n", 2 * n, n, n);
+  printf("%-50s %10s %10s %10s\n", "route", "without", "with", "added");
+  for (int k = 0; k < NROUTES; k++) {
+    double v[2];
+    for (int w = 0; w < 2; w++) {
+      double a = callgrind_ir(k, w, n), b = callgrind_ir(k, w, 2 * n);
+      if (a < 0 || b < 0) {
+        fprintf(stderr, "bench_hooks: a callgrind run failed (is valgrind installed?)\n");
+        return 1;
+      }
+      v[w] = (b - a) / (double)n;
+    }
+    printf("%-50s %10.1f %10.1f %10.1f\n", g_route[k], v[0], v[1], v[1] - v[0]);
+  }
+  return 0;
+}
+
+static void min_med(double *v, long n, double *mn, double *md) {
+  qsort(v, (size_t)n, sizeof(double), cmpd);
+  *mn = v[0];
+  *md = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 int main(int argc, char **argv) {
   if (argc > 2 && !strcmp(argv[1], "--child"))
-    return child(atol(argv[2]));
+    return child(atol(argv[2]), argc > 3 ? atoi(argv[3]) : -1);
+  bool cg = argc > 1 && !strcmp(argv[1], "--callgrind");
   char *end = NULL;
-  long rounds = argc > 1 ? strtol(argv[1], &end, 10) : 7;
-  bool bad = argc > 3 || (argc > 1 && (*end || rounds < 1 || rounds > 64));
-  long n = argc > 2 ? strtol(argv[2], &end, 10) : 200000;
-  bad = bad || (argc > 2 && (*end || n < 10));
+  long rounds = 7, n = cg ? 20000 : 200000;
+  bool bad = false;
+  if (cg) {
+    if (argc > 2)
+      n = strtol(argv[2], &end, 10), bad = *end || n < 10;
+    bad = bad || argc > 3;
+  } else {
+    if (argc > 1)
+      rounds = strtol(argv[1], &end, 10), bad = *end || rounds < 1 || rounds > 64;
+    if (argc > 2)
+      n = strtol(argv[2], &end, 10), bad = bad || *end || n < 10;
+    bad = bad || argc > 3;
+  }
   if (bad) {
-    fprintf(stderr, "usage: bench_hooks [rounds 1-64, default 7] [pairs per measurement >= 10, default 200000]\n");
+    fprintf(stderr, "usage: bench_hooks [rounds 1-64, default 7] [pairs per measurement >= 10, default 200000]\n"
+                    "       bench_hooks --callgrind [pairs >= 10, default 20000]\n");
     return 2;
   }
-  char self[PATH_MAX], lib[PATH_MAX];
-  ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+  ssize_t len = readlink("/proc/self/exe", g_self, sizeof g_self - 1);
   if (len <= 0)
     return 1;
-  self[len] = '\0';
+  g_self[len] = '\0';
   const char *env = getenv("GPURECLAIM_LIBRARY");
   if (env) {
-    snprintf(lib, sizeof lib, "%s", env);
+    snprintf(g_lib, sizeof g_lib, "%s", env);
   } else {
-    char *slash = strrchr(self, '/');
-    snprintf(lib, sizeof lib, "%.*s/../src/libgpureclaim.so", (int)(slash - self), self);
+    char *slash = strrchr(g_self, '/');
+    snprintf(g_lib, sizeof g_lib, "%.*s/../src/libgpureclaim.so", (int)(slash - g_self), g_self);
   }
-  if (access(lib, R_OK) != 0) {
-    fprintf(stderr, "bench_hooks: %s not found (set GPURECLAIM_LIBRARY)\n", lib);
+  const char *nd = getenv("BENCH_NULL_DIR"), *sd = getenv("BENCH_SIM_DIR");
+  snprintf(g_dir[0], sizeof g_dir[0], "%s", nd ? nd : BENCH_NULL_DIR_DEFAULT);
+  snprintf(g_dir[1], sizeof g_dir[1], "%s", sd ? sd : BENCH_SIM_DIR_DEFAULT);
+  if (access(g_lib, R_OK) != 0) {
+    fprintf(stderr, "bench_hooks: %s not found (set GPURECLAIM_LIBRARY)\n", g_lib);
     return 1;
   }
-  double base[NCASES][64], with[NCASES][64], step[NSTEPS][64];
-  for (int r = 0; r < rounds; r++) {
-    double b[NCASES], w[NCASES], st[NSTEPS] = {0};
-    if (run(self, NULL, n, b, st) != 0 || run(self, lib, n, w, NULL) != 0) {
-      fprintf(stderr, "bench_hooks: a child failed\n");
+  for (int d = 0; d < NDRV; d++) {
+    char p[PATH_MAX + 32];
+    snprintf(p, sizeof p, "%s/libcuda.so.1", g_dir[d]);
+    if (access(p, R_OK) != 0) {
+      fprintf(stderr, "bench_hooks: no %s (set BENCH_%s_DIR)\n", p, d ? "SIM" : "NULL");
       return 1;
     }
-    for (int k = 0; k < NCASES; k++)
-      base[k][r] = b[k], with[k][r] = w[k];
-    for (int k = 0; k < NSTEPS; k++)
-      step[k][r] = st[k];
   }
-  printf("bench_hooks: %ld rounds of %ld pairs, median ns per pair, without and with libgpureclaim.so\n", rounds, n);
-  printf("%-58s %10s %10s %10s %8s\n", "pair", "baseline", "gpureclaim", "added", "ratio");
-  for (int k = 0; k < NCASES; k++) {
-    qsort(base[k], (size_t)rounds, sizeof(double), cmpd);
-    qsort(with[k], (size_t)rounds, sizeof(double), cmpd);
-    double b = base[k][rounds / 2], w = with[k][rounds / 2];
-    printf("%-58s %10.1f %10.1f %10.1f %7.2fx\n", g_case[k], b, w, w - b, w / b);
-  }
-  printf("\nsteps every tracked pair takes, each timed alone (median ns; within a pair they partly overlap)\n");
-  double total = 0;
+  if (cg)
+    return callgrind_main(n);
+  static double v[NDRV][2][NROUTES][64], step[NSTEPS][64];
+  for (int r = 0; r < rounds; r++)
+    for (int d = 0; d < NDRV; d++)
+      for (int o = 0; o < 2; o++) {
+        int w = o ^ (r & 1); /* alternate which goes first */
+        double out[NROUTES], st[NSTEPS] = {0};
+        if (run(d, w, n, out, d == 0 && !w ? st : NULL) != 0) {
+          fprintf(stderr, "bench_hooks: a child failed\n");
+          return 1;
+        }
+        for (int k = 0; k < NROUTES; k++)
+          v[d][w][k][r] = out[k];
+        if (d == 0 && !w)
+          for (int k = 0; k < NSTEPS; k++)
+            step[k][r] = st[k];
+      }
+  printf("bench_hooks: %ld interleaved rounds of %ld pairs; thread CPU time per alloc+free pair in ns, min and "
+         "median\n",
+         rounds, n);
+  printf("%-50s %-6s %15s %15s %15s\n", "route", "driver", "without", "with", "added");
+  for (int k = 0; k < NROUTES; k++)
+    for (int d = 0; d < NDRV; d++) {
+      double bmin, bmed, wmin, wmed;
+      min_med(v[d][0][k], rounds, &bmin, &bmed);
+      min_med(v[d][1][k], rounds, &wmin, &wmed);
+      printf("%-50s %-6s %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f\n", d ? "" : g_route[k], g_drv[d], bmin, bmed, wmin,
+             wmed, wmin - bmin, wmed - bmed);
+    }
+  printf("\nsteps a tracked pair may take, each timed alone on the null driver (ns, min and median)\n");
   for (int k = 0; k < NSTEPS; k++) {
-    qsort(step[k], (size_t)rounds, sizeof(double), cmpd);
-    total += step[k][rounds / 2];
-    printf("%-58s %10.1f\n", g_step[k], step[k][rounds / 2]);
+    double mn, md;
+    min_med(step[k], rounds, &mn, &md);
+    printf("%-50s %7.1f %7.1f\n", g_step[k], mn, md);
   }
-  printf("%-58s %10.1f\n", "sum", total);
   return 0;
 }
