@@ -1,14 +1,25 @@
 /*
- * bench_table -- insert+delete throughput of gpureclaim's lock-free table against a mutex-protected table of
- * the same layout (40-byte records in one open-addressing array, linear probing), at 1, 2, 4, 8, 16 threads.
+ * bench_table -- gpureclaim's lock-free table against a mutex-protected table with the same operations, at 1, 2,
+ * 4, 8 and 16 threads, with many blocks held live while the threads churn.
  *
- * Each thread inserts a block and deletes the block it inserted `window` operations earlier, as a program
- * allocating and freeing does, over its own addresses. Prints million pairs per second and ns per pair, the
- * ratio of the two tables in the same run, and the lock-free table's throughput against one thread.
- * Usage: bench_table [seconds-per-point] [window] [reuse]. Without reuse it runs two address patterns: ever-new
- * addresses (every thread writes slots all over the table, so each operation moves cache lines between cores)
- * and reused ones (a freed address comes back, as from a pool or the driver's free list; reuse = window).
+ * Usage: bench_table [seconds-per-point, default 0.2] [window, default 64] [held, default 100000] [reps, default 5]
+ *   Both tables first get `held` blocks that stay live for the whole run (while they grow, the memory each maps
+ *   is sampled after every insert: the peak per block is the moment an old and a new generation, or array, are
+ *   mapped side by side). Then each thread inserts a block and deletes the block it inserted `window` pairs
+ *   earlier, as a program allocating and freeing does, over its own addresses, for `seconds` per point. Each
+ *   point runs `reps` times, the two tables alternating, and prints min and median of:
+ *     CPU ns/pair  thread CPU time (CLOCK_THREAD_CPUTIME_ID) of all threads / pairs: what one pair costs;
+ *     Mpairs/s     pairs of all threads / wall time: throughput, where contention shows.
+ *   Two address patterns: ever new (every allocation an address never seen before, so every thread writes
+ *   slots all over the table) and reused (a freed address comes back, as from a pool: each thread cycles
+ *   through `window` addresses).
+ *   Last, memory per tracked block: steady (after the run, mapped bytes / live blocks) and the peak while
+ *   growing to `held` blocks (counted from 4096 blocks on: below, the minimum sizes dominate).
  * BENCH_LOCKFREE_ONLY=1 skips the mutex table.
+ *
+ * The mutex table: one pthread mutex around an open-addressing array of 40-byte records (linear probing,
+ * tombstones, rebuilt at 85% used into an array sized for 75% live), the simple design the lock-free one has
+ * to beat.
  */
 #include "table.h"
 
@@ -21,7 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
-/* ---- the baseline: the same slots under one mutex ---- */
+/* ---- the baseline: a mutex around an open-addressing array ---- */
 typedef struct {
   uint64_t ctl, key, w1, w2, w3;
 } lslot_t;
@@ -30,9 +41,11 @@ typedef struct {
   pthread_mutex_t lock;
   lslot_t *s;
   uint64_t cap, used, live;
+  size_t bytes, peak_bytes; /* mapped now; most ever mapped at once (old and new array during a rebuild) */
+  double peak_per_block;    /* most bytes per live block while rebuilding, from 4096 blocks on */
 } ltable_t;
 
-static ltable_t g_lt = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, 0};
+static ltable_t g_lt = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, 0, 0, 0, 0};
 
 static uint64_t lhash(uint64_t k, uint64_t cap) {
   uint64_t h = k * UINT64_C(0x9E3779B97F4A7C15);
@@ -44,6 +57,11 @@ static void lt_rehash(uint64_t cap) {
   lslot_t *old = g_lt.s;
   uint64_t ocap = g_lt.cap;
   g_lt.s = calloc(cap, sizeof *g_lt.s);
+  if (!g_lt.s)
+    abort();
+  size_t both = g_lt.bytes + cap * sizeof *g_lt.s;
+  if (g_lt.live >= 4096 && (double)both / (double)g_lt.live > g_lt.peak_per_block)
+    g_lt.peak_per_block = (double)both / (double)g_lt.live;
   g_lt.cap = cap;
   g_lt.used = 0;
   for (uint64_t i = 0; i < ocap; i++)
@@ -55,6 +73,7 @@ static void lt_rehash(uint64_t cap) {
       g_lt.used++;
     }
   free(old);
+  g_lt.bytes = cap * sizeof *g_lt.s;
 }
 
 static void lt_insert(uint64_t key, uint64_t size) {
@@ -85,129 +104,210 @@ static void lt_delete(uint64_t key) {
 }
 
 /* ---- the run ---- */
+#define MAXT 16
 typedef struct {
   int id, lockfree;
   unsigned window;
-  _Atomic int *stop;
-  uint64_t pairs;
+  _Atomic int *go, *stop;
+  uint64_t first, pairs; /* pair numbers [first, first + pairs) */
+  double cpu_ns;
 } arg_t;
 
-/* Addresses: with reuse (the driver hands freed addresses out again) from a per-thread range of `reuse` slots,
- * else ever new. */
+/* Addresses: thread t's i-th allocation. With reuse (a pool hands freed addresses out again) from a per-thread
+ * range of g_reuse addresses, else ever new. The held blocks use thread number MAXT. */
 static uint64_t g_reuse;
+static uint64_t g_next[MAXT]; /* first pair number of each thread's next point: ever-new stays new */
 static uint64_t key_of(int t, uint64_t i) {
-  return UINT64_C(0x200000000000) + ((uint64_t)t << 36) + (g_reuse ? i % g_reuse : i) * 512;
+  return UINT64_C(0x200000000000) + ((uint64_t)t << 40) + (g_reuse ? i % g_reuse : i) * 256;
 }
 
-static void *run(void *p) {
-  arg_t *a = p;
+static double cpu_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+static gr_rec_t rec_for(uint64_t key) {
   gr_rec_t r;
   memset(&r, 0, sizeof r);
   r.kind = 1;
   r.state = GR_ST_LIVE;
   r.size = 4096;
-  uint64_t i = 0;
-  while (!atomic_load_explicit(a->stop, memory_order_relaxed)) {
-    for (int k = 0; k < 256; k++, i++) {
-      /* Free first, then allocate: with reuse, the address just freed is the one handed out again. */
+  r.key = key;
+  return r;
+}
+
+static void *run(void *p) {
+  arg_t *a = p;
+  gr_rec_t r = rec_for(0);
+  uint64_t i = a->first, end_fill = a->first + a->window;
+  /* Fill the window before the clock starts: every timed pair is one delete and one insert. */
+  for (; i < end_fill; i++) {
+    if (a->lockfree) {
       r.key = key_of(a->id, i);
+      gr_table_insert(&r);
+    } else {
+      lt_insert(key_of(a->id, i), 4096);
+    }
+  }
+  while (!atomic_load_explicit(a->go, memory_order_acquire))
+    ;
+  double c0 = cpu_now();
+  uint64_t n = 0;
+  while (!atomic_load_explicit(a->stop, memory_order_relaxed)) {
+    for (int k = 0; k < 256; k++, i++, n++) {
+      /* Free first, then allocate: with reuse, the address just freed is the one handed out again. */
       if (a->lockfree) {
-        if (i >= a->window)
-          gr_table_take(GR_KS_ADDR, key_of(a->id, i - a->window), GR_STMASK(GR_ST_LIVE), NULL);
+        gr_table_take(GR_KS_ADDR, key_of(a->id, i - a->window), GR_STMASK(GR_ST_LIVE), NULL);
+        r.key = key_of(a->id, i);
         gr_table_insert(&r);
       } else {
-        if (i >= a->window)
-          lt_delete(key_of(a->id, i - a->window));
-        lt_insert(r.key, r.size);
+        lt_delete(key_of(a->id, i - a->window));
+        lt_insert(key_of(a->id, i), 4096);
       }
     }
   }
-  a->pairs = i;
+  a->cpu_ns = cpu_now() - c0;
+  a->pairs = n;
+  /* Leave the table as it was: only the held blocks. */
+  for (uint64_t j = i - a->window; j < i; j++) {
+    if (a->lockfree)
+      gr_table_take(GR_KS_ADDR, key_of(a->id, j), GR_STMASK(GR_ST_LIVE), NULL);
+    else
+      lt_delete(key_of(a->id, j));
+  }
+  g_next[a->id] = i;
   return NULL;
 }
 
-static double point(int threads, int lockfree, double secs, unsigned window) {
-  _Atomic int stop = 0;
-  pthread_t th[64];
-  arg_t args[64];
-  struct timespec t0, t1;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
+typedef struct {
+  double cpu, mps; /* CPU ns per pair, million pairs per second (wall) */
+} fig_t;
+
+static double wall_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static fig_t point(int threads, int lockfree, double secs, unsigned window) {
+  _Atomic int go = 0, stop = 0;
+  pthread_t th[MAXT];
+  arg_t args[MAXT];
   for (int t = 0; t < threads; t++) {
-    args[t] = (arg_t){t, lockfree, window, &stop, 0};
+    args[t] = (arg_t){t, lockfree, window, &go, &stop, g_next[t], 0, 0};
     pthread_create(&th[t], NULL, run, &args[t]);
   }
+  usleep(10000); /* let every thread fill its window */
+  double t0 = wall_now();
+  atomic_store_explicit(&go, 1, memory_order_release);
   struct timespec d = {(time_t)secs, (long)((secs - (double)(time_t)secs) * 1e9)};
   nanosleep(&d, NULL);
   atomic_store(&stop, 1);
+  double el = wall_now() - t0;
   uint64_t pairs = 0;
+  double cpu = 0;
   for (int t = 0; t < threads; t++) {
     pthread_join(th[t], NULL);
     pairs += args[t].pairs;
+    cpu += args[t].cpu_ns;
   }
-  clock_gettime(CLOCK_MONOTONIC, &t1);
-  double el = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
-  /* Leave both tables empty for the next point. */
-  for (int t = 0; t < threads; t++)
-    for (uint64_t i = args[t].pairs > window ? args[t].pairs - window : 0; i < args[t].pairs; i++) {
-      if (lockfree)
-        gr_table_take(GR_KS_ADDR, key_of(t, i), GR_STMASK(GR_ST_LIVE), NULL);
-      else
-        lt_delete(key_of(t, i));
-    }
-  return (double)pairs / el;
+  return (fig_t){cpu / (double)pairs, (double)pairs / el / 1e6};
 }
 
-/* One table of figures for one address pattern; the last column is lock-free throughput against 1 thread. */
-static void series(double secs, unsigned window, uint64_t reuse, bool with_mutex) {
-  g_reuse = reuse;
+static int cmpd(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+static double med(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmpd);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* One table of figures for one address pattern. */
+static void series(double secs, unsigned window, int reps, bool reuse, bool with_mutex) {
+  g_reuse = reuse ? window : 0;
   if (reuse)
-    printf("\naddresses reused: each thread's freed addresses come back (%llu per thread), as from a pool\n",
-           (unsigned long long)reuse);
+    printf("\naddresses reused: each thread's freed addresses come back (%u per thread), as from a pool\n", window);
   else
     printf("\naddresses ever new: every allocation gets an address never seen before\n");
-  printf("%8s %16s %12s %16s %12s %10s %12s %11s\n", "threads", "lock-free Mp/s", "ns/pair", "mutex Mp/s",
-         "ns/pair", "ratio", "vs 1 thread", "migrations");
+  printf("%7s | %-28s | %-28s | %8s %11s\n", "", "lock-free", "mutex", "lf/mutex", "");
+  printf("%7s | %8s %8s %10s | %8s %8s %10s | %8s %11s\n", "threads", "CPU min", "CPU med", "Mpairs/s", "CPU min",
+         "CPU med", "Mpairs/s", "CPU med", "migrations");
   static const int counts[] = {1, 2, 4, 8, 16};
-  double one = 0;
-  for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
-    int t = counts[i];
+  for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
+    int t = counts[c];
+    double lc[64], lm[64], mc[64], mm[64];
     uint64_t m0 = gr_table_migrations();
-    double lf = point(t, 1, secs, window);
+    for (int r = 0; r < reps; r++)
+      for (int o = 0; o < 2; o++) {
+        int lf = o ^ (r & 1); /* alternate which goes first */
+        if (!lf && !with_mutex)
+          continue;
+        fig_t f = point(t, lf, secs, window);
+        if (lf)
+          lc[r] = f.cpu, lm[r] = f.mps;
+        else
+          mc[r] = f.cpu, mm[r] = f.mps;
+      }
     unsigned long long migr = (unsigned long long)(gr_table_migrations() - m0);
-    if (i == 0)
-      one = lf;
+    double lmed = med(lc, reps), lmps = med(lm, reps);
     if (with_mutex) {
-      double mx = point(t, 0, secs, window);
-      printf("%8d %16.2f %12.1f %16.2f %12.1f %9.2fx %11.2fx %11llu\n", t, lf / 1e6, 1e9 * t / lf, mx / 1e6,
-             1e9 * t / mx, lf / mx, lf / one, migr);
+      double mmed = med(mc, reps), mmps = med(mm, reps);
+      printf("%7d | %8.1f %8.1f %10.2f | %8.1f %8.1f %10.2f | %7.2fx %11llu\n", t, lc[0], lmed, lmps, mc[0], mmed,
+             mmps, lmed / mmed, migr);
     } else {
-      printf("%8d %16.2f %12.1f %16s %12s %10s %11.2fx %11llu\n", t, lf / 1e6, 1e9 * t / lf, "-", "-", "-", lf / one,
-             migr);
+      printf("%7d | %8.1f %8.1f %10.2f | %8s %8s %10s | %8s %11llu\n", t, lc[0], lmed, lmps, "-", "-", "-", "-", migr);
     }
+    fflush(stdout);
   }
 }
 
 int main(int argc, char **argv) {
-  double secs = argc > 1 ? atof(argv[1]) : 1.0;
-  unsigned window = argc > 2 ? (unsigned)atoi(argv[2]) : 64;
-  if (!(secs > 0) || window == 0 || (argc > 3 && atoll(argv[3]) < 0)) {
-    fprintf(stderr, "usage: bench_table [seconds-per-point > 0] [window > 0] [reuse >= window, 0 = ever new]\n");
+  double secs = argc > 1 ? atof(argv[1]) : 0.2;
+  long window = argc > 2 ? atol(argv[2]) : 64, held = argc > 3 ? atol(argv[3]) : 100000;
+  int reps = argc > 4 ? atoi(argv[4]) : 5;
+  if (!(secs > 0) || window <= 0 || held < 0 || reps < 1 || reps > 64 || argc > 5) {
+    fprintf(stderr, "usage: bench_table [seconds-per-point > 0, default 0.2] [window > 0, default 64] "
+                    "[held >= 0, default 100000] [reps 1-64, default 5]\n");
     return 2;
   }
   const char *only = getenv("BENCH_LOCKFREE_ONLY");
   bool with_mutex = !(only && strcmp(only, "0") != 0 && *only);
   gr_table_init();
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  printf("bench_table: insert+delete pairs, %u blocks live per thread, %.1fs per point, %ld cores online\n", window,
-         secs, cores);
-  printf("(Mp/s: million pairs per second, all threads together; ns/pair: the time one thread takes per pair)\n");
-  if (argc > 3) {
-    uint64_t reuse = (uint64_t)atoll(argv[3]);
-    series(secs, window, reuse && reuse < window ? window : reuse, with_mutex);
-  } else {
-    series(secs, window, 0, with_mutex);
-    series(secs, window, window, with_mutex);
+  printf("bench_table: insert+delete pairs, %ld blocks held live, %ld more live per thread, %.2fs per point, "
+         "%d reps (min, median), %ld cores online\n",
+         held, window, secs, reps, cores);
+  printf("(CPU: thread CPU ns per pair, all threads' CPU time / pairs; Mpairs/s: wall throughput of all threads)\n");
+
+  /* The held blocks; memory sampled while the tables grow. */
+  double lf_peak = 0;
+  gr_rec_t r = rec_for(0);
+  for (long i = 0; i < held; i++) {
+    r.key = key_of(MAXT, (uint64_t)i);
+    gr_table_insert(&r);
+    size_t pk = gr_table_bytes_peak(true); /* the insert may have mapped a new generation and unmapped the old */
+    if (i + 1 >= 4096) {
+      double per = (double)pk / (double)(i + 1);
+      if (per > lf_peak)
+        lf_peak = per;
+    }
+    if (with_mutex)
+      lt_insert(r.key, r.size);
   }
+  series(secs, (unsigned)window, reps, false, with_mutex);
+  series(secs, (unsigned)window, reps, true, with_mutex);
+
+  gr_epoch_reclaim();
+  int64_t live = gr_epoch_live_sum();
+  printf("\nmemory per tracked block, bytes (steady: after the run, %lld live; peak: while growing to %ld)\n",
+         (long long)live, held);
+  printf("%-10s %8s %8s\n", "table", "steady", "peak");
+  printf("%-10s %8.1f %8.1f\n", "lock-free", live ? (double)gr_table_bytes() / (double)live : 0.0, lf_peak);
+  if (with_mutex)
+    printf("%-10s %8.1f %8.1f\n", "mutex", g_lt.live ? (double)g_lt.bytes / (double)g_lt.live : 0.0,
+           g_lt.peak_per_block);
   printf("\ntable memory now: %zu bytes, %llu migrations\n", gr_table_bytes(),
          (unsigned long long)gr_table_migrations());
   return 0;

@@ -157,6 +157,7 @@ typedef struct gen {
 
 static _Atomic(gen_t *) g_root;
 static _Atomic size_t g_bytes;
+static _Atomic size_t g_bytes_peak; /* high-water mark of g_bytes since the last gr_table_bytes_peak(true) */
 static _Atomic uint64_t g_migrations;
 static GR_TLS_IE unsigned t_ops;     /* operations of this thread: reclamation every 64th */
 static GR_TLS_IE unsigned t_changes; /* updates and takes of this thread: a shrink check every 32nd */
@@ -309,7 +310,11 @@ static gen_t *new_gen(uint64_t cap) {
       return NULL;
     g = p; /* mmap gives zeroes: every slot EMPTY, counters 0 */
     g->bytes = bytes;
-    atomic_fetch_add_explicit(&g_bytes, bytes, memory_order_relaxed);
+    size_t now = atomic_fetch_add_explicit(&g_bytes, bytes, memory_order_relaxed) + bytes;
+    size_t pk = atomic_load_explicit(&g_bytes_peak, memory_order_relaxed);
+    while (now > pk && !atomic_compare_exchange_weak_explicit(&g_bytes_peak, &pk, now, memory_order_relaxed,
+                                                              memory_order_relaxed))
+      ;
   }
   g->cap = cap;
   g->grow_at = cap * GROW_PERMILLE / 1000;
@@ -983,6 +988,13 @@ int gr_table_visit(gr_visit_fn fn, void *arg) {
 }
 
 size_t gr_table_bytes(void) { return atomic_load_explicit(&g_bytes, memory_order_relaxed); }
+
+size_t gr_table_bytes_peak(bool reset) {
+  if (!reset)
+    return atomic_load_explicit(&g_bytes_peak, memory_order_relaxed);
+  return atomic_exchange_explicit(&g_bytes_peak, atomic_load_explicit(&g_bytes, memory_order_relaxed),
+                                  memory_order_relaxed);
+}
 
 uint64_t gr_table_capacity(void) {
   gr_epoch_enter();

@@ -212,6 +212,9 @@ int gr_table_cas(gr_ref_t *ref, gr_rec_t *expect, const gr_rec_t *desired);
 
 /* Bytes of table memory mapped now (live generations and retired ones not yet reclaimed). */
 size_t gr_table_bytes(void);
+/* Most bytes of table memory mapped at once since the last call with reset (then it restarts from now): the
+ * peak while a migration holds two generations (bench_table). */
+size_t gr_table_bytes_peak(bool reset);
 /* Slots in the current generation. */
 uint64_t gr_table_capacity(void);
 /* Number of generations created so far (tests). */
