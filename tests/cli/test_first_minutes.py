@@ -1,4 +1,4 @@
-"""What a new user meets first (issue 17): each subcommand's --help and its refusal of a bad option, a relative
+"""What a new user meets first: each subcommand's --help and its refusal of a bad option, a relative
 GPURECLAIM_RUNDIR refused by the command and by the library, a library quiet on the program's stderr unless
 asked, one "two copies" warning only where CUDA starts, and a `release --timeout` that says truthfully whether
 the release was withdrawn or goes on (and shows its progress on a terminal). (`run` without a CUDA driver:
