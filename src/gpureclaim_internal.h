@@ -1,6 +1,7 @@
 /*
  * gpureclaim_internal.h -- declarations shared between gpureclaim's modules. Not installed.
  *
+ * What the command shares with the library is in common.h and options.h (no CUDA), included here.
  * Module prefixes: gr_opt_ (options.c), gr_log_ (log.c), gr_real_ (real.c), gr_hook_ (hooks/), gr_reg_
  * (registry.c), gr_stats_ (stats.c), gr_table_/gr_epoch_ (table.h), gr_scope_ (scope.c), gr_rel_ (release.c),
  * gr_sig_ (signal.c), gr_py_ (releasers/python.c), gr_rep_ (report.c), gr_ctl_ (control.c), gr_core_
@@ -13,7 +14,9 @@
 #define _GNU_SOURCE
 #endif
 
+#include "common.h"
 #include "gpureclaim.h"
+#include "options.h"
 #include "table.h"
 
 #include <cuda.h>
@@ -27,113 +30,18 @@
 
 #define GR_EXPORT __attribute__((visibility("default")))
 #define GR_HIDDEN __attribute__((visibility("hidden")))
-#define GR_LIKELY(x) __builtin_expect(!!(x), 1)
-#define GR_UNLIKELY(x) __builtin_expect(!!(x), 0)
-#define GR_NOINLINE __attribute__((noinline))
-#define GR_COLD __attribute__((noinline, cold))
 #define GR_TLS __thread __attribute__((tls_model("initial-exec")))
-#define GR_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 /* Code that sanitizer runtimes reach before they are initialised: their start-up looks up real functions with
  * dlsym, which is gpureclaim's override. It must not be instrumented. */
 #define GR_NO_SANITIZE __attribute__((no_sanitize("address", "undefined", "thread")))
-/* Internal invariants, checked in the debug build (GPURECLAIM_DEBUG=ON, which CI's sanitizer build uses): a
- * broken one prints what and where, then aborts. Free in a normal build: the condition is not evaluated. */
-#ifdef GR_DEBUG
-#define GR_ASSERT(c) (GR_LIKELY(c) ? (void)0 : gr_assert_fail(#c, __FILE__, __LINE__))
-#else
-#define GR_ASSERT(c) ((void)0)
-#endif
-void gr_assert_fail(const char *what, const char *file, int line) __attribute__((noreturn, cold));
 
 /* ------------------------------------------------------------------------------------------------------------
- * options.c: the one table of GPURECLAIM_* options, read once
+ * log.c: warnings on stderr (gr_log, gr_warn, ... in common.h)
  * ---------------------------------------------------------------------------------------------------------- */
 
-typedef struct gr_options {
-  bool disable;          /* GPURECLAIM_DISABLE */
-  int signal;            /* GPURECLAIM_SIGNAL: signal number, 0 = off */
-  unsigned on_signal;    /* GPURECLAIM_ON_SIGNAL: GPURECLAIM_CACHED | ... */
-  unsigned oom_retry;    /* GPURECLAIM_OOM_RETRY: retries after out-of-memory (0 = off) */
-  char log[4096];        /* GPURECLAIM_LOG: a path appended to; "": none (see log_stderr) */
-  bool log_stderr;       /* GPURECLAIM_LOG=stderr: release reports on stderr (unset: no reports written) */
-  char rundir[4096];     /* GPURECLAIM_RUNDIR (resolved default) */
-  bool leak_report;      /* GPURECLAIM_LEAK_REPORT */
-  bool backtrace;        /* GPURECLAIM_BACKTRACE */
-  bool python;           /* GPURECLAIM_PYTHON: framework caches through CPython (default on) */
-  bool status;           /* GPURECLAIM_STATUS: status file and control socket (default on) */
-  int verbose;           /* GPURECLAIM_VERBOSE: 0 warnings, 1 info, 2 debug */
-} gr_options_t;
-
-/* The options, parsed on first call (bad values warned about once, defaults used). Safe from any thread. */
-const gr_options_t *gr_opt(void);
-/* GPURECLAIM_DISABLE alone, read from environ without allocating (usable from the constructor). */
-bool gr_opt_disabled_early(void);
-/* Parsers shared with the command (tools/): return 0, or -EINVAL for a malformed value. */
-int gr_opt_parse_bool(const char *s, bool *out);
-int gr_opt_parse_signal(const char *s, int *out);
-int gr_opt_parse_what(const char *s, unsigned *out);
-int gr_opt_parse_uint(const char *s, unsigned long long max, unsigned long long *out);
-/* Whether a GPURECLAIM_LOG value names standard error ("stderr" in any case, or "-") rather than a file. */
-bool gr_opt_log_is_stderr(const char *s);
-/* Parses value as variable name would be: 0, -EINVAL (malformed) or -ENOENT (no such variable); *expected is
- * what the variable takes, in words, as its warning says. */
-int gr_opt_check(const char *name, const char *value, const char **expected);
-/* Name of a signal as GPURECLAIM_SIGNAL writes it ("USR1", "RTMIN+3"), "off" for 0. */
-const char *gr_opt_signal_name(int sig, char *buf, size_t len);
-/* "cached,orphaned" for a mask. */
-const char *gr_opt_what_name(unsigned what, char *buf, size_t len);
-/* Re-reads the environment (tests only). */
-void gr_opt_reload(void);
-/* Called from the constructor: records the current directory if GPURECLAIM_LOG is a relative path, which is
- * then resolved from it (no allocation). */
-void gr_opt_note_start_dir(void);
-
-/* ------------------------------------------------------------------------------------------------------------
- * log.c: warnings on stderr, prefixed "gpureclaim[pid]: "; never allocates
- * ---------------------------------------------------------------------------------------------------------- */
-
-void gr_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* One short line for people about a release, at GPURECLAIM_VERBOSE=1 (the JSON report goes to GPURECLAIM_LOG). */
 struct gpureclaim_report;
 void gr_log_release(const struct gpureclaim_report *r);
-/* v bytes for people, in binary units ("512 B", "1.5 GiB"), in buf; returns buf. Shared with the command. */
-const char *gr_log_bytes(uint64_t v, char *buf, size_t len);
-/* "s" unless n is 1, for "%llu block%s". Shared with the command. */
-static inline const char *gr_plural(unsigned long long n) { return n == 1 ? "" : "s"; }
-/* Length (1-4) of the well-formed UTF-8 sequence at p (NUL-terminated), or 0 where p starts none (a stray
- * byte, an overlong form, a surrogate, past U+10FFFF). Command lines and paths are bytes: what gpureclaim
- * writes as JSON or shows to people goes through this. Shared with the command. */
-static inline size_t gr_utf8_len(const unsigned char *p) {
-  unsigned c = p[0];
-  if (c < 0x80)
-    return 1;
-  size_t n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
-  for (size_t i = 1; i < n; i++)
-    if ((p[i] & 0xc0) != 0x80)
-      return 0;
-  if ((c == 0xe0 && p[1] < 0xa0) || (c == 0xed && p[1] >= 0xa0) || (c == 0xf0 && p[1] < 0x90) ||
-      (c == 0xf4 && p[1] >= 0x90))
-    return 0; /* overlong, surrogate, or beyond U+10FFFF */
-  return n;
-}
-/* Milliseconds from now to a CLOCK_MONOTONIC deadline, for poll(): 0 once it has passed, else rounded up (a
- * poll never wakes before the deadline and spins), at most a day. Shared with the command. */
-static inline int gr_ms_until(const struct timespec *deadline) {
-  struct timespec now;
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  int64_t ns = (int64_t)(deadline->tv_sec - now.tv_sec) * 1000000000 + (deadline->tv_nsec - now.tv_nsec);
-  return ns <= 0 ? 0 : ns >= INT64_C(86400) * 1000000000 ? 86400000 : (int)((ns + 999999) / 1000000);
-}
-#define gr_warn(...) gr_log(0, __VA_ARGS__)
-#define gr_info(...) gr_log(1, __VA_ARGS__)
-#define gr_debug(...) gr_log(2, __VA_ARGS__)
-/* Warns once per flag (a static _Atomic int owned by the caller). */
-#define gr_warn_once(flag, ...)                                                                            \
-  do {                                                                                                     \
-    static _Atomic int flag;                                                                               \
-    if (!atomic_exchange_explicit(&flag, 1, memory_order_relaxed))                                         \
-      gr_log(0, __VA_ARGS__);                                                                              \
-  } while (0)
 
 /* ------------------------------------------------------------------------------------------------------------
  * real.c: the real entry points, resolved once

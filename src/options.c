@@ -5,7 +5,7 @@
  * (no getenv, no allocation: this can run inside a preloaded library's early calls). A malformed value gets
  * one warning naming the variable and the value, and the default is used: a typo never crashes a program.
  */
-#include "gpureclaim_internal.h"
+#include "options.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -267,8 +267,8 @@ static void defaults(gr_options_t *o) {
     snprintf(o->rundir, sizeof o->rundir, "/tmp/gpureclaim-%u", (unsigned)geteuid());
 }
 
-static gr_options_t g_opts;
-static _Atomic int g_loaded; /* 0 no, 1 loading, 2 loaded */
+gr_options_t gr_opt_values;
+_Atomic int gr_opt_loaded; /* 0 no, 1 loading, 2 loaded */
 
 static void load(void) {
   bool rundir_refused = false;
@@ -297,22 +297,20 @@ static void load(void) {
     o.rundir[0] = '\0';
     o.status = false;
   }
-  g_opts = o;
+  gr_opt_values = o;
 }
 
-const gr_options_t *gr_opt(void) {
-  if (GR_LIKELY(atomic_load_explicit(&g_loaded, memory_order_acquire) == 2))
-    return &g_opts;
+const gr_options_t *gr_opt_load(void) {
   int expected = 0;
-  if (atomic_compare_exchange_strong_explicit(&g_loaded, &expected, 1, memory_order_acq_rel,
+  if (atomic_compare_exchange_strong_explicit(&gr_opt_loaded, &expected, 1, memory_order_acq_rel,
                                               memory_order_acquire)) {
     load();
-    atomic_store_explicit(&g_loaded, 2, memory_order_release);
+    atomic_store_explicit(&gr_opt_loaded, 2, memory_order_release);
   } else {
-    while (atomic_load_explicit(&g_loaded, memory_order_acquire) != 2)
+    while (atomic_load_explicit(&gr_opt_loaded, memory_order_acquire) != 2)
       sched_yield(); /* another thread parses (microseconds, once per process) */
   }
-  return &g_opts;
+  return &gr_opt_values;
 }
 
 bool gr_opt_disabled_early(void) {
@@ -323,5 +321,5 @@ bool gr_opt_disabled_early(void) {
 
 void gr_opt_reload(void) {
   load();
-  atomic_store_explicit(&g_loaded, 2, memory_order_release);
+  atomic_store_explicit(&gr_opt_loaded, 2, memory_order_release);
 }

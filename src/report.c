@@ -29,12 +29,6 @@ static const char *const g_kind_names[] = {"?", "device", "pitch", "managed", "a
 static const char *kind_name(unsigned k) { return k < GR_ARRAY_LEN(g_kind_names) ? g_kind_names[k] : "?"; }
 static const char *const g_triggers[] = {"?", "api", "signal", "oom", "command", "scope"};
 
-static uint64_t realtime_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 /* ---- the run directory ---- */
 
 static pthread_once_t g_rundir_once = PTHREAD_ONCE_INIT;
@@ -48,7 +42,7 @@ static void open_rundir(void) {
     return;
   }
   struct stat st;
-  if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077)) {
+  if (lstat(dir, &st) != 0 || !gr_dir_is_private(&st)) {
     gr_warn("the run directory %s is not a directory private to this user (mode 0700); refusing to use it", dir);
     return;
   }
@@ -286,13 +280,8 @@ static uint64_t start_ticks(void) {
   char buf[1024];
   size_t n;
   read_file("/proc/self/stat", buf, sizeof buf, &n);
-  const char *p = strrchr(buf, ')');
-  if (!p)
-    return 0;
-  /* Field 3 follows ") "; start time is field 22. */
-  for (int field = 2; field < 22 && p; field++)
-    p = strchr(p + 1, ' ');
-  return p ? strtoull(p + 1, NULL, 10) : 0;
+  (void)n;
+  return gr_stat_start_ticks(buf);
 }
 
 static _Atomic uint64_t g_status_releases;
@@ -356,7 +345,7 @@ int gr_rep_status_update(void) {
   }
   g_status_writers++;
   uint64_t number = ++g_status_numbered;
-  jb_u64(&b, "updated_ms", realtime_ms());
+  jb_u64(&b, "updated_ms", gr_wall_ms());
   if (gr_ctl_fd() >= 0)
     jb_str(&b, "socket", sock);
   else
@@ -544,7 +533,7 @@ int gr_rep_snapshot_json(jbuf_t *b) {
   jb_obj(b);
   jb_i64(b, "pid", getpid());
   jb_str(b, "version", GPURECLAIM_VERSION_STRING);
-  jb_u64(b, "time_ms", realtime_ms());
+  jb_u64(b, "time_ms", gr_wall_ms());
   gr_rep_stats_json(b);
   jb_arr(b, "blocks");
   if (atomic_load_explicit(&gr_core_state, memory_order_acquire) == 1)
@@ -802,4 +791,20 @@ GR_EXPORT int gpureclaim_snapshot(const char *path) { return to_path(path, STDOU
 
 GR_EXPORT int gpureclaim_leak_report(const char *path, int json) {
   return to_path(path, STDERR_FILENO, gr_rep_leaks, json != 0);
+}
+
+/* ---- one line for people ---- */
+
+void gr_log_release(const gpureclaim_report_t *r) {
+  if (gr_opt()->verbose < 1)
+    return;
+  static const char *const by[] = {"?", "the API", "the signal", "an out-of-memory retry", "the gpureclaim command",
+                                   "a scope's end"};
+  char total[32], cached[32], orphaned[32];
+  uint64_t sum = r->cached_bytes + r->orphaned_bytes + r->all_bytes;
+  gr_info("released %s in %.2f ms (cached %s, orphaned %s in %llu block%s), asked by %s",
+          gr_log_bytes(sum, total, sizeof total), (double)r->duration_ns / 1e6,
+          gr_log_bytes(r->cached_bytes, cached, sizeof cached), gr_log_bytes(r->orphaned_bytes, orphaned, sizeof orphaned),
+          (unsigned long long)r->orphaned_blocks, gr_plural(r->orphaned_blocks),
+          r->trigger >= 0 && (size_t)r->trigger < GR_ARRAY_LEN(by) ? by[r->trigger] : by[0]);
 }

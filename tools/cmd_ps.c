@@ -7,7 +7,8 @@
  * from its status file, marked as not answering.
  */
 #include "ps.h"
-#include "gpureclaim_internal.h"
+#include "common.h"
+#include "options.h"
 #include "outfile.h"
 
 #include <ctype.h>

@@ -4,7 +4,8 @@
  * file's release count to grow. Prints what each gave back; exit status 1 if any did not answer in time.
  */
 #include "command.h"
-#include "gpureclaim_internal.h"
+#include "common.h"
+#include "options.h"
 
 #include <errno.h>
 #include <getopt.h>

@@ -4,7 +4,8 @@
  * than as a warning inside the program.
  */
 #include "command.h"
-#include "gpureclaim_internal.h"
+#include "common.h"
+#include "options.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -150,7 +151,7 @@ static int chk_rundir(const char *v) {
     return -1;
   struct stat st;
   if (lstat(v, &st) == 0)
-    return S_ISDIR(st.st_mode) && st.st_uid == geteuid() && !(st.st_mode & 077) ? 0 : -1;
+    return gr_dir_is_private(&st) ? 0 : -1;
   return errno == ENOENT ? parent_dir_writable(v) : -1;
 }
 

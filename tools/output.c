@@ -1,7 +1,8 @@
 /* output.c -- how the gpureclaim command writes numbers and JSON: binary units for people, exact integers and
  * escaped strings for programs. */
 #include "command.h"
-#include "gpureclaim_internal.h"
+#include "common.h"
+#include "options.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -26,25 +27,8 @@ const char *cmd_age(uint64_t then_ms, uint64_t now_ms, char *buf, size_t len) {
   return buf;
 }
 
-void cmd_json_str(FILE *f, const char *s) {
-  fputc('"', f);
-  for (; *s; s++) {
-    if (*s == '"' || *s == '\\') {
-      fprintf(f, "\\%c", *s);
-    } else if ((unsigned char)*s < 0x20) {
-      fprintf(f, "\\u%04x", (unsigned)*s);
-    } else {
-      size_t n = gr_utf8_len((const unsigned char *)s);
-      if (n) {
-        fwrite(s, 1, n, f);
-        s += n - 1;
-      } else {
-        fputs("\\ufffd", f); /* JSON is UTF-8: a byte that is not becomes U+FFFD */
-      }
-    }
-  }
-  fputc('"', f);
-}
+static void put_file(void *f, const char *p, size_t n) { fwrite(p, 1, n, f); }
+void cmd_json_str(FILE *f, const char *s) { gr_json_escape(s, put_file, f); }
 
 char *cmd_printable(char *s) {
   unsigned char *w = (unsigned char *)s;
@@ -98,8 +82,4 @@ void cmd_json_dump(FILE *f, const jnode_t *n) {
   }
 }
 
-uint64_t cmd_now_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_REALTIME, &t);
-  return (uint64_t)t.tv_sec * 1000 + (uint64_t)t.tv_nsec / 1000000;
-}
+uint64_t cmd_now_ms(void) { return gr_wall_ms(); }
