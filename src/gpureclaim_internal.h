@@ -236,7 +236,6 @@ void gr_stats_ctx_destroyed(const gr_rec_t *r);
 void gr_stats_orphaned(const gr_rec_t *r, int delta);
 void gr_stats_untracked_free(void);
 void gr_stats_late_free(void);
-void gr_stats_mapped(const gr_rec_t *r, int delta);
 void gr_stats_release(uint64_t bytes);
 void gr_stats_oom_retry(bool succeeded);
 /* Fills out (size set by the caller) for device (-1 all). */
@@ -426,9 +425,7 @@ void gr_rep_report_json(struct jbuf *b, const gpureclaim_report_t *r);
 void gr_rep_stats_json(struct jbuf *b);
 int gr_rep_snapshot_json(struct jbuf *b);
 int gr_rep_leaks(struct jbuf *b, bool json);
-int gr_rep_snapshot_fd(int fd);
 int gr_rep_leaks_fd(int fd, bool json);
-int gr_rep_stats_fd(int fd);
 /* The private run directory (created 0700 if needed); NULL if unusable. */
 const char *gr_rep_rundir(void);
 

@@ -733,33 +733,12 @@ int gr_rep_leaks(jbuf_t *b, bool json) {
 
 /* ---- to descriptors and files ---- */
 
-int gr_rep_snapshot_fd(int fd) {
-  jbuf_t b;
-  jb_init(&b);
-  int rc = gr_rep_snapshot_json(&b);
-  if (rc == 0)
-    rc = jb_write_fd(&b, fd);
-  jb_free(&b);
-  return rc;
-}
-
 int gr_rep_leaks_fd(int fd, bool json) {
   jbuf_t b;
   jb_init(&b);
   int rc = gr_rep_leaks(&b, json);
   if (rc == 0)
     rc = jb_write_fd(&b, fd);
-  jb_free(&b);
-  return rc;
-}
-
-int gr_rep_stats_fd(int fd) {
-  jbuf_t b;
-  jb_init(&b);
-  jb_obj(&b);
-  gr_rep_stats_json(&b);
-  jb_obj_end(&b);
-  int rc = jb_write_fd(&b, fd);
   jb_free(&b);
   return rc;
 }

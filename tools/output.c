@@ -14,19 +14,6 @@ void cmd_set_json(bool on) { g_json = on; }
 
 const char *cmd_bytes(uint64_t v, char *buf, size_t len) { return gr_log_bytes(v, buf, len); }
 
-const char *cmd_age(uint64_t then_ms, uint64_t now_ms, char *buf, size_t len) {
-  uint64_t s = now_ms > then_ms ? (now_ms - then_ms) / 1000 : 0;
-  if (s < 120)
-    snprintf(buf, len, "%llus ago", (unsigned long long)s);
-  else if (s < 7200)
-    snprintf(buf, len, "%llum ago", (unsigned long long)(s / 60));
-  else if (s < 172800)
-    snprintf(buf, len, "%lluh ago", (unsigned long long)(s / 3600));
-  else
-    snprintf(buf, len, "%llud ago", (unsigned long long)(s / 86400));
-  return buf;
-}
-
 static void put_file(void *f, const char *p, size_t n) { fwrite(p, 1, n, f); }
 void cmd_json_str(FILE *f, const char *s) { gr_json_escape(s, put_file, f); }
 
@@ -82,4 +69,3 @@ void cmd_json_dump(FILE *f, const jnode_t *n) {
   }
 }
 
-uint64_t cmd_now_ms(void) { return gr_wall_ms(); }
