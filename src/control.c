@@ -51,12 +51,14 @@ int gr_ctl_open(void) {
   }
   memcpy(g_path, sa.sun_path, sizeof g_path);
   atomic_store_explicit(&g_fd, fd, memory_order_release);
+  gr_rep_status_socket(g_path);
   return 0;
 }
 
 void gr_ctl_close(void) {
   int fd = atomic_exchange_explicit(&g_fd, -1, memory_order_acq_rel);
   if (fd >= 0) {
+    gr_rep_status_socket(NULL);
     close(fd);
     unlink(g_path);
   }
@@ -66,7 +68,7 @@ void gr_ctl_forget(void) {
   /* In a forked child: the socket is the parent's; close our copy, leave the file. */
   int fd = atomic_exchange_explicit(&g_fd, -1, memory_order_acq_rel);
   if (fd >= 0)
-    close(fd);
+    close(fd); /* the status file's socket entry is the parent's too: gr_rep_atfork_child clears it */
 }
 
 /* Whether the client still waits for the answer. A command whose --timeout passed (this process was stopped,

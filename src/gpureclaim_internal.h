@@ -419,6 +419,8 @@ int gr_py_caches(gr_py_cache_t *out, int max);
 
 void gr_rep_release(const gpureclaim_report_t *r, bool served_signal);
 int gr_rep_status_update(void);
+/* The control socket's path for the status file, NULL once it is closed (control.c hands it over). */
+void gr_rep_status_socket(const char *path);
 void gr_rep_status_remove(void);
 struct jbuf;
 void gr_rep_report_json(struct jbuf *b, const gpureclaim_report_t *r);

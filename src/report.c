@@ -300,6 +300,15 @@ static uint64_t g_status_numbered, g_status_placed;
  * of it and their rename. Exit waits for those, then removes the file: a release on another thread while the
  * process exits re-created the status file after its removal, or left its temporary file half-written. */
 static bool g_status_closed;
+/* The control socket's path while it is open ("" otherwise), as control.c hands it over. */
+static char g_status_socket[4200];
+
+void gr_rep_status_socket(const char *path) {
+  pthread_mutex_lock(&g_status_lock);
+  snprintf(g_status_socket, sizeof g_status_socket, "%s", path ? path : "");
+  pthread_mutex_unlock(&g_status_lock);
+}
+
 static unsigned g_status_writers;
 static pthread_cond_t g_status_done = PTHREAD_COND_INITIALIZER;
 
@@ -308,9 +317,8 @@ int gr_rep_status_update(void) {
   const char *dir = o->status ? gr_rep_rundir() : NULL;
   if (!dir)
     return -ENOENT;
-  char path[4200], sock[4200], exe[4096] = "", cmd[4096];
+  char path[4200], exe[4096] = "", cmd[4096];
   snprintf(path, sizeof path, "%s/%d.json", dir, (int)getpid());
-  snprintf(sock, sizeof sock, "%s/%d.sock", dir, (int)getpid());
   ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
   exe[n > 0 ? n : 0] = '\0';
   size_t got;
@@ -346,8 +354,8 @@ int gr_rep_status_update(void) {
   g_status_writers++;
   uint64_t number = ++g_status_numbered;
   jb_u64(&b, "updated_ms", gr_wall_ms());
-  if (gr_ctl_fd() >= 0)
-    jb_str(&b, "socket", sock);
+  if (g_status_socket[0])
+    jb_str(&b, "socket", g_status_socket);
   else
     jb_null(&b, "socket");
   jb_u64(&b, "releases", atomic_load_explicit(&g_status_releases, memory_order_relaxed));
@@ -401,6 +409,7 @@ void gr_rep_atfork_child(void) {
   pthread_cond_init(&g_status_done, NULL);
   g_status_closed = false;
   g_status_writers = 0;
+  g_status_socket[0] = '\0'; /* the parent's socket; the child's worker opens its own */
   atomic_store_explicit(&g_status_releases, 0, memory_order_relaxed);
   g_have_last = false;
   g_signal_releases = 0;
