@@ -32,11 +32,8 @@ static inline uint64_t tc_rng(uint64_t *s) {
  * environment, when set, changes every stream's (to rerun a failure under another schedule); the default is
  * fixed, so a run is reproducible as far as the threads' interleaving allows. */
 static inline uint64_t tc_seed(uint64_t i) {
-  static uint64_t base;
-  if (!base) {
-    const char *e = getenv("TEST_SEED");
-    base = e && *e ? strtoull(e, NULL, 0) | 1 : 1;
-  }
+  const char *e = getenv("TEST_SEED"); /* read each time: threads call this at once, nothing is cached */
+  uint64_t base = e && *e ? strtoull(e, NULL, 0) | 1 : 1;
   uint64_t s = (i + 1) * UINT64_C(0x9E3779B97F4A7C15) + base;
   return s ? s : 1;
 }
