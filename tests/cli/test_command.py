@@ -29,6 +29,25 @@ def run(*args, env=None, check=None):
     return p
 
 
+def stop_and_wait(pid):
+    """SIGSTOP, then wait until every thread of pid is stopped: kill() returns before the group stop has reached
+    them all, and a worker thread still running could take a request up meanwhile."""
+    os.kill(pid, signal.SIGSTOP)
+    guard = time.monotonic() + 60  # a hang guard, not a deadline that decides
+    while time.monotonic() < guard:
+        states = []
+        for t in os.listdir("/proc/%d/task" % pid):
+            try:
+                with open("/proc/%d/task/%s/stat" % (pid, t)) as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except FileNotFoundError:
+                pass
+        if states and all(st in "Tt" for st in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError("process %d did not stop" % pid)
+
+
 def read_all(s):
     """Everything the server sends until it closes, then closes s."""
     data = b""
@@ -205,7 +224,7 @@ class CommandTest(unittest.TestCase):
     def test_a_release_that_timed_out_is_withdrawn(self):
         h = self.hold()
         before = h.sim()
-        os.kill(h.pid, signal.SIGSTOP)
+        stop_and_wait(h.pid)
         try:
             p = run("release", str(h.pid), "--timeout", "0.5", env=self.env, check=1)
             self.assertIn("the request is withdrawn", p.stderr)
