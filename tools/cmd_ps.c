@@ -90,9 +90,11 @@ static const char *uuid_of(const ps_row_t *r, int d) {
   return "";
 }
 
+/* A GPU is one UUID: processes number devices each their own way (CUDA_VISIBLE_DEVICES), so the ordinal only
+ * names GPUs whose UUID is unknown (and the first ordinal seen is shown). */
 static ps_gpu_t *gpu_of(ps_view_t *v, int d, const char *uuid) {
   for (size_t i = 0; i < v->ngpus; i++)
-    if (v->gpus[i].device == d) {
+    if (uuid && *uuid && v->gpus[i].uuid[0] ? !strcmp(v->gpus[i].uuid, uuid) : v->gpus[i].device == d) {
       if (!v->gpus[i].uuid[0] && uuid && *uuid)
         snprintf(v->gpus[i].uuid, sizeof v->gpus[i].uuid, "%s", uuid);
       return &v->gpus[i];
