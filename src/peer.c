@@ -139,7 +139,7 @@ void gr_peer_status_json(jbuf_t *b) {
 }
 
 void gr_peer_tick(void) {
-  if (!gr_opt()->status || !gr_opt()->peers)
+  if (!gr_opt()->status)
     return;
   held_t h[GR_MAX_DEV];
   int n = held_by_device(h, GR_MAX_DEV);
@@ -496,8 +496,6 @@ uint64_t gr_peer_ask(gr_peer_op_t *op) {
 }
 
 void gr_peer_end(gr_peer_op_t *op, bool succeeded) {
-  if (op->lock_fd >= 0)
-    close(op->lock_fd); /* releases the GPU's lock */
   atomic_fetch_sub_explicit(&g_busy, 1, memory_order_acq_rel);
   double ms = (double)(mono_ns() - op->t0_ns) / 1e6;
   if (op->asked) {
@@ -545,7 +543,11 @@ void gr_peer_end(gr_peer_op_t *op, bool succeeded) {
             op->uuid, gr_log_bytes(op->bytes, w, sizeof w), op->nresults, gr_plural(op->nresults),
             gr_log_bytes(op->given, g, sizeof g), ms, succeeded ? "succeeded" : "still failed");
   }
-  gr_rep_status_update(); /* "oom": false again, and what we hold now */
+  /* "oom": false again, and what we hold now, before the lock goes: the next peer reclaim of this GPU, which
+   * may have waited for ours, then finds us askable. */
+  gr_rep_status_update();
+  if (op->lock_fd >= 0)
+    close(op->lock_fd); /* releases the GPU's lock */
   t_in_peer = 0;
 }
 
