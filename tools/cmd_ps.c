@@ -754,6 +754,14 @@ static void prom_rows(FILE *f, const ps_row_t *rows, size_t n, const ps_filter_t
       {"gpureclaim_host_pinned_bytes", "host_pinned_bytes", "Pinned host memory.", "gauge"},
       {"gpureclaim_releases_total", "releases", "Releases run.", "counter"},
       {"gpureclaim_released_bytes_total", "released_bytes", "Bytes given back by releases.", "counter"},
+      {"gpureclaim_peer_reclaims_total", "peer_reclaims", "Peer reclaims run after an out-of-memory (peers asked).",
+       "counter"},
+      {"gpureclaim_peer_reclaim_successes_total", "peer_reclaim_successes",
+       "Peer reclaims after which the allocation succeeded.", "counter"},
+      {"gpureclaim_peer_received_bytes_total", "peer_received_bytes", "Bytes peers gave this process.", "counter"},
+      {"gpureclaim_peer_gives_total", "peer_gives", "Peer reclaims this process served (it was asked).",
+       "counter"},
+      {"gpureclaim_peer_given_bytes_total", "peer_given_bytes", "Bytes this process gave its peers.", "counter"},
   };
   for (size_t k = 0; k < sizeof proc / sizeof proc[0]; k++) {
     fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", proc[k].name, proc[k].help, proc[k].name, proc[k].type);
