@@ -58,12 +58,14 @@ void gr_log_release(const gpureclaim_report_t *r) {
   if (gr_opt()->verbose < 1)
     return;
   static const char *const by[] = {"?", "the API", "the signal", "an out-of-memory retry", "the gpureclaim command",
-                                   "a scope's end"};
-  char total[32], cached[32], orphaned[32];
+                                   "a scope's end", "a peer"};
+  char total[32], cached[32], orphaned[32], peer[48] = "";
+  if (r->trigger == GPURECLAIM_TRIGGER_PEER)
+    snprintf(peer, sizeof peer, " (pid %d, out of memory on the same GPU)", r->peer_pid);
   uint64_t sum = r->cached_bytes + r->orphaned_bytes + r->all_bytes;
-  gr_info("released %s in %.2f ms (cached %s, orphaned %s in %llu block%s), asked by %s",
+  gr_info("released %s in %.2f ms (cached %s, orphaned %s in %llu block%s), asked by %s%s",
           gr_log_bytes(sum, total, sizeof total), (double)r->duration_ns / 1e6,
           gr_log_bytes(r->cached_bytes, cached, sizeof cached), gr_log_bytes(r->orphaned_bytes, orphaned, sizeof orphaned),
           (unsigned long long)r->orphaned_blocks, gr_plural(r->orphaned_blocks),
-          r->trigger >= 0 && (size_t)r->trigger < GR_ARRAY_LEN(by) ? by[r->trigger] : by[0]);
+          r->trigger >= 0 && (size_t)r->trigger < GR_ARRAY_LEN(by) ? by[r->trigger] : by[0], peer);
 }
