@@ -97,8 +97,8 @@ static int send_all(int fd, const jbuf_t *b) {
   return 0;
 }
 
-/* Answers one request line; NULL for a line longer than the protocol allows. */
-static void answer(int fd, const char *line) {
+/* Answers one request line; NULL for a line longer than the protocol allows. pid: the client's (SO_PEERCRED). */
+static void answer(int fd, const char *line, int pid) {
   size_t verb;
   jbuf_t b;
   jb_init(&b);
@@ -154,6 +154,13 @@ static void answer(int fd, const char *line) {
     } else {
       jb_str(&b, "error", rc == -EINVAL ? "bad release categories (expected cached, orphaned, all)" : strerror(-rc));
     }
+  } else if (strncmp(line, "give ", 5) == 0 || strcmp(line, "give") == 0) {
+    /* A peer ran out of memory on a GPU we use (peer.c). Not run for a client that already hung up. */
+    if (!client_waiting(fd, false)) {
+      jb_free(&b);
+      return;
+    }
+    gr_peer_serve_give(line[4] ? line + 5 : "", pid, &b);
   } else if (strcmp(line, "snapshot") == 0) {
     jb_bool(&b, "ok", true);
     jb_key(&b, "snapshot");
@@ -228,6 +235,20 @@ void gr_ctl_serve_one(void) {
   struct ucred cred;
   socklen_t len = sizeof cred;
   if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != geteuid()) {
+    /* Another user (root can reach the socket): refused unanswered, and logged. */
+    jbuf_t ev;
+    jb_init(&ev);
+    jb_obj(&ev);
+    jb_str(&ev, "event", "refused");
+    jb_i64(&ev, "pid", getpid());
+    jb_i64(&ev, "client_pid", len == sizeof cred ? cred.pid : -1);
+    jb_i64(&ev, "client_uid", len == sizeof cred ? (int64_t)cred.uid : -1);
+    jb_obj_end(&ev);
+    jb_raw(&ev, "\n", 1);
+    gr_rep_event(&ev);
+    jb_free(&ev);
+    gr_warn_once(w_refused, "refused a control-socket client of another user (uid %d, pid %d)",
+                 len == sizeof cred ? (int)cred.uid : -1, len == sizeof cred ? (int)cred.pid : -1);
     close(fd);
     return;
   }
@@ -242,13 +263,13 @@ void gr_ctl_serve_one(void) {
   size_t n = 0;
   int got = read_line(fd, line, sizeof line, &n, &deadline);
   if (got < 0) {
-    answer(fd, NULL);
+    answer(fd, NULL, cred.pid);
     drain(fd, &deadline);
   } else if (got > 0) {
     while (n && line[n - 1] == '\r')
       n--;
     line[n] = '\0';
-    answer(fd, line);
+    answer(fd, line, cred.pid);
   }
   close(fd);
 }

@@ -150,6 +150,7 @@ static void atfork_child(void) {
   gr_reg_atfork_child();
   gr_scope_atfork_child();
   gr_rel_atfork_child();
+  gr_peer_atfork_child();
   gr_worker_atfork_child();
   gr_sig_atfork_child();
   gr_ctl_forget();

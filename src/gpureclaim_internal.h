@@ -416,8 +416,53 @@ typedef struct gr_py_cache {
   uint64_t reserved, allocated, releasable;
 } gr_py_cache_t;
 int gr_py_caches(gr_py_cache_t *out, int max);
+void gr_stats_peer_ask(bool ok, uint64_t received);
+void gr_stats_peer_give(uint64_t given);
 
 void gr_rep_release(const gpureclaim_report_t *r, bool served_signal);
+/* peer.c: peer reclaim (GPURECLAIM_PEERS), both sides. */
+struct jbuf;
+/* The status file's "peer" object. */
+void gr_peer_status_json(struct jbuf *b);
+/* Framework caches as measured now (the status file shows the releasable part as what could be given). */
+struct gr_py_cache;
+void gr_peer_note_frameworks(const struct gr_py_cache *c, int n);
+/* The worker's periodic check: rewrites the status file when what this process holds changed. */
+void gr_peer_tick(void);
+/* Serves a "give" request line (after "give ") from the process whose credentials are pid/uid; fills the
+ * answer into b (an open object). */
+void gr_peer_serve_give(const char *args, int pid, struct jbuf *b);
+/* Whether a thread of this process is handling an out-of-memory with its peers now. */
+bool gr_peer_busy(void);
+/* The asking side, called by the hooks after their own retry failed (driver.c, PEER_RETRY). */
+#define GR_PEER_MAX 16 /* peers asked in one peer reclaim, at most */
+typedef struct gr_peer_result {
+  int pid;
+  const char *error; /* NULL: it answered */
+  uint64_t orphaned, pool, framework, releaser, all;
+  double ms;
+} gr_peer_result_t;
+typedef struct gr_peer_op {
+  int device;
+  uint64_t bytes;
+  char uuid[48];
+  int lock_fd;
+  bool waited;   /* another peer reclaim of this GPU ran meanwhile: retry first */
+  bool asked;
+  uint64_t given;
+  uint64_t t0_ns;
+  struct timespec deadline;
+  unsigned nresults;
+  gr_peer_result_t results[GR_PEER_MAX]; /* what each peer gave, for the event line */
+} gr_peer_op_t;
+bool gr_peer_begin(gr_peer_op_t *op, uint64_t bytes, int device);
+uint64_t gr_peer_ask(gr_peer_op_t *op);
+void gr_peer_end(gr_peer_op_t *op, bool succeeded);
+void gr_peer_atfork_child(void);
+/* release.c: a peer's request: gives up to want bytes on the devices in devmask (bit per ordinal), cheapest
+ * first, within GPURECLAIM_ON_SIGNAL; framework caches only when framework_ok. Fills rep (trigger peer). */
+void gr_rel_give(uint64_t want, uint64_t devmask, int asker, bool framework_ok, const struct timespec *deadline,
+                 gpureclaim_report_t *rep);
 int gr_rep_status_update(void);
 /* The control socket's path for the status file, NULL once it is closed (control.c hands it over). */
 void gr_rep_status_socket(const char *path);
@@ -428,6 +473,11 @@ void gr_rep_stats_json(struct jbuf *b);
 int gr_rep_snapshot_json(struct jbuf *b);
 int gr_rep_leaks(struct jbuf *b, bool json);
 int gr_rep_leaks_fd(int fd, bool json);
+/* One JSON line (newline included) where release reports go (GPURECLAIM_LOG or stderr; nowhere if unset). */
+void gr_rep_event(const struct jbuf *b);
+/* The UUID of device ordinal d as nvidia-smi -L writes it ("GPU-..."; cuDeviceGetUuid_v2: a MIG instance's
+ * own); false if unknown. */
+bool gr_rep_gpu_uuid(int d, char *buf, size_t len);
 /* The private run directory (created 0700 if needed); NULL if unusable. */
 const char *gr_rep_rundir(void);
 

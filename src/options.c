@@ -142,6 +142,64 @@ int gr_opt_parse_what(const char *s, unsigned *out) {
   return 0;
 }
 
+int gr_opt_parse_peers(const char *s, unsigned *out) {
+  if (streq_ci(s, "off") || streq_ci(s, "none") || streq_ci(s, "0")) {
+    *out = 0;
+    return 0;
+  }
+  unsigned v = 0;
+  const char *p = s;
+  if (!*p)
+    return -EINVAL;
+  while (*p) {
+    const char *end = strchr(p, ',');
+    size_t n = end ? (size_t)(end - p) : strlen(p);
+    char word[8];
+    if (n == 0 || n >= sizeof word)
+      return -EINVAL;
+    memcpy(word, p, n);
+    word[n] = '\0';
+    if (streq_ci(word, "ask"))
+      v |= GR_PEERS_ASK;
+    else if (streq_ci(word, "give"))
+      v |= GR_PEERS_GIVE;
+    else
+      return -EINVAL;
+    p += n;
+    if (*p == ',')
+      p++;
+    if (end && !*p)
+      return -EINVAL; /* trailing comma */
+  }
+  *out = v;
+  return 0;
+}
+
+int gr_opt_parse_seconds_ms(const char *s, unsigned *out) {
+  unsigned long long whole = 0, frac = 0;
+  const char *dot = strchr(s, '.');
+  char ip[8];
+  size_t n = dot ? (size_t)(dot - s) : strlen(s);
+  if (n == 0 || n >= sizeof ip)
+    return -EINVAL;
+  memcpy(ip, s, n);
+  ip[n] = '\0';
+  if (gr_opt_parse_uint(ip, 60, &whole) != 0)
+    return -EINVAL;
+  if (dot) {
+    size_t f = strlen(dot + 1);
+    if (f == 0 || f > 3 || gr_opt_parse_uint(dot + 1, 999, &frac) != 0)
+      return -EINVAL;
+    for (; f < 3; f++)
+      frac *= 10;
+  }
+  unsigned long long ms = whole * 1000 + frac;
+  if (ms == 0 || ms > 60000)
+    return -EINVAL;
+  *out = (unsigned)ms;
+  return 0;
+}
+
 const char *gr_opt_what_name(unsigned what, char *buf, size_t len) {
   snprintf(buf, len, "%s%s%s%s", what & GPURECLAIM_CACHED ? "cached" : "",
            (what & GPURECLAIM_CACHED) && (what & (GPURECLAIM_ORPHANED | GPURECLAIM_ALL)) ? "," : "",
@@ -216,6 +274,9 @@ static int p_verbose(const char *v, gr_options_t *o) {
   return rc;
 }
 
+static int p_peers(const char *v, gr_options_t *o) { return gr_opt_parse_peers(v, &o->peers); }
+static int p_peer_timeout(const char *v, gr_options_t *o) { return gr_opt_parse_seconds_ms(v, &o->peer_timeout_ms); }
+
 static const struct {
   const char *name;
   const char *expected; /* for the warning */
@@ -233,6 +294,8 @@ static const struct {
     {"GPURECLAIM_PYTHON", "1/0/yes/no/on/off", p_python},
     {"GPURECLAIM_STATUS", "1/0/yes/no/on/off", p_status},
     {"GPURECLAIM_VERBOSE", "0, 1 or 2", p_verbose},
+    {"GPURECLAIM_PEERS", "ask,give, ask, give or off", p_peers},
+    {"GPURECLAIM_PEER_TIMEOUT", "seconds from 0.001 to 60 (at most 3 decimals)", p_peer_timeout},
 };
 
 int gr_opt_check(const char *name, const char *value, const char **expected) {
@@ -254,6 +317,8 @@ static void defaults(gr_options_t *o) {
   o->oom_retry = 1;
   o->python = true;
   o->status = true;
+  o->peers = GR_PEERS_ASK | GR_PEERS_GIVE;
+  o->peer_timeout_ms = 2000;
   /* XDG_RUNTIME_DIR only when it is this (effective) user's: a root process run with a user's environment
    * (sudo -E) would otherwise make a root-owned run directory inside the user's, which the user's processes
    * and commands then refuse, and cannot remove. Ownership is checked against the effective uid, as the run

@@ -21,7 +21,12 @@ typedef struct gr_options {
   bool python;           /* GPURECLAIM_PYTHON: framework caches through CPython (default on) */
   bool status;           /* GPURECLAIM_STATUS: status file and control socket (default on) */
   int verbose;           /* GPURECLAIM_VERBOSE: 0 warnings, 1 info, 2 debug */
+  unsigned peers;        /* GPURECLAIM_PEERS: GR_PEERS_ASK | GR_PEERS_GIVE (default both) */
+  unsigned peer_timeout_ms; /* GPURECLAIM_PEER_TIMEOUT: bound of one peer reclaim (default 2000) */
 } gr_options_t;
+
+#define GR_PEERS_ASK 0x1u
+#define GR_PEERS_GIVE 0x2u
 
 /* The options, parsed on first call (bad values warned about once, defaults used). Safe from any thread.
  * Inline: the allocation path reads an option per block, from files of the library and of gpureclaim_common
@@ -40,6 +45,10 @@ bool gr_opt_disabled_early(void);
 int gr_opt_parse_bool(const char *s, bool *out);
 int gr_opt_parse_signal(const char *s, int *out);
 int gr_opt_parse_what(const char *s, unsigned *out);
+/* GPURECLAIM_PEERS: "ask,give" (either order), "ask", "give", "off". */
+int gr_opt_parse_peers(const char *s, unsigned *out);
+/* GPURECLAIM_PEER_TIMEOUT: seconds, 0.001 to 60, at most 3 decimals ("2", "0.5"); *out in milliseconds. */
+int gr_opt_parse_seconds_ms(const char *s, unsigned *out);
 int gr_opt_parse_uint(const char *s, unsigned long long max, unsigned long long *out);
 /* Whether a GPURECLAIM_LOG value names standard error ("stderr" in any case, or "-") rather than a file. */
 bool gr_opt_log_is_stderr(const char *s);

@@ -27,7 +27,7 @@
 
 static const char *const g_kind_names[] = {"?", "device", "pitch", "managed", "async", "vmm", "vmm_mapping", "va", "host"};
 static const char *kind_name(unsigned k) { return k < GR_ARRAY_LEN(g_kind_names) ? g_kind_names[k] : "?"; }
-static const char *const g_triggers[] = {"?", "api", "signal", "oom", "command", "scope"};
+static const char *const g_triggers[] = {"?", "api", "signal", "oom", "command", "scope", "peer"};
 
 /* ---- the run directory ---- */
 
@@ -79,6 +79,8 @@ void gr_rep_report_json(jbuf_t *b, const gpureclaim_report_t *r) {
   jb_u64(b, "all_blocks", r->all_blocks);
   jb_u64(b, "failed_blocks", r->failed_blocks);
   jb_f64(b, "ms", (double)r->duration_ns / 1e6);
+  if (r->trigger == GPURECLAIM_TRIGGER_PEER)
+    jb_i64(b, "peer_pid", r->peer_pid); /* the process that asked */
   jb_arr(b, "devices");
   for (int i = 0; i < r->ndevices && i < GPURECLAIM_MAX_DEVICES; i++) {
     const gpureclaim_device_report_t *d = &r->devices[i];
@@ -105,7 +107,8 @@ static void stats_fields(jbuf_t *b, const gpureclaim_stats_t *s) {
   F(pool_used_bytes); F(host_pinned_blocks); F(host_pinned_bytes); F(va_reserved_bytes); F(vmm_mapped_bytes);
   F(orphan_blocks); F(orphan_bytes); F(ctx_destroyed_blocks); F(ctx_destroyed_bytes); F(untracked_frees);
   F(late_frees); F(untracked_routes); F(releases); F(released_bytes); F(oom_retries); F(oom_retry_successes);
-  F(table_bytes); F(contexts); F(pools);
+  F(table_bytes); F(contexts); F(pools); F(peer_reclaims); F(peer_reclaim_successes); F(peer_received_bytes);
+  F(peer_gives); F(peer_given_bytes);
 #undef F
 }
 
@@ -155,7 +158,7 @@ static void resolve_uuid(void) {
 }
 
 /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" of device ordinal d, as nvidia-smi -L shows it; false if unknown. */
-static bool gpu_uuid(int d, char *buf, size_t len) {
+bool gr_rep_gpu_uuid(int d, char *buf, size_t len) {
   pthread_once(&g_uuid_once, resolve_uuid);
   CUdevice dev;
   CUuuid u;
@@ -209,7 +212,7 @@ static void gpus_json(jbuf_t *b, bool memory) {
     jb_key(b, NULL);
     jb_obj(b);
     jb_i64(b, "device", d);
-    jb_str(b, "uuid", gpu_uuid(d, uuid, sizeof uuid) ? uuid : NULL);
+    jb_str(b, "uuid", gr_rep_gpu_uuid(d, uuid, sizeof uuid) ? uuid : NULL);
     if (memory) {
       size_t free_b = 0, total = 0;
       CUcontext cur = NULL;
@@ -233,6 +236,7 @@ static void gpus_json(jbuf_t *b, bool memory) {
 static void frameworks_json(jbuf_t *b) {
   gr_py_cache_t c[16];
   int n = gr_py_caches(c, (int)GR_ARRAY_LEN(c));
+  gr_peer_note_frameworks(c, n); /* what the status file says a peer could give ("as last measured") */
   jb_arr(b, "frameworks");
   for (int i = 0; i < n; i++) {
     jb_key(b, NULL);
@@ -373,6 +377,7 @@ int gr_rep_status_update(void) {
     jb_null(&b, "last_signal_release");
   }
   pthread_mutex_unlock(&g_status_lock);
+  gr_peer_status_json(&b); /* "peer": per GPU UUID held and givable, whether it asks and gives */
   jb_obj_end(&b);
   jb_raw(&b, "\n", 1);
   int rc;
@@ -435,6 +440,33 @@ void gr_rep_status_remove(void) {
 
 /* ---- release reports ---- */
 
+/* Appends one JSON line (b, newline included) where release reports go: GPURECLAIM_LOG, or stderr. */
+void gr_rep_event(const jbuf_t *b) {
+  const char *log = gr_opt()->log;
+  if (log[0]) {
+    /* Not waiting: a FIFO nobody reads would block the open for good, and a release runs on an allocating
+     * thread (OOM retry), in gpureclaim_release() and on the worker that serves the control socket. It fails
+     * with ENXIO instead, and the report goes to stderr. */
+    int fd = gr_out_open_nowait(log, O_WRONLY | O_APPEND | O_CREAT, 0600);
+    if (fd >= 0) {
+      int rc = jb_write_fd(b, fd); /* one write of a short line: appends stay whole */
+      if (close(fd) != 0 && rc == 0 && errno != EINTR)
+        rc = -errno;
+      if (rc < 0) { /* a full disk, a quota, an I/O error: the report is not lost without a word */
+        gr_warn_once(w_log_write, "cannot write to GPURECLAIM_LOG=%s: %s; reports that cannot be written there "
+                                  "go to stderr", log, strerror(-rc));
+        jb_write_fd(b, STDERR_FILENO);
+      }
+    } else {
+      const char *why = errno == ENXIO ? "a FIFO nobody reads" : strerror(errno);
+      gr_warn_once(w_log, "cannot open GPURECLAIM_LOG=%s: %s; reports go to stderr", log, why);
+      jb_write_fd(b, STDERR_FILENO);
+    }
+  } else if (gr_opt()->log_stderr) { /* asked for: GPURECLAIM_LOG=stderr */
+    jb_write_fd(b, STDERR_FILENO);
+  } /* else quiet: nothing on the program's stderr unless asked */
+}
+
 void gr_rep_release(const gpureclaim_report_t *r, bool served_signal) {
   jbuf_t b;
   jb_init(&b);
@@ -445,29 +477,7 @@ void gr_rep_release(const gpureclaim_report_t *r, bool served_signal) {
   gr_rep_report_json(&b, r);
   jb_obj_end(&b);
   jb_raw(&b, "\n", 1);
-  const char *log = gr_opt()->log;
-  if (log[0]) {
-    /* Not waiting: a FIFO nobody reads would block the open for good, and a release runs on an allocating
-     * thread (OOM retry), in gpureclaim_release() and on the worker that serves the control socket. It fails
-     * with ENXIO instead, and the report goes to stderr. */
-    int fd = gr_out_open_nowait(log, O_WRONLY | O_APPEND | O_CREAT, 0600);
-    if (fd >= 0) {
-      int rc = jb_write_fd(&b, fd); /* one write of a short line: appends stay whole */
-      if (close(fd) != 0 && rc == 0 && errno != EINTR)
-        rc = -errno;
-      if (rc < 0) { /* a full disk, a quota, an I/O error: the report is not lost without a word */
-        gr_warn_once(w_log_write, "cannot write to GPURECLAIM_LOG=%s: %s; reports that cannot be written there "
-                                  "go to stderr", log, strerror(-rc));
-        jb_write_fd(&b, STDERR_FILENO);
-      }
-    } else {
-      const char *why = errno == ENXIO ? "a FIFO nobody reads" : strerror(errno);
-      gr_warn_once(w_log, "cannot open GPURECLAIM_LOG=%s: %s; reports go to stderr", log, why);
-      jb_write_fd(&b, STDERR_FILENO);
-    }
-  } else if (gr_opt()->log_stderr) { /* asked for: GPURECLAIM_LOG=stderr */
-    jb_write_fd(&b, STDERR_FILENO);
-  } /* else quiet: nothing on the program's stderr unless asked */
+  gr_rep_event(&b);
   gr_log_release(r);
   jb_free(&b);
   pthread_mutex_lock(&g_status_lock);
@@ -787,12 +797,14 @@ void gr_log_release(const gpureclaim_report_t *r) {
   if (gr_opt()->verbose < 1)
     return;
   static const char *const by[] = {"?", "the API", "the signal", "an out-of-memory retry", "the gpureclaim command",
-                                   "a scope's end"};
-  char total[32], cached[32], orphaned[32];
+                                   "a scope's end", "a peer"};
+  char total[32], cached[32], orphaned[32], peer[48] = "";
+  if (r->trigger == GPURECLAIM_TRIGGER_PEER)
+    snprintf(peer, sizeof peer, " (pid %d, out of memory on the same GPU)", r->peer_pid);
   uint64_t sum = r->cached_bytes + r->orphaned_bytes + r->all_bytes;
-  gr_info("released %s in %.2f ms (cached %s, orphaned %s in %llu block%s), asked by %s",
+  gr_info("released %s in %.2f ms (cached %s, orphaned %s in %llu block%s), asked by %s%s",
           gr_log_bytes(sum, total, sizeof total), (double)r->duration_ns / 1e6,
           gr_log_bytes(r->cached_bytes, cached, sizeof cached), gr_log_bytes(r->orphaned_bytes, orphaned, sizeof orphaned),
           (unsigned long long)r->orphaned_blocks, gr_plural(r->orphaned_blocks),
-          r->trigger >= 0 && (size_t)r->trigger < GR_ARRAY_LEN(by) ? by[r->trigger] : by[0]);
+          r->trigger >= 0 && (size_t)r->trigger < GR_ARRAY_LEN(by) ? by[r->trigger] : by[0], peer);
 }

@@ -21,7 +21,8 @@ static void *worker(void *arg) {
   prctl(PR_SET_NAME, "gpureclaim", 0, 0, 0);
   for (;;) {
     struct pollfd fds[2] = {{.fd = gr_sig_fd(), .events = POLLIN}, {.fd = gr_ctl_fd(), .events = POLLIN}};
-    int n = poll(fds, 2, 2000);
+    /* Every 0.5 s when peers may ask (the status file then follows what this process holds), else 2 s. */
+    int n = poll(fds, 2, gr_opt()->status && gr_opt()->peers ? 500 : 2000);
     if (!atomic_load_explicit(&g_worker_up, memory_order_acquire))
       break; /* the process forked or is exiting */
     if (n > 0 && (fds[0].revents & POLLIN)) {
@@ -33,6 +34,7 @@ static void *worker(void *arg) {
     if (n > 0 && (fds[1].revents & POLLIN))
       gr_ctl_serve_one();
     gr_sig_check_replaced();
+    gr_peer_tick();
   }
   return NULL;
 }
