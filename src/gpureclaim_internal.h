@@ -62,6 +62,10 @@ typedef struct gr_options {
   bool python;           /* GPURECLAIM_PYTHON: framework caches through CPython (default on) */
   bool status;           /* GPURECLAIM_STATUS: status file and control socket (default on) */
   int verbose;           /* GPURECLAIM_VERBOSE: 0 warnings, 1 info, 2 debug */
+  bool on_signal_sleep;  /* GPURECLAIM_ON_SIGNAL=sleep: the signal puts the process to sleep */
+  int sleep;             /* GPURECLAIM_SLEEP: -1 auto, 0 off, 1 on (gates installed) */
+  unsigned wake_timeout; /* GPURECLAIM_WAKE_TIMEOUT: seconds a wake waits for room on the device */
+  unsigned sleep_idle;   /* GPURECLAIM_SLEEP_IDLE: seconds without a CUDA call before sleeping, 0 off */
 } gr_options_t;
 
 /* The options, parsed on first call (bad values warned about once, defaults used). Safe from any thread. */
@@ -523,6 +527,33 @@ int gr_rep_leaks_fd(int fd, bool json);
 int gr_rep_stats_fd(int fd);
 /* The private run directory (created 0700 if needed); NULL if unusable. */
 const char *gr_rep_rundir(void);
+
+/* One event line to GPURECLAIM_LOG (or stderr when asked), as release reports are written. */
+void gr_rep_log_line(struct jbuf *b);
+/* "GPU-..." of device ordinal d (cached once read); false if unknown. */
+bool gr_rep_gpu_uuid(int d, char *buf, size_t len);
+
+/* sleep.c: sleep and wake (gpureclaim_sleep). timeout_ms: how long the lock waits for calls in flight. */
+int gr_sleep_run(int trigger, unsigned timeout_ms, gpureclaim_sleep_report_t *out);
+/* The same, telling progress (may be NULL) as it goes: phase "release", "moving" (done 0 of total), "moved". */
+typedef void (*gr_sleep_progress_fn)(const char *phase, uint64_t done, uint64_t total, void *arg);
+int gr_sleep_run_progress(int trigger, unsigned timeout_ms, gpureclaim_sleep_report_t *out,
+                          gr_sleep_progress_fn progress, void *arg);
+/* Wakes the process (trigger: gpureclaim_trigger_t). 0, -ENOMEM (no room in time), -EIO (restore refused). */
+int gr_sleep_wake(int trigger);
+int gr_sleep_state_now(uint64_t *host_bytes);
+/* True while gpureclaim must not call the driver itself (asleep, waking, or the lock is about to be taken):
+ * reports leave out what only the driver knows, and releases asked by the command or the signal are refused. */
+bool gr_sleep_driver_off(void);
+/* A release is about to call the driver (true: go on, then gr_sleep_release_end) or must not (false). */
+bool gr_sleep_release_begin(void);
+void gr_sleep_release_end(void);
+/* "sleep": {state, host_bytes, ...} for the status file and the stats answer. */
+void gr_sleep_json(struct jbuf *b);
+void gr_sleep_report_json(struct jbuf *b, const gpureclaim_sleep_report_t *r);
+/* The worker's tick: the idle watch (GPURECLAIM_SLEEP_IDLE). Returns the poll timeout it wants, in ms. */
+int gr_sleep_idle_tick(void);
+void gr_sleep_atfork_child(void);
 
 int gr_ctl_open(void);
 /* In a forked child: close the parent's socket without removing it. */

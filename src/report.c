@@ -27,7 +27,7 @@
 
 static const char *const g_kind_names[] = {"?", "device", "pitch", "managed", "async", "vmm", "vmm_mapping", "va", "host"};
 static const char *kind_name(unsigned k) { return k < GR_ARRAY_LEN(g_kind_names) ? g_kind_names[k] : "?"; }
-static const char *const g_triggers[] = {"?", "api", "signal", "oom", "command", "scope"};
+static const char *const g_triggers[] = {"?", "api", "signal", "oom", "command", "scope", "idle", "call"};
 
 static uint64_t realtime_ms(void) {
   struct timespec ts;
@@ -134,7 +134,7 @@ static void pool_json(uint16_t id, CUmemoryPool pool, int device, void *arg) {
   (void)id;
   jbuf_t *b = arg;
   cuuint64_t reserved = 0, used = 0;
-  if (gr_drv.cuMemPoolGetAttribute) {
+  if (gr_drv.cuMemPoolGetAttribute && !gr_sleep_driver_off()) { /* asleep: the driver cannot be asked */
     gr_drv.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved);
     gr_drv.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used);
   }
@@ -161,13 +161,26 @@ static void resolve_uuid(void) {
 }
 
 /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" of device ordinal d, as nvidia-smi -L shows it; false if unknown. */
-static bool gpu_uuid(int d, char *buf, size_t len) {
+static struct {
+  _Atomic int known;
+  CUuuid u;
+} g_uuid_cache[GR_MAX_DEV]; /* a device's UUID never changes: asleep, the driver is not asked again */
+
+bool gr_rep_gpu_uuid(int d, char *buf, size_t len) {
   pthread_once(&g_uuid_once, resolve_uuid);
   CUdevice dev;
   CUuuid u;
-  if (!g_uuid_fn || !gr_drv.cuDeviceGet || gr_drv.cuDeviceGet(&dev, d) != CUDA_SUCCESS ||
-      g_uuid_fn(&u, dev) != CUDA_SUCCESS)
-    return false;
+  if (d >= 0 && d < GR_MAX_DEV && atomic_load_explicit(&g_uuid_cache[d].known, memory_order_acquire)) {
+    u = g_uuid_cache[d].u;
+  } else {
+    if (gr_sleep_driver_off() || !g_uuid_fn || !gr_drv.cuDeviceGet || gr_drv.cuDeviceGet(&dev, d) != CUDA_SUCCESS ||
+        g_uuid_fn(&u, dev) != CUDA_SUCCESS)
+      return false;
+    if (d >= 0 && d < GR_MAX_DEV && !atomic_load_explicit(&g_uuid_cache[d].known, memory_order_relaxed)) {
+      g_uuid_cache[d].u = u; /* the same bytes whichever thread writes them first */
+      atomic_store_explicit(&g_uuid_cache[d].known, 1, memory_order_release);
+    }
+  }
   const unsigned char *x = (const unsigned char *)u.bytes;
   snprintf(buf, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", x[0], x[1], x[2],
            x[3], x[4], x[5], x[6], x[7], x[8], x[9], x[10], x[11], x[12], x[13], x[14], x[15]);
@@ -202,10 +215,18 @@ static CUcontext ctx_on(int d) {
 /* "gpus": ordinal and UUID of each GPU; with memory, of those this process has a context on, with
  * cuMemGetInfo's figures (the whole device's: every process's memory and every context's own included), else
  * of every GPU it can see (none before cuInit). */
+static _Atomic int g_count_seen; /* the last device count read: asleep, the driver is not asked */
+
 static void gpus_json(jbuf_t *b, bool memory) {
   int count = 0;
-  if (!gr_drv.cuDeviceGetCount || gr_drv.cuDeviceGetCount(&count) != CUDA_SUCCESS)
+  bool off = gr_sleep_driver_off();
+  if (off)
+    count = atomic_load_explicit(&g_count_seen, memory_order_relaxed);
+  else if (!gr_drv.cuDeviceGetCount || gr_drv.cuDeviceGetCount(&count) != CUDA_SUCCESS)
     count = 0;
+  else
+    atomic_store_explicit(&g_count_seen, count, memory_order_relaxed);
+  memory = memory && !off;
   jb_arr(b, "gpus");
   for (int d = 0; d < count && d < GR_MAX_DEV; d++) {
     CUcontext ctx = memory && atomic_load_explicit(&gr_core_state, memory_order_acquire) == 1 ? ctx_on(d) : NULL;
@@ -215,7 +236,7 @@ static void gpus_json(jbuf_t *b, bool memory) {
     jb_key(b, NULL);
     jb_obj(b);
     jb_i64(b, "device", d);
-    jb_str(b, "uuid", gpu_uuid(d, uuid, sizeof uuid) ? uuid : NULL);
+    jb_str(b, "uuid", gr_rep_gpu_uuid(d, uuid, sizeof uuid) ? uuid : NULL);
     if (memory) {
       size_t free_b = 0, total = 0;
       CUcontext cur = NULL;
@@ -266,6 +287,7 @@ void gr_rep_stats_json(jbuf_t *b) {
   jb_arr_end(b);
   gpus_json(b, true);
   frameworks_json(b);
+  gr_sleep_json(b);
 }
 
 /* ---- the status file ---- */
@@ -368,6 +390,7 @@ int gr_rep_status_update(void) {
   } else {
     jb_null(&b, "last_release");
   }
+  gr_sleep_json(&b);
   jb_u64(&b, "signal_releases", g_signal_releases);
   if (g_signal_releases) {
     jb_key(&b, "last_signal_release");
@@ -437,6 +460,33 @@ void gr_rep_status_remove(void) {
 
 /* ---- release reports ---- */
 
+/* One event line (a release report, a sleep, a wake) to GPURECLAIM_LOG, or stderr when asked. */
+void gr_rep_log_line(jbuf_t *b) {
+  const char *log = gr_opt()->log;
+  if (log[0]) {
+    /* Not waiting: a FIFO nobody reads would block the open for good, and a release runs on an allocating
+     * thread (OOM retry), in gpureclaim_release() and on the worker that serves the control socket. It fails
+     * with ENXIO instead, and the report goes to stderr. */
+    int fd = gr_out_open_nowait(log, O_WRONLY | O_APPEND | O_CREAT, 0600);
+    if (fd >= 0) {
+      int rc = jb_write_fd(b, fd); /* one write of a short line: appends stay whole */
+      if (close(fd) != 0 && rc == 0 && errno != EINTR)
+        rc = -errno;
+      if (rc < 0) { /* a full disk, a quota, an I/O error: the report is not lost without a word */
+        gr_warn_once(w_log_write, "cannot write to GPURECLAIM_LOG=%s: %s; reports that cannot be written there "
+                                  "go to stderr", log, strerror(-rc));
+        jb_write_fd(b, STDERR_FILENO);
+      }
+    } else {
+      const char *why = errno == ENXIO ? "a FIFO nobody reads" : strerror(errno);
+      gr_warn_once(w_log, "cannot open GPURECLAIM_LOG=%s: %s; reports go to stderr", log, why);
+      jb_write_fd(b, STDERR_FILENO);
+    }
+  } else if (gr_opt()->log_stderr) { /* asked for: GPURECLAIM_LOG=stderr */
+    jb_write_fd(b, STDERR_FILENO);
+  } /* else quiet: nothing on the program's stderr unless asked */
+}
+
 void gr_rep_release(const gpureclaim_report_t *r, bool served_signal) {
   jbuf_t b;
   jb_init(&b);
@@ -447,29 +497,7 @@ void gr_rep_release(const gpureclaim_report_t *r, bool served_signal) {
   gr_rep_report_json(&b, r);
   jb_obj_end(&b);
   jb_raw(&b, "\n", 1);
-  const char *log = gr_opt()->log;
-  if (log[0]) {
-    /* Not waiting: a FIFO nobody reads would block the open for good, and a release runs on an allocating
-     * thread (OOM retry), in gpureclaim_release() and on the worker that serves the control socket. It fails
-     * with ENXIO instead, and the report goes to stderr. */
-    int fd = gr_out_open_nowait(log, O_WRONLY | O_APPEND | O_CREAT, 0600);
-    if (fd >= 0) {
-      int rc = jb_write_fd(&b, fd); /* one write of a short line: appends stay whole */
-      if (close(fd) != 0 && rc == 0 && errno != EINTR)
-        rc = -errno;
-      if (rc < 0) { /* a full disk, a quota, an I/O error: the report is not lost without a word */
-        gr_warn_once(w_log_write, "cannot write to GPURECLAIM_LOG=%s: %s; reports that cannot be written there "
-                                  "go to stderr", log, strerror(-rc));
-        jb_write_fd(&b, STDERR_FILENO);
-      }
-    } else {
-      const char *why = errno == ENXIO ? "a FIFO nobody reads" : strerror(errno);
-      gr_warn_once(w_log, "cannot open GPURECLAIM_LOG=%s: %s; reports go to stderr", log, why);
-      jb_write_fd(&b, STDERR_FILENO);
-    }
-  } else if (gr_opt()->log_stderr) { /* asked for: GPURECLAIM_LOG=stderr */
-    jb_write_fd(&b, STDERR_FILENO);
-  } /* else quiet: nothing on the program's stderr unless asked */
+  gr_rep_log_line(&b);
   gr_log_release(r);
   jb_free(&b);
   pthread_mutex_lock(&g_status_lock);
