@@ -186,11 +186,14 @@ static void answer(int fd, const char *line) {
     }
   } else if (strcmp(line, "wake") == 0) {
     uint64_t host = 0;
-    gr_sleep_state_now(&host);
+    if (gr_sleep_state_now(&host) != GPURECLAIM_STATE_AWAKE)
+      sleep_progress("restoring", 0, host, &fd);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     int rc = gr_sleep_wake(GPURECLAIM_TRIGGER_COMMAND);
     clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (rc == 0 && host)
+      sleep_progress("restored", host, host, &fd);
     jb_bool(&b, "ok", rc == 0);
     jb_u64(&b, "bytes", host);
     jb_f64(&b, "ms", (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6);
