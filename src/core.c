@@ -153,6 +153,7 @@ static void atfork_child(void) {
   gr_peer_atfork_child();
   gr_worker_atfork_child();
   gr_sig_atfork_child();
+  gr_sleep_atfork_child();
   gr_ctl_forget();
   gr_rep_atfork_child();
   atomic_store_explicit(&gr_core_state, 0, memory_order_release); /* start over on the child's first CUDA use */

@@ -473,13 +473,37 @@ void gr_rep_stats_json(struct jbuf *b);
 int gr_rep_snapshot_json(struct jbuf *b);
 int gr_rep_leaks(struct jbuf *b, bool json);
 int gr_rep_leaks_fd(int fd, bool json);
-/* One JSON line (newline included) where release reports go (GPURECLAIM_LOG or stderr; nowhere if unset). */
+/* One JSON line (newline included) where events go: release reports, peer reclaims, sleeps, wakes
+ * (GPURECLAIM_LOG or stderr; nowhere if unset). */
 void gr_rep_event(const struct jbuf *b);
 /* The UUID of device ordinal d as nvidia-smi -L writes it ("GPU-..."; cuDeviceGetUuid_v2: a MIG instance's
- * own); false if unknown. */
+ * own; cached once read: asleep, the driver is not asked); false if unknown. */
 bool gr_rep_gpu_uuid(int d, char *buf, size_t len);
 /* The private run directory (created 0700 if needed); NULL if unusable. */
 const char *gr_rep_rundir(void);
+
+
+/* sleep.c: sleep and wake (gpureclaim_sleep). timeout_ms: how long the lock waits for calls in flight. */
+int gr_sleep_run(int trigger, unsigned timeout_ms, gpureclaim_sleep_report_t *out);
+/* The same, telling progress (may be NULL) as it goes: phase "release", "moving" (done 0 of total), "moved". */
+typedef void (*gr_sleep_progress_fn)(const char *phase, uint64_t done, uint64_t total, void *arg);
+int gr_sleep_run_progress(int trigger, unsigned timeout_ms, gpureclaim_sleep_report_t *out,
+                          gr_sleep_progress_fn progress, void *arg);
+/* Wakes the process (trigger: gpureclaim_trigger_t). 0, -ENOMEM (no room in time), -EIO (restore refused). */
+int gr_sleep_wake(int trigger);
+int gr_sleep_state_now(uint64_t *host_bytes);
+/* True while gpureclaim must not call the driver itself (asleep, waking, or the lock is about to be taken):
+ * reports leave out what only the driver knows, and releases asked by the command or the signal are refused. */
+bool gr_sleep_driver_off(void);
+/* A release is about to call the driver (true: go on, then gr_sleep_release_end) or must not (false). */
+bool gr_sleep_release_begin(void);
+void gr_sleep_release_end(void);
+/* "sleep": {state, host_bytes, ...} for the status file and the stats answer. */
+void gr_sleep_json(struct jbuf *b);
+void gr_sleep_report_json(struct jbuf *b, const gpureclaim_sleep_report_t *r);
+/* The worker's tick: the idle watch (GPURECLAIM_SLEEP_IDLE). Returns the poll timeout it wants, in ms. */
+int gr_sleep_idle_tick(void);
+void gr_sleep_atfork_child(void);
 
 int gr_ctl_open(void);
 /* In a forked child: close the parent's socket without removing it. */

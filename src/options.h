@@ -23,6 +23,10 @@ typedef struct gr_options {
   int verbose;           /* GPURECLAIM_VERBOSE: 0 warnings, 1 info, 2 debug */
   unsigned peers;        /* GPURECLAIM_PEERS: GR_PEERS_ASK | GR_PEERS_GIVE (default both) */
   unsigned peer_timeout_ms; /* GPURECLAIM_PEER_TIMEOUT: bound of one peer reclaim (default 2000) */
+  bool on_signal_sleep;  /* GPURECLAIM_ON_SIGNAL=sleep: the signal puts the process to sleep */
+  int sleep;             /* GPURECLAIM_SLEEP: -1 auto, 0 off, 1 on (gates installed) */
+  unsigned wake_timeout; /* GPURECLAIM_WAKE_TIMEOUT: seconds a wake waits for room on the device */
+  unsigned sleep_idle;   /* GPURECLAIM_SLEEP_IDLE: seconds without a CUDA call before sleeping, 0 off */
 } gr_options_t;
 
 #define GR_PEERS_ASK 0x1u

@@ -27,7 +27,7 @@
 
 static const char *const g_kind_names[] = {"?", "device", "pitch", "managed", "async", "vmm", "vmm_mapping", "va", "host"};
 static const char *kind_name(unsigned k) { return k < GR_ARRAY_LEN(g_kind_names) ? g_kind_names[k] : "?"; }
-static const char *const g_triggers[] = {"?", "api", "signal", "oom", "command", "scope", "peer"};
+static const char *const g_triggers[] = {"?", "api", "signal", "oom", "command", "scope", "peer", "idle", "call"};
 
 /* ---- the run directory ---- */
 
@@ -131,7 +131,7 @@ static void pool_json(uint16_t id, CUmemoryPool pool, int device, void *arg) {
   (void)id;
   jbuf_t *b = arg;
   cuuint64_t reserved = 0, used = 0;
-  if (gr_drv.cuMemPoolGetAttribute) {
+  if (gr_drv.cuMemPoolGetAttribute && !gr_sleep_driver_off()) { /* asleep: the driver cannot be asked */
     gr_drv.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved);
     gr_drv.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used);
   }
@@ -158,13 +158,26 @@ static void resolve_uuid(void) {
 }
 
 /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" of device ordinal d, as nvidia-smi -L shows it; false if unknown. */
+static struct {
+  _Atomic int known;
+  CUuuid u;
+} g_uuid_cache[GR_MAX_DEV]; /* a device's UUID never changes: asleep, the driver is not asked again */
+
 bool gr_rep_gpu_uuid(int d, char *buf, size_t len) {
   pthread_once(&g_uuid_once, resolve_uuid);
   CUdevice dev;
   CUuuid u;
-  if (!g_uuid_fn || !gr_drv.cuDeviceGet || gr_drv.cuDeviceGet(&dev, d) != CUDA_SUCCESS ||
-      g_uuid_fn(&u, dev) != CUDA_SUCCESS)
-    return false;
+  if (d >= 0 && d < GR_MAX_DEV && atomic_load_explicit(&g_uuid_cache[d].known, memory_order_acquire)) {
+    u = g_uuid_cache[d].u;
+  } else {
+    if (gr_sleep_driver_off() || !g_uuid_fn || !gr_drv.cuDeviceGet || gr_drv.cuDeviceGet(&dev, d) != CUDA_SUCCESS ||
+        g_uuid_fn(&u, dev) != CUDA_SUCCESS)
+      return false;
+    if (d >= 0 && d < GR_MAX_DEV && !atomic_load_explicit(&g_uuid_cache[d].known, memory_order_relaxed)) {
+      g_uuid_cache[d].u = u; /* the same bytes whichever thread writes them first */
+      atomic_store_explicit(&g_uuid_cache[d].known, 1, memory_order_release);
+    }
+  }
   const unsigned char *x = (const unsigned char *)u.bytes;
   snprintf(buf, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", x[0], x[1], x[2],
            x[3], x[4], x[5], x[6], x[7], x[8], x[9], x[10], x[11], x[12], x[13], x[14], x[15]);
@@ -199,10 +212,18 @@ static CUcontext ctx_on(int d) {
 /* "gpus": ordinal and UUID of each GPU; with memory, of those this process has a context on, with
  * cuMemGetInfo's figures (the whole device's: every process's memory and every context's own included), else
  * of every GPU it can see (none before cuInit). */
+static _Atomic int g_count_seen; /* the last device count read: asleep, the driver is not asked */
+
 static void gpus_json(jbuf_t *b, bool memory) {
   int count = 0;
-  if (!gr_drv.cuDeviceGetCount || gr_drv.cuDeviceGetCount(&count) != CUDA_SUCCESS)
+  bool off = gr_sleep_driver_off();
+  if (off)
+    count = atomic_load_explicit(&g_count_seen, memory_order_relaxed);
+  else if (!gr_drv.cuDeviceGetCount || gr_drv.cuDeviceGetCount(&count) != CUDA_SUCCESS)
     count = 0;
+  else
+    atomic_store_explicit(&g_count_seen, count, memory_order_relaxed);
+  memory = memory && !off;
   jb_arr(b, "gpus");
   for (int d = 0; d < count && d < GR_MAX_DEV; d++) {
     CUcontext ctx = memory && atomic_load_explicit(&gr_core_state, memory_order_acquire) == 1 ? ctx_on(d) : NULL;
@@ -264,6 +285,7 @@ void gr_rep_stats_json(jbuf_t *b) {
   jb_arr_end(b);
   gpus_json(b, true);
   frameworks_json(b);
+  gr_sleep_json(b);
 }
 
 /* ---- the status file ---- */
@@ -369,6 +391,7 @@ int gr_rep_status_update(void) {
   } else {
     jb_null(&b, "last_release");
   }
+  gr_sleep_json(&b);
   jb_u64(&b, "signal_releases", g_signal_releases);
   if (g_signal_releases) {
     jb_key(&b, "last_signal_release");
@@ -440,7 +463,8 @@ void gr_rep_status_remove(void) {
 
 /* ---- release reports ---- */
 
-/* Appends one JSON line (b, newline included) where release reports go: GPURECLAIM_LOG, or stderr. */
+/* Appends one JSON line (b, newline included) where events go (a release report, a peer reclaim, a sleep, a
+ * wake): GPURECLAIM_LOG, or stderr when asked. */
 void gr_rep_event(const jbuf_t *b) {
   const char *log = gr_opt()->log;
   if (log[0]) {

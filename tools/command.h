@@ -91,5 +91,7 @@ int cmd_ps(int argc, char **argv);
 int cmd_top(int argc, char **argv);
 int cmd_release(int argc, char **argv);
 int cmd_snapshot(int argc, char **argv);
+int cmd_sleep(int argc, char **argv);
+int cmd_wake(int argc, char **argv);
 
 #endif
