@@ -686,12 +686,16 @@ static bool past(const struct timespec *deadline) { return gr_ms_until(deadline)
  * then, only when GPURECLAIM_ON_SIGNAL names it, every block of those devices. */
 void gr_rel_give(uint64_t want, uint64_t devmask, int asker, bool framework_ok, const struct timespec *deadline,
                  gpureclaim_report_t *rep) {
-  t_releasing++;
   unsigned allow = gr_opt()->on_signal;
   memset(rep, 0, sizeof *rep);
   rep->size = sizeof *rep;
   rep->trigger = GPURECLAIM_TRIGGER_PEER;
   rep->peer_pid = asker;
+  /* A give calls the driver as a release does: never while the process sleeps (its device memory is on the
+   * host then, so there is nothing to give) or is going to sleep. */
+  if (!gr_sleep_release_begin())
+    return;
+  t_releasing++;
   rep->seq = atomic_fetch_add_explicit(&g_seq, 1, memory_order_relaxed) + 1;
   uint64_t t0 = now_ns();
   mem_info(rep, false);
@@ -751,6 +755,7 @@ void gr_rel_give(uint64_t want, uint64_t devmask, int asker, bool framework_ok, 
   gr_stats_peer_give(total);
   gr_rep_release(rep, false);
   t_releasing--;
+  gr_sleep_release_end();
 }
 
 /* ---- out of memory ---- */

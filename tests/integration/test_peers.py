@@ -364,6 +364,38 @@ class PeerTest(Base):
         self.assertTrue(ans["ok"], ans)
         self.assertGreaterEqual(ans["given"]["pool_bytes"], 128 * MiB)
 
+    def request(self, pr, line, timeout=60):
+        """One control-socket request; returns the answer's last line, parsed (a sleep sends progress lines)."""
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(timeout)  # a hang guard
+        s.connect(os.path.join(self.rundir, "%d.sock" % pr.pid))
+        s.sendall((line + "\n").encode())
+        data = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        s.close()
+        return json.loads(data.decode().strip().splitlines()[-1])
+
+    def test_a_sleeping_peer_gives_nothing_and_stays_intact(self):
+        """Asked while it sleeps, a peer has nothing on the device to give, and must not touch the driver (the
+        simulator aborts a process whose checkpointed memory is used): it answers, gives 0 B, and wakes intact."""
+        b = Proc(self, "b")
+        self.assertEqual(b.ask("live 16"), "live")
+        self.fill_cache(b)
+        slept = self.request(b, "sleep 10000")
+        self.assertTrue(slept["ok"], slept)
+        far = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1000) + 60000
+        good = "give bytes=%d uuid=%s deadline_ms=%d pid=%d" % (64 * MiB, b.uuid, far, os.getpid())
+        ans = json.loads(self.give_line(b, (good + "\n").encode()))
+        self.assertTrue(ans["ok"], ans)
+        self.assertEqual(ans["given"]["total_bytes"], 0, ans)
+        self.assertIsNone(b.p.poll(), "the sleeping peer died when asked to give")
+        self.assertTrue(self.request(b, "wake")["ok"])
+        self.assertEqual(b.ask("check"), "intact")
+
 
 class OtherUserTest(Base):
     """Its own CTest test (test_peers_other_user), as it needs root: a skip of it hides no other result."""
