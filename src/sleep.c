@@ -16,7 +16,8 @@
  * process has no context to ask cuMemGetInfo with): what the device gained is what a restore needs back.
  *
  * Wake (gpureclaim_wake, the `wake` request, or a gate: the first CUDA call of any thread), on the thread that
- * asked: waits up to GPURECLAIM_WAKE_TIMEOUT for every device to have room for what it gave (NVML), and only
+ * asked: waits up to GPURECLAIM_WAKE_TIMEOUT for every device to have room for what it gave (NVML), asking the
+ * other gpureclaim processes on a GPU that is short once for the shortfall (peer reclaim), and only
  * then calls cuCheckpointProcessRestore and Unlock: a restore is never called when it could fail for lack of
  * memory. Without room the process stays asleep and intact, the waiting calls return CUDA_ERROR_OUT_OF_MEMORY,
  * and the next call tries again. One wake at a time; other callers wait for its outcome.
@@ -423,9 +424,22 @@ int gr_sleep_wake(int trigger) {
   uint64_t t0 = now_ns(), deadline = t0 + (uint64_t)gr_opt()->wake_timeout * 1000000000u;
   int short_dev = -1;
   bool ok;
+  bool asked[GR_MAX_DEV] = {false};
   while (!(ok = room(need, uuid, ndev, &short_dev)) && now_ns() < deadline) {
-    /* TODO(peer reclaim, issue 15): ask the peers on this device to give back need[short_dev] - free before
-     * waiting; GPURECLAIM_PEERS decides whom. Until then, wait for memory to appear. */
+    /* Short on a GPU: its other gpureclaim processes are asked once per wake for the shortfall (peer reclaim,
+     * GPURECLAIM_PEERS, bounded by GPURECLAIM_PEER_TIMEOUT); then the wake waits for memory to appear. */
+    uint64_t f = 0;
+    gr_peer_op_t op;
+    if (!asked[short_dev] && dev_free(uuid[short_dev], &f) && f < need[short_dev] &&
+        gr_peer_begin(&op, need[short_dev] - f, short_dev)) {
+      asked[short_dev] = true;
+      if (!op.waited) /* another peer reclaim of this GPU ran meanwhile: look at the room first */
+        gr_peer_ask(&op);
+      int again = -1;
+      gr_peer_end(&op, room(need, uuid, ndev, &again));
+      continue;
+    }
+    asked[short_dev] = true;
     nanosleep(&(struct timespec){0, 20000000}, NULL);
   }
   CUresult cr = CUDA_SUCCESS;

@@ -396,6 +396,23 @@ class PeerTest(Base):
         self.assertTrue(self.request(b, "wake")["ok"])
         self.assertEqual(b.ask("check"), "intact")
 
+    def test_a_wake_short_of_room_is_relieved_by_a_peers_cache(self):
+        """A sleeping process whose memory a peer's cache took meanwhile asks that peer when it wakes: the peer
+        gives its pool cache, the restore finds room, and the sleeper's data is intact."""
+        a = Proc(self, "a", {"GPURECLAIM_WAKE_TIMEOUT": "3"})
+        self.assertEqual(a.ask("live 96"), "live")
+        self.assertTrue(self.request(a, "sleep 10000")["ok"])
+        b = Proc(self, "b")
+        self.fill_cache(b)  # 192 MiB cached in B's pool: with A's 96 MiB the 256 MiB GPU has no room
+        self.wait_holding(b, b.uuid, 192 * MiB, "pool_cached_bytes")
+        woke = self.request(a, "wake")  # without asking, it would wait its 3 s out and stay asleep
+        self.assertTrue(woke["ok"], woke)
+        ev = self.one_event(a)
+        self.assertEqual([p["pid"] for p in ev["peers"]], [b.pid])
+        self.assertGreaterEqual(ev["peers"][0]["given"]["pool_bytes"], 32 * MiB)
+        self.assertEqual(a.ask("check"), "intact")
+        self.assertEqual(b.ask("alloc 16 async").split()[0], "ok", "B goes on working")
+
 
 class OtherUserTest(Base):
     """Its own CTest test (test_peers_other_user), as it needs root: a skip of it hides no other result."""
