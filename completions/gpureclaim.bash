@@ -77,7 +77,7 @@ _gpureclaim() {
   if [[ -n $opt ]]; then
     case $sub:$opt in
     run:--signal) mapfile -t COMPREPLY < <(compgen -W "USR1 USR2 RTMIN+1 RTMIN+2 off" -- "$val") ;;
-    run:--peers) mapfile -t COMPREPLY < <(compgen -W "ask,give ask give off" -- "$val") ;;
+    run:--peers) mapfile -t COMPREPLY < <(compgen -W "ask,give ask,give,sleep ask give off" -- "$val") ;;
     run:--on-signal | release:--what)
       # A comma-separated list: complete the last item.
       local head="" last="$val"

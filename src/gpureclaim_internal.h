@@ -440,6 +440,7 @@ typedef struct gr_peer_result {
   int pid;
   const char *error; /* NULL: it answered */
   uint64_t orphaned, pool, framework, releaser, all;
+  uint64_t slept; /* what its sleep freed on the GPU (GPURECLAIM_PEERS sleep); 0 when not asked to sleep */
   double ms;
 } gr_peer_result_t;
 typedef struct gr_peer_op {
@@ -502,6 +503,9 @@ void gr_sleep_release_end(void);
 void gr_sleep_json(struct jbuf *b);
 void gr_sleep_report_json(struct jbuf *b, const gpureclaim_sleep_report_t *r);
 /* The worker's tick: the idle watch (GPURECLAIM_SLEEP_IDLE). Returns the poll timeout it wants, in ms. */
+/* Whether no thread made a CUDA call gpureclaim sees for a second or more (the idle probe armed and untouched):
+ * a peer short of memory after every cache may then ask this process to sleep (GPURECLAIM_PEERS sleep). */
+bool gr_sleep_idle_for_peer(void);
 int gr_sleep_idle_tick(void);
 void gr_sleep_atfork_child(void);
 

@@ -163,6 +163,8 @@ int gr_opt_parse_peers(const char *s, unsigned *out) {
       v |= GR_PEERS_ASK;
     else if (streq_ci(word, "give"))
       v |= GR_PEERS_GIVE;
+    else if (streq_ci(word, "sleep"))
+      v |= GR_PEERS_SLEEP;
     else
       return -EINVAL;
     p += n;
@@ -326,7 +328,7 @@ static const struct {
     {"GPURECLAIM_PYTHON", "1/0/yes/no/on/off", p_python},
     {"GPURECLAIM_STATUS", "1/0/yes/no/on/off", p_status},
     {"GPURECLAIM_VERBOSE", "0, 1 or 2", p_verbose},
-    {"GPURECLAIM_PEERS", "ask,give, ask, give or off", p_peers},
+    {"GPURECLAIM_PEERS", "a list of ask, give, sleep, or off", p_peers},
     {"GPURECLAIM_PEER_TIMEOUT", "seconds from 0.001 to 60 (at most 3 decimals)", p_peer_timeout},
     {"GPURECLAIM_SLEEP", "auto, 1/yes/on or 0/no/off", p_sleep},
     {"GPURECLAIM_WAKE_TIMEOUT", "seconds from 0 to 86400", p_wake_timeout},

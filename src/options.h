@@ -31,6 +31,7 @@ typedef struct gr_options {
 
 #define GR_PEERS_ASK 0x1u
 #define GR_PEERS_GIVE 0x2u
+#define GR_PEERS_SLEEP 0x4u /* a peer short after every cache may ask this process, idle, to sleep */
 
 /* The options, parsed on first call (bad values warned about once, defaults used). Safe from any thread.
  * Inline: the allocation path reads an option per block, from files of the library and of gpureclaim_common
@@ -49,7 +50,7 @@ bool gr_opt_disabled_early(void);
 int gr_opt_parse_bool(const char *s, bool *out);
 int gr_opt_parse_signal(const char *s, int *out);
 int gr_opt_parse_what(const char *s, unsigned *out);
-/* GPURECLAIM_PEERS: "ask,give" (either order), "ask", "give", "off". */
+/* GPURECLAIM_PEERS: a list of ask, give, sleep (any order; default ask,give), or "off". */
 int gr_opt_parse_peers(const char *s, unsigned *out);
 /* GPURECLAIM_PEER_TIMEOUT: seconds, 0.001 to 60, at most 3 decimals ("2", "0.5"); *out in milliseconds. */
 int gr_opt_parse_seconds_ms(const char *s, unsigned *out);

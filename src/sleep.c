@@ -528,10 +528,12 @@ void gr_sleep_release_end(void) {
 }
 
 /* The idle watch, on the worker's tick: arms the probe (the first gated call clears it); once it stayed armed
- * GPURECLAIM_SLEEP_IDLE seconds, no thread made a call gpureclaim saw for that long, and the process sleeps. */
+ * GPURECLAIM_SLEEP_IDLE seconds, no thread made a call gpureclaim saw for that long, and the process sleeps.
+ * With GPURECLAIM_PEERS naming sleep the probe is armed too, for gr_sleep_idle_for_peer(). */
 int gr_sleep_idle_tick(void) {
   unsigned idle = gr_opt()->sleep_idle;
-  if (!idle || !gr_gate_enabled())
+  bool peer_sleep = (gr_opt()->peers & GR_PEERS_SLEEP) != 0;
+  if ((!idle && !peer_sleep) || !gr_gate_enabled())
     return 2000;
   if (atomic_load_explicit(&g_state_pub, memory_order_acquire) != ST_AWAKE)
     return 1000;
@@ -542,6 +544,8 @@ int gr_sleep_idle_tick(void) {
       atomic_store_explicit(&g_idle_since_ms, now, memory_order_relaxed);
     return 1000;
   }
+  if (!idle)
+    return 1000; /* armed for peers only: this process does not sleep by itself */
   if (now - since < (uint64_t)idle * 1000)
     return (int)((uint64_t)idle * 1000 - (now - since) < 1000 ? (uint64_t)idle * 1000 - (now - since) : 1000);
   unsigned char probe = GR_GATE_PROBE;
@@ -552,6 +556,14 @@ int gr_sleep_idle_tick(void) {
   gr_info("no CUDA call for %u s: going to sleep (GPURECLAIM_SLEEP_IDLE)", idle);
   gr_sleep_run(GPURECLAIM_TRIGGER_IDLE, 0, &r);
   return 1000;
+}
+
+bool gr_sleep_idle_for_peer(void) {
+  if (!gr_gate_enabled() || atomic_load_explicit(&g_state_pub, memory_order_acquire) != ST_AWAKE ||
+      atomic_load(&gr_gate_flag) != GR_GATE_PROBE)
+    return false;
+  uint64_t since = atomic_load_explicit(&g_idle_since_ms, memory_order_relaxed);
+  return since && gr_core_now_ms() - since >= 1000;
 }
 
 void gr_sleep_atfork_child(void) {

@@ -310,7 +310,7 @@ static const char g_help[] =
     "      --backtrace       a short backtrace per allocation for leak reports       GPURECLAIM_BACKTRACE=1\n"
     "  -v, --verbose[=N]     informational (1) or debugging (2) messages; N only     GPURECLAIM_VERBOSE\n"
     "                        with \"=\" (run --verbose 2 CMD runs 2)\n"
-    "      --peers WHAT      peer reclaim: ask,give (default), ask, give, off        GPURECLAIM_PEERS\n"
+    "      --peers WHAT      peer reclaim: ask,give (default), ask, give, sleep, off GPURECLAIM_PEERS\n"
     "                        (ask: an out-of-memory asks the other gpureclaim processes on\n"
     "                        the same GPU for memory; give: answer them)\n"
     "      --peer-timeout S  bound of one peer reclaim, seconds (default 2)          GPURECLAIM_PEER_TIMEOUT\n"

@@ -413,6 +413,41 @@ class PeerTest(Base):
         self.assertEqual(a.ask("check"), "intact")
         self.assertEqual(b.ask("alloc 16 async").split()[0], "ok", "B goes on working")
 
+    def test_an_idle_peer_that_opted_in_sleeps_when_caches_are_not_enough(self):
+        """GPURECLAIM_PEERS=ask,give,sleep: a peer holding only live memory, and idle, goes to sleep for an
+        allocation that no cache could serve; it wakes intact later. Without sleep in its PEERS it is not asked."""
+        b = Proc(self, "b", {"GPURECLAIM_PEERS": "ask,give,sleep"})
+        self.assertEqual(b.ask("live 192"), "live")
+        st = self.wait_holding(b, b.uuid, 192 * MiB)
+        self.assertTrue(st["peer"]["sleep"], st["peer"])
+        a = Proc(self, "a")
+        # B is idle once a second passed without a CUDA call of its own: until then A's allocation fails (a
+        # hang guard bounds the retries, no deadline decides).
+        guard = time.monotonic() + 60
+        while self.timed_alloc(a, 128) != "ok":
+            self.assertLess(time.monotonic(), guard, "B never slept for A")
+            time.sleep(0.2)
+        ev = a.events("peer_reclaim")[-1]
+        self.assertTrue(ev["retry_succeeded"], ev)
+        self.assertGreaterEqual(sum(p["given"]["slept_bytes"] for p in ev["peers"] if "given" in p), 128 * MiB, ev)
+        with open(os.path.join(self.rundir, "%d.json" % b.pid)) as f:
+            self.assertEqual(json.load(f)["sleep"]["state"], "sleeping")
+        self.assertEqual(a.ask("free"), "freed")
+        self.assertTrue(self.request(b, "wake")["ok"])
+        self.assertEqual(b.ask("check"), "intact")
+
+    def test_a_peer_that_did_not_opt_in_is_not_put_to_sleep(self):
+        b = Proc(self, "b")  # default PEERS: ask,give
+        self.assertEqual(b.ask("live 192"), "live")
+        st = self.wait_holding(b, b.uuid, 192 * MiB)
+        self.assertFalse(st["peer"]["sleep"])
+        time.sleep(2.5)  # idle long enough that an opted-in peer would sleep: this one must not
+        a = Proc(self, "a")
+        self.assertEqual(self.timed_alloc(a, 128), "oom")
+        with open(os.path.join(self.rundir, "%d.json" % b.pid)) as f:
+            self.assertEqual(json.load(f)["sleep"]["state"], "awake")
+        self.assertEqual(b.ask("check"), "intact")
+
 
 class OtherUserTest(Base):
     """Its own CTest test (test_peers_other_user), as it needs root: a skip of it hides no other result."""
