@@ -2625,9 +2625,16 @@ static CUresult impl_ck_lock(int pid, CUcheckpointLockArgs *a) {
   return CUDA_SUCCESS;
 }
 
+/* Host copies are mapped populated (one call instead of a page fault per page: faults dominate a copy of
+ * gigabytes, on a VM most of all). */
+static void *ck_buf(uint64_t len) {
+  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  return p == MAP_FAILED ? NULL : p;
+}
+
 static int ck_save(uint64_t addr, uint64_t len, int prot) {
   ck_saved_t *s = malloc(sizeof *s);
-  void *buf = s ? malloc(len) : NULL;
+  void *buf = s ? ck_buf(len) : NULL;
   if (!buf) {
     free(s);
     return -1;
@@ -2644,10 +2651,13 @@ static void ck_drop_saved(int put_back) {
     g_ck_saved = s->next;
     if (put_back) {
       if (s->prot >= 0) mprotect((void *)(uintptr_t)s->addr, s->len, PROT_READ | PROT_WRITE);
+#ifdef MADV_POPULATE_WRITE
+      madvise((void *)(uintptr_t)s->addr, s->len, MADV_POPULATE_WRITE); /* as above; older kernels: faults */
+#endif
       memcpy((void *)(uintptr_t)s->addr, s->buf, s->len);
       if (s->prot >= 0) mprotect((void *)(uintptr_t)s->addr, s->len, s->prot);
     }
-    free(s->buf);
+    munmap(s->buf, s->len);
     free(s);
   }
 }
