@@ -156,7 +156,7 @@ Test(sleep, wake_by_kernel_launch_and_by_allocation) {
   free(pat);
 }
 
-Test(sleep, wake_without_room_stays_asleep_and_intact, .init = NULL) {
+Test(sleep, wake_without_room_stays_asleep_and_intact) {
   setenv("GPURECLAIM_WAKE_TIMEOUT", "1", 1);
   unsigned char *pat;
   RT_OK(cudaSetDevice(0));
@@ -226,7 +226,7 @@ static void *stuck(void *arg) {
   return NULL;
 }
 
-Test(sleep, refused_while_a_thread_is_stuck_in_a_call, .timeout = 60) {
+Test(sleep, refused_while_a_thread_is_stuck_in_a_call) {
   void *p;
   RT_OK(cudaSetDevice(0));
   RT_OK(cudaMalloc(&p, 4096));
@@ -273,7 +273,7 @@ static void *worker_releases(void *arg) {
   return NULL;
 }
 
-Test(sleep, races_with_calls_and_releases, .timeout = 120) {
+Test(sleep, races_with_calls_and_releases) {
   unsigned char *pat;
   RT_OK(cudaSetDevice(0));
   void *live = hold(&pat);
@@ -284,7 +284,7 @@ Test(sleep, races_with_calls_and_releases, .timeout = 120) {
   for (int i = 0; i < 40; i++) {
     gpureclaim_sleep_report_t r = {.size = sizeof r};
     int rc = gpureclaim_sleep(&r);
-    cr_assert(rc == 0 || rc == -EBUSY, "sleep -> %d: %s", rc, r.reason);
+    cr_assert(rc == 0 || rc == -EBUSY || rc == -EALREADY, "sleep -> %d: %s", rc, r.reason); /* -EALREADY: no call woke it yet */
     slept += rc == 0;
     if (i % 2)
       cr_assert_eq(gpureclaim_wake(), 0);
@@ -300,7 +300,7 @@ Test(sleep, races_with_calls_and_releases, .timeout = 120) {
   free(pat);
 }
 
-Test(sleep, on_signal_sleep, .timeout = 60) {
+Test(sleep, on_signal_sleep) {
   setenv("GPURECLAIM_ON_SIGNAL", "sleep", 1);
   unsigned char *pat;
   RT_OK(cudaSetDevice(0));
@@ -313,7 +313,7 @@ Test(sleep, on_signal_sleep, .timeout = 60) {
   free(pat);
 }
 
-Test(sleep, fork_while_asleep, .timeout = 60) {
+Test(sleep, fork_while_asleep) {
   unsigned char *pat;
   RT_OK(cudaSetDevice(0));
   void *live = hold(&pat);
@@ -329,7 +329,7 @@ Test(sleep, fork_while_asleep, .timeout = 60) {
   free(pat);
 }
 
-Test(sleep, idle_sleep, .timeout = 60) {
+Test(sleep, idle_sleep) {
   setenv("GPURECLAIM_SLEEP_IDLE", "1", 1);
   unsigned char *pat;
   RT_OK(cudaSetDevice(0));
