@@ -353,3 +353,24 @@ Test(sleep, off_when_gates_are_off) {
   cr_assert_eq(state(NULL), GPURECLAIM_STATE_AWAKE);
   RT_OK(cudaFree(p));
 }
+
+Test(sleep, refused_once_memory_was_shared_over_ipc) {
+  void *p;
+  RT_OK(cudaSetDevice(0));
+  RT_OK(cudaMalloc(&p, 1 * MiB));
+  gpureclaim_sleep_report_t r = {.size = sizeof r};
+  cr_assert_eq(gpureclaim_sleep(&r), 0, "%s", r.reason);
+  cr_assert_eq(gpureclaim_wake(), 0);
+  /* Through cuGetProcAddress, as the runtime's cudaIpcGetMemHandle reaches it. */
+  CUresult (*get)(CUipcMemHandle *, CUdeviceptr) = NULL;
+  CUdriverProcAddressQueryResult q;
+  cr_assert_eq(cuGetProcAddress_v2("cuIpcGetMemHandle", (void **)&get, 13000, 0, &q), CUDA_SUCCESS);
+  CUipcMemHandle h;
+  cr_assert_eq(get(&h, (CUdeviceptr)(uintptr_t)p), CUDA_SUCCESS);
+  r = (gpureclaim_sleep_report_t){.size = sizeof r};
+  cr_assert_eq(gpureclaim_sleep(&r), -EBUSY);
+  cr_assert_not_null(strstr(r.reason, "IPC"), "%s", r.reason);
+  cr_assert_eq(r.slept, 0);
+  cr_assert_eq(state(NULL), GPURECLAIM_STATE_AWAKE);
+  RT_OK(cudaFree(p));
+}
