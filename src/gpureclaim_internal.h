@@ -508,6 +508,9 @@ void gr_sleep_report_json(struct jbuf *b, const gpureclaim_sleep_report_t *r);
 bool gr_sleep_idle_for_peer(void);
 int gr_sleep_idle_tick(void);
 void gr_sleep_atfork_child(void);
+/* IPC (hooks/driver.c): exported = 1 once memory was exported (cuIpcGetMemHandle); opened +1/-1 per handle of
+ * another process's memory opened and closed. A sleep is refused while either says memory is shared. */
+void gr_sleep_note_ipc(int exported, int opened);
 
 int gr_ctl_open(void);
 /* In a forked child: close the parent's socket without removing it. */

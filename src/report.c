@@ -364,7 +364,7 @@ int gr_rep_status_update(void) {
   jb_u64(&b, "start_ticks", start_ticks());
   jb_u64(&b, "started_ms", gr_core_start_time_ms());
   jb_str(&b, "signal", gr_opt_signal_name(o->signal, sig, sizeof sig));
-  jb_str(&b, "on_signal", gr_opt_what_name(o->on_signal, what, sizeof what));
+  jb_str(&b, "on_signal", o->on_signal_sleep ? "sleep" : gr_opt_what_name(o->on_signal, what, sizeof what));
   jb_bool(&b, "signal_caught", gr_sig_caught());
   /* Where this image's AT_RANDOM bytes are: a new address at every exec (address-space randomisation), which
    * keeps the pid and start time; the command reads it back from /proc/PID/auxv. */

@@ -55,6 +55,15 @@ static char g_uuid[GR_MAX_DEV][64];
 static int g_ndev_used;
 static _Atomic uint64_t g_sleeps, g_wakes;
 static _Atomic uint64_t g_idle_since_ms; /* idle watch: when the probe was armed */
+static _Atomic int g_ipc_exported;       /* cuIpcGetMemHandle succeeded once */
+static _Atomic long g_ipc_opened;        /* other processes' memory mapped now */
+
+void gr_sleep_note_ipc(int exported, int opened) {
+  if (exported)
+    atomic_store_explicit(&g_ipc_exported, 1, memory_order_relaxed);
+  if (opened)
+    atomic_fetch_add_explicit(&g_ipc_opened, opened, memory_order_relaxed);
+}
 
 static void set_state(int st) {
   g_state = st;
@@ -291,6 +300,12 @@ int gr_sleep_run_progress(int trigger, unsigned timeout_ms, gpureclaim_sleep_rep
   if (!A.lock || !A.checkpoint || !A.restore || !A.unlock)
     return refuse(out, &r, t0, -ENOTSUP, "the driver has no checkpoint API (driver 570 or later, "
                                      "on x86-64); the release's memory stays given back");
+  if (atomic_load_explicit(&g_ipc_exported, memory_order_relaxed))
+    return refuse(out, &r, t0, -EBUSY, "the process exported device memory over IPC (cuIpcGetMemHandle): another "
+                                       "process may have it mapped; the release's memory stays given back");
+  if (atomic_load_explicit(&g_ipc_opened, memory_order_relaxed) > 0)
+    return refuse(out, &r, t0, -EBUSY, "the process has another process's device memory open over IPC "
+                                       "(cuIpcOpenMemHandle); the release's memory stays given back");
   char uuid[GR_MAX_DEV][64];
   memset(uuid, 0, sizeof uuid);
   uint64_t free0[GR_MAX_DEV] = {0};
@@ -576,6 +591,8 @@ void gr_sleep_atfork_child(void) {
   atomic_store(&g_host_bytes, 0);
   g_rel_active = 0;
   atomic_store(&g_idle_since_ms, 0);
+  atomic_store(&g_ipc_exported, 0); /* the child's own CUDA use starts over */
+  atomic_store(&g_ipc_opened, 0);
 }
 
 /* ---- the public functions ---- */

@@ -402,6 +402,10 @@ static jnode_t *release_one(const proc_t *p, const request_t *rq, const jnode_t 
   *via = "signal";
   unsigned on_signal = 0;
   const char *on = jstr(p->status, "on_signal", "cached,orphaned");
+  if (!strcmp(on, "sleep")) { /* GPURECLAIM_ON_SIGNAL=sleep: its signal would put it to sleep, not release */
+    *why = "its signal puts it to sleep (GPURECLAIM_ON_SIGNAL=sleep), a release needs its control socket";
+    return NULL;
+  }
   if (rq->what && (gr_opt_parse_what(on, &on_signal) != 0 || on_signal != rq->what_flags)) {
     *why = "its signal releases what its GPURECLAIM_ON_SIGNAL says, not --what (that needs its control socket)";
     return NULL;

@@ -23,6 +23,7 @@
 #undef cuCtxDestroy
 #undef cuDevicePrimaryCtxRelease
 #undef cuDevicePrimaryCtxReset
+#undef cuIpcOpenMemHandle
 
 /* Real pointers: the export route resolves the symbol in libcuda once; the procaddr route keeps the pointer
  * cuGetProcAddress returned (procaddr.c fills it). */
@@ -302,6 +303,35 @@ static CUresult b_mem_free_host(void *realp, uintptr_t ra, void *p) {
   if (!p || !gr_core_active())
     return real(p);
   FREE_BODY(GR_KS_ADDR, (uint64_t)(uintptr_t)p, 1u << GPURECLAIM_KIND_HOST, real(p));
+}
+
+/* ---- IPC: memory shared with another process cannot be moved away under it (sleep.c refuses) ---- */
+
+static CUresult b_ipc_get(void *realp, uintptr_t ra, CUipcMemHandle *pHandle, CUdeviceptr dptr) {
+  (void)ra;
+  NEED_REAL(realp);
+  CUresult rc = ((PFN_cuIpcGetMemHandle_v4010)realp)(pHandle, dptr);
+  if (rc == CUDA_SUCCESS)
+    gr_sleep_note_ipc(1, 0); /* exported: another process may map it at any time from now on */
+  return rc;
+}
+
+static CUresult b_ipc_open(void *realp, uintptr_t ra, CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned Flags) {
+  (void)ra;
+  NEED_REAL(realp);
+  CUresult rc = ((PFN_cuIpcOpenMemHandle_v11000)realp)(pdptr, handle, Flags);
+  if (rc == CUDA_SUCCESS)
+    gr_sleep_note_ipc(0, 1);
+  return rc;
+}
+
+static CUresult b_ipc_close(void *realp, uintptr_t ra, CUdeviceptr dptr) {
+  (void)ra;
+  NEED_REAL(realp);
+  CUresult rc = ((PFN_cuIpcCloseMemHandle_v4010)realp)(dptr);
+  if (rc == CUDA_SUCCESS)
+    gr_sleep_note_ipc(0, -1);
+  return rc;
 }
 
 /* ---- virtual memory management ---- */

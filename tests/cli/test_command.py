@@ -191,6 +191,27 @@ class CommandTest(unittest.TestCase):
             events = [json.loads(line)["event"] for line in f if line.strip()]
         self.assertEqual([e for e in events if e in ("sleep", "wake")], ["sleep", "wake", "sleep", "wake"])
 
+    def test_signal_puts_it_to_sleep(self):
+        """GPURECLAIM_ON_SIGNAL=sleep (run --on-signal sleep): the status file says so, the release signal puts the
+        process to sleep, and release --signal refuses it (its signal would not release)."""
+        h = self.hold("--on-signal", "sleep")
+        with open(os.path.join(self.rundir, "%d.json" % h.pid)) as f:
+            self.assertEqual(json.load(f)["on_signal"], "sleep")
+        refused = run("release", "--signal", str(h.pid), env=self.env)
+        self.assertEqual(refused.returncode, 1, refused)
+        self.assertIn("GPURECLAIM_ON_SIGNAL=sleep", refused.stdout + refused.stderr)
+        os.kill(h.pid, signal.SIGUSR1)
+        state = None
+        for _ in range(500):
+            state = json.loads(run("ps", "--json", env=self.env, check=0).stdout)[0]["state"]
+            if state == "sleeping":
+                break
+            time.sleep(0.02)
+        self.assertEqual(state, "sleeping")
+        h.p.stdin.write("touch\n")
+        h.p.stdin.flush()
+        self.assertEqual(h.p.stdout.readline(), "touched 0\n")
+
     def test_sleep_usage(self):
         self.assertEqual(run("sleep", env=self.env).returncode, 2)
         self.assertEqual(run("sleep", "1", "--timeout", "x", env=self.env).returncode, 2)

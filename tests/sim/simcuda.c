@@ -73,7 +73,8 @@
   X(cuGetProcAddress) X(cuGetProcAddress_v2) X(cuMemGetAllocationPropertiesFromHandle) X(cuMemGetDefaultMemPool)  \
   X(cuMemGetMemPool) X(cuMemSetMemPool) X(cuLaunchKernel) X(cuLaunchKernel_ptsz)                          \
   X(cuCheckpointProcessLock) X(cuCheckpointProcessCheckpoint) X(cuCheckpointProcessRestore)                 \
-  X(cuCheckpointProcessUnlock) X(cuCheckpointProcessGetState)
+  X(cuCheckpointProcessUnlock) X(cuCheckpointProcessGetState) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle)       \
+  X(cuIpcOpenMemHandle_v2) X(cuIpcCloseMemHandle)
 
 enum {
 #define X(n) SIMFN_##n,
@@ -2660,6 +2661,56 @@ SIM_API cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gr
                                          hStream, kernelParams, extra));
 }
 
+/* ---- IPC: a handle names a live device block of this process (its pid and address). Opening one needs another
+ * process's memory, which the simulator does not share between processes: it refuses, as the driver refuses a
+ * process opening its own handle. */
+
+#define SIM_IPC_MAGIC 0x53494d4950433031ULL /* "SIMIPC01" */
+
+SIM_API cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
+  ENTER(cuIpcGetMemHandle);
+  if (!inited()) LEAVE(cuIpcGetMemHandle, CUDA_ERROR_NOT_INITIALIZED);
+  if (!pHandle) LEAVE(cuIpcGetMemHandle, CUDA_ERROR_INVALID_VALUE);
+  LOCK();
+  blk_t *b = chunk_at((uint64_t)dptr);
+  CUresult r = b && b->state == ST_LIVE && b->addr == (uint64_t)dptr && (b->kind == SIMCUDA_DEVICE || b->kind == SIMCUDA_PITCH)
+                   ? CUDA_SUCCESS
+                   : CUDA_ERROR_INVALID_VALUE;
+  UNLOCK();
+  if (r == CUDA_SUCCESS) {
+    uint64_t w[3] = {SIM_IPC_MAGIC, (uint64_t)getpid(), (uint64_t)dptr};
+    memset(pHandle, 0, sizeof *pHandle);
+    memcpy(pHandle->reserved, w, sizeof w);
+  }
+  LEAVE(cuIpcGetMemHandle, r);
+}
+
+static CUresult impl_ipc_open(CUdeviceptr *pdptr, CUipcMemHandle h) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  uint64_t w[3];
+  memcpy(w, h.reserved, sizeof w);
+  if (!pdptr || w[0] != SIM_IPC_MAGIC) return CUDA_ERROR_INVALID_VALUE;
+  return w[1] == (uint64_t)getpid() ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_NOT_SUPPORTED;
+}
+
+SIM_API cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags) {
+  ENTER(cuIpcOpenMemHandle);
+  (void)Flags;
+  LEAVE(cuIpcOpenMemHandle, impl_ipc_open(pdptr, handle));
+}
+
+SIM_API cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags) {
+  ENTER(cuIpcOpenMemHandle_v2);
+  (void)Flags;
+  LEAVE(cuIpcOpenMemHandle_v2, impl_ipc_open(pdptr, handle));
+}
+
+SIM_API cuIpcCloseMemHandle(CUdeviceptr dptr) {
+  ENTER(cuIpcCloseMemHandle);
+  (void)dptr;
+  LEAVE(cuIpcCloseMemHandle, inited() ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED); /* none open */
+}
+
 /* ---- checkpoint (cuCheckpointProcess*): the simulator checkpoints its own process only (pid == getpid()).
  * Lock: RUNNING -> LOCKED once every other thread is out of the driver (CUDA_ERROR_NOT_READY, and RUNNING
  * again, when timeoutMs passes first). Checkpoint: LOCKED -> CHECKPOINTED; device contents (live chunks,
@@ -2731,9 +2782,16 @@ static CUresult impl_ck_lock(int pid, CUcheckpointLockArgs *a) {
   return CUDA_SUCCESS;
 }
 
+/* Host copies are mapped populated (one call instead of a page fault per page: faults dominate a copy of
+ * gigabytes, on a VM most of all). */
+static void *ck_buf(uint64_t len) {
+  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  return p == MAP_FAILED ? NULL : p;
+}
+
 static int ck_save(uint64_t addr, uint64_t len, int prot) {
   ck_saved_t *s = malloc(sizeof *s);
-  void *buf = s ? malloc(len) : NULL;
+  void *buf = s ? ck_buf(len) : NULL;
   if (!buf) {
     free(s);
     return -1;
@@ -2750,10 +2808,13 @@ static void ck_drop_saved(int put_back) {
     g_ck_saved = s->next;
     if (put_back) {
       if (s->prot >= 0) mprotect((void *)(uintptr_t)s->addr, s->len, PROT_READ | PROT_WRITE);
+#ifdef MADV_POPULATE_WRITE
+      madvise((void *)(uintptr_t)s->addr, s->len, MADV_POPULATE_WRITE); /* as above; older kernels: faults */
+#endif
       memcpy((void *)(uintptr_t)s->addr, s->buf, s->len);
       if (s->prot >= 0) mprotect((void *)(uintptr_t)s->addr, s->len, s->prot);
     }
-    free(s->buf);
+    munmap(s->buf, s->len);
     free(s);
   }
 }
@@ -3019,6 +3080,10 @@ static const struct pa_entry {
     PA("cuGetErrorString", 6000, 0, cuGetErrorString)
     PA("cuLaunchKernel", 4000, 0, cuLaunchKernel)
     PA("cuLaunchKernel", 7000, 1, cuLaunchKernel_ptsz)
+    PA("cuIpcGetMemHandle", 4010, 0, cuIpcGetMemHandle)
+    PA("cuIpcOpenMemHandle", 4010, 0, cuIpcOpenMemHandle)
+    PA("cuIpcOpenMemHandle", 11000, 0, cuIpcOpenMemHandle_v2)
+    PA("cuIpcCloseMemHandle", 4010, 0, cuIpcCloseMemHandle)
     PA("cuCheckpointProcessLock", 12080, 0, cuCheckpointProcessLock)
     PA("cuCheckpointProcessCheckpoint", 12080, 0, cuCheckpointProcessCheckpoint)
     PA("cuCheckpointProcessRestore", 12080, 0, cuCheckpointProcessRestore)

@@ -31,7 +31,8 @@ static const char *const k_expected[] = {
     "cuGetProcAddress_v2", "cuMemGetAllocationPropertiesFromHandle", "cuMemGetDefaultMemPool", "cuMemGetMemPool",
     "cuMemSetMemPool", "cuLaunchKernel", "cuLaunchKernel_ptsz", "cuCheckpointProcessLock",
     "cuCheckpointProcessCheckpoint", "cuCheckpointProcessRestore", "cuCheckpointProcessUnlock",
-    "cuCheckpointProcessGetState",
+    "cuCheckpointProcessGetState", "cuIpcGetMemHandle", "cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2",
+    "cuIpcCloseMemHandle",
     /* NVML's memory query (libnvidia-ml.so.1 is a link to the simulated driver) */
     "nvmlInit_v2", "nvmlShutdown", "nvmlDeviceGetHandleByUUID", "nvmlDeviceGetMemoryInfo",
     /* inspection interface */
