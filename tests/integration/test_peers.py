@@ -420,7 +420,8 @@ class PeerTest(Base):
         self.assertEqual(b.ask("live 192"), "live")
         st = self.wait_holding(b, b.uuid, 192 * MiB)
         self.assertTrue(st["peer"]["sleep"], st["peer"])
-        a = Proc(self, "a")
+        # A waits for B's whole sleep (a checkpoint can outlast the default 2 s, as under ThreadSanitizer).
+        a = Proc(self, "a", {"GPURECLAIM_PEER_TIMEOUT": "60"})
         # B is idle once a second passed without a CUDA call of its own: until then A's allocation fails (a
         # hang guard bounds the retries, no deadline decides).
         guard = time.monotonic() + 60
