@@ -56,6 +56,8 @@ static uint64_t mono_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+void gr_peer_note_gave(void) { atomic_store_explicit(&g_last_gave_ms, realtime_ms(), memory_order_relaxed); }
+
 bool gr_peer_busy(void) { return atomic_load_explicit(&g_busy, memory_order_acquire) > 0; }
 
 static bool peers_on(unsigned bit) {
@@ -233,8 +235,6 @@ void gr_peer_serve_give(const char *args, int pid, jbuf_t *b) {
     /* No framework cache while a thread of ours handles an out-of-memory: it may hold the GIL the framework's
      * release needs, and it waits for peers, maybe for the one asking us. */
     gr_rel_give(bytes, mask, pid, !gr_peer_busy(), &dl, &rep);
-    if (rep.cached_bytes + rep.orphaned_bytes + rep.all_bytes)
-      atomic_store_explicit(&g_last_gave_ms, realtime_ms(), memory_order_relaxed);
   }
   jb_bool(b, "ok", true);
   jb_i64(b, "pid", getpid());

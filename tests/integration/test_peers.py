@@ -230,6 +230,48 @@ class PeerTest(Base):
         self.assertLess(int(b.ask("reserved").split()[1]), 193 * MiB, "its cache went")
         self.assertEqual(b.ask("alloc"), "ok", "and B keeps working")
 
+    def test_a_recent_giver_is_asked_last(self):
+        """Two peers with the same cache: the one that just gave is asked second the next time."""
+        mem = {"SIMCUDA_DEVICE_MEM": str(512 * MiB)}
+        b1, b2 = Proc(self, "b1", mem), Proc(self, "b2", mem)
+        self.fill_cache(b1)
+        self.fill_cache(b2)
+        c = Proc(self, "c", dict(mem, GPURECLAIM_PEERS="off"))
+        self.assertEqual(c.ask("live 128"), "live")  # 192 + 192 + 128: the GPU is full
+        for b in (b1, b2):
+            self.wait_holding(b, b.uuid, 192 * MiB, "pool_cached_bytes")
+        a = Proc(self, "a", mem)
+        self.assertEqual(self.timed_alloc(a, 64), "ok")
+        first = a.events("peer_reclaim")[0]["peers"]
+        gave = first[0]["pid"]
+        other = b2.pid if gave == b1.pid else b1.pid
+        self.assertEqual(len(first), 1, "one peer covered it")
+        giver = b1 if gave == b1.pid else b2
+        path = os.path.join(self.rundir, "%d.json" % gave)
+        with open(path) as f:
+            self.assertGreater(json.load(f)["peer"]["last_gave_ms"], 0, "its status file says it gave")
+        self.assertEqual(self.timed_alloc(a, 64), "ok")
+        second = a.events("peer_reclaim")[1]["peers"]
+        self.assertEqual(second[0]["pid"], other, "the recent giver is asked last: %r" % second)
+        self.assertEqual(giver.stats()["gives"], 1)
+
+    def test_a_giver_gives_what_its_on_signal_allows(self):
+        """GPURECLAIM_ON_SIGNAL=orphaned: its pool cache stays; all, named: even its live blocks go."""
+        b = Proc(self, "b", {"GPURECLAIM_ON_SIGNAL": "orphaned"})
+        self.fill_cache(b)
+        self.wait_holding(b, b.uuid, 192 * MiB, "pool_cached_bytes")
+        a = Proc(self, "a")
+        self.assertEqual(self.timed_alloc(a, 128), "oom")
+        self.assertEqual(b.stats()["pool_reserved"], 192 * MiB)
+        self.tearDown()
+        self.setUp()
+        b = Proc(self, "b", {"GPURECLAIM_ON_SIGNAL": "all"})
+        self.assertEqual(b.ask("live 192"), "live")
+        self.wait_holding(b, b.uuid, 192 * MiB)
+        a = Proc(self, "a")
+        self.assertEqual(self.timed_alloc(a, 128), "ok")
+        self.assertGreaterEqual(self.one_event(a)["peers"][0]["given"]["all_bytes"], 128 * MiB)
+
     # ---- not taken ----
 
     def test_live_memory_is_never_taken(self):
