@@ -292,7 +292,22 @@ class PeerTest(Base):
         a = Proc(self, "a", {"GPURECLAIM_PEER_TIMEOUT": "1"})
         os.kill(b.p.pid, signal.SIGSTOP)
         try:
-            self.assertEqual(self.timed_alloc(a, 128, timeout=1.0), "oom")
+            t0 = time.monotonic()
+            a.p.stdin.write("alloc 128 alloc\n")
+            a.p.stdin.flush()
+            # Meanwhile A's status file says it is handling an out-of-memory: its peers do not ask it now.
+            seen = False
+            while not seen and time.monotonic() - t0 < 1.0:
+                try:
+                    with open(os.path.join(self.rundir, "%d.json" % a.pid)) as f:
+                        seen = json.load(f)["peer"]["oom"]
+                except (OSError, ValueError):
+                    pass
+                time.sleep(0.01)
+            ans = a.p.stdout.readline().split()
+            self.assertLess(time.monotonic() - t0, 1.0 + GUARD, "the allocation hung")
+            self.assertEqual(ans[0], "oom")
+            self.assertTrue(seen, "A's status file never said oom: true while it asked")
         finally:
             os.kill(b.p.pid, signal.SIGCONT)
         ev = self.one_event(a)
