@@ -36,6 +36,13 @@ for line in sys.stdin:
         t = fw.Tensor(8 << 20)
         print("ok", flush=True)
         del t
+    elif line.strip() == "big":  # a size its cache does not hold: a cudaMalloc
+        try:
+            t = fw.Tensor(64 << 20)
+            print("ok", flush=True)
+            del t
+        except MemoryError:
+            print("oom", flush=True)
 """
 
 
@@ -271,6 +278,47 @@ class PeerTest(Base):
         a = Proc(self, "a")
         self.assertEqual(self.timed_alloc(a, 128), "ok")
         self.assertGreaterEqual(self.one_event(a)["peers"][0]["given"]["all_bytes"], 128 * MiB)
+
+    def test_no_framework_cache_while_its_own_thread_asks(self):
+        """A process whose thread is in a peer reclaim (and may hold the GIL) gives no framework cache to a peer
+        meanwhile: only what needs no Python. The test holds the GPU's peer-reclaim lock, so P's thread waits in
+        its peer reclaim for as long as the test needs."""
+        import fcntl
+        pre = os.environ["GR_PRELOAD"]
+        p = Proc(self, "p", {"LD_PRELOAD": pre, "GR_EXAMPLES": EXAMPLES, "GPURECLAIM_PEER_TIMEOUT": "20"},
+                 [sys.executable, "-c", FRAMEWORK_B])
+        b = Proc(self, "b")
+        self.assertEqual(b.ask("live 63"), "live")  # 193 + 63: the GPU is full
+        self.wait_holding(p, b.uuid, 192 * MiB)
+        lock = os.open(os.path.join(self.rundir, "gpu-%s.lock" % b.uuid), os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            p.p.stdin.write("big\n")
+            p.p.stdin.flush()
+            path = os.path.join(self.rundir, "%d.json" % p.pid)
+            deadline = time.monotonic() + 20
+            busy = False
+            while not busy and time.monotonic() < deadline:
+                try:
+                    with open(path) as f:
+                        busy = json.load(f)["peer"]["oom"]
+                except (OSError, ValueError):
+                    pass
+                time.sleep(0.01)
+            self.assertTrue(busy, "P never started its peer reclaim")
+            far = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1000) + 60000
+            line = "give bytes=%d uuid=%s deadline_ms=%d pid=%d\n" % (64 * MiB, b.uuid, far, os.getpid())
+            ans = json.loads(self.give_line(p, line.encode()))
+            self.assertTrue(ans["ok"], ans)
+            self.assertEqual(ans["given"]["framework_bytes"], 0, "its framework cache needs its GIL: not offered")
+        finally:
+            os.close(lock)  # P takes the lock, retries, asks B (nothing to give), and fails
+        self.assertEqual(p.p.stdout.readline().strip(), "oom")
+        self.assertEqual(int(p.ask("reserved").split()[1]), 193 * MiB, "its cache is all there")
+        # Once done, P gives it (the same request, now).
+        far = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1000) + 60000
+        line = "give bytes=%d uuid=%s deadline_ms=%d pid=%d\n" % (64 * MiB, b.uuid, far, os.getpid())
+        self.assertGreaterEqual(json.loads(self.give_line(p, line.encode()))["given"]["framework_bytes"], 64 * MiB)
 
     # ---- not taken ----
 
