@@ -18,7 +18,8 @@
  */
 #include "gpureclaim_internal.h"
 #include "json.h"
-#include "../tools/jsonread.h"
+#include "gate.h"
+#include "jsonread.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -40,11 +41,6 @@ static _Atomic uint64_t g_fw[GR_MAX_DEV]; /* framework caches' releasable bytes 
 static _Atomic uint64_t g_fingerprint;    /* of the figures the status file shows (gr_peer_tick) */
 static GR_TLS int t_in_peer;
 
-static uint64_t realtime_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 static uint64_t mono_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -56,7 +52,7 @@ static uint64_t mono_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-void gr_peer_note_gave(void) { atomic_store_explicit(&g_last_gave_ms, realtime_ms(), memory_order_relaxed); }
+void gr_peer_note_gave(void) { atomic_store_explicit(&g_last_gave_ms, gr_wall_ms(), memory_order_relaxed); }
 
 bool gr_peer_busy(void) { return atomic_load_explicit(&g_busy, memory_order_acquire) > 0; }
 
@@ -116,6 +112,7 @@ void gr_peer_status_json(jbuf_t *b) {
   jb_obj(b);
   jb_bool(b, "ask", (o->peers & GR_PEERS_ASK) != 0);
   jb_bool(b, "give", (o->peers & GR_PEERS_GIVE) != 0);
+  jb_bool(b, "sleep", (o->peers & GR_PEERS_SLEEP) && gr_gate_enabled()); /* may be asked to sleep, when idle */
   jb_bool(b, "oom", gr_peer_busy());
   jb_u64(b, "last_gave_ms", atomic_load_explicit(&g_last_gave_ms, memory_order_relaxed));
   jb_arr(b, "gpus");
@@ -187,16 +184,17 @@ static void error_answer(jbuf_t *b, const char *why) {
 }
 
 void gr_peer_serve_give(const char *args, int pid, jbuf_t *b) {
-  /* give bytes=N uuid=GPU-... deadline_ms=N pid=N: every field, in this order, nothing else. */
-  char vbytes[24], uuid[48], vdeadline[24], vpid[16];
+  /* give bytes=N uuid=GPU-... deadline_ms=N pid=N [sleep=1]: every field, in this order, nothing else. sleep=1:
+   * if what the caches give falls short, sleep (GPURECLAIM_PEERS names sleep, and this process is idle). */
+  char vbytes[24], uuid[48], vdeadline[24], vpid[16], vsleep[4] = "";
   unsigned long long bytes = 0, deadline = 0, asker = 0;
   const char *p = args;
   if (!field(&p, "bytes", vbytes, sizeof vbytes) || !field(&p, "uuid", uuid, sizeof uuid) ||
-      !field(&p, "deadline_ms", vdeadline, sizeof vdeadline) || !field(&p, "pid", vpid, sizeof vpid) || *p ||
-      p[-1] == ' ' || gr_opt_parse_uint(vbytes, UINT64_MAX >> 1, &bytes) != 0 || bytes == 0 || !uuid_ok(uuid) ||
+      !field(&p, "deadline_ms", vdeadline, sizeof vdeadline) || !field(&p, "pid", vpid, sizeof vpid) ||
+      (*p && (!field(&p, "sleep", vsleep, sizeof vsleep) || strcmp(vsleep, "1") != 0)) || *p || p[-1] == ' ' || gr_opt_parse_uint(vbytes, UINT64_MAX >> 1, &bytes) != 0 || bytes == 0 || !uuid_ok(uuid) ||
       gr_opt_parse_uint(vdeadline, UINT64_MAX >> 1, &deadline) != 0 ||
       gr_opt_parse_uint(vpid, 0x7fffffff, &asker) != 0 || asker == 0) {
-    error_answer(b, "malformed give request (expected: give bytes=N uuid=GPU-... deadline_ms=N pid=N)");
+    error_answer(b, "malformed give request (expected: give bytes=N uuid=GPU-... deadline_ms=N pid=N [sleep=1])");
     return;
   }
   if ((int)asker != pid) {
@@ -214,7 +212,8 @@ void gr_peer_serve_give(const char *args, int pid, jbuf_t *b) {
   }
   uint64_t mask = 0;
   int count = 0;
-  if (gr_drv.cuDeviceGetCount && gr_drv.cuDeviceGetCount(&count) == CUDA_SUCCESS)
+  /* Asleep, the driver is not asked (the device holds nothing of this process then: nothing to give). */
+  if (!gr_sleep_driver_off() && gr_drv.cuDeviceGetCount && gr_drv.cuDeviceGetCount(&count) == CUDA_SUCCESS)
     for (int d = 0; d < count && d < 64; d++) {
       char u[64];
       if (gr_rep_gpu_uuid(d, u, sizeof u) && !strcmp(u, uuid))
@@ -222,6 +221,7 @@ void gr_peer_serve_give(const char *args, int pid, jbuf_t *b) {
     }
   gpureclaim_report_t rep;
   memset(&rep, 0, sizeof rep);
+  uint64_t slept = 0;
   if (mask) {
     struct timespec dl;
     clock_gettime(CLOCK_MONOTONIC, &dl);
@@ -235,6 +235,18 @@ void gr_peer_serve_give(const char *args, int pid, jbuf_t *b) {
     /* No framework cache while a thread of ours handles an out-of-memory: it may hold the GIL the framework's
      * release needs, and it waits for peers, maybe for the one asking us. */
     gr_rel_give(bytes, mask, pid, !gr_peer_busy(), &dl, &rep);
+    /* Short after the caches: an idle process that opted in sleeps (its whole device memory goes to the host),
+     * within what is left of the asker's deadline for the lock on calls in flight. */
+    uint64_t gave = rep.cached_bytes + rep.orphaned_bytes + rep.all_bytes;
+    if (vsleep[0] && gave < bytes && peers_on(GR_PEERS_SLEEP) && !gr_peer_busy() && gr_sleep_idle_for_peer()) {
+      uint64_t t = mono_ms();
+      gpureclaim_sleep_report_t sr = {.size = sizeof sr};
+      gr_info("a peer (pid %d) is short of memory on %s and this process is idle: going to sleep", pid, uuid);
+      if (deadline > t && gr_sleep_run(GPURECLAIM_TRIGGER_PEER, (unsigned)(deadline - t), &sr) == 0)
+        slept = sr.device_freed_bytes;
+    }
+    if (slept) /* (what the caches gave, gr_rel_give noted before its report rewrote the status file) */
+      gr_peer_note_gave();
   }
   jb_bool(b, "ok", true);
   jb_i64(b, "pid", getpid());
@@ -246,7 +258,8 @@ void gr_peer_serve_give(const char *args, int pid, jbuf_t *b) {
   jb_u64(b, "framework_bytes", rep.framework_bytes);
   jb_u64(b, "releaser_bytes", rep.releaser_bytes);
   jb_u64(b, "all_bytes", rep.all_bytes);
-  jb_u64(b, "total_bytes", rep.cached_bytes + rep.orphaned_bytes + rep.all_bytes);
+  jb_u64(b, "slept_bytes", slept);
+  jb_u64(b, "total_bytes", rep.cached_bytes + rep.orphaned_bytes + rep.all_bytes + slept);
   jb_obj_end(b);
   if (mask) {
     jb_key(b, "report");
@@ -314,13 +327,14 @@ bool gr_peer_begin(gr_peer_op_t *op, uint64_t bytes, int device) {
 
 typedef struct cand {
   int pid;
-  char sock[112];
+  char sock[sizeof(((struct sockaddr_un *)0)->sun_path)];
   uint64_t cheap, fw, last_gave_ms;
+  bool sleep; /* it may be asked to sleep (GPURECLAIM_PEERS sleep on its side) */
 } cand_t;
 
 static int by_cost(const void *a, const void *b) {
   const cand_t *x = a, *y = b;
-  uint64_t now = realtime_ms();
+  uint64_t now = gr_wall_ms();
   bool rx = x->last_gave_ms && now - x->last_gave_ms < 10000, ry = y->last_gave_ms && now - y->last_gave_ms < 10000;
   if (rx != ry)
     return rx - ry; /* gave recently: asked last */
@@ -397,6 +411,7 @@ static size_t find_peers(const gr_peer_op_t *op, const char *dir, cand_t *out, s
         c->cheap = (uint64_t)jint(g, "pool_cached_bytes", 0) + (uint64_t)jint(g, "orphan_bytes", 0);
         c->fw = (uint64_t)jint(g, "framework_bytes", 0);
         c->last_gave_ms = (uint64_t)jint(peer, "last_gave_ms", 0);
+        c->sleep = jbool(peer, "sleep", false);
         break;
       }
     }
@@ -409,7 +424,7 @@ static size_t find_peers(const gr_peer_op_t *op, const char *dir, cand_t *out, s
 }
 
 /* One request to one peer, within the deadline. Fills r; returns the bytes given. */
-static uint64_t ask_one(gr_peer_op_t *op, const cand_t *c, uint64_t want, gr_peer_result_t *r) {
+static uint64_t ask_one(gr_peer_op_t *op, const cand_t *c, uint64_t want, bool sleep, gr_peer_result_t *r) {
   memset(r, 0, sizeof *r);
   r->pid = c->pid;
   uint64_t t0 = mono_ns();
@@ -423,10 +438,10 @@ static uint64_t ask_one(gr_peer_op_t *op, const cand_t *c, uint64_t want, gr_pee
   sa.sun_family = AF_UNIX;
   snprintf(sa.sun_path, sizeof sa.sun_path, "%s", c->sock);
   char line[256];
-  int len = snprintf(line, sizeof line, "give bytes=%llu uuid=%s deadline_ms=%llu pid=%d\n", (unsigned long long)want,
+  int len = snprintf(line, sizeof line, "give bytes=%llu uuid=%s deadline_ms=%llu pid=%d%s\n", (unsigned long long)want,
                      op->uuid,
                      (unsigned long long)op->deadline.tv_sec * 1000 + (unsigned long long)op->deadline.tv_nsec / 1000000,
-                     (int)getpid());
+                     (int)getpid(), sleep ? " sleep=1" : "");
   char buf[16384];
   size_t got = 0;
   uint64_t given = 0;
@@ -471,6 +486,7 @@ static uint64_t ask_one(gr_peer_op_t *op, const cand_t *c, uint64_t want, gr_pee
       r->framework = (uint64_t)jint(g, "framework_bytes", 0);
       r->releaser = (uint64_t)jint(g, "releaser_bytes", 0);
       r->all = (uint64_t)jint(g, "all_bytes", 0);
+      r->slept = (uint64_t)jint(g, "slept_bytes", 0);
       given = (uint64_t)jint(g, "total_bytes", 0);
     }
     jfree(a);
@@ -488,7 +504,17 @@ uint64_t gr_peer_ask(gr_peer_op_t *op) {
   op->asked = true;
   for (size_t i = 0; i < n && op->given < op->bytes && gr_ms_until(&op->deadline) > 0; i++) {
     gr_peer_result_t *r = &op->results[op->nresults < GR_PEER_MAX ? op->nresults : GR_PEER_MAX - 1];
-    op->given += ask_one(op, &c[i], op->bytes - op->given, r);
+    op->given += ask_one(op, &c[i], op->bytes - op->given, false, r);
+    if (op->nresults < GR_PEER_MAX)
+      op->nresults++;
+  }
+  /* Still short after every cache: the peers that opted in are asked to sleep if idle (they decide), in the
+   * same order; each is asked once more for caches too, which costs it nothing when they are gone. */
+  for (size_t i = 0; i < n && op->given < op->bytes && gr_ms_until(&op->deadline) > 0; i++) {
+    if (!c[i].sleep)
+      continue;
+    gr_peer_result_t *r = &op->results[op->nresults < GR_PEER_MAX ? op->nresults : GR_PEER_MAX - 1];
+    op->given += ask_one(op, &c[i], op->bytes - op->given, true, r);
     if (op->nresults < GR_PEER_MAX)
       op->nresults++;
   }
@@ -529,6 +555,7 @@ void gr_peer_end(gr_peer_op_t *op, bool succeeded) {
         jb_u64(&b, "framework_bytes", r->framework);
         jb_u64(&b, "releaser_bytes", r->releaser);
         jb_u64(&b, "all_bytes", r->all);
+        jb_u64(&b, "slept_bytes", r->slept);
         jb_obj_end(&b);
       }
       jb_obj_end(&b);

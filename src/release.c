@@ -20,6 +20,7 @@
  * since the running release may need it for step 1.
  */
 #include "gpureclaim_internal.h"
+#include "gate.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -492,7 +493,7 @@ static _Atomic uint64_t g_seq;
 
 static GR_TLS unsigned t_releasing; /* > 0 while this thread runs a release (its releasers included) */
 
-static void do_release(const rel_args_t *a, gpureclaim_report_t *rep) {
+static void do_release_now(const rel_args_t *a, gpureclaim_report_t *rep) {
   t_releasing++;
   memset(rep, 0, sizeof *rep);
   rep->size = sizeof *rep;
@@ -539,6 +540,20 @@ static void do_release(const rel_args_t *a, gpureclaim_report_t *rep) {
   gr_stats_release(rep->cached_bytes + rep->orphaned_bytes + rep->all_bytes);
   gr_rep_release(rep, a->served_signal);
   t_releasing--;
+}
+
+/* A release calls the driver: never while the process sleeps or is about to (sleep.c). Refused then, with an
+ * empty report: the command and the signal say why; the API and scope ends wake the process first. */
+static void do_release(const rel_args_t *a, gpureclaim_report_t *rep) {
+  if (!gr_sleep_release_begin()) {
+    memset(rep, 0, sizeof *rep);
+    rep->size = sizeof *rep;
+    rep->what = a->what;
+    rep->trigger = a->trigger;
+    return;
+  }
+  do_release_now(a, rep);
+  gr_sleep_release_end();
 }
 
 /* ---- coalescing ---- */
@@ -619,6 +634,8 @@ GR_EXPORT int gpureclaim_release(unsigned what, gpureclaim_report_t *out) {
   if (out && out->size < offsetof(gpureclaim_report_t, seq) + sizeof(uint64_t))
     return -EINVAL;
   int rc = check_what(what);
+  if (!rc && gr_gate_check() != CUDA_SUCCESS)
+    rc = -ENOMEM; /* it slept, and the device had no room to wake it: as any CUDA call would fail */
   return rc ? rc : gr_rel_run(what, GPURECLAIM_TRIGGER_API, out);
 }
 
@@ -626,6 +643,8 @@ GR_EXPORT int gpureclaim_release_context(void *ctx, gpureclaim_report_t *out) {
   if (!ctx || (out && out->size < offsetof(gpureclaim_report_t, seq) + sizeof(uint64_t)))
     return -EINVAL;
   int rc = check_what(GPURECLAIM_ALL);
+  if (!rc && gr_gate_check() != CUDA_SUCCESS)
+    rc = -ENOMEM;
   if (rc)
     return rc;
   uint16_t id = gr_reg_ctx_find((CUcontext)ctx);
@@ -642,6 +661,8 @@ void gr_rel_free_scope_now(uint16_t slot, const gr_scope_key_t *keys, size_t n, 
   rel_args_t a = {.what = GPURECLAIM_ORPHANED, .trigger = GPURECLAIM_TRIGGER_SCOPE, .scope = slot, .keys = keys,
                   .nkeys = n};
   gpureclaim_report_t rep;
+  gr_gate_check(); /* the calling thread wakes the process first, as its CUDA call would (without room: the
+                      release is refused, and the orphans wait for the next one) */
   do_release(&a, &rep);
   copy_report(out, &rep);
 }
@@ -665,12 +686,16 @@ static bool past(const struct timespec *deadline) { return gr_ms_until(deadline)
  * then, only when GPURECLAIM_ON_SIGNAL names it, every block of those devices. */
 void gr_rel_give(uint64_t want, uint64_t devmask, int asker, bool framework_ok, const struct timespec *deadline,
                  gpureclaim_report_t *rep) {
-  t_releasing++;
   unsigned allow = gr_opt()->on_signal;
   memset(rep, 0, sizeof *rep);
   rep->size = sizeof *rep;
   rep->trigger = GPURECLAIM_TRIGGER_PEER;
   rep->peer_pid = asker;
+  /* A give calls the driver as a release does: never while the process sleeps (its device memory is on the
+   * host then, so there is nothing to give) or is going to sleep. */
+  if (!gr_sleep_release_begin())
+    return;
+  t_releasing++;
   rep->seq = atomic_fetch_add_explicit(&g_seq, 1, memory_order_relaxed) + 1;
   uint64_t t0 = now_ns();
   mem_info(rep, false);
@@ -732,6 +757,7 @@ void gr_rel_give(uint64_t want, uint64_t devmask, int asker, bool framework_ok, 
     gr_peer_note_gave(); /* before the report rewrites the status file: peers then ask us last for a while */
   gr_rep_release(rep, false);
   t_releasing--;
+  gr_sleep_release_end();
 }
 
 /* ---- out of memory ---- */

@@ -27,13 +27,7 @@
 
 static const char *const g_kind_names[] = {"?", "device", "pitch", "managed", "async", "vmm", "vmm_mapping", "va", "host"};
 static const char *kind_name(unsigned k) { return k < GR_ARRAY_LEN(g_kind_names) ? g_kind_names[k] : "?"; }
-static const char *const g_triggers[] = {"?", "api", "signal", "oom", "command", "scope", "peer"};
-
-static uint64_t realtime_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
+static const char *const g_triggers[] = {"?", "api", "signal", "oom", "command", "scope", "peer", "idle", "call"};
 
 /* ---- the run directory ---- */
 
@@ -48,7 +42,7 @@ static void open_rundir(void) {
     return;
   }
   struct stat st;
-  if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077)) {
+  if (lstat(dir, &st) != 0 || !gr_dir_is_private(&st)) {
     gr_warn("the run directory %s is not a directory private to this user (mode 0700); refusing to use it", dir);
     return;
   }
@@ -137,7 +131,7 @@ static void pool_json(uint16_t id, CUmemoryPool pool, int device, void *arg) {
   (void)id;
   jbuf_t *b = arg;
   cuuint64_t reserved = 0, used = 0;
-  if (gr_drv.cuMemPoolGetAttribute) {
+  if (gr_drv.cuMemPoolGetAttribute && !gr_sleep_driver_off()) { /* asleep: the driver cannot be asked */
     gr_drv.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved);
     gr_drv.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used);
   }
@@ -164,13 +158,26 @@ static void resolve_uuid(void) {
 }
 
 /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" of device ordinal d, as nvidia-smi -L shows it; false if unknown. */
+static struct {
+  _Atomic int known;
+  CUuuid u;
+} g_uuid_cache[GR_MAX_DEV]; /* a device's UUID never changes: asleep, the driver is not asked again */
+
 bool gr_rep_gpu_uuid(int d, char *buf, size_t len) {
   pthread_once(&g_uuid_once, resolve_uuid);
   CUdevice dev;
   CUuuid u;
-  if (!g_uuid_fn || !gr_drv.cuDeviceGet || gr_drv.cuDeviceGet(&dev, d) != CUDA_SUCCESS ||
-      g_uuid_fn(&u, dev) != CUDA_SUCCESS)
-    return false;
+  if (d >= 0 && d < GR_MAX_DEV && atomic_load_explicit(&g_uuid_cache[d].known, memory_order_acquire)) {
+    u = g_uuid_cache[d].u;
+  } else {
+    if (gr_sleep_driver_off() || !g_uuid_fn || !gr_drv.cuDeviceGet || gr_drv.cuDeviceGet(&dev, d) != CUDA_SUCCESS ||
+        g_uuid_fn(&u, dev) != CUDA_SUCCESS)
+      return false;
+    if (d >= 0 && d < GR_MAX_DEV && !atomic_load_explicit(&g_uuid_cache[d].known, memory_order_relaxed)) {
+      g_uuid_cache[d].u = u; /* the same bytes whichever thread writes them first */
+      atomic_store_explicit(&g_uuid_cache[d].known, 1, memory_order_release);
+    }
+  }
   const unsigned char *x = (const unsigned char *)u.bytes;
   snprintf(buf, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", x[0], x[1], x[2],
            x[3], x[4], x[5], x[6], x[7], x[8], x[9], x[10], x[11], x[12], x[13], x[14], x[15]);
@@ -205,10 +212,18 @@ static CUcontext ctx_on(int d) {
 /* "gpus": ordinal and UUID of each GPU; with memory, of those this process has a context on, with
  * cuMemGetInfo's figures (the whole device's: every process's memory and every context's own included), else
  * of every GPU it can see (none before cuInit). */
+static _Atomic int g_count_seen; /* the last device count read: asleep, the driver is not asked */
+
 static void gpus_json(jbuf_t *b, bool memory) {
   int count = 0;
-  if (!gr_drv.cuDeviceGetCount || gr_drv.cuDeviceGetCount(&count) != CUDA_SUCCESS)
+  bool off = gr_sleep_driver_off();
+  if (off)
+    count = atomic_load_explicit(&g_count_seen, memory_order_relaxed);
+  else if (!gr_drv.cuDeviceGetCount || gr_drv.cuDeviceGetCount(&count) != CUDA_SUCCESS)
     count = 0;
+  else
+    atomic_store_explicit(&g_count_seen, count, memory_order_relaxed);
+  memory = memory && !off;
   jb_arr(b, "gpus");
   for (int d = 0; d < count && d < GR_MAX_DEV; d++) {
     CUcontext ctx = memory && atomic_load_explicit(&gr_core_state, memory_order_acquire) == 1 ? ctx_on(d) : NULL;
@@ -270,6 +285,7 @@ void gr_rep_stats_json(jbuf_t *b) {
   jb_arr_end(b);
   gpus_json(b, true);
   frameworks_json(b);
+  gr_sleep_json(b);
 }
 
 /* ---- the status file ---- */
@@ -290,13 +306,8 @@ static uint64_t start_ticks(void) {
   char buf[1024];
   size_t n;
   read_file("/proc/self/stat", buf, sizeof buf, &n);
-  const char *p = strrchr(buf, ')');
-  if (!p)
-    return 0;
-  /* Field 3 follows ") "; start time is field 22. */
-  for (int field = 2; field < 22 && p; field++)
-    p = strchr(p + 1, ' ');
-  return p ? strtoull(p + 1, NULL, 10) : 0;
+  (void)n;
+  return gr_stat_start_ticks(buf);
 }
 
 static _Atomic uint64_t g_status_releases;
@@ -315,6 +326,15 @@ static uint64_t g_status_numbered, g_status_placed;
  * of it and their rename. Exit waits for those, then removes the file: a release on another thread while the
  * process exits re-created the status file after its removal, or left its temporary file half-written. */
 static bool g_status_closed;
+/* The control socket's path while it is open ("" otherwise), as control.c hands it over. */
+static char g_status_socket[4200];
+
+void gr_rep_status_socket(const char *path) {
+  pthread_mutex_lock(&g_status_lock);
+  snprintf(g_status_socket, sizeof g_status_socket, "%s", path ? path : "");
+  pthread_mutex_unlock(&g_status_lock);
+}
+
 static unsigned g_status_writers;
 static pthread_cond_t g_status_done = PTHREAD_COND_INITIALIZER;
 
@@ -323,9 +343,8 @@ int gr_rep_status_update(void) {
   const char *dir = o->status ? gr_rep_rundir() : NULL;
   if (!dir)
     return -ENOENT;
-  char path[4200], sock[4200], exe[4096] = "", cmd[4096];
+  char path[4200], exe[4096] = "", cmd[4096];
   snprintf(path, sizeof path, "%s/%d.json", dir, (int)getpid());
-  snprintf(sock, sizeof sock, "%s/%d.sock", dir, (int)getpid());
   ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
   exe[n > 0 ? n : 0] = '\0';
   size_t got;
@@ -360,9 +379,9 @@ int gr_rep_status_update(void) {
   }
   g_status_writers++;
   uint64_t number = ++g_status_numbered;
-  jb_u64(&b, "updated_ms", realtime_ms());
-  if (gr_ctl_fd() >= 0)
-    jb_str(&b, "socket", sock);
+  jb_u64(&b, "updated_ms", gr_wall_ms());
+  if (g_status_socket[0])
+    jb_str(&b, "socket", g_status_socket);
   else
     jb_null(&b, "socket");
   jb_u64(&b, "releases", atomic_load_explicit(&g_status_releases, memory_order_relaxed));
@@ -372,6 +391,7 @@ int gr_rep_status_update(void) {
   } else {
     jb_null(&b, "last_release");
   }
+  gr_sleep_json(&b);
   jb_u64(&b, "signal_releases", g_signal_releases);
   if (g_signal_releases) {
     jb_key(&b, "last_signal_release");
@@ -419,6 +439,7 @@ void gr_rep_atfork_child(void) {
   pthread_cond_init(&g_status_done, NULL);
   g_status_closed = false;
   g_status_writers = 0;
+  g_status_socket[0] = '\0'; /* the parent's socket; the child's worker opens its own */
   atomic_store_explicit(&g_status_releases, 0, memory_order_relaxed);
   g_have_last = false;
   g_signal_releases = 0;
@@ -444,7 +465,8 @@ void gr_rep_status_remove(void) {
 
 /* ---- release reports ---- */
 
-/* Appends one JSON line (b, newline included) where release reports go: GPURECLAIM_LOG, or stderr. */
+/* Appends one JSON line (b, newline included) where events go (a release report, a peer reclaim, a sleep, a
+ * wake): GPURECLAIM_LOG, or stderr when asked. */
 void gr_rep_event(const jbuf_t *b) {
   const char *log = gr_opt()->log;
   if (log[0]) {
@@ -556,7 +578,7 @@ int gr_rep_snapshot_json(jbuf_t *b) {
   jb_obj(b);
   jb_i64(b, "pid", getpid());
   jb_str(b, "version", GPURECLAIM_VERSION_STRING);
-  jb_u64(b, "time_ms", realtime_ms());
+  jb_u64(b, "time_ms", gr_wall_ms());
   gr_rep_stats_json(b);
   jb_arr(b, "blocks");
   if (atomic_load_explicit(&gr_core_state, memory_order_acquire) == 1)
@@ -756,33 +778,12 @@ int gr_rep_leaks(jbuf_t *b, bool json) {
 
 /* ---- to descriptors and files ---- */
 
-int gr_rep_snapshot_fd(int fd) {
-  jbuf_t b;
-  jb_init(&b);
-  int rc = gr_rep_snapshot_json(&b);
-  if (rc == 0)
-    rc = jb_write_fd(&b, fd);
-  jb_free(&b);
-  return rc;
-}
-
 int gr_rep_leaks_fd(int fd, bool json) {
   jbuf_t b;
   jb_init(&b);
   int rc = gr_rep_leaks(&b, json);
   if (rc == 0)
     rc = jb_write_fd(&b, fd);
-  jb_free(&b);
-  return rc;
-}
-
-int gr_rep_stats_fd(int fd) {
-  jbuf_t b;
-  jb_init(&b);
-  jb_obj(&b);
-  gr_rep_stats_json(&b);
-  jb_obj_end(&b);
-  int rc = jb_write_fd(&b, fd);
   jb_free(&b);
   return rc;
 }
@@ -814,4 +815,22 @@ GR_EXPORT int gpureclaim_snapshot(const char *path) { return to_path(path, STDOU
 
 GR_EXPORT int gpureclaim_leak_report(const char *path, int json) {
   return to_path(path, STDERR_FILENO, gr_rep_leaks, json != 0);
+}
+
+/* ---- one line for people ---- */
+
+void gr_log_release(const gpureclaim_report_t *r) {
+  if (gr_opt()->verbose < 1)
+    return;
+  static const char *const by[] = {"?", "the API", "the signal", "an out-of-memory retry", "the gpureclaim command",
+                                   "a scope's end", "a peer"};
+  char total[32], cached[32], orphaned[32], peer[48] = "";
+  if (r->trigger == GPURECLAIM_TRIGGER_PEER)
+    snprintf(peer, sizeof peer, " (pid %d, out of memory on the same GPU)", r->peer_pid);
+  uint64_t sum = r->cached_bytes + r->orphaned_bytes + r->all_bytes;
+  gr_info("released %s in %.2f ms (cached %s, orphaned %s in %llu block%s), asked by %s%s",
+          gr_log_bytes(sum, total, sizeof total), (double)r->duration_ns / 1e6,
+          gr_log_bytes(r->cached_bytes, cached, sizeof cached), gr_log_bytes(r->orphaned_bytes, orphaned, sizeof orphaned),
+          (unsigned long long)r->orphaned_blocks, gr_plural(r->orphaned_blocks),
+          r->trigger >= 0 && (size_t)r->trigger < GR_ARRAY_LEN(by) ? by[r->trigger] : by[0], peer);
 }

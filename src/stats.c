@@ -295,6 +295,8 @@ static void add_pool(uint16_t id, CUmemoryPool pool, int device, void *arg) {
   if (ps->device >= 0 && device != ps->device)
     return;
   ps->count++;
+  if (gr_sleep_driver_off())
+    return; /* asleep: the pools hold nothing on the device, and the driver cannot be asked */
   cuuint64_t v = 0;
   if (gr_drv.cuMemPoolGetAttribute &&
       gr_drv.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v) == CUDA_SUCCESS)

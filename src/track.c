@@ -578,7 +578,9 @@ void gr_track_ctx_begin(uint16_t ctx_id, gr_detached_t *d) {
   d->marked = false;
   GR_ASSERT(gr_track_gate_held()); /* destroys run one at a time */
   GR_ASSERT((atomic_load_explicit(&gr_track_seq, memory_order_relaxed) & 1) == 0);
-  atomic_store_explicit(&g_running, ctx_id, memory_order_relaxed); /* published by the increment */
+  /* Release: a thread that reads this context id (destroyed_since) after it read the odd sequence of the
+   * previous destroy must also see that destroy's g_destroyed entry, stored before its commit. */
+  atomic_store_explicit(&g_running, ctx_id, memory_order_release);
   d->seq = atomic_fetch_add_explicit(&gr_track_seq, 1, memory_order_seq_cst) + 1;
   gr_track_watch(1);
   gr_epoch_heavy_barrier(); /* an insert the marking misses sees the odd sequence (gr_track_insert_ctx) */

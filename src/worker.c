@@ -2,8 +2,9 @@
  * worker.c -- gpureclaim's one thread: what happens on SIGUSR1 and on the control socket.
  *
  * The signal handler (signal.c) only writes to an eventfd; this thread polls it and the control socket
- * (control.c), runs the release the signal asks for (GPURECLAIM_ON_SIGNAL, release.c), serves one client at a
- * time, and every 2 s checks whether the program replaced gpureclaim's handler. It starts with CUDA (core.c),
+ * (control.c), runs the release the signal asks for (GPURECLAIM_ON_SIGNAL, release.c) or puts the process to
+ * sleep (GPURECLAIM_ON_SIGNAL=sleep, sleep.c), serves one client at a time, every 2 s checks whether the program
+ * replaced gpureclaim's handler, and runs the idle watch (GPURECLAIM_SLEEP_IDLE). It starts with CUDA (core.c),
  * blocks every signal, and ends when the process forks (the child starts its own when it uses CUDA) or exits.
  */
 #include "gpureclaim_internal.h"
@@ -21,15 +22,22 @@ static void *worker(void *arg) {
   prctl(PR_SET_NAME, "gpureclaim", 0, 0, 0);
   for (;;) {
     struct pollfd fds[2] = {{.fd = gr_sig_fd(), .events = POLLIN}, {.fd = gr_ctl_fd(), .events = POLLIN}};
-    /* Every 0.5 s when peers may ask (the status file then follows what this process holds), else 2 s. */
-    int n = poll(fds, 2, gr_opt()->status && gr_opt()->peers ? 500 : 2000);
+    /* Every 0.5 s when peers may ask (the status file then follows what this process holds), else 2 s; sooner
+     * when an idle sleep comes due (GPURECLAIM_SLEEP_IDLE: gr_sleep_idle_tick). */
+    int tick = gr_sleep_idle_tick(), every = gr_opt()->status && gr_opt()->peers ? 500 : 2000;
+    int n = poll(fds, 2, tick < every ? tick : every);
     if (!atomic_load_explicit(&g_worker_up, memory_order_acquire))
       break; /* the process forked or is exiting */
     if (n > 0 && (fds[0].revents & POLLIN)) {
       uint64_t count;
       while (read(fds[0].fd, &count, sizeof count) > 0) /* coalesce a storm into one release */
         ;
-      gr_rel_run(gr_opt()->on_signal, GPURECLAIM_TRIGGER_SIGNAL, NULL);
+      if (gr_opt()->on_signal_sleep)
+        gr_sleep_run(GPURECLAIM_TRIGGER_SIGNAL, 0, NULL);
+      else if (gr_sleep_state_now(NULL) == GPURECLAIM_STATE_AWAKE)
+        gr_rel_run(gr_opt()->on_signal, GPURECLAIM_TRIGGER_SIGNAL, NULL);
+      else
+        gr_info("release signal ignored: the process sleeps, its device memory is on the host");
     }
     if (n > 0 && (fds[1].revents & POLLIN))
       gr_ctl_serve_one();

@@ -5,7 +5,8 @@
  */
 #include "command.h"
 #include "ps.h"
-#include "gpureclaim_internal.h"
+#include "common.h"
+#include "options.h"
 
 #include <errno.h>
 #include <getopt.h>

@@ -4,7 +4,8 @@
  * than as a warning inside the program.
  */
 #include "command.h"
-#include "gpureclaim_internal.h"
+#include "common.h"
+#include "options.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -150,7 +151,7 @@ static int chk_rundir(const char *v) {
     return -1;
   struct stat st;
   if (lstat(v, &st) == 0)
-    return S_ISDIR(st.st_mode) && st.st_uid == geteuid() && !(st.st_mode & 077) ? 0 : -1;
+    return gr_dir_is_private(&st) ? 0 : -1;
   return errno == ENOENT ? parent_dir_writable(v) : -1;
 }
 
@@ -309,7 +310,7 @@ static const char g_help[] =
     "      --backtrace       a short backtrace per allocation for leak reports       GPURECLAIM_BACKTRACE=1\n"
     "  -v, --verbose[=N]     informational (1) or debugging (2) messages; N only     GPURECLAIM_VERBOSE\n"
     "                        with \"=\" (run --verbose 2 CMD runs 2)\n"
-    "      --peers WHAT      peer reclaim: ask,give (default), ask, give, off        GPURECLAIM_PEERS\n"
+    "      --peers WHAT      peer reclaim: ask,give (default), ask, give, sleep, off GPURECLAIM_PEERS\n"
     "                        (ask: an out-of-memory asks the other gpureclaim processes on\n"
     "                        the same GPU for memory; give: answer them)\n"
     "      --peer-timeout S  bound of one peer reclaim, seconds (default 2)          GPURECLAIM_PEER_TIMEOUT\n"

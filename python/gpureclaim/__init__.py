@@ -31,7 +31,7 @@ FREE_NOW = 0x1
 _WHAT = {"cached": CACHED, "orphaned": ORPHANED, "orphans": ORPHANED, "all": ALL}
 _KINDS = {1: "device", 2: "pitch", 3: "managed", 4: "async", 5: "vmm", 6: "vmm_mapping", 7: "va", 8: "host"}
 _STATES = {1: "live", 2: "orphan", 3: "released"}
-_TRIGGERS = {1: "api", 2: "signal", 3: "oom", 4: "command", 5: "scope", 6: "peer"}
+_TRIGGERS = {1: "api", 2: "signal", 3: "oom", 4: "command", 5: "scope", 6: "peer", 7: "idle", 8: "call"}
 MAX_DEVICES = 16
 
 _u64 = ctypes.c_uint64

@@ -6,12 +6,14 @@
  *     calls the function of that name in the process's libcuda;
  *   - a static wrapper handed out by cuGetProcAddress (procaddr.c), which calls the pointer the driver returned
  *     for that (symbol, version, flags).
+ * Both pass the sleep gate first (gate.h: one flag test; while the process sleeps, the call wakes it).
  * A body calls the real function first and records what it did only when it succeeded; it never changes the
  * result, except for the out-of-memory retry (GPURECLAIM_OOM_RETRY) and a late free of a block a release
  * already freed (gpureclaim.h, scopes).
  */
 #include "gpureclaim_internal.h"
 #include "hooklist.h"
+#include "gate.h"
 
 #include <cudaTypedefs.h>
 #include <string.h>
@@ -640,9 +642,15 @@ static CUresult b_primary_release(void *realp, uintptr_t ra, CUdevice dev) {
 #define DEFINE_WRAPPERS(sym, base, ver, ptsz, body, params, args)                                           \
   GR_EXPORT CUresult CUDAAPI sym params;                                                                   \
   GR_EXPORT CUresult CUDAAPI sym params {                                                                  \
+    CUresult gate_ = gr_gate_check();                                                                      \
+    if (GR_UNLIKELY(gate_ != CUDA_SUCCESS))                                                                \
+      return gate_;                                                                                        \
     return body(ex_real(GR_H_##sym), (uintptr_t)__builtin_return_address(0), GR_EXPAND args);              \
   }                                                                                                        \
   static CUresult CUDAAPI gr_pa_##sym params {                                                             \
+    CUresult gate_ = gr_gate_check();                                                                      \
+    if (GR_UNLIKELY(gate_ != CUDA_SUCCESS))                                                                \
+      return gate_;                                                                                        \
     return body(pa_real(GR_H_##sym), (uintptr_t)__builtin_return_address(0), GR_EXPAND args);              \
   }
 GR_DRIVER_HOOKS(DEFINE_WRAPPERS)

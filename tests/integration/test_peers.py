@@ -469,6 +469,90 @@ class PeerTest(Base):
         self.assertTrue(ans["ok"], ans)
         self.assertGreaterEqual(ans["given"]["pool_bytes"], 128 * MiB)
 
+    def request(self, pr, line, timeout=60):
+        """One control-socket request; returns the answer's last line, parsed (a sleep sends progress lines)."""
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(timeout)  # a hang guard
+        s.connect(os.path.join(self.rundir, "%d.sock" % pr.pid))
+        s.sendall((line + "\n").encode())
+        data = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        s.close()
+        return json.loads(data.decode().strip().splitlines()[-1])
+
+    def test_a_sleeping_peer_gives_nothing_and_stays_intact(self):
+        """Asked while it sleeps, a peer has nothing on the device to give, and must not touch the driver (the
+        simulator aborts a process whose checkpointed memory is used): it answers, gives 0 B, and wakes intact."""
+        b = Proc(self, "b")
+        self.assertEqual(b.ask("live 16"), "live")
+        self.fill_cache(b)
+        slept = self.request(b, "sleep 10000")
+        self.assertTrue(slept["ok"], slept)
+        far = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1000) + 60000
+        good = "give bytes=%d uuid=%s deadline_ms=%d pid=%d" % (64 * MiB, b.uuid, far, os.getpid())
+        ans = json.loads(self.give_line(b, (good + "\n").encode()))
+        self.assertTrue(ans["ok"], ans)
+        self.assertEqual(ans["given"]["total_bytes"], 0, ans)
+        self.assertIsNone(b.p.poll(), "the sleeping peer died when asked to give")
+        self.assertTrue(self.request(b, "wake")["ok"])
+        self.assertEqual(b.ask("check"), "intact")
+
+    def test_a_wake_short_of_room_is_relieved_by_a_peers_cache(self):
+        """A sleeping process whose memory a peer's cache took meanwhile asks that peer when it wakes: the peer
+        gives its pool cache, the restore finds room, and the sleeper's data is intact."""
+        a = Proc(self, "a", {"GPURECLAIM_WAKE_TIMEOUT": "3"})
+        self.assertEqual(a.ask("live 96"), "live")
+        self.assertTrue(self.request(a, "sleep 10000")["ok"])
+        b = Proc(self, "b")
+        self.fill_cache(b)  # 192 MiB cached in B's pool: with A's 96 MiB the 256 MiB GPU has no room
+        self.wait_holding(b, b.uuid, 192 * MiB, "pool_cached_bytes")
+        woke = self.request(a, "wake")  # without asking, it would wait its 3 s out and stay asleep
+        self.assertTrue(woke["ok"], woke)
+        ev = self.one_event(a)
+        self.assertEqual([p["pid"] for p in ev["peers"]], [b.pid])
+        self.assertGreaterEqual(ev["peers"][0]["given"]["pool_bytes"], 32 * MiB)
+        self.assertEqual(a.ask("check"), "intact")
+        self.assertEqual(b.ask("alloc 16 async").split()[0], "ok", "B goes on working")
+
+    def test_an_idle_peer_that_opted_in_sleeps_when_caches_are_not_enough(self):
+        """GPURECLAIM_PEERS=ask,give,sleep: a peer holding only live memory, and idle, goes to sleep for an
+        allocation that no cache could serve; it wakes intact later. Without sleep in its PEERS it is not asked."""
+        b = Proc(self, "b", {"GPURECLAIM_PEERS": "ask,give,sleep"})
+        self.assertEqual(b.ask("live 192"), "live")
+        st = self.wait_holding(b, b.uuid, 192 * MiB)
+        self.assertTrue(st["peer"]["sleep"], st["peer"])
+        a = Proc(self, "a")
+        # B is idle once a second passed without a CUDA call of its own: until then A's allocation fails (a
+        # hang guard bounds the retries, no deadline decides).
+        guard = time.monotonic() + 60
+        while self.timed_alloc(a, 128) != "ok":
+            self.assertLess(time.monotonic(), guard, "B never slept for A")
+            time.sleep(0.2)
+        ev = a.events("peer_reclaim")[-1]
+        self.assertTrue(ev["retry_succeeded"], ev)
+        self.assertGreaterEqual(sum(p["given"]["slept_bytes"] for p in ev["peers"] if "given" in p), 128 * MiB, ev)
+        with open(os.path.join(self.rundir, "%d.json" % b.pid)) as f:
+            self.assertEqual(json.load(f)["sleep"]["state"], "sleeping")
+        self.assertEqual(a.ask("free"), "freed")
+        self.assertTrue(self.request(b, "wake")["ok"])
+        self.assertEqual(b.ask("check"), "intact")
+
+    def test_a_peer_that_did_not_opt_in_is_not_put_to_sleep(self):
+        b = Proc(self, "b")  # default PEERS: ask,give
+        self.assertEqual(b.ask("live 192"), "live")
+        st = self.wait_holding(b, b.uuid, 192 * MiB)
+        self.assertFalse(st["peer"]["sleep"])
+        time.sleep(2.5)  # idle long enough that an opted-in peer would sleep: this one must not
+        a = Proc(self, "a")
+        self.assertEqual(self.timed_alloc(a, 128), "oom")
+        with open(os.path.join(self.rundir, "%d.json" % b.pid)) as f:
+            self.assertEqual(json.load(f)["sleep"]["state"], "awake")
+        self.assertEqual(b.ask("check"), "intact")
+
 
 class OtherUserTest(Base):
     """Its own CTest test (test_peers_other_user), as it needs root: a skip of it hides no other result."""
