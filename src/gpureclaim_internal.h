@@ -432,6 +432,8 @@ void gr_peer_tick(void);
 /* Serves a "give" request line (after "give ") from the process whose credentials are pid/uid; fills the
  * answer into b (an open object). */
 void gr_peer_serve_give(const char *args, int pid, struct jbuf *b);
+/* A give gave something now: the status file's last_gave_ms (peers ask a recent giver last). */
+void gr_peer_note_gave(void);
 /* Whether a thread of this process is handling an out-of-memory with its peers now. */
 bool gr_peer_busy(void);
 /* The asking side, called by the hooks after their own retry failed (driver.c, PEER_RETRY). */

@@ -52,6 +52,8 @@ static uint64_t mono_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+void gr_peer_note_gave(void) { atomic_store_explicit(&g_last_gave_ms, gr_wall_ms(), memory_order_relaxed); }
+
 bool gr_peer_busy(void) { return atomic_load_explicit(&g_busy, memory_order_acquire) > 0; }
 
 static bool peers_on(unsigned bit) {
@@ -243,8 +245,8 @@ void gr_peer_serve_give(const char *args, int pid, jbuf_t *b) {
       if (deadline > t && gr_sleep_run(GPURECLAIM_TRIGGER_PEER, (unsigned)(deadline - t), &sr) == 0)
         slept = sr.device_freed_bytes;
     }
-    if (gave + slept)
-      atomic_store_explicit(&g_last_gave_ms, gr_wall_ms(), memory_order_relaxed);
+    if (slept) /* (what the caches gave, gr_rel_give noted before its report rewrote the status file) */
+      gr_peer_note_gave();
   }
   jb_bool(b, "ok", true);
   jb_i64(b, "pid", getpid());

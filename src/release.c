@@ -753,6 +753,8 @@ void gr_rel_give(uint64_t want, uint64_t devmask, int asker, bool framework_ok, 
   uint64_t total = rep->cached_bytes + rep->orphaned_bytes + rep->all_bytes;
   gr_stats_release(total);
   gr_stats_peer_give(total);
+  if (total)
+    gr_peer_note_gave(); /* before the report rewrites the status file: peers then ask us last for a while */
   gr_rep_release(rep, false);
   t_releasing--;
   gr_sleep_release_end();

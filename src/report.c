@@ -408,10 +408,12 @@ int gr_rep_status_update(void) {
     rc = -ENOMEM;
   } else {
     /* Always a new file renamed into place: whatever else is at the path in our private directory (a link, a
-     * FIFO) is replaced, never written through. Written and flushed outside the lock; only the rename, which
+     * FIFO) is replaced, never written through. Written outside the lock; only the rename, which
      * does not wait on a reader, inside it. */
     char tmp[GR_OUT_TEMP_MAX];
-    rc = gr_out_write_temp(path, b.p, b.len, 0600, tmp, sizeof tmp);
+    /* Not flushed to disk: it describes this process while it runs (the worker rewrites it within half a second
+     * of a change, a peer reclaim twice); readers need only the rename. */
+    rc = gr_out_write_temp_ex(path, b.p, b.len, 0600, tmp, sizeof tmp, false);
     if (rc == 0) {
       pthread_mutex_lock(&g_status_lock);
       bool newest = number > g_status_placed;
@@ -446,7 +448,7 @@ void gr_rep_atfork_child(void) {
 void gr_rep_status_remove(void) {
   pthread_mutex_lock(&g_status_lock);
   g_status_closed = true;
-  /* Updates under way finish first (a write and an fsync); bounded, should one be stuck in a dead filesystem. */
+  /* Updates under way finish first (a write and a rename); bounded, should one be stuck in a dead filesystem. */
   struct timespec until;
   clock_gettime(CLOCK_REALTIME, &until);
   until.tv_sec += 5;

@@ -36,6 +36,13 @@ for line in sys.stdin:
         t = fw.Tensor(8 << 20)
         print("ok", flush=True)
         del t
+    elif line.strip() == "big":  # a size its cache does not hold: a cudaMalloc
+        try:
+            t = fw.Tensor(64 << 20)
+            print("ok", flush=True)
+            del t
+        except MemoryError:
+            print("oom", flush=True)
 """
 
 
@@ -230,6 +237,89 @@ class PeerTest(Base):
         self.assertLess(int(b.ask("reserved").split()[1]), 193 * MiB, "its cache went")
         self.assertEqual(b.ask("alloc"), "ok", "and B keeps working")
 
+    def test_a_recent_giver_is_asked_last(self):
+        """Two peers with the same cache: the one that just gave is asked second the next time."""
+        mem = {"SIMCUDA_DEVICE_MEM": str(512 * MiB)}
+        b1, b2 = Proc(self, "b1", mem), Proc(self, "b2", mem)
+        self.fill_cache(b1)
+        self.fill_cache(b2)
+        c = Proc(self, "c", dict(mem, GPURECLAIM_PEERS="off"))
+        self.assertEqual(c.ask("live 128"), "live")  # 192 + 192 + 128: the GPU is full
+        for b in (b1, b2):
+            self.wait_holding(b, b.uuid, 192 * MiB, "pool_cached_bytes")
+        a = Proc(self, "a", mem)
+        self.assertEqual(self.timed_alloc(a, 64), "ok")
+        first = a.events("peer_reclaim")[0]["peers"]
+        gave = first[0]["pid"]
+        other = b2.pid if gave == b1.pid else b1.pid
+        self.assertEqual(len(first), 1, "one peer covered it")
+        giver = b1 if gave == b1.pid else b2
+        path = os.path.join(self.rundir, "%d.json" % gave)
+        with open(path) as f:
+            self.assertGreater(json.load(f)["peer"]["last_gave_ms"], 0, "its status file says it gave")
+        self.assertEqual(self.timed_alloc(a, 64), "ok")
+        second = a.events("peer_reclaim")[1]["peers"]
+        self.assertEqual(second[0]["pid"], other, "the recent giver is asked last: %r" % second)
+        self.assertEqual(giver.stats()["gives"], 1)
+
+    def test_a_giver_gives_what_its_on_signal_allows(self):
+        """GPURECLAIM_ON_SIGNAL=orphaned: its pool cache stays; all, named: even its live blocks go."""
+        b = Proc(self, "b", {"GPURECLAIM_ON_SIGNAL": "orphaned"})
+        self.fill_cache(b)
+        self.wait_holding(b, b.uuid, 192 * MiB, "pool_cached_bytes")
+        a = Proc(self, "a")
+        self.assertEqual(self.timed_alloc(a, 128), "oom")
+        self.assertEqual(b.stats()["pool_reserved"], 192 * MiB)
+        self.tearDown()
+        self.setUp()
+        b = Proc(self, "b", {"GPURECLAIM_ON_SIGNAL": "all"})
+        self.assertEqual(b.ask("live 192"), "live")
+        self.wait_holding(b, b.uuid, 192 * MiB)
+        a = Proc(self, "a")
+        self.assertEqual(self.timed_alloc(a, 128), "ok")
+        self.assertGreaterEqual(self.one_event(a)["peers"][0]["given"]["all_bytes"], 128 * MiB)
+
+    def test_no_framework_cache_while_its_own_thread_asks(self):
+        """A process whose thread is in a peer reclaim (and may hold the GIL) gives no framework cache to a peer
+        meanwhile: only what needs no Python. The test holds the GPU's peer-reclaim lock, so P's thread waits in
+        its peer reclaim for as long as the test needs."""
+        import fcntl
+        pre = os.environ["GR_PRELOAD"]
+        p = Proc(self, "p", {"LD_PRELOAD": pre, "GR_EXAMPLES": EXAMPLES, "GPURECLAIM_PEER_TIMEOUT": "20"},
+                 [sys.executable, "-c", FRAMEWORK_B])
+        b = Proc(self, "b")
+        self.assertEqual(b.ask("live 63"), "live")  # 193 + 63: the GPU is full
+        self.wait_holding(p, b.uuid, 192 * MiB)
+        lock = os.open(os.path.join(self.rundir, "gpu-%s.lock" % b.uuid), os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            p.p.stdin.write("big\n")
+            p.p.stdin.flush()
+            path = os.path.join(self.rundir, "%d.json" % p.pid)
+            deadline = time.monotonic() + 20
+            busy = False
+            while not busy and time.monotonic() < deadline:
+                try:
+                    with open(path) as f:
+                        busy = json.load(f)["peer"]["oom"]
+                except (OSError, ValueError):
+                    pass
+                time.sleep(0.01)
+            self.assertTrue(busy, "P never started its peer reclaim")
+            far = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1000) + 60000
+            line = "give bytes=%d uuid=%s deadline_ms=%d pid=%d\n" % (64 * MiB, b.uuid, far, os.getpid())
+            ans = json.loads(self.give_line(p, line.encode()))
+            self.assertTrue(ans["ok"], ans)
+            self.assertEqual(ans["given"]["framework_bytes"], 0, "its framework cache needs its GIL: not offered")
+        finally:
+            os.close(lock)  # P takes the lock, retries, asks B (nothing to give), and fails
+        self.assertEqual(p.p.stdout.readline().strip(), "oom")
+        self.assertEqual(int(p.ask("reserved").split()[1]), 193 * MiB, "its cache is all there")
+        # Once done, P gives it (the same request, now).
+        far = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1000) + 60000
+        line = "give bytes=%d uuid=%s deadline_ms=%d pid=%d\n" % (64 * MiB, b.uuid, far, os.getpid())
+        self.assertGreaterEqual(json.loads(self.give_line(p, line.encode()))["given"]["framework_bytes"], 64 * MiB)
+
     # ---- not taken ----
 
     def test_live_memory_is_never_taken(self):
@@ -250,7 +340,22 @@ class PeerTest(Base):
         a = Proc(self, "a", {"GPURECLAIM_PEER_TIMEOUT": "1"})
         os.kill(b.p.pid, signal.SIGSTOP)
         try:
-            self.assertEqual(self.timed_alloc(a, 128, timeout=1.0), "oom")
+            t0 = time.monotonic()
+            a.p.stdin.write("alloc 128 alloc\n")
+            a.p.stdin.flush()
+            # Meanwhile A's status file says it is handling an out-of-memory: its peers do not ask it now.
+            seen = False
+            while not seen and time.monotonic() - t0 < 1.0:
+                try:
+                    with open(os.path.join(self.rundir, "%d.json" % a.pid)) as f:
+                        seen = json.load(f)["peer"]["oom"]
+                except (OSError, ValueError):
+                    pass
+                time.sleep(0.01)
+            ans = a.p.stdout.readline().split()
+            self.assertLess(time.monotonic() - t0, 1.0 + GUARD, "the allocation hung")
+            self.assertEqual(ans[0], "oom")
+            self.assertTrue(seen, "A's status file never said oom: true while it asked")
         finally:
             os.kill(b.p.pid, signal.SIGCONT)
         ev = self.one_event(a)
