@@ -486,6 +486,19 @@ uint64_t gr_rel_count(void);
 int gr_worker_start(void);
 void gr_worker_stop(void);
 void gr_worker_atfork_child(void);
+/* A block's allocation time without a clock read per allocation: the worker thread stores
+ * gr_core_now_ms() << 1 in gr_worker_tick every GR_TICK_MS while the process allocates; the first allocation
+ * that reads a tick sets its bit 0 (so the worker knows the process still allocates), and after a second of
+ * ticks that no allocation read the worker stores 0 and sleeps. An allocation that reads 0 takes the time from
+ * the clock and wakes the worker (gr_worker_tick_slow). So a block's time is the coarse clock's at most a tick
+ * (plus the worker's scheduling delay) early, never stale across an idle period. */
+#define GR_TICK_MS 4
+extern _Atomic uint64_t gr_worker_tick;
+uint64_t gr_worker_tick_slow(uint64_t tick);
+static inline uint64_t gr_worker_now_ms(void) {
+  uint64_t v = atomic_load_explicit(&gr_worker_tick, memory_order_relaxed);
+  return GR_LIKELY(v & 1) ? v >> 1 : gr_worker_tick_slow(v);
+}
 
 int gr_sig_install(void);
 /* The descriptor the handler writes to; the worker polls it. -1 when the signal is off. */

@@ -131,7 +131,7 @@ void gr_track_fill(gr_rec_t *r, unsigned kind, uint64_t key, uint64_t size, unsi
   r->kind = (uint8_t)kind;
   r->state = GR_ST_LIVE;
   r->device = GR_DEVICE_NONE;
-  r->time_ms = gr_core_now_ms();
+  r->time_ms = gr_worker_now_ms(); /* the worker's tick: no clock read per allocation */
   r->tid = gr_core_tid();
   uintptr_t pc = ra;
   r->api = (uint8_t)driver_api;
