@@ -323,6 +323,9 @@ void gr_reg_atfork_child(void);
 
 void gr_stats_alloc(const gr_rec_t *r);
 void gr_stats_free(const gr_rec_t *r);
+/* The same for a record as a slot holds it (the hot path: no unpacking for a device block). */
+void gr_stats_alloc_pk(const gr_packed_t *p);
+void gr_stats_free_pk(const gr_packed_t *p);
 /* A block that left the table without a free: context destroyed (the driver freed it). */
 void gr_stats_ctx_destroyed(const gr_rec_t *r);
 void gr_stats_orphaned(const gr_rec_t *r, int delta);
@@ -354,6 +357,14 @@ void gr_track_insert(gr_rec_t *r);
  *   0  not tracked: pass the free to the driver unchanged;
  *  -1  a late free of a block a release already freed: return CUDA_SUCCESS without calling the driver. */
 int gr_track_take(unsigned ks, uint64_t key, unsigned kind_mask, gr_rec_t *out);
+/* The same, the record as the slot held it (a free's hot path); gr_track_freed_pk after a successful free. */
+int gr_track_take_pk(unsigned ks, uint64_t key, unsigned kind_mask, gr_packed_t *out);
+void gr_track_freed_pk(const gr_packed_t *p);
+/* A block the driver just allocated in context ctx_id (0: none) of device (GR_DEVICE_NONE: none), from pool
+ * pool_id (0: none): its record is built as the slot holds it (time, thread, site, scope as gr_track_fill
+ * gives them) and inserted as gr_track_insert_ctx does. seq0: gr_track_ctx_seq() before the driver call. */
+void gr_track_alloc(unsigned kind, uint64_t key, uint64_t size, unsigned driver_api, uintptr_t ra, unsigned ctx_id,
+                    unsigned device, unsigned pool_id, uint64_t seq0);
 /* Whether freeing (ks, key), which is not live, is a late free of a block (or VMM handle) a release freed or
  * is freeing: then it is counted and the caller returns CUDA_SUCCESS without calling the driver. */
 bool gr_track_late_free(unsigned ks, uint64_t key);

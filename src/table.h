@@ -170,6 +170,69 @@ static inline unsigned gr_kind_keyspace(unsigned kind) {
   }
 }
 
+/* One record as a slot holds it (table.c, "Data structure"): what a hook builds (gr_track_alloc), the table
+ * stores as is, and a free takes out as is (gr_track_take_pk), without a gr_rec_t filled, packed and unpacked
+ * on the way. gr_rec_t is the unpacked view of the slow paths (gr_pk_pack, gr_pk_unpack). */
+typedef struct gr_packed {
+  uint64_t ctl; /* state (3 bits) | metadata: ctx id (12) << 16 | pool id (12) << 28 | scope (16) << 40 | aux << 56 */
+  uint64_t key;
+  uint64_t w1;  /* size (48) | kind (4) << 48 | device (7) << 52 | api (5) << 59 */
+  uint64_t w2;  /* the site, or for a mapping the VMM handle it maps */
+  uint64_t w3;  /* time in ms (40) << 24 | tag (2, the table's) << 22 | thread id (22) */
+} gr_packed_t;
+
+#define GR_PK_CTX_SHIFT 16
+#define GR_PK_POOL_SHIFT 28
+#define GR_PK_SCOPE_SHIFT 40
+#define GR_PK_AUX_SHIFT 56
+#define GR_PK_TIME_SHIFT 24
+#define GR_PK_TID_MASK UINT64_C(0x3fffff)
+
+static inline uint64_t gr_pk_meta(unsigned ctx_id, unsigned pool_id, unsigned scope, unsigned aux) {
+  return ((uint64_t)(ctx_id & 0xfff) << GR_PK_CTX_SHIFT) | ((uint64_t)(pool_id & 0xfff) << GR_PK_POOL_SHIFT) |
+         ((uint64_t)(scope & 0xffff) << GR_PK_SCOPE_SHIFT) | ((uint64_t)(aux & 0xff) << GR_PK_AUX_SHIFT);
+}
+static inline uint64_t gr_pk_w1(uint64_t size, unsigned kind, unsigned device, unsigned api) {
+  return (size & GR_SIZE_MAX) | ((uint64_t)(kind & 0xf) << 48) | ((uint64_t)(device & 0x7f) << 52) |
+         ((uint64_t)(api & 0x1f) << 59);
+}
+static inline uint64_t gr_pk_w3(uint64_t time_ms, uint32_t tid) {
+  return ((time_ms & ((UINT64_C(1) << 40) - 1)) << GR_PK_TIME_SHIFT) | (tid & GR_PK_TID_MASK);
+}
+static inline unsigned gr_pk_state(const gr_packed_t *p) { return (unsigned)(p->ctl & 7); }
+static inline unsigned gr_pk_ctx(const gr_packed_t *p) { return (unsigned)(p->ctl >> GR_PK_CTX_SHIFT) & 0xfff; }
+static inline unsigned gr_pk_scope(const gr_packed_t *p) { return (unsigned)(p->ctl >> GR_PK_SCOPE_SHIFT) & 0xffff; }
+static inline unsigned gr_pk_aux(const gr_packed_t *p) { return (unsigned)(p->ctl >> GR_PK_AUX_SHIFT) & 0xff; }
+static inline uint64_t gr_pk_size(const gr_packed_t *p) { return p->w1 & GR_SIZE_MAX; }
+static inline unsigned gr_pk_kind(const gr_packed_t *p) { return (unsigned)(p->w1 >> 48) & 0xf; }
+static inline unsigned gr_pk_device(const gr_packed_t *p) { return (unsigned)(p->w1 >> 52) & 0x7f; }
+
+static inline void gr_pk_pack(const gr_rec_t *r, gr_packed_t *p) {
+  p->ctl = gr_pk_meta(r->ctx_id, r->pool_id, r->scope, r->aux) | (r->state & 7u);
+  p->key = r->key;
+  p->w1 = gr_pk_w1(r->size, r->kind, r->device, r->api);
+  p->w2 = gr_kind_keyspace(r->kind) == GR_KS_MAPPING ? r->map_handle : r->site.bits;
+  p->w3 = gr_pk_w3(r->time_ms, r->tid);
+}
+
+static inline void gr_pk_unpack(const gr_packed_t *p, gr_rec_t *r) {
+  r->key = p->key;
+  r->state = (uint8_t)gr_pk_state(p);
+  r->ctx_id = (uint16_t)gr_pk_ctx(p);
+  r->pool_id = (uint16_t)((p->ctl >> GR_PK_POOL_SHIFT) & 0xfff);
+  r->scope = (uint16_t)gr_pk_scope(p);
+  r->aux = (uint8_t)gr_pk_aux(p);
+  r->size = gr_pk_size(p);
+  r->kind = (uint8_t)gr_pk_kind(p);
+  r->device = (uint8_t)gr_pk_device(p);
+  r->api = (uint8_t)(p->w1 >> 59);
+  bool mapping = gr_kind_keyspace(r->kind) == GR_KS_MAPPING;
+  r->map_handle = mapping ? p->w2 : 0;
+  r->site.bits = mapping ? 0 : p->w2;
+  r->time_ms = p->w3 >> GR_PK_TIME_SHIFT;
+  r->tid = (uint32_t)(p->w3 & GR_PK_TID_MASK);
+}
+
 /* ---- the table (table.c) ---- */
 
 /* A position in the table, valid inside one epoch critical section. Forwarding across migrations is
@@ -183,6 +246,8 @@ typedef struct gr_ref {
 int gr_table_init(void);
 /* Inserts a record (state LIVE or ORPHAN). Returns 0, or -ENOMEM when no memory could be mapped for growth. */
 int gr_table_insert(const gr_rec_t *r);
+/* The same with the record as a slot holds it (its state in ctl: LIVE or ORPHAN). */
+int gr_table_insert_pk(const gr_packed_t *p);
 
 /* Edits one record: called with a copy of the first record with this key space and key whose state is in
  * state_mask; returns true after changing rec's state, aux or scope to apply the change (atomically, against
@@ -195,6 +260,8 @@ int gr_table_update(unsigned ks, uint64_t key, unsigned state_mask, gr_edit_fn f
 int gr_table_take(unsigned ks, uint64_t key, unsigned state_mask, gr_rec_t *out);
 /* take() of the first matching record only when its kind is in kind_mask (-ENOENT if it is of another kind). */
 int gr_table_take_kind(unsigned ks, uint64_t key, unsigned state_mask, unsigned kind_mask, gr_rec_t *out);
+/* The same, the record given as the slot held it (ctl: its state before the take and its metadata). */
+int gr_table_take_kind_pk(unsigned ks, uint64_t key, unsigned state_mask, unsigned kind_mask, gr_packed_t *out);
 /* Copies the first record with that key whose state is in state_mask. 0 or -ENOENT. */
 int gr_table_lookup(unsigned ks, uint64_t key, unsigned state_mask, gr_rec_t *out);
 
