@@ -156,8 +156,7 @@ static _Atomic size_t g_bytes;
 static _Atomic size_t g_bytes_peak; /* high-water mark of g_bytes since the last gr_table_bytes_peak(true) */
 static _Atomic uint64_t g_migrations;
 static GR_TLS_IE unsigned t_ops;     /* operations of this thread: reclamation every 64th */
-static GR_TLS_IE unsigned t_changes; /* updates and takes of this thread: a shrink check every 32nd */
-static GR_TLS_IE unsigned t_inserts; /* inserts of this thread: a load check every 32nd */
+static GR_TLS_IE unsigned t_changes; /* updates of this thread: a shrink check every 32nd (takes: epoch.c's count) */
 
 static inline unsigned ctl_state(uint64_t c) { return (unsigned)(c & ST_MASK); }
 static inline uint32_t ctl_sgen(uint64_t c) { return (uint32_t)((c >> SGEN_SHIFT) & SGEN_MASK); }
@@ -646,6 +645,18 @@ static inline void maybe_reclaim(void) {
 
 /* ---- public operations ---- */
 
+/* Every 32nd insert of a thread: the load check of the root generation (an insert that probed far checks at
+ * once), and reclamation of retired generations. */
+GR_TABLE_COLD static void periodic_insert_check(void) {
+  gr_epoch_enter();
+  gen_t *g = load_root();
+  if (g && !atomic_load_explicit(&g->next, memory_order_acquire))
+    check_load(g, 0);
+  gr_epoch_exit();
+  if (gr_epoch_pending())
+    gr_epoch_reclaim();
+}
+
 /* An insert that published its record at slot i of t (slot generation sg) with one CAS and then saw that a
  * migration of t has begun: makes sure the record reaches t->next. Returns false when a helper froze the
  * slot before it could see the record (F_INPROG): the caller then inserts it again. */
@@ -732,7 +743,7 @@ int gr_table_insert_pk(const gr_packed_t *r) {
         break;
       }
       placed = true;
-      if (GR_TABLE_UNLIKELY(probes >= LONG_PROBE) || GR_TABLE_UNLIKELY((++t_inserts & 31) == 0))
+      if (GR_TABLE_UNLIKELY(probes >= LONG_PROBE))
         check_load(t, probes);
       break;
     }
@@ -747,9 +758,9 @@ int gr_table_insert_pk(const gr_packed_t *r) {
     }
   }
   gr_epoch_exit();
-  if (rc == 0)
-    gr_epoch_count_live(1);
-  maybe_reclaim();
+  /* Every 32nd insert of a thread (its count, epoch.c): the load check and reclamation. */
+  if (rc == 0 && GR_TABLE_UNLIKELY((gr_epoch_count_ins() & 31) == 0))
+    periodic_insert_check();
   return rc;
 }
 
@@ -866,12 +877,12 @@ int gr_table_take_kind_pk(unsigned ks, uint64_t key, unsigned state_mask, unsign
     break;
   }
   gr_epoch_exit();
-  if (rc == 0) {
-    gr_epoch_count_live(-1);
-    if (GR_TABLE_UNLIKELY((++t_changes & SHRINK_EVERY) == 0))
-      maybe_shrink();
+  /* Every 32nd delete of a thread (its count, epoch.c): the shrink check and reclamation. */
+  if (rc == 0 && GR_TABLE_UNLIKELY((gr_epoch_count_del() & SHRINK_EVERY) == 0)) {
+    maybe_shrink();
+    if (gr_epoch_pending())
+      gr_epoch_reclaim();
   }
-  maybe_reclaim();
   return rc;
 general:
   gr_epoch_exit();

@@ -25,8 +25,10 @@
 
 typedef struct gr_thread_rec {
   _Atomic uint64_t announce;  /* 0 outside a critical section, epoch << 1 | 1 inside */
-  _Atomic int64_t live;       /* records inserted minus deleted; written by the owner only */
-  int64_t batch;              /* owner only: change of `live` not yet added to the shared approximation */
+  /* Records this thread inserted and deleted (live records: their difference), written by the owner only with
+   * plain stores; they stay with the record when its thread exits, for the next thread that takes it. */
+  _Atomic uint64_t ins, del;
+  int64_t flushed;            /* owner only: ins - del as last added to the shared approximation */
   unsigned depth;             /* owner only: critical-section nesting */
   _Atomic int owned;
   /* 0, or 1 + the context-destroy sequence an insert of an address record read before its driver call, while
@@ -91,16 +93,36 @@ size_t gr_epoch_reclaim(void);
 size_t gr_epoch_pending(void);
 /* The calling thread's record (registering it on first use); NULL when memory ran out. */
 gr_thread_rec_t *gr_epoch_self(void);
-/* Adds d to the calling thread's live-record counter (single writer, no atomic read-modify-write; one shared
- * atomic add per 32 changes for the approximation). */
-static inline void gr_epoch_count_live(int64_t d) {
+void gr_epoch_count_flush(gr_thread_rec_t *r);
+/* Counts a record the calling thread inserted (deleted): single writer, no atomic read-modify-write; every
+ * 32nd insert or delete of a thread adds its change to the shared approximation. Returns the thread's count of
+ * inserts (deletes) so far, for the table's checks every 32nd (1 for a thread without a record). */
+static inline uint64_t gr_epoch_count_op(_Atomic uint64_t *c, gr_thread_rec_t *r) {
+  uint64_t n = atomic_load_explicit(c, memory_order_relaxed) + 1;
+  atomic_store_explicit(c, n, memory_order_relaxed);
+  if (__builtin_expect((n & 31) == 0, 0))
+    gr_epoch_count_flush(r);
+  return n;
+}
+static inline uint64_t gr_epoch_count_ins(void) {
   gr_thread_rec_t *r = gr_epoch_t_rec;
-  if (__builtin_expect(r != NULL, 1) && (uint64_t)(r->batch + d + 31) < 63) {
-    r->batch += d;
-    atomic_store_explicit(&r->live, atomic_load_explicit(&r->live, memory_order_relaxed) + d, memory_order_relaxed);
-    return;
-  }
-  gr_epoch_count_live_slow(d);
+  if (__builtin_expect(r != NULL, 1))
+    return gr_epoch_count_op(&r->ins, r);
+  gr_epoch_count_live_slow(1);
+  return 1;
+}
+static inline uint64_t gr_epoch_count_del(void) {
+  gr_thread_rec_t *r = gr_epoch_t_rec;
+  if (__builtin_expect(r != NULL, 1))
+    return gr_epoch_count_op(&r->del, r);
+  gr_epoch_count_live_slow(-1);
+  return 1;
+}
+static inline void gr_epoch_count_live(int64_t d) {
+  if (d > 0)
+    (void)gr_epoch_count_ins();
+  else
+    (void)gr_epoch_count_del();
 }
 /* The number of records give or take 31 per thread: one load. */
 int64_t gr_epoch_live_approx(void);
