@@ -177,7 +177,7 @@ static inline bool dev_fast(unsigned kind, shard_t **sp) {
          kind != GPURECLAIM_KIND_VMM_MAPPING;
 }
 
-void gr_stats_alloc_pk(const gr_packed_t *p) {
+GR_HOT_INLINE void gr_stats_alloc_pk(const gr_packed_t *p) {
   shard_t *s;
   if (GR_LIKELY(dev_fast(gr_pk_kind(p), &s))) {
     int d = dev_index((uint8_t)gr_pk_device(p));
@@ -197,7 +197,7 @@ void gr_stats_alloc_pk(const gr_packed_t *p) {
   gr_stats_alloc(&r);
 }
 
-void gr_stats_free_pk(const gr_packed_t *p) {
+GR_HOT_INLINE void gr_stats_free_pk(const gr_packed_t *p) {
   shard_t *s;
   unsigned st = gr_pk_state(p);
   if (GR_LIKELY(dev_fast(gr_pk_kind(p), &s) && st != GR_ST_ORPHAN && st != GR_ST_RECLAIMING)) {

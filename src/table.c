@@ -683,7 +683,7 @@ int gr_table_insert(const gr_rec_t *r) {
   return gr_table_insert_pk(&p);
 }
 
-int gr_table_insert_pk(const gr_packed_t *r) {
+GR_HOT_INLINE int gr_table_insert_pk(const gr_packed_t *r) {
   unsigned ks = gr_kind_keyspace(gr_pk_kind(r));
   uint64_t h = hash_key(ks, r->key);
   uint64_t w1 = r->w1, w3 = r->w3, meta = r->ctl;
@@ -835,7 +835,7 @@ int gr_table_take_kind(unsigned ks, uint64_t key, unsigned state_mask, unsigned 
   return rc;
 }
 
-int gr_table_take_kind_pk(unsigned ks, uint64_t key, unsigned state_mask, unsigned kind_mask, gr_packed_t *out) {
+GR_HOT_INLINE int gr_table_take_kind_pk(unsigned ks, uint64_t key, unsigned state_mask, unsigned kind_mask, gr_packed_t *out) {
   int rc = -ENOENT;
   gr_epoch_enter();
   gen_t *g = load_root();

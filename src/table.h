@@ -15,6 +15,10 @@
 /* Thread-locals of a library loaded at start-up (preloaded or linked): the initial-exec model avoids a call
  * to __tls_get_addr on every access. */
 #define GR_TLS_IE __thread __attribute__((tls_model("initial-exec")))
+/* On the definition of a function of an allocation's or a free's hot path: inlined into its callers in other
+ * files too, where the build links with link-time optimisation (the sanitizer builds compile separately and
+ * call it). */
+#define GR_HOT_INLINE inline __attribute__((always_inline))
 
 /* ---- epochs (epoch.c) ---- */
 

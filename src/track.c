@@ -195,7 +195,7 @@ bool gr_track_late_free(unsigned ks, uint64_t key) {
   return true;
 }
 
-int gr_track_take_pk(unsigned ks, uint64_t key, unsigned kind_mask, gr_packed_t *out) {
+GR_HOT_INLINE int gr_track_take_pk(unsigned ks, uint64_t key, unsigned kind_mask, gr_packed_t *out) {
   if (GR_LIKELY(gr_table_take_kind_pk(ks, key, GR_STMASK(GR_ST_LIVE) | GR_STMASK(GR_ST_ORPHAN), kind_mask, out) ==
                 0))
     return 1;
@@ -223,7 +223,7 @@ void gr_track_freed(const gr_rec_t *r) {
   gr_scope_unref(r->scope);
 }
 
-void gr_track_freed_pk(const gr_packed_t *p) {
+GR_HOT_INLINE void gr_track_freed_pk(const gr_packed_t *p) {
   gr_stats_free_pk(p);
   if (GR_UNLIKELY(gr_pk_scope(p)))
     gr_scope_unref((uint16_t)gr_pk_scope(p));
@@ -558,7 +558,7 @@ void gr_track_insert_ctx(gr_rec_t *r, uint64_t seq0) {
   insert_ctx_pk(&p, seq0);
 }
 
-void gr_track_alloc(unsigned kind, uint64_t key, uint64_t size, unsigned driver_api, uintptr_t ra, unsigned ctx_id,
+GR_HOT_INLINE void gr_track_alloc(unsigned kind, uint64_t key, uint64_t size, unsigned driver_api, uintptr_t ra, unsigned ctx_id,
                     unsigned device, unsigned pool_id, uint64_t seq0) {
   uintptr_t pc = ra;
   unsigned api = driver_api;
