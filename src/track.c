@@ -178,11 +178,13 @@ static bool handle_live(uint64_t h) {
 }
 
 bool gr_track_late_free(unsigned ks, uint64_t key) {
-  /* A block a release freed (or is freeing) must not be freed again by the driver. */
+  /* A block a release freed (or is freeing) must not be freed again by the driver. RECLAIMING is looked for
+   * before RECLAIMED, the order in which a release moves the record: the other order misses a record that
+   * moves between the two looks, and the free reached the driver a second time (test_release's race). */
   bool consumed = false;
   if ((ks != GR_KS_ADDR && ks != GR_KS_HANDLE) ||
-      !((consumed = gr_table_take(ks, key, GR_STMASK(GR_ST_RECLAIMED), NULL) == 0) ||
-        gr_table_lookup(ks, key, GR_STMASK(GR_ST_RECLAIMING), NULL) == 0))
+      !(gr_table_lookup(ks, key, GR_STMASK(GR_ST_RECLAIMING), NULL) == 0 ||
+        (consumed = gr_table_take(ks, key, GR_STMASK(GR_ST_RECLAIMED), NULL) == 0)))
     return false;
   if (consumed)
     gr_track_tombstone_gone(ks);
