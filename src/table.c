@@ -645,18 +645,6 @@ static inline void maybe_reclaim(void) {
 
 /* ---- public operations ---- */
 
-/* Every 32nd insert of a thread: the load check of the root generation (an insert that probed far checks at
- * once), and reclamation of retired generations. */
-GR_TABLE_COLD static void periodic_insert_check(void) {
-  gr_epoch_enter();
-  gen_t *g = load_root();
-  if (g && !atomic_load_explicit(&g->next, memory_order_acquire))
-    check_load(g, 0);
-  gr_epoch_exit();
-  if (gr_epoch_pending())
-    gr_epoch_reclaim();
-}
-
 /* An insert that published its record at slot i of t (slot generation sg) with one CAS and then saw that a
  * migration of t has begun: makes sure the record reaches t->next. Returns false when a helper froze the
  * slot before it could see the record (F_INPROG): the caller then inserts it again. */
@@ -692,6 +680,9 @@ GR_HOT_INLINE int gr_table_insert_pk(const gr_packed_t *r) {
   unsigned full_rounds = 0;
   /* With asymmetric barriers (epoch.c) a record is claimed and published by one CAS; without, by two. */
   bool one_cas = atomic_load_explicit(&gr_epoch_asym, memory_order_relaxed) != 0;
+  /* The load check runs on every 32nd insert of a thread (its insert count, epoch.c). */
+  gr_thread_rec_t *me = gr_epoch_t_rec;
+  uint64_t nth = GR_TABLE_UNLIKELY(!me) ? 1 : atomic_load_explicit(&me->ins, memory_order_relaxed) + 1;
   gr_epoch_enter();
   for (;;) {
     gen_t *g = load_root();
@@ -743,7 +734,7 @@ GR_HOT_INLINE int gr_table_insert_pk(const gr_packed_t *r) {
         break;
       }
       placed = true;
-      if (GR_TABLE_UNLIKELY(probes >= LONG_PROBE))
+      if (GR_TABLE_UNLIKELY(probes >= LONG_PROBE) || GR_TABLE_UNLIKELY((nth & 31) == 0))
         check_load(t, probes);
       break;
     }
@@ -758,9 +749,9 @@ GR_HOT_INLINE int gr_table_insert_pk(const gr_packed_t *r) {
     }
   }
   gr_epoch_exit();
-  /* Every 32nd insert of a thread (its count, epoch.c): the load check and reclamation. */
-  if (rc == 0 && GR_TABLE_UNLIKELY((gr_epoch_count_ins() & 31) == 0))
-    periodic_insert_check();
+  /* Every 32nd insert of a thread: reclamation. */
+  if (rc == 0 && GR_TABLE_UNLIKELY((gr_epoch_count_ins() & 31) == 0) && gr_epoch_pending())
+    gr_epoch_reclaim();
   return rc;
 }
 
