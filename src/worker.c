@@ -21,7 +21,7 @@ static _Atomic int g_worker_up;
 /* ---- the allocation-time tick (gpureclaim_internal.h) ---- */
 _Atomic uint64_t gr_worker_tick;
 static _Atomic int g_tick_wanted; /* 1 from an allocation's request until the worker stops ticking */
-static int g_tick_fd = -1;        /* an allocation that finds the tick stopped wakes the worker through it */
+static _Atomic int g_tick_fd = -1; /* an allocation that finds the tick stopped wakes the worker through it */
 #define IDLE_TICKS (1000 / GR_TICK_MS) /* a second of ticks no allocation read: stop ticking */
 
 uint64_t gr_worker_tick_slow(uint64_t tick) {
@@ -31,7 +31,7 @@ uint64_t gr_worker_tick_slow(uint64_t tick) {
   }
   uint64_t now = gr_core_now_ms();
   if (!atomic_exchange_explicit(&g_tick_wanted, 1, memory_order_relaxed)) {
-    int fd = __atomic_load_n(&g_tick_fd, __ATOMIC_RELAXED);
+    int fd = atomic_load_explicit(&g_tick_fd, memory_order_acquire); /* published after it was made */
     uint64_t one = 1;
     if (fd >= 0) {
       ssize_t w = write(fd, &one, sizeof one); /* cannot fill up: the worker drains it */
@@ -69,7 +69,7 @@ static void *worker(void *arg) {
   for (;;) {
     struct pollfd fds[3] = {{.fd = gr_sig_fd(), .events = POLLIN},
                             {.fd = gr_ctl_fd(), .events = POLLIN},
-                            {.fd = g_tick_fd, .events = POLLIN}};
+                            {.fd = atomic_load_explicit(&g_tick_fd, memory_order_relaxed), .events = POLLIN}};
     ticking = tick_step(ticking, &idle);
     int n = poll(fds, 3, ticking ? GR_TICK_MS : 2000);
     if (!atomic_load_explicit(&g_worker_up, memory_order_acquire))
@@ -102,8 +102,8 @@ static void *worker(void *arg) {
 int gr_worker_start(void) {
   if (atomic_exchange_explicit(&g_worker_up, 1, memory_order_acq_rel))
     return 0;
-  if (g_tick_fd < 0)
-    __atomic_store_n(&g_tick_fd, eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC), __ATOMIC_RELAXED);
+  if (atomic_load_explicit(&g_tick_fd, memory_order_relaxed) < 0)
+    atomic_store_explicit(&g_tick_fd, eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC), memory_order_release);
   if (gr_opt()->status)
     gr_ctl_open();
   sigset_t all, old;
@@ -131,4 +131,9 @@ void gr_worker_atfork_child(void) {
   atomic_store_explicit(&g_worker_up, 0, memory_order_relaxed);
   atomic_store_explicit(&gr_worker_tick, 0, memory_order_relaxed);
   atomic_store_explicit(&g_tick_wanted, 0, memory_order_relaxed);
+  /* The parent's eventfd is shared with it: the child's worker makes its own, or it could swallow the wake-ups
+   * of the parent's allocations. */
+  int fd = atomic_exchange_explicit(&g_tick_fd, -1, memory_order_relaxed);
+  if (fd >= 0)
+    close(fd);
 }
