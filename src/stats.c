@@ -295,6 +295,17 @@ void gr_stats_release(uint64_t bytes) {
   atomic_fetch_add_explicit(&g_releases, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&g_released_bytes, bytes, memory_order_relaxed);
 }
+static _Atomic uint64_t g_peer_asks, g_peer_ask_ok, g_peer_received, g_peer_gives, g_peer_given;
+void gr_stats_peer_ask(bool ok, uint64_t received) {
+  atomic_fetch_add_explicit(&g_peer_asks, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&g_peer_received, received, memory_order_relaxed);
+  if (ok)
+    atomic_fetch_add_explicit(&g_peer_ask_ok, 1, memory_order_relaxed);
+}
+void gr_stats_peer_give(uint64_t given) {
+  atomic_fetch_add_explicit(&g_peer_gives, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&g_peer_given, given, memory_order_relaxed);
+}
 void gr_stats_oom_retry(bool ok) {
   atomic_fetch_add_explicit(&g_oom_retries, 1, memory_order_relaxed);
   if (ok)
@@ -332,6 +343,8 @@ static void add_pool(uint16_t id, CUmemoryPool pool, int device, void *arg) {
   if (ps->device >= 0 && device != ps->device)
     return;
   ps->count++;
+  if (gr_sleep_driver_off())
+    return; /* asleep: the pools hold nothing on the device, and the driver cannot be asked */
   cuuint64_t v = 0;
   if (gr_drv.cuMemPoolGetAttribute &&
       gr_drv.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v) == CUDA_SUCCESS)
@@ -385,6 +398,11 @@ int gr_stats_get(int device, gpureclaim_stats_t *out) {
     s.oom_retries = atomic_load_explicit(&g_oom_retries, memory_order_relaxed);
     s.oom_retry_successes = atomic_load_explicit(&g_oom_ok, memory_order_relaxed);
     s.untracked_routes = atomic_load_explicit(&gr_untracked_routes, memory_order_relaxed);
+    s.peer_reclaims = atomic_load_explicit(&g_peer_asks, memory_order_relaxed);
+    s.peer_reclaim_successes = atomic_load_explicit(&g_peer_ask_ok, memory_order_relaxed);
+    s.peer_received_bytes = atomic_load_explicit(&g_peer_received, memory_order_relaxed);
+    s.peer_gives = atomic_load_explicit(&g_peer_gives, memory_order_relaxed);
+    s.peer_given_bytes = atomic_load_explicit(&g_peer_given, memory_order_relaxed);
     s.table_bytes = gr_table_bytes();
     s.contexts = gr_reg_ctx_count();
     s.pools = gr_reg_pool_count();
@@ -428,4 +446,9 @@ void gr_stats_atfork_child(void) {
   atomic_store(&g_released_bytes, 0);
   atomic_store(&g_oom_retries, 0);
   atomic_store(&g_oom_ok, 0);
+  atomic_store(&g_peer_asks, 0);
+  atomic_store(&g_peer_ask_ok, 0);
+  atomic_store(&g_peer_received, 0);
+  atomic_store(&g_peer_gives, 0);
+  atomic_store(&g_peer_given, 0);
 }

@@ -2,8 +2,9 @@
  * worker.c -- gpureclaim's one thread: what happens on SIGUSR1 and on the control socket.
  *
  * The signal handler (signal.c) only writes to an eventfd; this thread polls it and the control socket
- * (control.c), runs the release the signal asks for (GPURECLAIM_ON_SIGNAL, release.c), serves one client at a
- * time, every 2 s checks whether the program replaced gpureclaim's handler, and advances the allocation-time
+ * (control.c), runs the release the signal asks for (GPURECLAIM_ON_SIGNAL, release.c) or puts the process to
+ * sleep (GPURECLAIM_ON_SIGNAL=sleep, sleep.c), serves one client at a time, every 2 s checks whether the program
+ * replaced gpureclaim's handler, runs the idle watch (GPURECLAIM_SLEEP_IDLE), and advances the allocation-time
  * tick while the process allocates (gpureclaim_internal.h, GR_TICK_MS). It starts with CUDA (core.c),
  * blocks every signal, and ends when the process forks (the child starts its own when it uses CUDA) or exits.
  */
@@ -70,8 +71,13 @@ static void *worker(void *arg) {
     struct pollfd fds[3] = {{.fd = gr_sig_fd(), .events = POLLIN},
                             {.fd = gr_ctl_fd(), .events = POLLIN},
                             {.fd = atomic_load_explicit(&g_tick_fd, memory_order_relaxed), .events = POLLIN}};
+    /* The periodic work: every 0.5 s when peers may ask (the status file then follows what this process
+     * holds), else 2 s; sooner when an idle sleep comes due (GPURECLAIM_SLEEP_IDLE: gr_sleep_idle_tick). While
+     * the allocation-time tick runs, the thread wakes every GR_TICK_MS and does the periodic work when due. */
+    int tick = gr_sleep_idle_tick(), every = gr_opt()->status && gr_opt()->peers ? 500 : 2000;
+    int period = tick < every ? tick : every;
     ticking = tick_step(ticking, &idle);
-    int n = poll(fds, 3, ticking ? GR_TICK_MS : 2000);
+    int n = poll(fds, 3, ticking && GR_TICK_MS < period ? GR_TICK_MS : period);
     if (!atomic_load_explicit(&g_worker_up, memory_order_acquire))
       break; /* the process forked or is exiting */
     if (n > 0 && (fds[2].revents & POLLIN)) { /* an allocation found the tick stopped */
@@ -83,18 +89,24 @@ static void *worker(void *arg) {
       idle = 0;
     }
     uint64_t now = gr_core_now_ms();
-    if (n == 0 && ticking && now - last_check < 2000)
-      continue; /* a tick: nothing else to do */
+    if (n == 0 && ticking && now - last_check < (uint64_t)(period > 0 ? period : 0))
+      continue; /* a tick: the periodic work is not due yet */
     last_check = now;
     if (n > 0 && (fds[0].revents & POLLIN)) {
       uint64_t count;
       while (read(fds[0].fd, &count, sizeof count) > 0) /* coalesce a storm into one release */
         ;
-      gr_rel_run(gr_opt()->on_signal, GPURECLAIM_TRIGGER_SIGNAL, NULL);
+      if (gr_opt()->on_signal_sleep)
+        gr_sleep_run(GPURECLAIM_TRIGGER_SIGNAL, 0, NULL);
+      else if (gr_sleep_state_now(NULL) == GPURECLAIM_STATE_AWAKE)
+        gr_rel_run(gr_opt()->on_signal, GPURECLAIM_TRIGGER_SIGNAL, NULL);
+      else
+        gr_info("release signal ignored: the process sleeps, its device memory is on the host");
     }
     if (n > 0 && (fds[1].revents & POLLIN))
       gr_ctl_serve_one();
     gr_sig_check_replaced();
+    gr_peer_tick();
   }
   return NULL;
 }

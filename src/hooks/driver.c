@@ -6,12 +6,14 @@
  *     calls the function of that name in the process's libcuda;
  *   - a static wrapper handed out by cuGetProcAddress (procaddr.c), which calls the pointer the driver returned
  *     for that (symbol, version, flags).
+ * Both pass the sleep gate first (gate.h: one flag test; while the process sleeps, the call wakes it).
  * A body calls the real function first and records what it did only when it succeeded; it never changes the
  * result, except for the out-of-memory retry (GPURECLAIM_OOM_RETRY) and a late free of a block a release
  * already freed (gpureclaim.h, scopes).
  */
 #include "gpureclaim_internal.h"
 #include "hooklist.h"
+#include "gate.h"
 
 #include <cudaTypedefs.h>
 #include <string.h>
@@ -63,6 +65,33 @@ static inline void *pa_real(int id) { return atomic_load_explicit(&gr_pa_real[id
       gr_stats_oom_retry((rc) == CUDA_SUCCESS);                                                            \
     }                                                                                                      \
   } while (0)
+
+/* Then, if it still failed, asks the other gpureclaim processes on the same GPU (peer.c) and retries once
+ * more: after a peer reclaim, or when another thread or process ran one on this GPU while this one waited for
+ * it. device: the ordinal the allocation is on (-1: the current context's). */
+#define PEER_RETRY(rc, bytes, device, call)                                                                \
+  do {                                                                                                     \
+    gr_peer_op_t op_;                                                                                      \
+    if ((rc) == CUDA_ERROR_OUT_OF_MEMORY && gr_peer_begin(&op_, (bytes), (device))) {                     \
+      if (op_.waited)                                                                                      \
+        (rc) = (call);                                                                                     \
+      if ((rc) == CUDA_ERROR_OUT_OF_MEMORY && gr_peer_ask(&op_) > 0)                                       \
+        (rc) = (call);                                                                                     \
+      gr_peer_end(&op_, (rc) == CUDA_SUCCESS);                                                             \
+    }                                                                                                      \
+  } while (0)
+
+/* The device of a stream-ordered allocation: its pool's, else its stream's. */
+static int async_device(CUmemoryPool pool, CUstream s) {
+  if (pool) {
+    int d = gr_reg_pool_device(gr_reg_pool(pool, -1, false));
+    if (d >= 0)
+      return d;
+  }
+  uint16_t cid = 0;
+  uint8_t dev = GR_DEVICE_NONE;
+  return gr_reg_stream(s, &cid, &dev) && dev != GR_DEVICE_NONE ? dev : -1;
+}
 
 /* ---- common tails ---- */
 
@@ -129,6 +158,7 @@ static CUresult b_mem_alloc(void *realp, uintptr_t ra, CUdeviceptr *dptr, size_t
   uint64_t seq0 = gr_track_ctx_seq();
   CUresult rc = real(dptr, bytesize);
   OOM_RETRY(rc, real(dptr, bytesize));
+  PEER_RETRY(rc, bytesize, -1, real(dptr, bytesize));
   if (rc == CUDA_SUCCESS)
     track_in_current_ctx(GPURECLAIM_KIND_DEVICE, *dptr, bytesize, GR_API_cuMemAlloc, ra, seq0);
   gr_tls.hook_depth--;
@@ -145,6 +175,7 @@ static CUresult b_mem_alloc_pitch(void *realp, uintptr_t ra, CUdeviceptr *dptr, 
   uint64_t seq0 = gr_track_ctx_seq();
   CUresult rc = real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
   OOM_RETRY(rc, real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes));
+  PEER_RETRY(rc, (uint64_t)WidthInBytes * Height, -1, real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes));
   if (rc == CUDA_SUCCESS)
     track_in_current_ctx(GPURECLAIM_KIND_PITCH, *dptr, (uint64_t)*pPitch * Height, GR_API_cuMemAllocPitch, ra, seq0);
   gr_tls.hook_depth--;
@@ -161,6 +192,7 @@ static CUresult b_mem_alloc_managed(void *realp, uintptr_t ra, CUdeviceptr *dptr
   uint64_t seq0 = gr_track_ctx_seq();
   CUresult rc = real(dptr, bytesize, flags);
   OOM_RETRY(rc, real(dptr, bytesize, flags));
+  PEER_RETRY(rc, bytesize, -1, real(dptr, bytesize, flags));
   if (rc == CUDA_SUCCESS)
     track_in_current_ctx(GPURECLAIM_KIND_MANAGED, *dptr, bytesize, GR_API_cuMemAllocManaged, ra, seq0);
   gr_tls.hook_depth--;
@@ -202,6 +234,7 @@ static CUresult b_mem_alloc_async(void *realp, uintptr_t ra, CUdeviceptr *dptr, 
   uint64_t seq0 = gr_track_ctx_seq();
   CUresult rc = real(dptr, bytesize, hStream);
   OOM_RETRY(rc, real(dptr, bytesize, hStream));
+  PEER_RETRY(rc, bytesize, async_device(NULL, hStream), real(dptr, bytesize, hStream));
   if (rc == CUDA_SUCCESS)
     track_async(*dptr, bytesize, NULL, hStream, ra, GR_API_cuMemAllocAsync, seq0);
   gr_tls.hook_depth--;
@@ -218,6 +251,7 @@ static CUresult b_mem_alloc_from_pool(void *realp, uintptr_t ra, CUdeviceptr *dp
   uint64_t seq0 = gr_track_ctx_seq();
   CUresult rc = real(dptr, bytesize, pool, hStream);
   OOM_RETRY(rc, real(dptr, bytesize, pool, hStream));
+  PEER_RETRY(rc, bytesize, async_device(pool, hStream), real(dptr, bytesize, pool, hStream));
   if (rc == CUDA_SUCCESS)
     track_async(*dptr, bytesize, pool, hStream, ra, GR_API_cuMemAllocFromPoolAsync, seq0);
   gr_tls.hook_depth--;
@@ -281,6 +315,10 @@ static CUresult b_mem_create(void *realp, uintptr_t ra, CUmemGenericAllocationHa
   gr_tls.hook_depth++;
   CUresult rc = real(handle, size, prop, flags);
   OOM_RETRY(rc, real(handle, size, prop, flags));
+  PEER_RETRY(rc, size,
+             prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE && prop->location.id >= 0 &&
+                     prop->location.id < GR_MAX_DEV ? prop->location.id : -1,
+             real(handle, size, prop, flags));
   if (rc == CUDA_SUCCESS) {
     gr_rec_t r;
     gr_track_fill(&r, GPURECLAIM_KIND_VMM, (uint64_t)*handle, size, GR_API_cuMemCreate, ra);
@@ -604,9 +642,15 @@ static CUresult b_primary_release(void *realp, uintptr_t ra, CUdevice dev) {
 #define DEFINE_WRAPPERS(sym, base, ver, ptsz, body, params, args)                                           \
   GR_EXPORT CUresult CUDAAPI sym params;                                                                   \
   GR_EXPORT CUresult CUDAAPI sym params {                                                                  \
+    CUresult gate_ = gr_gate_check();                                                                      \
+    if (GR_UNLIKELY(gate_ != CUDA_SUCCESS))                                                                \
+      return gate_;                                                                                        \
     return body(ex_real(GR_H_##sym), (uintptr_t)__builtin_return_address(0), GR_EXPAND args);              \
   }                                                                                                        \
   static CUresult CUDAAPI gr_pa_##sym params {                                                             \
+    CUresult gate_ = gr_gate_check();                                                                      \
+    if (GR_UNLIKELY(gate_ != CUDA_SUCCESS))                                                                \
+      return gate_;                                                                                        \
     return body(pa_real(GR_H_##sym), (uintptr_t)__builtin_return_address(0), GR_EXPAND args);              \
   }
 GR_DRIVER_HOOKS(DEFINE_WRAPPERS)

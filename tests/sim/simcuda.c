@@ -10,7 +10,10 @@
  *  - device memory of each device is carved from one MAP_NORESERVE arena placed at a fixed hint address, so
  *    the same call sequence yields the same addresses in two processes. Chunks are rounded to size classes
  *    (8 per power of two), freed chunks wait in per-class LIFO caches and are reused at once; only when the
- *    arena's address space runs out are the caches flushed back into coalesced free extents.
+ *    arena's address space runs out are the caches flushed back into coalesced free extents;
+ *  - the capacity is the GPU's, shared with the other processes of the simulated machine (sim_machine.c): every
+ *    allocation that takes device memory takes it from the GPU's accounting file under its process-shared lock,
+ *    every free gives it back; a process's own figures (simcuda_stats) stay here.
  */
 #define _GNU_SOURCE
 /* Makes cuda.h declare every ABI version of each entry point (cuMemAlloc and cuMemAlloc_v2, the _ptsz and
@@ -30,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #define SIM_EXPORT __attribute__((visibility("default")))
@@ -67,7 +71,9 @@
   X(cuDeviceSetMemPool) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap) \
   X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAllocationGranularity) X(cuGetErrorName) X(cuGetErrorString)      \
   X(cuGetProcAddress) X(cuGetProcAddress_v2) X(cuMemGetAllocationPropertiesFromHandle) X(cuMemGetDefaultMemPool)  \
-  X(cuMemGetMemPool) X(cuMemSetMemPool)
+  X(cuMemGetMemPool) X(cuMemSetMemPool) X(cuLaunchKernel) X(cuLaunchKernel_ptsz)                          \
+  X(cuCheckpointProcessLock) X(cuCheckpointProcessCheckpoint) X(cuCheckpointProcessRestore)                 \
+  X(cuCheckpointProcessUnlock) X(cuCheckpointProcessGetState)
 
 enum {
 #define X(n) SIMFN_##n,
@@ -89,6 +95,7 @@ static const char *const g_fn_names[SIMFN_COUNT] = {
 typedef struct sim_counts {
   _Atomic uint64_t n[SIMFN_COUNT]; /* written by the owning thread only */
   _Atomic int owned;
+  _Atomic int in_call;     /* driver calls the owning thread is inside now (checkpoint lock waits for 0) */
   struct sim_counts *next; /* immutable once published */
 } sim_counts_t;
 static _Atomic(sim_counts_t *) g_counts;
@@ -173,9 +180,65 @@ static void trace_call(int id, CUresult r) {
   fprintf(stderr, "[simcuda %d] %s -> %d (%s)\n", (int)getpid(), g_fn_names[id], (int)r, n ? n : "?");
 }
 
+/* ---- the checkpoint lock (cuCheckpointProcessLock): every driver call of every thread but the locking one
+ * waits while the process is locked. A call that arrives while the process is checkpointed is a use of device
+ * memory the real driver would hold until a restore; the simulator aborts there instead, naming the call, so a
+ * test notices a call that slipped past gpureclaim's gate (SIMCUDA_CHECKPOINT_BLOCK=1: it waits, as the driver
+ * does). A thread's in_call count says it is inside a call; the lock waits for every other thread's to be 0. */
+static _Atomic int g_ck_state;  /* CUprocessState */
+static _Atomic int g_ck_owner;  /* thread id of the locking thread, 0 when unlocked */
+static int g_ck_block;          /* SIMCUDA_CHECKPOINT_BLOCK, set once by the constructor */
+static pthread_mutex_t g_ck_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_ck_cv = PTHREAD_COND_INITIALIZER;
+static __thread int t_tid;
+
+static int self_tid(void) {
+  if (!t_tid) t_tid = (int)gettid();
+  return t_tid;
+}
+
+static inline void in_call_add(sim_counts_t *c, int d) {
+  if (c) atomic_store(&c->in_call, atomic_load_explicit(&c->in_call, memory_order_relaxed) + d); /* seq_cst */
+}
+
+/* Calls the locking thread may still make while checkpointed: device queries that need no context. */
+static int ck_query_only(int id) {
+  return id == SIMFN_cuInit || id == SIMFN_cuDriverGetVersion || id == SIMFN_cuDeviceGet ||
+         id == SIMFN_cuDeviceGetCount || id == SIMFN_cuDeviceGetName || id == SIMFN_cuDeviceGetUuid ||
+         id == SIMFN_cuDeviceGetUuid_v2 || id == SIMFN_cuDeviceTotalMem || id == SIMFN_cuDeviceTotalMem_v2 ||
+         id == SIMFN_cuDeviceGetAttribute || id == SIMFN_cuGetErrorName || id == SIMFN_cuGetErrorString ||
+         id == SIMFN_cuGetProcAddress || id == SIMFN_cuGetProcAddress_v2;
+}
+
+static void ck_slipped(int id) {
+  fprintf(stderr, "simcuda: %s called by thread %d while the process is checkpointed: device memory used "
+                  "before a restore (a call that slipped past a gate)\n", g_fn_names[id], self_tid());
+  abort();
+}
+
+static void ck_wait(int id) {
+  sim_counts_t *c = t_counts;
+  for (;;) {
+    int st = atomic_load(&g_ck_state);
+    if (st == CU_PROCESS_STATE_RUNNING) return;
+    if (atomic_load(&g_ck_owner) == self_tid()) {
+      if (st == CU_PROCESS_STATE_CHECKPOINTED && !ck_query_only(id)) ck_slipped(id);
+      return;
+    }
+    if (st == CU_PROCESS_STATE_CHECKPOINTED && !g_ck_block) ck_slipped(id);
+    in_call_add(c, -1);
+    pthread_mutex_lock(&g_ck_mu);
+    while (atomic_load(&g_ck_state) != CU_PROCESS_STATE_RUNNING) pthread_cond_wait(&g_ck_cv, &g_ck_mu);
+    pthread_mutex_unlock(&g_ck_mu);
+    in_call_add(c, 1);
+  }
+}
+
 /* Counts the call and applies an injected fault; non-zero when the call must return *r at once. */
 static inline int sim_enter(int id, CUresult *r) {
   count_call(id);
+  in_call_add(t_counts, 1);
+  if (__builtin_expect(atomic_load(&g_ck_state) != CU_PROCESS_STATE_RUNNING, 0)) ck_wait(id);
   if (atomic_load_explicit(&g_inj_count[id], memory_order_relaxed) > 0) return take_injection(id, r);
   return 0;
 }
@@ -186,8 +249,23 @@ static _Atomic int g_on_return_armed;
 static inline CUresult sim_leave(int id, CUresult r) {
   if (g_trace) trace_call(id, r);
   if (__builtin_expect(atomic_load_explicit(&g_on_return_armed, memory_order_acquire) != 0, 0)) run_on_return(id);
+  in_call_add(t_counts, -1);
   return r;
 }
+
+/* The checkpoint entry points themselves: counted and injectable, never held by the lock. */
+#define CK_ENTER(name)                                                                                        \
+  CUresult sim_inj_;                                                                                          \
+  count_call(SIMFN_##name);                                                                                   \
+  if (atomic_load_explicit(&g_inj_count[SIMFN_##name], memory_order_relaxed) > 0 &&                            \
+      take_injection(SIMFN_##name, &sim_inj_))                                                                \
+    return sim_inj_
+#define CK_LEAVE(name, expr)                                                                                  \
+  do {                                                                                                        \
+    CUresult ck_r_ = (expr);                                                                                  \
+    if (g_trace) trace_call(SIMFN_##name, ck_r_);                                                             \
+    return ck_r_;                                                                                             \
+  } while (0)
 
 #define ENTER(name)                                                                                           \
   CUresult sim_inj_;                                                                                          \
@@ -252,7 +330,9 @@ typedef struct arena {
 } arena_t;
 
 typedef struct simdev {
-  uint64_t capacity;
+  simgpu_t *gpu;          /* the GPU's shared accounting: capacity, and every process's bytes on it */
+  int phys;               /* the machine's device this ordinal names (CUDA_VISIBLE_DEVICES renumbers) */
+  unsigned char uuid[16];
   arena_t ar;
   struct CUctx_st primary;
   struct CUmemPoolHandle_st defpool;
@@ -260,6 +340,7 @@ typedef struct simdev {
   struct CUmemPoolHandle_st *pools; /* list through dev_next, default pool included */
   uint64_t live_blocks, live_bytes, plain_bytes, pool_reserved, pool_used;
   uint64_t vmm_handles, vmm_phys, vmm_mappings, vmm_mapped, host_blocks, host_bytes, contexts;
+  uint64_t ck_bytes; /* checkpointed: what the device held, now on the host (0: not checkpointed) */
 } simdev_t;
 
 typedef struct vmm_handle {
@@ -359,6 +440,7 @@ static inline int inited(void) { return atomic_load_explicit(&g.initialized, mem
   E(CUDA_ERROR_CONTEXT_IS_DESTROYED, "context is destroyed")                                                  \
   E(CUDA_ERROR_NOT_PERMITTED, "operation not permitted")                                                      \
   E(CUDA_ERROR_NOT_SUPPORTED, "operation not supported")                                                      \
+  E(CUDA_ERROR_OPERATING_SYSTEM, "OS call failed or operation not supported on this OS")                      \
   E(CUDA_ERROR_SYSTEM_NOT_READY, "system not yet initialized")                                                \
   E(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "operation not permitted when stream is capturing")                \
   E(CUDA_ERROR_TIMEOUT, "timeout occurred")                                                                   \
@@ -487,16 +569,95 @@ static int pool_init(struct CUmemPoolHandle_st *p, int device, int is_default) {
   return simmap_put(&g.pools, (uint64_t)(uintptr_t)p, p);
 }
 
+/* CUDA_VISIBLE_DEVICES as the driver reads it: comma-separated entries, each an index of the machine's devices or
+ * a UUID as nvidia-smi writes it (GPU-..., a prefix that names one device only will do). The list ends at the
+ * first entry that names no device, or one already listed: the devices before it are visible, in the order
+ * given. Unset: every device, in the machine's order. Fills vis with physical indices; returns how many. */
+static int visible_devices(int nphys, unsigned char uuids[][16], int *vis) {
+  const char *s = getenv("CUDA_VISIBLE_DEVICES");
+  if (!s) {
+    for (int i = 0; i < nphys; i++) vis[i] = i;
+    return nphys;
+  }
+  int n = 0;
+  for (const char *p = s; n < SIM_MAX_DEV;) {
+    const char *e = strchr(p, ',');
+    size_t len = e ? (size_t)(e - p) : strlen(p);
+    char tok[64];
+    if (len >= sizeof tok) break;
+    memcpy(tok, p, len);
+    tok[len] = '\0';
+    char *t = tok;
+    while (isspace((unsigned char)*t)) t++;
+    for (char *z = t + strlen(t); z > t && isspace((unsigned char)z[-1]);) *--z = '\0';
+    int phys = -1;
+    if (*t && strspn(t, "0123456789") == strlen(t)) {
+      long v = strtol(t, NULL, 10);
+      if (v < nphys) phys = (int)v;
+    } else if (strncmp(t, "GPU-", 4) == 0 && t[4]) {
+      for (int i = 0; i < nphys; i++) {
+        char u[48];
+        simm_uuid_string(uuids[i], u, sizeof u);
+        if (strncasecmp(u, t, strlen(t)) == 0) {
+          if (phys >= 0) { /* ambiguous */
+            phys = -1;
+            break;
+          }
+          phys = i;
+        }
+      }
+    }
+    for (int i = 0; i < n && phys >= 0; i++)
+      if (vis[i] == phys) phys = -1;
+    if (phys < 0) break;
+    vis[n++] = phys;
+    if (!e) break;
+    p = e + 1;
+  }
+  return n;
+}
+
+/* The machine: its directory, the UUIDs of its devices, those this process sees, and their shared accounting. */
+static CUresult machine_setup_locked(uint64_t env_cap, int *ndev) {
+  int nphys = env_devices();
+  if (nphys == 0) return CUDA_ERROR_NO_DEVICE;
+  char err[4400];
+  uint64_t mdev, mino;
+  int dirfd = simm_open_machine(&mdev, &mino, err, sizeof err);
+  if (dirfd < 0) {
+    fprintf(stderr, "simcuda: %s\n", err);
+    return CUDA_ERROR_OPERATING_SYSTEM;
+  }
+  unsigned char uuids[SIM_MAX_DEV][16];
+  for (int i = 0; i < nphys; i++) simm_uuid(mdev, mino, i, uuids[i]);
+  int vis[SIM_MAX_DEV];
+  int n = visible_devices(nphys, uuids, vis);
+  CUresult r = n ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
+  for (int d = 0; d < n && r == CUDA_SUCCESS; d++) {
+    simdev_t *dv = &g.dev[d];
+    dv->phys = vis[d];
+    memcpy(dv->uuid, uuids[vis[d]], 16);
+    dv->gpu = simm_attach(dirfd, dv->uuid, capacity_for(d, env_cap), err, sizeof err);
+    if (!dv->gpu) {
+      fprintf(stderr, "simcuda: %s\n", err);
+      r = CUDA_ERROR_OPERATING_SYSTEM;
+    }
+  }
+  close(dirfd);
+  *ndev = n;
+  return r;
+}
+
 static CUresult setup_locked(void) {
-  int n = env_devices();
-  if (n == 0) return CUDA_ERROR_NO_DEVICE;
   uint64_t env_cap = env_capacity();
+  int n = 0;
+  CUresult mr = machine_setup_locked(env_cap, &n);
+  if (mr != CUDA_SUCCESS) return mr;
   uint64_t span = ARENA_SPAN / (uint64_t)(n > 1 ? n : 1);
   span &= ~(SIM_GRAN - 1);
   if (span > (1ULL << 40)) span = 1ULL << 40;
   for (int d = 0; d < n; d++) {
     simdev_t *dv = &g.dev[d];
-    dv->capacity = capacity_for(d, env_cap);
     uint64_t sz = span;
     int hinted = 0;
     void *p = map_window(ARENA_HINT0 + (uint64_t)d * span, &sz, PROT_READ | PROT_WRITE, &hinted);
@@ -527,12 +688,30 @@ static CUresult setup_locked(void) {
 /* Keeps the mutex consistent across fork(): a child never inherits it locked by a vanished thread. */
 static void atfork_prepare(void) { LOCK(); }
 static void atfork_parent(void) { UNLOCK(); }
-static void atfork_child(void) { UNLOCK(); } /* the forking thread took it in prepare */
+/* The child is a new process for the driver: the GPUs' slots, and the memory they count, are the parent's; it
+ * takes an empty slot of its own when it next uses a GPU (sim_machine.c). */
+static void atfork_child(void) {
+  simm_atfork_child();
+  UNLOCK(); /* the forking thread took it in prepare */
+}
 
 __attribute__((constructor)) static void sim_ctor(void) {
   const char *t = getenv("SIMCUDA_TRACE");
   g_trace = t && *t && strcmp(t, "0") != 0;
+  const char *b = getenv("SIMCUDA_CHECKPOINT_BLOCK");
+  g_ck_block = b && *b && strcmp(b, "0") != 0;
   pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+}
+
+/* A process that ends normally gives its memory back, as closing the device does. A thread that keeps the
+ * simulator locked must not hang the exit: then the slots are left to be reclaimed as a dead process's. */
+__attribute__((destructor)) static void sim_dtor(void) {
+  struct timespec dl;
+  clock_gettime(CLOCK_REALTIME, &dl);
+  dl.tv_sec += 2;
+  if (pthread_mutex_timedlock(&g.lock, &dl) != 0) return;
+  if (inited()) simm_fini();
+  UNLOCK();
 }
 
 /* --------------------------------------------------------------------------------------- size classes */
@@ -587,13 +766,15 @@ static void rec_free(blk_t *b) {
 
 /* ------------------------------------------------------------------------------------------ arena */
 
-static inline uint64_t dev_used(const simdev_t *d) { return d->plain_bytes + d->pool_reserved + d->vmm_phys; }
-
-/* Would `add` more bytes exceed the device's capacity? */
-static inline int over_capacity(const simdev_t *d, uint64_t add) {
-  uint64_t u = dev_used(d);
-  return add > d->capacity || u > d->capacity - add;
+/* While the process is checkpointed its memory is on the host: the device holds nothing of it. */
+static inline uint64_t dev_used(const simdev_t *d) {
+  return d->ck_bytes ? 0 : d->plain_bytes + d->pool_reserved + d->vmm_phys;
 }
+
+/* Takes `add` bytes of the GPU's capacity, which every process using it shares: 0, or -1 when the bytes of every
+ * live process plus `add` exceed it. cap_give returns them. */
+static inline int cap_take(simdev_t *d, uint64_t add) { return simm_take(d->gpu, add); }
+static inline void cap_give(simdev_t *d, uint64_t n) { simm_give(d->gpu, n); }
 
 static void release_pages(blk_t *b) {
   if (b->dirty) {
@@ -701,10 +882,13 @@ static inline int dev_ok(CUdevice d) { return d >= 0 && d < g.ndev; }
 
 static CUresult plain_alloc_locked(struct CUctx_st *c, uint64_t bytes, int kind, CUdeviceptr *out) {
   simdev_t *d = &g.dev[c->device];
-  if (over_capacity(d, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (cap_take(d, bytes) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
   blk_t *b;
   CUresult r = arena_get(d, bytes, &b);
-  if (r != CUDA_SUCCESS) return r;
+  if (r != CUDA_SUCCESS) {
+    cap_give(d, bytes);
+    return r;
+  }
   b->state = ST_LIVE;
   b->kind = (uint8_t)kind;
   b->bytes = bytes;
@@ -730,6 +914,7 @@ static void plain_free_locked(blk_t *b) {
   c->live_blocks--;
   c->live_bytes -= b->bytes;
   c->plain_bytes -= b->bytes;
+  cap_give(d, b->bytes);
   arena_put(d, b);
 }
 
@@ -743,6 +928,7 @@ static void pool_release_chunk(struct CUmemPoolHandle_st *p, blk_t *b) {
   simdev_t *d = &g.dev[p->device];
   p->reserved -= b->rounded;
   d->pool_reserved -= b->rounded;
+  cap_give(d, b->rounded);
   arena_put(d, b);
 }
 
@@ -768,11 +954,15 @@ static CUresult pool_alloc_locked(struct CUmemPoolHandle_st *p, struct CUctx_st 
     p->cache[cls] = b->next;
   } else {
     /* A real pool suballocates what it holds: before failing, give back what it caches and retry. */
-    if ((p->max_size && p->reserved + rounded > p->max_size) || over_capacity(d, rounded)) pool_trim_locked(p, 0);
+    if ((p->max_size && p->reserved + rounded > p->max_size) || simm_would_exceed(d->gpu, rounded))
+      pool_trim_locked(p, 0);
     if (p->max_size && p->reserved + rounded > p->max_size) return CUDA_ERROR_OUT_OF_MEMORY;
-    if (over_capacity(d, rounded)) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (cap_take(d, rounded) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = arena_get(d, bytes, &b);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS) {
+      cap_give(d, rounded);
+      return r;
+    }
     p->reserved += rounded;
     d->pool_reserved += rounded;
     if (p->reserved > p->reserved_high) p->reserved_high = p->reserved;
@@ -1124,21 +1314,15 @@ SIM_API cuDeviceGetName(char *name, int len, CUdevice dev) {
   LEAVE(cuDeviceGetName, CUDA_SUCCESS);
 }
 
-/* A UUID per device, fixed for a given ordinal (so two processes agree on it, as on a real machine), random-looking
- * and marked as a version 4 UUID; nvidia-smi writes it as GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx. */
+/* The UUID of the machine's device behind the ordinal (CUDA_VISIBLE_DEVICES renumbers ordinals, never UUIDs):
+ * derived from the machine directory's identity and the device's index on the machine, so that every process
+ * of one machine agrees on it and two machines never share one; random-looking and marked as a version 4 UUID.
+ * nvidia-smi writes it as GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx. */
 static CUresult impl_device_uuid(CUuuid *uuid, CUdevice dev) {
   if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
   if (!uuid) return CUDA_ERROR_INVALID_VALUE;
   if (!dev_ok(dev)) return CUDA_ERROR_INVALID_DEVICE;
-  uint32_t x = 0x9e3779b9u * (uint32_t)(dev + 1);
-  for (int i = 0; i < 16; i++) {
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    uuid->bytes[i] = (char)(x & 0xff);
-  }
-  uuid->bytes[6] = (char)((uuid->bytes[6] & 0x0f) | 0x40);
-  uuid->bytes[8] = (char)((uuid->bytes[8] & 0x3f) | 0x80);
+  memcpy(uuid->bytes, g.dev[dev].uuid, 16);
   return CUDA_SUCCESS;
 }
 
@@ -1159,7 +1343,7 @@ static CUresult impl_total_mem(uint64_t *bytes, CUdevice dev) {
   if (!bytes) return CUDA_ERROR_INVALID_VALUE;
   if (!dev_ok(dev)) return CUDA_ERROR_INVALID_DEVICE;
   LOCK();
-  *bytes = g.dev[dev].capacity;
+  *bytes = simm_capacity(g.dev[dev].gpu);
   UNLOCK();
   return CUDA_SUCCESS;
 }
@@ -1192,7 +1376,7 @@ SIM_API cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev) {
   case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: v = 132; break;
   case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: v = 1024; break;
   case CU_DEVICE_ATTRIBUTE_WARP_SIZE: v = 32; break;
-  case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: v = 0x18 + dev; break;
+  case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: v = 0x18 + g.dev[dev].phys; break;
   case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: v = 5120; break;
   case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY:
   case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
@@ -1582,10 +1766,11 @@ static CUresult impl_mem_info(uint64_t *fr, uint64_t *total) {
     if (!fr || !total) {
       r = CUDA_ERROR_INVALID_VALUE;
     } else {
-      simdev_t *d = &g.dev[c->device];
-      uint64_t u = dev_used(d);
-      *total = d->capacity;
-      *fr = u >= d->capacity ? 0 : d->capacity - u;
+      /* The GPU's: every live process's memory counts (dead processes' is reclaimed first). */
+      simm_info_t in;
+      simm_info(g.dev[c->device].gpu, &in);
+      *total = in.capacity;
+      *fr = in.used >= in.capacity ? 0 : in.capacity - in.used;
     }
   }
   UNLOCK();
@@ -2199,7 +2384,7 @@ SIM_API cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUm
   if (!h) LEAVE(cuMemCreate, CUDA_ERROR_OUT_OF_MEMORY);
   LOCK();
   simdev_t *d = &g.dev[prop->location.id];
-  if (over_capacity(d, size)) {
+  if (cap_take(d, size) != 0) {
     r = CUDA_ERROR_OUT_OF_MEMORY;
   } else {
     /* Opaque but reproducible: the same call sequence gives the same handles. Like the real driver, the value
@@ -2210,6 +2395,7 @@ SIM_API cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUm
     h->size = size;
     h->device = prop->location.id;
     if (simmap_put(&g.vmm, h->handle, h) != 0) {
+      cap_give(d, size);
       r = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
       if (reuse) g.vmm_nfreed--;
@@ -2228,6 +2414,7 @@ static void vmm_handle_drop_locked(vmm_handle_t *h) {
   simdev_t *d = &g.dev[h->device];
   d->vmm_handles--;
   d->vmm_phys -= h->size;
+  cap_give(d, h->size);
   simmap_del(&g.vmm, h->handle);
   if (g.vmm_nfreed == g.vmm_capfreed) {
     size_t nc = g.vmm_capfreed ? 2 * g.vmm_capfreed : 64;
@@ -2437,6 +2624,292 @@ SIM_API cuGetErrorString(CUresult error, const char **pStr) {
   LEAVE(cuGetErrorString, s ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE);
 }
 
+/* ---- kernels: a CUfunction of the simulator is a host function void fn(void **kernelParams), run to completion
+ * on the calling thread (streams are synchronous here). It may read and write device memory directly. */
+
+typedef void (*sim_kernel_t)(void **params);
+
+static CUresult impl_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                            unsigned bz, CUstream h, void **params, void **extra) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!f) return CUDA_ERROR_INVALID_HANDLE;
+  if (!gx || !gy || !gz || !bx || !by || !bz || extra) return CUDA_ERROR_INVALID_VALUE;
+  LOCK();
+  struct CUctx_st *c;
+  CUresult r = special_stream(h) ? cur_ctx(&c) : stream_ctx_locked(h, &c);
+  UNLOCK();
+  if (r == CUDA_SUCCESS) ((sim_kernel_t)(void *)f)(params);
+  return r;
+}
+
+SIM_API cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+                       unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+                       unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra) {
+  ENTER(cuLaunchKernel);
+  (void)sharedMemBytes;
+  LEAVE(cuLaunchKernel, impl_launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, hStream,
+                                    kernelParams, extra));
+}
+
+SIM_API cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+                            unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+                            unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra) {
+  ENTER(cuLaunchKernel_ptsz);
+  (void)sharedMemBytes;
+  LEAVE(cuLaunchKernel_ptsz, impl_launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
+                                         hStream, kernelParams, extra));
+}
+
+/* ---- checkpoint (cuCheckpointProcess*): the simulator checkpoints its own process only (pid == getpid()).
+ * Lock: RUNNING -> LOCKED once every other thread is out of the driver (CUDA_ERROR_NOT_READY, and RUNNING
+ * again, when timeoutMs passes first). Checkpoint: LOCKED -> CHECKPOINTED; device contents (live chunks,
+ * pool chunks, mapped VMM ranges) are copied to host memory, their pages given back, the device's capacity
+ * freed, and the arenas made inaccessible. Restore: CHECKPOINTED -> LOCKED, only when every device has room for
+ * what it held (else CUDA_ERROR_OUT_OF_MEMORY and nothing changes); contents come back at the same addresses.
+ * Unlock: LOCKED -> RUNNING, waking every waiting call. */
+
+typedef struct ck_saved {
+  uint64_t addr, len;
+  int prot; /* VMM ranges: the mprotect protection to give back; -1 for arena chunks */
+  void *buf;
+  struct ck_saved *next;
+} ck_saved_t;
+static ck_saved_t *g_ck_saved; /* guarded by g.lock */
+
+static int ck_args_zero(const void *p, size_t n) {
+  const unsigned char *b = p;
+  for (size_t i = 0; i < n; i++)
+    if (b[i]) return 0;
+  return 1;
+}
+
+static CUresult ck_pid(int pid) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (pid != (int)getpid()) return CUDA_ERROR_NOT_SUPPORTED; /* the simulator knows only its own process */
+  return CUDA_SUCCESS;
+}
+
+static int ck_others_in_call(void) {
+  for (sim_counts_t *c = atomic_load_explicit(&g_counts, memory_order_acquire); c; c = c->next)
+    if (c != t_counts && atomic_load(&c->in_call) > 0) return 1;
+  return 0;
+}
+
+static void ck_set_state(int st, int owner) {
+  pthread_mutex_lock(&g_ck_mu);
+  atomic_store(&g_ck_owner, owner);
+  atomic_store(&g_ck_state, st);
+  pthread_cond_broadcast(&g_ck_cv);
+  pthread_mutex_unlock(&g_ck_mu);
+}
+
+static CUresult impl_ck_lock(int pid, CUcheckpointLockArgs *a) {
+  CUresult r = ck_pid(pid);
+  if (r != CUDA_SUCCESS) return r;
+  if (a && (a->reserved0 || !ck_args_zero(a->reserved1, sizeof a->reserved1))) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&g_ck_mu);
+  if (atomic_load(&g_ck_state) != CU_PROCESS_STATE_RUNNING) {
+    pthread_mutex_unlock(&g_ck_mu);
+    return CUDA_ERROR_ILLEGAL_STATE;
+  }
+  atomic_store(&g_ck_owner, self_tid());
+  atomic_store(&g_ck_state, CU_PROCESS_STATE_LOCKED);
+  pthread_mutex_unlock(&g_ck_mu);
+  unsigned ms = a ? a->timeoutMs : 0;
+  struct timespec t0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  while (ck_others_in_call()) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    int64_t el = (int64_t)(now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000;
+    if (ms && el >= (int64_t)ms) {
+      ck_set_state(CU_PROCESS_STATE_RUNNING, 0);
+      return CUDA_ERROR_NOT_READY;
+    }
+    nanosleep(&(struct timespec){0, 200000}, NULL);
+  }
+  return CUDA_SUCCESS;
+}
+
+static int ck_save(uint64_t addr, uint64_t len, int prot) {
+  ck_saved_t *s = malloc(sizeof *s);
+  void *buf = s ? malloc(len) : NULL;
+  if (!buf) {
+    free(s);
+    return -1;
+  }
+  memcpy(buf, (const void *)(uintptr_t)addr, len);
+  *s = (ck_saved_t){addr, len, prot, buf, g_ck_saved};
+  g_ck_saved = s;
+  return 0;
+}
+
+static void ck_drop_saved(int put_back) {
+  while (g_ck_saved) {
+    ck_saved_t *s = g_ck_saved;
+    g_ck_saved = s->next;
+    if (put_back) {
+      if (s->prot >= 0) mprotect((void *)(uintptr_t)s->addr, s->len, PROT_READ | PROT_WRITE);
+      memcpy((void *)(uintptr_t)s->addr, s->buf, s->len);
+      if (s->prot >= 0) mprotect((void *)(uintptr_t)s->addr, s->len, s->prot);
+    }
+    free(s->buf);
+    free(s);
+  }
+}
+
+static int vmm_mprot(int prot) {
+  return prot == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE
+         : prot == CU_MEM_ACCESS_FLAGS_PROT_READ    ? PROT_READ
+                                                    : PROT_NONE;
+}
+
+static CUresult impl_ck_checkpoint(int pid, CUcheckpointCheckpointArgs *a) {
+  CUresult r = ck_pid(pid);
+  if (r != CUDA_SUCCESS) return r;
+  if (a && !ck_args_zero(a, sizeof *a)) return CUDA_ERROR_INVALID_VALUE;
+  if (atomic_load(&g_ck_state) != CU_PROCESS_STATE_LOCKED) return CUDA_ERROR_ILLEGAL_STATE;
+  LOCK();
+  int fail = 0;
+  for (size_t i = 0; i < g.blocks.cap && !fail; i++) {
+    blk_t *b = g.blocks.keys[i] ? g.blocks.vals[i] : NULL;
+    if (!b || !is_device_kind(b->kind) || b->state == ST_ARENA_CACHED || !b->dirty) continue;
+    fail = ck_save(b->addr, b->rounded, -1) != 0;
+  }
+  for (va_res_t *res = g.res; res && !fail; res = res->next)
+    for (vmm_map_t *m = res->maps; m && !fail; m = m->next)
+      if (m->prot != CU_MEM_ACCESS_FLAGS_PROT_NONE) fail = ck_save(m->va, m->size, vmm_mprot(m->prot)) != 0;
+  if (fail) {
+    ck_drop_saved(0);
+    UNLOCK();
+    return CUDA_ERROR_OUT_OF_MEMORY; /* the host has no room: nothing changed, still LOCKED */
+  }
+  for (ck_saved_t *s = g_ck_saved; s; s = s->next) {
+    madvise((void *)(uintptr_t)s->addr, s->len, MADV_DONTNEED);
+    if (s->prot >= 0) mprotect((void *)(uintptr_t)s->addr, s->len, PROT_NONE);
+  }
+  for (int d = 0; d < g.ndev; d++) {
+    simdev_t *dv = &g.dev[d];
+    uint64_t used = dv->plain_bytes + dv->pool_reserved + dv->vmm_phys;
+    if (used)
+      cap_give(dv, used); /* the GPU's memory is free for the machine's other processes */
+    dv->ck_bytes = used ? used : 1; /* non-zero marks the device checkpointed */
+    mprotect((void *)(uintptr_t)dv->ar.base, dv->ar.size, PROT_NONE);
+  }
+  atomic_store(&g_ck_state, CU_PROCESS_STATE_CHECKPOINTED);
+  UNLOCK();
+  return CUDA_SUCCESS;
+}
+
+static CUresult impl_ck_restore(int pid, CUcheckpointRestoreArgs *a) {
+  CUresult r = ck_pid(pid);
+  if (r != CUDA_SUCCESS) return r;
+  if (a && (a->gpuPairs || a->gpuPairsCount || a->reserved1 || !ck_args_zero(a->reserved, sizeof a->reserved)))
+    return CUDA_ERROR_INVALID_VALUE; /* remapping onto other GPUs is not simulated */
+  if (atomic_load(&g_ck_state) != CU_PROCESS_STATE_CHECKPOINTED) return CUDA_ERROR_ILLEGAL_STATE;
+  LOCK();
+  for (int d = 0; d < g.ndev; d++) {
+    simdev_t *dv = &g.dev[d];
+    uint64_t need = dv->plain_bytes + dv->pool_reserved + dv->vmm_phys;
+    if (need && cap_take(dv, need) != 0) { /* the machine's other processes hold the room now */
+      for (int k = 0; k < d; k++) {
+        simdev_t *dk = &g.dev[k];
+        uint64_t back = dk->plain_bytes + dk->pool_reserved + dk->vmm_phys;
+        if (back)
+          cap_give(dk, back);
+      }
+      UNLOCK();
+      return CUDA_ERROR_OUT_OF_MEMORY; /* no room: still CHECKPOINTED, contents intact on the host */
+    }
+  }
+  for (int d = 0; d < g.ndev; d++) {
+    simdev_t *dv = &g.dev[d];
+    mprotect((void *)(uintptr_t)dv->ar.base, dv->ar.size, PROT_READ | PROT_WRITE);
+    dv->ck_bytes = 0;
+  }
+  ck_drop_saved(1);
+  atomic_store(&g_ck_state, CU_PROCESS_STATE_LOCKED);
+  UNLOCK();
+  return CUDA_SUCCESS;
+}
+
+static CUresult impl_ck_unlock(int pid, CUcheckpointUnlockArgs *a) {
+  CUresult r = ck_pid(pid);
+  if (r != CUDA_SUCCESS) return r;
+  if (a && !ck_args_zero(a, sizeof *a)) return CUDA_ERROR_INVALID_VALUE;
+  if (atomic_load(&g_ck_state) != CU_PROCESS_STATE_LOCKED) return CUDA_ERROR_ILLEGAL_STATE;
+  ck_set_state(CU_PROCESS_STATE_RUNNING, 0);
+  return CUDA_SUCCESS;
+}
+
+SIM_API cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args) {
+  CK_ENTER(cuCheckpointProcessLock);
+  CK_LEAVE(cuCheckpointProcessLock, impl_ck_lock(pid, args));
+}
+SIM_API cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *args) {
+  CK_ENTER(cuCheckpointProcessCheckpoint);
+  CK_LEAVE(cuCheckpointProcessCheckpoint, impl_ck_checkpoint(pid, args));
+}
+SIM_API cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *args) {
+  CK_ENTER(cuCheckpointProcessRestore);
+  CK_LEAVE(cuCheckpointProcessRestore, impl_ck_restore(pid, args));
+}
+SIM_API cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs *args) {
+  CK_ENTER(cuCheckpointProcessUnlock);
+  CK_LEAVE(cuCheckpointProcessUnlock, impl_ck_unlock(pid, args));
+}
+SIM_API cuCheckpointProcessGetState(int pid, CUprocessState *state) {
+  CK_ENTER(cuCheckpointProcessGetState);
+  CUresult r = ck_pid(pid);
+  if (r == CUDA_SUCCESS && !state) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) *state = (CUprocessState)atomic_load(&g_ck_state);
+  CK_LEAVE(cuCheckpointProcessGetState, r);
+}
+
+/* ---- NVML's memory query (the simulated libnvidia-ml.so.1 is a link to this library): how a process reads a
+ * device's free memory without a context, as gpureclaim does before a restore. Only what gpureclaim uses. */
+
+typedef struct {
+  unsigned long long total, free, used;
+} sim_nvml_memory_t;
+SIM_EXPORT int nvmlInit_v2(void);
+SIM_EXPORT int nvmlShutdown(void);
+SIM_EXPORT int nvmlDeviceGetHandleByUUID(const char *uuid, void **device);
+SIM_EXPORT int nvmlDeviceGetMemoryInfo(void *device, sim_nvml_memory_t *m);
+
+SIM_EXPORT int nvmlInit_v2(void) { return inited() || impl_init(0) == CUDA_SUCCESS ? 0 : 3; }
+SIM_EXPORT int nvmlShutdown(void) { return 0; }
+
+SIM_EXPORT int nvmlDeviceGetHandleByUUID(const char *uuid, void **device) {
+  if (!uuid || !device) return 2; /* NVML_ERROR_INVALID_ARGUMENT */
+  for (int d = 0; d < g.ndev; d++) {
+    CUuuid u;
+    char s[48];
+    impl_device_uuid(&u, d);
+    const unsigned char *x = (const unsigned char *)u.bytes;
+    snprintf(s, sizeof s, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", x[0], x[1],
+             x[2], x[3], x[4], x[5], x[6], x[7], x[8], x[9], x[10], x[11], x[12], x[13], x[14], x[15]);
+    if (strcmp(s, uuid) == 0) {
+      *device = &g.dev[d];
+      return 0;
+    }
+  }
+  return 6; /* NVML_ERROR_NOT_FOUND */
+}
+
+SIM_EXPORT int nvmlDeviceGetMemoryInfo(void *device, sim_nvml_memory_t *m) {
+  simdev_t *d = device;
+  if (!d || d < g.dev || d >= g.dev + g.ndev || !m) return 2;
+  LOCK();
+  simm_info_t in; /* the whole GPU, every process of the machine on it, as NVML reports it */
+  simm_info(d->gpu, &in);
+  m->total = in.capacity;
+  m->free = in.used >= in.capacity ? 0 : in.capacity - in.used;
+  m->used = m->total - m->free;
+  UNLOCK();
+  return 0;
+}
+
 /* ---- cuGetProcAddress */
 
 /* One row per ABI: the base name, the CUDA version that introduced this ABI, whether it is the per-thread
@@ -2544,6 +3017,13 @@ static const struct pa_entry {
     PA("cuMemGetAllocationGranularity", 10020, 0, cuMemGetAllocationGranularity)
     PA("cuGetErrorName", 6000, 0, cuGetErrorName)
     PA("cuGetErrorString", 6000, 0, cuGetErrorString)
+    PA("cuLaunchKernel", 4000, 0, cuLaunchKernel)
+    PA("cuLaunchKernel", 7000, 1, cuLaunchKernel_ptsz)
+    PA("cuCheckpointProcessLock", 12080, 0, cuCheckpointProcessLock)
+    PA("cuCheckpointProcessCheckpoint", 12080, 0, cuCheckpointProcessCheckpoint)
+    PA("cuCheckpointProcessRestore", 12080, 0, cuCheckpointProcessRestore)
+    PA("cuCheckpointProcessUnlock", 12080, 0, cuCheckpointProcessUnlock)
+    PA("cuCheckpointProcessGetState", 12080, 0, cuCheckpointProcessGetState)
     PA("cuGetProcAddress", 11030, 0, cuGetProcAddress)
     PA("cuGetProcAddress", 12000, 0, cuGetProcAddress_v2)
 #undef PA
@@ -2621,15 +3101,22 @@ static void add_dev_stats(simcuda_stats_t *o, const simdev_t *d) {
   o->host_blocks += d->host_blocks;
   o->host_bytes += d->host_bytes;
   o->used_bytes += dev_used(d);
-  o->capacity_bytes += d->capacity;
+  simm_info_t in;
+  simm_info(d->gpu, &in);
+  o->capacity_bytes += in.capacity;
+  o->gpu_used_bytes += in.used;
+  o->gpu_processes += (uint64_t)in.processes;
+  o->gpu_reclaimed += in.reclaimed;
   o->contexts += d->contexts;
 }
 
 SIM_EXPORT CUresult simcuda_stats(int device, CUcontext ctx, simcuda_stats_t *out) {
-  if (!out || out->size < sizeof(simcuda_stats_t)) return CUDA_ERROR_INVALID_VALUE;
+  /* A caller built with an older header (without the gpu_ figures) gets what its struct holds. */
+  if (!out || out->size < offsetof(simcuda_stats_t, gpu_used_bytes)) return CUDA_ERROR_INVALID_VALUE;
+  size_t nb = out->size < sizeof(simcuda_stats_t) ? out->size : sizeof(simcuda_stats_t);
   simcuda_stats_t o;
   memset(&o, 0, sizeof o);
-  o.size = sizeof o;
+  o.size = nb;
   CUresult r = CUDA_SUCCESS;
   LOCK();
   if (!inited()) {
@@ -2647,7 +3134,7 @@ SIM_EXPORT CUresult simcuda_stats(int device, CUcontext ctx, simcuda_stats_t *ou
     if (!c) {
       r = CUDA_ERROR_INVALID_CONTEXT;
     } else {
-      o.capacity_bytes = g.dev[device == -1 ? c->device : device].capacity;
+      o.capacity_bytes = simm_capacity(g.dev[device == -1 ? c->device : device].gpu);
       if (device == -1 || device == c->device) {
         o.live_blocks = c->live_blocks;
         o.live_bytes = c->live_bytes;
@@ -2664,7 +3151,7 @@ SIM_EXPORT CUresult simcuda_stats(int device, CUcontext ctx, simcuda_stats_t *ou
     if (device == -1) o.va_reserved_bytes = g.va_reserved; /* reservations belong to no device */
   }
   UNLOCK();
-  if (r == CUDA_SUCCESS) *out = o;
+  if (r == CUDA_SUCCESS) memcpy(out, &o, nb);
   return r;
 }
 
@@ -2759,11 +3246,12 @@ SIM_EXPORT void simcuda_set_capacity(int device, uint64_t bytes) {
     g.cap_all_overridden = 1;
     g.cap_all = bytes;
     memset(g.cap_overridden, 0, sizeof g.cap_overridden);
-    for (int d = 0; d < g.ndev; d++) g.dev[d].capacity = bytes;
+    if (inited())
+      for (int d = 0; d < g.ndev; d++) simm_set_capacity(g.dev[d].gpu, bytes);
   } else if (device >= 0 && device < SIM_MAX_DEV) {
     g.cap_overridden[device] = 1;
     g.cap_override[device] = bytes;
-    if (device < g.ndev) g.dev[device].capacity = bytes;
+    if (inited() && device < g.ndev) simm_set_capacity(g.dev[device].gpu, bytes);
   }
   UNLOCK();
 }
