@@ -231,6 +231,9 @@ void gr_reg_atfork_child(void);
 
 void gr_stats_alloc(const gr_rec_t *r);
 void gr_stats_free(const gr_rec_t *r);
+/* The same for a record as a slot holds it (the hot path: no unpacking for a device block). */
+void gr_stats_alloc_pk(const gr_packed_t *p);
+void gr_stats_free_pk(const gr_packed_t *p);
 /* A block that left the table without a free: context destroyed (the driver freed it). */
 void gr_stats_ctx_destroyed(const gr_rec_t *r);
 void gr_stats_orphaned(const gr_rec_t *r, int delta);
@@ -261,6 +264,14 @@ void gr_track_insert(gr_rec_t *r);
  *   0  not tracked: pass the free to the driver unchanged;
  *  -1  a late free of a block a release already freed: return CUDA_SUCCESS without calling the driver. */
 int gr_track_take(unsigned ks, uint64_t key, unsigned kind_mask, gr_rec_t *out);
+/* The same, the record as the slot held it (a free's hot path); gr_track_freed_pk after a successful free. */
+int gr_track_take_pk(unsigned ks, uint64_t key, unsigned kind_mask, gr_packed_t *out);
+void gr_track_freed_pk(const gr_packed_t *p);
+/* A block the driver just allocated in context ctx_id (0: none) of device (GR_DEVICE_NONE: none), from pool
+ * pool_id (0: none): its record is built as the slot holds it (time, thread, site, scope as gr_track_fill
+ * gives them) and inserted as gr_track_insert_ctx does. seq0: gr_track_ctx_seq() before the driver call. */
+void gr_track_alloc(unsigned kind, uint64_t key, uint64_t size, unsigned driver_api, uintptr_t ra, unsigned ctx_id,
+                    unsigned device, unsigned pool_id, uint64_t seq0);
 /* Whether freeing (ks, key), which is not live, is a late free of a block (or VMM handle) a release freed or
  * is freeing: then it is counted and the caller returns CUDA_SUCCESS without calling the driver. */
 bool gr_track_late_free(unsigned ks, uint64_t key);
@@ -393,6 +404,19 @@ uint64_t gr_rel_count(void);
 int gr_worker_start(void);
 void gr_worker_stop(void);
 void gr_worker_atfork_child(void);
+/* A block's allocation time without a clock read per allocation: the worker thread stores
+ * gr_core_now_ms() << 1 in gr_worker_tick every GR_TICK_MS while the process allocates; the first allocation
+ * that reads a tick sets its bit 0 (so the worker knows the process still allocates), and after a second of
+ * ticks that no allocation read the worker stores 0 and sleeps. An allocation that reads 0 takes the time from
+ * the clock and wakes the worker (gr_worker_tick_slow). So a block's time is the coarse clock's at most a tick
+ * (plus the worker's scheduling delay) early, never stale across an idle period. */
+#define GR_TICK_MS 4
+extern _Atomic uint64_t gr_worker_tick;
+uint64_t gr_worker_tick_slow(uint64_t tick);
+static inline uint64_t gr_worker_now_ms(void) {
+  uint64_t v = atomic_load_explicit(&gr_worker_tick, memory_order_relaxed);
+  return GR_LIKELY(v & 1) ? v >> 1 : gr_worker_tick_slow(v);
+}
 
 int gr_sig_install(void);
 /* The descriptor the handler writes to; the worker polls it. -1 when the signal is off. */

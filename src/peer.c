@@ -416,6 +416,7 @@ static size_t find_peers(const gr_peer_op_t *op, const char *dir, cand_t *out, s
       }
     }
     jfree(st);
+    free(st); /* jfree empties a node; the root jparse allocated is the caller's to free */
   }
   closedir(d);
   if (n > 1)
@@ -490,6 +491,7 @@ static uint64_t ask_one(gr_peer_op_t *op, const cand_t *c, uint64_t want, bool s
       given = (uint64_t)jint(g, "total_bytes", 0);
     }
     jfree(a);
+    free(a);
   }
   r->ms = (double)(mono_ns() - t0) / 1e6;
   return given;

@@ -170,6 +170,54 @@ static inline void live_sub(int d, uint64_t bytes) {
   commit_sub(d, (uint64_t)-p);
 }
 
+/* The hot path's counts: a device block in a thread with a record touches one count and its pending bytes. */
+static inline bool dev_fast(unsigned kind, shard_t **sp) {
+  *sp = gr_epoch_t_rec ? shard_of(gr_epoch_t_rec) : NULL;
+  return GR_LIKELY(*sp != NULL) && kind != GPURECLAIM_KIND_HOST && kind != GPURECLAIM_KIND_VA &&
+         kind != GPURECLAIM_KIND_VMM_MAPPING;
+}
+
+GR_HOT_INLINE void gr_stats_alloc_pk(const gr_packed_t *p) {
+  shard_t *s;
+  if (GR_LIKELY(dev_fast(gr_pk_kind(p), &s))) {
+    int d = dev_index((uint8_t)gr_pk_device(p));
+    atomic_store_explicit(&s->c[d][C_DEV_ALLOCS], atomic_load_explicit(&s->c[d][C_DEV_ALLOCS], memory_order_relaxed) + 1,
+                          memory_order_relaxed);
+    int64_t v = atomic_load_explicit(&s->pending[d], memory_order_relaxed) + (int64_t)gr_pk_size(p);
+    if (GR_LIKELY(v <= 0)) {
+      atomic_store_explicit(&s->pending[d], v, memory_order_relaxed);
+      return;
+    }
+    atomic_store_explicit(&s->pending[d], 0, memory_order_relaxed);
+    commit_add(d, (uint64_t)v);
+    return;
+  }
+  gr_rec_t r;
+  gr_pk_unpack(p, &r);
+  gr_stats_alloc(&r);
+}
+
+GR_HOT_INLINE void gr_stats_free_pk(const gr_packed_t *p) {
+  shard_t *s;
+  unsigned st = gr_pk_state(p);
+  if (GR_LIKELY(dev_fast(gr_pk_kind(p), &s) && st != GR_ST_ORPHAN && st != GR_ST_RECLAIMING)) {
+    int d = dev_index((uint8_t)gr_pk_device(p));
+    atomic_store_explicit(&s->c[d][C_DEV_FREES], atomic_load_explicit(&s->c[d][C_DEV_FREES], memory_order_relaxed) + 1,
+                          memory_order_relaxed);
+    int64_t v = atomic_load_explicit(&s->pending[d], memory_order_relaxed) - (int64_t)gr_pk_size(p);
+    if (GR_LIKELY(v >= PENDING_FLOOR)) {
+      atomic_store_explicit(&s->pending[d], v, memory_order_relaxed);
+      return;
+    }
+    atomic_store_explicit(&s->pending[d], 0, memory_order_relaxed);
+    commit_sub(d, (uint64_t)-v);
+    return;
+  }
+  gr_rec_t r;
+  gr_pk_unpack(p, &r);
+  gr_stats_free(&r);
+}
+
 void gr_stats_alloc(const gr_rec_t *r) {
   int d = dev_index(r->device);
   switch (r->kind) {

@@ -99,34 +99,36 @@ static int async_device(CUmemoryPool pool, CUstream s) {
 /* seq0: gr_track_ctx_seq() read before the driver call (track.c: a destroy of the context may overlap). */
 static void track_in_current_ctx(unsigned kind, uint64_t key, uint64_t size, unsigned api, uintptr_t ra,
                                  uint64_t seq0) {
-  gr_rec_t r;
-  gr_track_fill(&r, kind, key, size, api, ra);
-  uint16_t cid;
-  uint8_t dev;
+  uint16_t cid = 0;
+  uint8_t dev = GR_DEVICE_NONE;
   CUcontext ctx;
-  if (gr_reg_current(&cid, &dev, &ctx)) {
-    r.ctx_id = cid;
-    r.device = kind == GPURECLAIM_KIND_HOST ? GR_DEVICE_NONE : dev;
-  }
-  gr_track_insert_ctx(&r, seq0);
+  if (gr_reg_current(&cid, &dev, &ctx) && kind == GPURECLAIM_KIND_HOST)
+    dev = GR_DEVICE_NONE;
+  gr_track_alloc(kind, key, size, api, ra, cid, dev, 0, seq0);
+}
+
+GR_COLD static void restore_pk(const gr_packed_t *p, uint64_t seq0) {
+  gr_rec_t r;
+  gr_pk_unpack(p, &r);
+  gr_track_restore_ctx(&r, seq0);
 }
 
 /* A free: untrack first (CUDA reuses addresses), call the driver, put the record back if it refused. */
 #define FREE_BODY(ks, key, kinds, call)                                                                    \
   do {                                                                                                     \
-    gr_rec_t rec_;                                                                                         \
+    gr_packed_t rec_;                                                                                      \
     uint64_t seq0_ = gr_track_ctx_seq(); /* a context destroy may overlap (track.c) */                     \
-    int taken_ = gr_track_take((ks), (key), (kinds), &rec_);                                               \
+    int taken_ = gr_track_take_pk((ks), (key), (kinds), &rec_);                                            \
     if (taken_ < 0)                                                                                        \
       return CUDA_SUCCESS; /* late free of a block a release freed: must not reach the driver */           \
     gr_tls.hook_depth++;                                                                                   \
     CUresult rc_ = (call);                                                                                 \
     gr_tls.hook_depth--;                                                                                   \
     if (taken_ > 0) {                                                                                      \
-      if (rc_ == CUDA_SUCCESS)                                                                             \
-        gr_track_freed(&rec_);                                                                             \
+      if (GR_LIKELY(rc_ == CUDA_SUCCESS))                                                                  \
+        gr_track_freed_pk(&rec_);                                                                          \
       else                                                                                                 \
-        gr_track_restore_ctx(&rec_, seq0_);                                                                \
+        restore_pk(&rec_, seq0_);                                                                          \
     }                                                                                                      \
     return rc_;                                                                                            \
   } while (0)
@@ -209,21 +211,19 @@ static CUresult b_mem_free(void *realp, uintptr_t ra, CUdeviceptr dptr) {
 
 static void track_async(CUdeviceptr p, size_t size, CUmemoryPool pool, CUstream s, uintptr_t ra, unsigned api,
                         uint64_t seq0) {
-  gr_rec_t r;
-  gr_track_fill(&r, GPURECLAIM_KIND_ASYNC, p, size, api, ra);
-  uint16_t cid = 0;
+  uint16_t cid = 0, pool_id;
   uint8_t dev = GR_DEVICE_NONE;
   gr_reg_stream(s, &cid, &dev);
-  r.ctx_id = cid;
+  unsigned device = dev;
   if (pool) {
-    r.pool_id = gr_reg_pool(pool, -1, false);
-    int pd = gr_reg_pool_device(r.pool_id);
-    r.device = pd >= 0 ? (uint8_t)pd : dev;
+    pool_id = gr_reg_pool(pool, -1, false);
+    int pd = gr_reg_pool_device(pool_id);
+    if (pd >= 0)
+      device = (unsigned)pd;
   } else {
-    r.device = dev;
-    r.pool_id = dev != GR_DEVICE_NONE ? gr_reg_device_pool(dev) : 0;
+    pool_id = dev != GR_DEVICE_NONE ? gr_reg_device_pool(dev) : 0;
   }
-  gr_track_insert_ctx(&r, seq0);
+  gr_track_alloc(GPURECLAIM_KIND_ASYNC, p, size, api, ra, cid, device, pool_id, seq0);
 }
 
 static CUresult b_mem_alloc_async(void *realp, uintptr_t ra, CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
