@@ -23,13 +23,14 @@ static void orphans(size_t n, size_t size) {
   cr_assert_eq(gpureclaim_scope_end(s, 0), 0);
 }
 
-static atomic_int g_go;
+static atomic_int g_go, g_released;
 
 static void *release_orphans(void *arg) {
   gpureclaim_report_t *rep = arg;
   while (!atomic_load(&g_go))
     ;
   cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, rep), 0);
+  atomic_store(&g_released, 1);
   return NULL;
 }
 
@@ -50,9 +51,11 @@ Test(ctx_race, a_context_destroyed_during_a_release) {
   gpureclaim_report_t rep = {.size = sizeof rep};
   pthread_t t;
   cr_assert_eq(pthread_create(&t, NULL, release_orphans, &rep), 0);
-  atomic_store(&g_go, 1);
+  /* Read before the release may begin: read after, on a loaded machine the release could have freed them all
+   * already, and the wait below never ended (seen once: the test hung until ctest's timeout). */
   uint64_t start = h_sim(-1, a).live_blocks;
-  while (h_sim(-1, a).live_blocks == start) /* the release has begun to free */
+  atomic_store(&g_go, 1);
+  while (h_sim(-1, a).live_blocks == start && !atomic_load(&g_released)) /* the release has begun to free */
     ;
   OK(cuCtxDestroy(a));
   OK(cuCtxPushCurrent(b));

@@ -284,7 +284,9 @@ Test(sleep, races_with_calls_and_releases) {
   for (int i = 0; i < 40; i++) {
     gpureclaim_sleep_report_t r = {.size = sizeof r};
     int rc = gpureclaim_sleep(&r);
-    cr_assert(rc == 0 || rc == -EBUSY || rc == -EALREADY, "sleep -> %d: %s", rc, r.reason); /* -EALREADY: no call woke it yet */
+    /* -EALREADY: still asleep from the round before, when no call of the other thread has woken it yet (under
+     * load that thread may not have run: seen under ASan with the suite in parallel). */
+    cr_assert(rc == 0 || rc == -EBUSY || rc == -EALREADY, "sleep -> %d: %s", rc, r.reason);
     slept += rc == 0;
     if (i % 2)
       cr_assert_eq(gpureclaim_wake(), 0);
