@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -42,7 +43,8 @@ static holder_t spawn(const char *const *env) {
       if (eq[1]) setenv(name, eq + 1, 1);
       else unsetenv(name);
     }
-    alarm(120); /* a holder left behind by a failed test ends */
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* a holder left behind by a failed test ends with it */
+    alarm(120);
     execl(SIM_HOLDER, "sim_holder", (char *)NULL);
     _exit(127);
   }
@@ -334,6 +336,13 @@ Test(sim_machine, an_idle_gpu_takes_the_next_process_setting, .init = small_gpus
   char line[64];
   snprintf(line, sizeof line, "%llu %llu", 512 * MiB, 512 * MiB);
   cr_assert_str_eq(cmd(&c, "info 0"), line);
+  /* and this process, asking for 1 GiB while that one uses the GPU, gets its 512 MiB */
+  cr_assert_eq(free_of(0), 512 * MiB);
+  CUdevice dev;
+  size_t total = 0;
+  OK(cuDeviceGet(&dev, 0));
+  OK(cuDeviceTotalMem(&total, dev));
+  cr_assert_eq(total, 512 * MiB);
   finish(&c);
 }
 
