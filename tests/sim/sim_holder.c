@@ -13,6 +13,7 @@
  *   trim D               cuMemPoolTrimTo(D's default pool, 0)                -> "ok" | "err CODE"
  *   vmm D N              cuMemCreate of N bytes on D (kept)                  -> "ok" | "err CODE"
  *   unvmm                cuMemRelease of the most recent handle still held   -> "ok" | "err CODE"
+ *   exec                 execs itself (same pid, stdin and stdout): a new program, no answer
  *   exit / quit          exit(0) (the normal end: the driver state goes with it) / _exit(0)
  * End of input ends it with exit(0).
  */
@@ -114,6 +115,9 @@ int main(void) {
       answer(r);
     } else if (!strcmp(cmd, "unvmm")) {
       answer(g_nh ? cuMemRelease(g_h[--g_nh]) : CUDA_ERROR_INVALID_VALUE);
+    } else if (!strcmp(cmd, "exec")) {
+      execl("/proc/self/exe", "sim_holder", (char *)NULL);
+      printf("err exec\n");
     } else if (!strcmp(cmd, "exit")) {
       exit(0);
     } else if (!strcmp(cmd, "quit")) {

@@ -293,6 +293,13 @@ static simm_file_t *open_file(int dirfd, const char *name, const unsigned char u
 /* Claims a free (or dead) slot for this process with what it already holds. Caller holds the file's lock. */
 static int claim_locked(simgpu_t *g) {
   simm_file_t *f = g->f;
+  pid_t me = getpid();
+  /* A slot under this pid is this process's before it called exec: that program is gone, and so is its memory. */
+  for (int i = 0; i < SIMM_SLOTS; i++)
+    if (atomic_load_explicit(&f->slot[i].pid, memory_order_relaxed) == me) {
+      free_slot_locked(f, i);
+      atomic_fetch_add_explicit(&f->reclaimed, 1, memory_order_relaxed);
+    }
   int free_i = -1;
   for (int pass = 0; pass < 2 && free_i < 0; pass++) {
     if (pass) sweep_locked(f, -1);
@@ -304,7 +311,6 @@ static int claim_locked(simgpu_t *g) {
   }
   if (free_i < 0) return -1;
   simm_slot_t *s = &f->slot[free_i];
-  pid_t me = getpid();
   atomic_store_explicit(&s->start, self_start(), memory_order_relaxed);
   atomic_store_explicit(&s->used, g->mine, memory_order_relaxed);
   atomic_store_explicit(&s->pid, me, memory_order_release);

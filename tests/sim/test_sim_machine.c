@@ -197,6 +197,23 @@ Test(sim_machine, a_killed_process_gives_its_memory_back, .init = small_gpus) {
   cr_assert_eq(sim_stats(0, NULL).gpu_reclaimed, reclaimed, "a normal exit left nothing to reclaim");
 }
 
+/* exec replaces the program: once the new one initialises CUDA, the old one's memory is back. */
+Test(sim_machine, a_program_replaced_by_exec_gives_its_memory_back, .init = small_gpus) {
+  holder_t b = spawn(NULL);
+  HOK(&b, "init");
+  HOK(&b, "alloc 0 %llu", 600 * MiB);
+  cr_assert_eq(free_of(0), CAP - 600 * MiB);
+  fprintf(b.in, "exec\n");
+  fflush(b.in);
+  HOK(&b, "init"); /* the same process, a new program */
+  cr_assert_eq(free_of(0), CAP);
+  cr_assert_eq(sim_stats(0, NULL).gpu_processes, 2);
+  HOK(&b, "alloc 0 %llu", CAP / 2);
+  cr_assert_eq(free_of(0), CAP / 2);
+  finish(&b);
+  cr_assert_eq(free_of(0), CAP);
+}
+
 /* A pid reused by another process does not keep a dead process's memory: the slot records the start time. A
  * zombie (ended, not yet reaped) holds nothing either. */
 Test(sim_machine, a_zombie_holds_nothing, .init = small_gpus) {
