@@ -5,6 +5,8 @@
 #
 # - RUNDIR is the test's own run directory: emptied and created 0700 before the test (the library refuses any
 #   other mode), exported as GPURECLAIM_RUNDIR (a test may name another one for its programs).
+# - RUNDIR.sim, made the same way, is the test's simulated machine (SIMCUDA_MACHINE, tests/sim/simcuda.h): the
+#   test's processes share its GPUs, no other test's do.
 # - A skip is never a pass. COMMAND exiting 77, or a test inside it reporting a skip (Criterion's and
 #   sim_minicheck's "[SKIP] suite::name: reason" under --verbose, unittest's "... skipped 'reason'"), ends this
 #   with 77, which CTest counts as skipped (SKIP_RETURN_CODE); the reasons are printed and kept in RUNDIR.skip for
@@ -28,9 +30,12 @@ while [ $# -gt 0 ]; do
   *) echo "run_test.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
-rm -rf "$rundir" "$rundir.out" "$rundir.rc" "$rundir.skip"
-mkdir -p "$(dirname "$rundir")" && mkdir -m 0700 "$rundir" || exit 2
+rm -rf "$rundir" "$rundir.out" "$rundir.rc" "$rundir.skip" "$rundir.sim"
+mkdir -p "$(dirname "$rundir")" && mkdir -m 0700 "$rundir" "$rundir.sim" || exit 2
 export GPURECLAIM_RUNDIR="$rundir"
+# One simulated machine per test: its processes share the simulated GPUs' memory, tests running beside it
+# (ctest -j) never see it.
+export SIMCUDA_MACHINE="$rundir.sim"
 
 # The output goes through to CTest as it comes and is kept in RUNDIR.out to be judged.
 { "$@"; echo $? >"$rundir.rc"; } 2>&1 | tee "$rundir.out"

@@ -67,4 +67,35 @@ void simbits_clear(simbits_t *b, uint64_t i);
 /* Largest set index <= i, or -1. */
 int64_t simbits_pred(const simbits_t *b, uint64_t i);
 
+/* ---- the simulated machine (sim_machine.c): the GPUs several processes share, one accounting file per GPU in
+ * the machine's directory. Called with the simulator's lock held. */
+#define SIMM_MAX_GPUS 8
+typedef struct simgpu simgpu_t;
+typedef struct simm_info {
+  uint64_t capacity, used, mine, reclaimed;
+  int processes; /* live processes with a slot, this one included */
+} simm_info_t;
+
+/* Opens (creating it 0700 if missing) SIMCUDA_MACHINE or the per-user default and checks it is the user's own
+ * and private; returns its directory fd and identity, or -1 with a message in err. */
+int simm_open_machine(uint64_t *dev, uint64_t *ino, char *err, size_t errlen);
+/* The UUID of physical GPU `phys` of the machine with that identity (version 4 form), and nvidia-smi's text. */
+void simm_uuid(uint64_t machine_dev, uint64_t machine_ino, int phys, unsigned char out[16]);
+void simm_uuid_string(const unsigned char u[16], char *buf, size_t len);
+/* Maps the GPU's file (creating it) and claims a slot; capacity: this process's setting. NULL + err on failure. */
+simgpu_t *simm_attach(int dirfd, const unsigned char uuid[16], uint64_t capacity, char *err, size_t errlen);
+/* Takes n bytes if every live process's bytes plus n fit the capacity: 0, else -1 (nothing taken). */
+int simm_take(simgpu_t *g, uint64_t n);
+void simm_give(simgpu_t *g, uint64_t n);
+/* A lock-free estimate of whether n more bytes would fail now (for choosing to trim a pool first). */
+int simm_would_exceed(const simgpu_t *g, uint64_t n);
+uint64_t simm_capacity(const simgpu_t *g);
+void simm_set_capacity(simgpu_t *g, uint64_t bytes);
+/* Exact figures: dead processes' slots are reclaimed first. */
+void simm_info(simgpu_t *g, simm_info_t *out);
+/* In a forked child: the slots are the parent's; the child claims its own when it next uses a GPU. */
+void simm_atfork_child(void);
+/* At exit: clears this process's slots. */
+void simm_fini(void);
+
 #endif /* SIM_INTERNAL_H */

@@ -62,5 +62,7 @@ void simck_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2), noret
 #define cr_assert_not_null(p, ...) simck_check((p) != NULL, __FILE__, __LINE__, #p " != NULL", " " __VA_ARGS__)
 #define cr_assert_str_eq(a, b, ...)                                                                           \
   simck_check(strcmp((a), (b)) == 0, __FILE__, __LINE__, #a " equals " #b, " " __VA_ARGS__)
+#define cr_assert_str_neq(a, b, ...)                                                                          \
+  simck_check(strcmp((a), (b)) != 0, __FILE__, __LINE__, #a " differs from " #b, " " __VA_ARGS__)
 
 #endif

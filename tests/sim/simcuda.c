@@ -10,7 +10,10 @@
  *  - device memory of each device is carved from one MAP_NORESERVE arena placed at a fixed hint address, so
  *    the same call sequence yields the same addresses in two processes. Chunks are rounded to size classes
  *    (8 per power of two), freed chunks wait in per-class LIFO caches and are reused at once; only when the
- *    arena's address space runs out are the caches flushed back into coalesced free extents.
+ *    arena's address space runs out are the caches flushed back into coalesced free extents;
+ *  - the capacity is the GPU's, shared with the other processes of the simulated machine (sim_machine.c): every
+ *    allocation that takes device memory takes it from the GPU's accounting file under its process-shared lock,
+ *    every free gives it back; a process's own figures (simcuda_stats) stay here.
  */
 #define _GNU_SOURCE
 /* Makes cuda.h declare every ABI version of each entry point (cuMemAlloc and cuMemAlloc_v2, the _ptsz and
@@ -328,7 +331,9 @@ typedef struct arena {
 } arena_t;
 
 typedef struct simdev {
-  uint64_t capacity;
+  simgpu_t *gpu;          /* the GPU's shared accounting: capacity, and every process's bytes on it */
+  int phys;               /* the machine's device this ordinal names (CUDA_VISIBLE_DEVICES renumbers) */
+  unsigned char uuid[16];
   arena_t ar;
   struct CUctx_st primary;
   struct CUmemPoolHandle_st defpool;
@@ -436,6 +441,7 @@ static inline int inited(void) { return atomic_load_explicit(&g.initialized, mem
   E(CUDA_ERROR_CONTEXT_IS_DESTROYED, "context is destroyed")                                                  \
   E(CUDA_ERROR_NOT_PERMITTED, "operation not permitted")                                                      \
   E(CUDA_ERROR_NOT_SUPPORTED, "operation not supported")                                                      \
+  E(CUDA_ERROR_OPERATING_SYSTEM, "OS call failed or operation not supported on this OS")                      \
   E(CUDA_ERROR_SYSTEM_NOT_READY, "system not yet initialized")                                                \
   E(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "operation not permitted when stream is capturing")                \
   E(CUDA_ERROR_TIMEOUT, "timeout occurred")                                                                   \
@@ -564,16 +570,95 @@ static int pool_init(struct CUmemPoolHandle_st *p, int device, int is_default) {
   return simmap_put(&g.pools, (uint64_t)(uintptr_t)p, p);
 }
 
+/* CUDA_VISIBLE_DEVICES as the driver reads it: comma-separated entries, each an index of the machine's devices or
+ * a UUID as nvidia-smi writes it (GPU-..., a prefix that names one device only will do). The list ends at the
+ * first entry that names no device, or one already listed: the devices before it are visible, in the order
+ * given. Unset: every device, in the machine's order. Fills vis with physical indices; returns how many. */
+static int visible_devices(int nphys, unsigned char uuids[][16], int *vis) {
+  const char *s = getenv("CUDA_VISIBLE_DEVICES");
+  if (!s) {
+    for (int i = 0; i < nphys; i++) vis[i] = i;
+    return nphys;
+  }
+  int n = 0;
+  for (const char *p = s; n < SIM_MAX_DEV;) {
+    const char *e = strchr(p, ',');
+    size_t len = e ? (size_t)(e - p) : strlen(p);
+    char tok[64];
+    if (len >= sizeof tok) break;
+    memcpy(tok, p, len);
+    tok[len] = '\0';
+    char *t = tok;
+    while (isspace((unsigned char)*t)) t++;
+    for (char *z = t + strlen(t); z > t && isspace((unsigned char)z[-1]);) *--z = '\0';
+    int phys = -1;
+    if (*t && strspn(t, "0123456789") == strlen(t)) {
+      long v = strtol(t, NULL, 10);
+      if (v < nphys) phys = (int)v;
+    } else if (strncmp(t, "GPU-", 4) == 0 && t[4]) {
+      for (int i = 0; i < nphys; i++) {
+        char u[48];
+        simm_uuid_string(uuids[i], u, sizeof u);
+        if (strncasecmp(u, t, strlen(t)) == 0) {
+          if (phys >= 0) { /* ambiguous */
+            phys = -1;
+            break;
+          }
+          phys = i;
+        }
+      }
+    }
+    for (int i = 0; i < n && phys >= 0; i++)
+      if (vis[i] == phys) phys = -1;
+    if (phys < 0) break;
+    vis[n++] = phys;
+    if (!e) break;
+    p = e + 1;
+  }
+  return n;
+}
+
+/* The machine: its directory, the UUIDs of its devices, those this process sees, and their shared accounting. */
+static CUresult machine_setup_locked(uint64_t env_cap, int *ndev) {
+  int nphys = env_devices();
+  if (nphys == 0) return CUDA_ERROR_NO_DEVICE;
+  char err[4400];
+  uint64_t mdev, mino;
+  int dirfd = simm_open_machine(&mdev, &mino, err, sizeof err);
+  if (dirfd < 0) {
+    fprintf(stderr, "simcuda: %s\n", err);
+    return CUDA_ERROR_OPERATING_SYSTEM;
+  }
+  unsigned char uuids[SIM_MAX_DEV][16];
+  for (int i = 0; i < nphys; i++) simm_uuid(mdev, mino, i, uuids[i]);
+  int vis[SIM_MAX_DEV];
+  int n = visible_devices(nphys, uuids, vis);
+  CUresult r = n ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
+  for (int d = 0; d < n && r == CUDA_SUCCESS; d++) {
+    simdev_t *dv = &g.dev[d];
+    dv->phys = vis[d];
+    memcpy(dv->uuid, uuids[vis[d]], 16);
+    dv->gpu = simm_attach(dirfd, dv->uuid, capacity_for(d, env_cap), err, sizeof err);
+    if (!dv->gpu) {
+      fprintf(stderr, "simcuda: %s\n", err);
+      r = CUDA_ERROR_OPERATING_SYSTEM;
+    }
+  }
+  close(dirfd);
+  *ndev = n;
+  return r;
+}
+
 static CUresult setup_locked(void) {
-  int n = env_devices();
-  if (n == 0) return CUDA_ERROR_NO_DEVICE;
   uint64_t env_cap = env_capacity();
+  int n = 0;
+  CUresult mr = machine_setup_locked(env_cap, &n);
+  if (mr != CUDA_SUCCESS) return mr;
   uint64_t span = ARENA_SPAN / (uint64_t)(n > 1 ? n : 1);
   span &= ~(SIM_GRAN - 1);
   if (span > (1ULL << 40)) span = 1ULL << 40;
   for (int d = 0; d < n; d++) {
     simdev_t *dv = &g.dev[d];
-    dv->capacity = capacity_for(d, env_cap);
     uint64_t sz = span;
     int hinted = 0;
     void *p = map_window(ARENA_HINT0 + (uint64_t)d * span, &sz, PROT_READ | PROT_WRITE, &hinted);
@@ -604,7 +689,12 @@ static CUresult setup_locked(void) {
 /* Keeps the mutex consistent across fork(): a child never inherits it locked by a vanished thread. */
 static void atfork_prepare(void) { LOCK(); }
 static void atfork_parent(void) { UNLOCK(); }
-static void atfork_child(void) { UNLOCK(); } /* the forking thread took it in prepare */
+/* The child is a new process for the driver: the GPUs' slots, and the memory they count, are the parent's; it
+ * takes an empty slot of its own when it next uses a GPU (sim_machine.c). */
+static void atfork_child(void) {
+  simm_atfork_child();
+  UNLOCK(); /* the forking thread took it in prepare */
+}
 
 __attribute__((constructor)) static void sim_ctor(void) {
   const char *t = getenv("SIMCUDA_TRACE");
@@ -612,6 +702,17 @@ __attribute__((constructor)) static void sim_ctor(void) {
   const char *b = getenv("SIMCUDA_CHECKPOINT_BLOCK");
   g_ck_block = b && *b && strcmp(b, "0") != 0;
   pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+}
+
+/* A process that ends normally gives its memory back, as closing the device does. A thread that keeps the
+ * simulator locked must not hang the exit: then the slots are left to be reclaimed as a dead process's. */
+__attribute__((destructor)) static void sim_dtor(void) {
+  struct timespec dl;
+  clock_gettime(CLOCK_REALTIME, &dl);
+  dl.tv_sec += 2;
+  if (pthread_mutex_timedlock(&g.lock, &dl) != 0) return;
+  if (inited()) simm_fini();
+  UNLOCK();
 }
 
 /* --------------------------------------------------------------------------------------- size classes */
@@ -668,14 +769,15 @@ static void rec_free(blk_t *b) {
 
 /* While the process is checkpointed its memory is on the host: the device holds nothing of it. */
 static inline uint64_t dev_used(const simdev_t *d) {
-  return d->ck_bytes ? 0 : d->plain_bytes + d->pool_reserved + d->vmm_phys;
+  return atomic_load_explicit(&g_ck_state, memory_order_relaxed) == CU_PROCESS_STATE_CHECKPOINTED
+             ? 0
+             : d->plain_bytes + d->pool_reserved + d->vmm_phys;
 }
 
-/* Would `add` more bytes exceed the device's capacity? */
-static inline int over_capacity(const simdev_t *d, uint64_t add) {
-  uint64_t u = dev_used(d);
-  return add > d->capacity || u > d->capacity - add;
-}
+/* Takes `add` bytes of the GPU's capacity, which every process using it shares: 0, or -1 when the bytes of every
+ * live process plus `add` exceed it. cap_give returns them. */
+static inline int cap_take(simdev_t *d, uint64_t add) { return simm_take(d->gpu, add); }
+static inline void cap_give(simdev_t *d, uint64_t n) { simm_give(d->gpu, n); }
 
 static void release_pages(blk_t *b) {
   if (b->dirty) {
@@ -783,10 +885,13 @@ static inline int dev_ok(CUdevice d) { return d >= 0 && d < g.ndev; }
 
 static CUresult plain_alloc_locked(struct CUctx_st *c, uint64_t bytes, int kind, CUdeviceptr *out) {
   simdev_t *d = &g.dev[c->device];
-  if (over_capacity(d, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (cap_take(d, bytes) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
   blk_t *b;
   CUresult r = arena_get(d, bytes, &b);
-  if (r != CUDA_SUCCESS) return r;
+  if (r != CUDA_SUCCESS) {
+    cap_give(d, bytes);
+    return r;
+  }
   b->state = ST_LIVE;
   b->kind = (uint8_t)kind;
   b->bytes = bytes;
@@ -812,6 +917,7 @@ static void plain_free_locked(blk_t *b) {
   c->live_blocks--;
   c->live_bytes -= b->bytes;
   c->plain_bytes -= b->bytes;
+  cap_give(d, b->bytes);
   arena_put(d, b);
 }
 
@@ -825,6 +931,7 @@ static void pool_release_chunk(struct CUmemPoolHandle_st *p, blk_t *b) {
   simdev_t *d = &g.dev[p->device];
   p->reserved -= b->rounded;
   d->pool_reserved -= b->rounded;
+  cap_give(d, b->rounded);
   arena_put(d, b);
 }
 
@@ -850,11 +957,15 @@ static CUresult pool_alloc_locked(struct CUmemPoolHandle_st *p, struct CUctx_st 
     p->cache[cls] = b->next;
   } else {
     /* A real pool suballocates what it holds: before failing, give back what it caches and retry. */
-    if ((p->max_size && p->reserved + rounded > p->max_size) || over_capacity(d, rounded)) pool_trim_locked(p, 0);
+    if ((p->max_size && p->reserved + rounded > p->max_size) || simm_would_exceed(d->gpu, rounded))
+      pool_trim_locked(p, 0);
     if (p->max_size && p->reserved + rounded > p->max_size) return CUDA_ERROR_OUT_OF_MEMORY;
-    if (over_capacity(d, rounded)) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (cap_take(d, rounded) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = arena_get(d, bytes, &b);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS) {
+      cap_give(d, rounded);
+      return r;
+    }
     p->reserved += rounded;
     d->pool_reserved += rounded;
     if (p->reserved > p->reserved_high) p->reserved_high = p->reserved;
@@ -1206,21 +1317,15 @@ SIM_API cuDeviceGetName(char *name, int len, CUdevice dev) {
   LEAVE(cuDeviceGetName, CUDA_SUCCESS);
 }
 
-/* A UUID per device, fixed for a given ordinal (so two processes agree on it, as on a real machine), random-looking
- * and marked as a version 4 UUID; nvidia-smi writes it as GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx. */
+/* The UUID of the machine's device behind the ordinal (CUDA_VISIBLE_DEVICES renumbers ordinals, never UUIDs):
+ * derived from the machine directory's identity and the device's index on the machine, so that every process
+ * of one machine agrees on it and two machines never share one; random-looking and marked as a version 4 UUID.
+ * nvidia-smi writes it as GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx. */
 static CUresult impl_device_uuid(CUuuid *uuid, CUdevice dev) {
   if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
   if (!uuid) return CUDA_ERROR_INVALID_VALUE;
   if (!dev_ok(dev)) return CUDA_ERROR_INVALID_DEVICE;
-  uint32_t x = 0x9e3779b9u * (uint32_t)(dev + 1);
-  for (int i = 0; i < 16; i++) {
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    uuid->bytes[i] = (char)(x & 0xff);
-  }
-  uuid->bytes[6] = (char)((uuid->bytes[6] & 0x0f) | 0x40);
-  uuid->bytes[8] = (char)((uuid->bytes[8] & 0x3f) | 0x80);
+  memcpy(uuid->bytes, g.dev[dev].uuid, 16);
   return CUDA_SUCCESS;
 }
 
@@ -1241,7 +1346,7 @@ static CUresult impl_total_mem(uint64_t *bytes, CUdevice dev) {
   if (!bytes) return CUDA_ERROR_INVALID_VALUE;
   if (!dev_ok(dev)) return CUDA_ERROR_INVALID_DEVICE;
   LOCK();
-  *bytes = g.dev[dev].capacity;
+  *bytes = simm_capacity(g.dev[dev].gpu);
   UNLOCK();
   return CUDA_SUCCESS;
 }
@@ -1274,7 +1379,7 @@ SIM_API cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev) {
   case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: v = 132; break;
   case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: v = 1024; break;
   case CU_DEVICE_ATTRIBUTE_WARP_SIZE: v = 32; break;
-  case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: v = 0x18 + dev; break;
+  case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: v = 0x18 + g.dev[dev].phys; break;
   case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: v = 5120; break;
   case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY:
   case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
@@ -1664,10 +1769,11 @@ static CUresult impl_mem_info(uint64_t *fr, uint64_t *total) {
     if (!fr || !total) {
       r = CUDA_ERROR_INVALID_VALUE;
     } else {
-      simdev_t *d = &g.dev[c->device];
-      uint64_t u = dev_used(d);
-      *total = d->capacity;
-      *fr = u >= d->capacity ? 0 : d->capacity - u;
+      /* The GPU's: every live process's memory counts (dead processes' is reclaimed first). */
+      simm_info_t in;
+      simm_info(g.dev[c->device].gpu, &in);
+      *total = in.capacity;
+      *fr = in.used >= in.capacity ? 0 : in.capacity - in.used;
     }
   }
   UNLOCK();
@@ -2281,7 +2387,7 @@ SIM_API cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUm
   if (!h) LEAVE(cuMemCreate, CUDA_ERROR_OUT_OF_MEMORY);
   LOCK();
   simdev_t *d = &g.dev[prop->location.id];
-  if (over_capacity(d, size)) {
+  if (cap_take(d, size) != 0) {
     r = CUDA_ERROR_OUT_OF_MEMORY;
   } else {
     /* Opaque but reproducible: the same call sequence gives the same handles. Like the real driver, the value
@@ -2292,6 +2398,7 @@ SIM_API cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUm
     h->size = size;
     h->device = prop->location.id;
     if (simmap_put(&g.vmm, h->handle, h) != 0) {
+      cap_give(d, size);
       r = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
       if (reuse) g.vmm_nfreed--;
@@ -2310,6 +2417,7 @@ static void vmm_handle_drop_locked(vmm_handle_t *h) {
   simdev_t *d = &g.dev[h->device];
   d->vmm_handles--;
   d->vmm_phys -= h->size;
+  cap_give(d, h->size);
   simmap_del(&g.vmm, h->handle);
   if (g.vmm_nfreed == g.vmm_capfreed) {
     size_t nc = g.vmm_capfreed ? 2 * g.vmm_capfreed : 64;
@@ -2745,8 +2853,8 @@ static CUresult impl_ck_checkpoint(int pid, CUcheckpointCheckpointArgs *a) {
   }
   for (int d = 0; d < g.ndev; d++) {
     simdev_t *dv = &g.dev[d];
-    uint64_t used = dv->plain_bytes + dv->pool_reserved + dv->vmm_phys;
-    dv->ck_bytes = used ? used : 1; /* non-zero marks the device checkpointed */
+    dv->ck_bytes = dv->plain_bytes + dv->pool_reserved + dv->vmm_phys;
+    if (dv->ck_bytes) cap_give(dv, dv->ck_bytes); /* the GPU's capacity, for every process of the machine */
     mprotect((void *)(uintptr_t)dv->ar.base, dv->ar.size, PROT_NONE);
   }
   atomic_store(&g_ck_state, CU_PROCESS_STATE_CHECKPOINTED);
@@ -2763,8 +2871,9 @@ static CUresult impl_ck_restore(int pid, CUcheckpointRestoreArgs *a) {
   LOCK();
   for (int d = 0; d < g.ndev; d++) {
     simdev_t *dv = &g.dev[d];
-    uint64_t need = dv->plain_bytes + dv->pool_reserved + dv->vmm_phys;
-    if (need > dv->capacity) {
+    if (dv->ck_bytes && cap_take(dv, dv->ck_bytes) != 0) { /* the GPU's room, shared with other processes */
+      while (d-- > 0)
+        if (g.dev[d].ck_bytes) cap_give(&g.dev[d], g.dev[d].ck_bytes);
       UNLOCK();
       return CUDA_ERROR_OUT_OF_MEMORY; /* no room: still CHECKPOINTED, contents intact on the host */
     }
@@ -2848,9 +2957,10 @@ SIM_EXPORT int nvmlDeviceGetMemoryInfo(void *device, sim_nvml_memory_t *m) {
   simdev_t *d = device;
   if (!d || d < g.dev || d >= g.dev + g.ndev || !m) return 2;
   LOCK();
-  uint64_t u = dev_used(d);
-  m->total = d->capacity;
-  m->free = u >= d->capacity ? 0 : d->capacity - u;
+  simm_info_t in; /* the GPU's: every live process's memory counts, as NVML counts it */
+  simm_info(d->gpu, &in);
+  m->total = in.capacity;
+  m->free = in.used >= in.capacity ? 0 : in.capacity - in.used;
   m->used = m->total - m->free;
   UNLOCK();
   return 0;
@@ -3051,15 +3161,22 @@ static void add_dev_stats(simcuda_stats_t *o, const simdev_t *d) {
   o->host_blocks += d->host_blocks;
   o->host_bytes += d->host_bytes;
   o->used_bytes += dev_used(d);
-  o->capacity_bytes += d->capacity;
+  simm_info_t in;
+  simm_info(d->gpu, &in);
+  o->capacity_bytes += in.capacity;
+  o->gpu_used_bytes += in.used;
+  o->gpu_processes += (uint64_t)in.processes;
+  o->gpu_reclaimed += in.reclaimed;
   o->contexts += d->contexts;
 }
 
 SIM_EXPORT CUresult simcuda_stats(int device, CUcontext ctx, simcuda_stats_t *out) {
-  if (!out || out->size < sizeof(simcuda_stats_t)) return CUDA_ERROR_INVALID_VALUE;
+  /* A caller built with an older header (without the gpu_ figures) gets what its struct holds. */
+  if (!out || out->size < offsetof(simcuda_stats_t, gpu_used_bytes)) return CUDA_ERROR_INVALID_VALUE;
+  size_t nb = out->size < sizeof(simcuda_stats_t) ? out->size : sizeof(simcuda_stats_t);
   simcuda_stats_t o;
   memset(&o, 0, sizeof o);
-  o.size = sizeof o;
+  o.size = nb;
   CUresult r = CUDA_SUCCESS;
   LOCK();
   if (!inited()) {
@@ -3077,7 +3194,7 @@ SIM_EXPORT CUresult simcuda_stats(int device, CUcontext ctx, simcuda_stats_t *ou
     if (!c) {
       r = CUDA_ERROR_INVALID_CONTEXT;
     } else {
-      o.capacity_bytes = g.dev[device == -1 ? c->device : device].capacity;
+      o.capacity_bytes = simm_capacity(g.dev[device == -1 ? c->device : device].gpu);
       if (device == -1 || device == c->device) {
         o.live_blocks = c->live_blocks;
         o.live_bytes = c->live_bytes;
@@ -3094,7 +3211,7 @@ SIM_EXPORT CUresult simcuda_stats(int device, CUcontext ctx, simcuda_stats_t *ou
     if (device == -1) o.va_reserved_bytes = g.va_reserved; /* reservations belong to no device */
   }
   UNLOCK();
-  if (r == CUDA_SUCCESS) *out = o;
+  if (r == CUDA_SUCCESS) memcpy(out, &o, nb);
   return r;
 }
 
@@ -3189,11 +3306,12 @@ SIM_EXPORT void simcuda_set_capacity(int device, uint64_t bytes) {
     g.cap_all_overridden = 1;
     g.cap_all = bytes;
     memset(g.cap_overridden, 0, sizeof g.cap_overridden);
-    for (int d = 0; d < g.ndev; d++) g.dev[d].capacity = bytes;
+    if (inited())
+      for (int d = 0; d < g.ndev; d++) simm_set_capacity(g.dev[d].gpu, bytes);
   } else if (device >= 0 && device < SIM_MAX_DEV) {
     g.cap_overridden[device] = 1;
     g.cap_override[device] = bytes;
-    if (device < g.ndev) g.dev[device].capacity = bytes;
+    if (inited() && device < g.ndev) simm_set_capacity(g.dev[device].gpu, bytes);
   }
   UNLOCK();
 }

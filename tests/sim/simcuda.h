@@ -8,9 +8,39 @@
  * Every call here bypasses gpureclaim (nothing hooks simcuda_*), so it reports the driver's own truth.
  *
  * Environment (read at cuInit):
- *   SIMCUDA_DEVICES      number of devices, 0..8 (default 2)
+ *   SIMCUDA_DEVICES      number of devices of the machine, 0..8 (default 2)
  *   SIMCUDA_DEVICE_MEM   capacity of each device, bytes with optional K/M/G/T suffix (default 80G)
+ *   SIMCUDA_MACHINE      the simulated machine: a directory (created 0700 if missing) that holds one accounting
+ *                        file per GPU. Default: $XDG_RUNTIME_DIR/simcuda, else /dev/shm/simcuda-UID, else
+ *                        /tmp/simcuda-UID. A directory of another owner, or with group/other permission bits, is
+ *                        refused: cuInit fails with CUDA_ERROR_OPERATING_SYSTEM and says why on stderr.
+ *                        tests/run_test.sh gives every CTest test a fresh one (RUNDIR.sim), and
+ *                        sim_test_machine.c every test process of a Criterion suite one inside it.
+ *   CUDA_VISIBLE_DEVICES as the driver reads it: comma-separated indices of the machine's devices or UUIDs
+ *                        (GPU-..., a prefix that names one device will do), renumbered from 0 in the order given;
+ *                        the list ends at the first entry that names no device or repeats one; empty: no device.
  *   SIMCUDA_TRACE        1: print every driver call to stderr
+ *
+ * One machine, several processes. Processes on one machine share its GPUs as processes on a real GPU do. Every
+ * device has a UUID derived from the machine directory's identity (device and inode) and its index on the machine:
+ * every process of the machine agrees on it, whatever ordinal CUDA_VISIBLE_DEVICES gives it, and two machines
+ * never share one. Each GPU has an accounting file in the machine directory, named after its UUID (GPU-...,
+ * 0600), with one slot per process: pid, start time, bytes held. A process claims its slot at cuInit; its
+ * allocations (plain, pitch, managed, pool growth, cuMemCreate) take from the GPU's capacity and fail with
+ * CUDA_ERROR_OUT_OF_MEMORY exactly when every live process's bytes plus the request exceed it; cuMemGetInfo
+ * reports the GPU's free memory (every process's bytes subtracted). A process that ends normally clears its slot;
+ * one that dies (kill -9) leaves it, and the next process to find the GPU full, to ask cuMemGetInfo or to need a
+ * slot reclaims it (a slot is dead when its pid is gone or a zombie, or runs a process with another start time).
+ * A forked child is a new process for the driver: it inherits the simulator's state as before (it may go on
+ * using it, which the real driver forbids), but the GPUs' slots and the memory they count stay the parent's; the
+ * child takes a slot of its own, empty, the first time it uses a GPU, and counts only what it allocates itself
+ * (freeing inherited memory gives nothing back, and never takes the child's count below zero). A process that
+ * calls exec keeps its slot until it ends or the new program initialises CUDA, which reclaims it (the real driver
+ * frees the memory at the exec itself).
+ * The capacity is the GPU's, stored in its file: the first process to use a GPU that nobody uses sets it (its
+ * SIMCUDA_DEVICE_MEM, or simcuda_set_capacity before cuInit); a process whose setting differs while others use
+ * the GPU gets the GPU as it is and a warning on stderr. simcuda_set_capacity after cuInit changes the GPU's
+ * capacity for every process on it.
  *
  * Where it is simpler than a GPU, it errs on the side that exposes mistakes: a stream-ordered free takes
  * effect only when a synchronisation covers its stream (or a later allocation on that stream runs), so a
@@ -45,9 +75,15 @@ typedef struct simcuda_stats {
   uint64_t capacity_bytes;      /* SIMCUDA_DEVICE_MEM (times devices for -1) */
   uint64_t contexts;            /* live contexts (primary contexts that are active, created ones) */
   uint64_t vmm_mapped_bytes;    /* bytes of live cuMemMap mappings */
+  /* The GPU's, shared with the other processes on it (device stats only; 0 for a context's): */
+  uint64_t gpu_used_bytes;      /* every live process's used_bytes (dead processes' reclaimed first) */
+  uint64_t gpu_processes;       /* live processes using it, this one included */
+  uint64_t gpu_reclaimed;       /* dead processes' slots reclaimed since the GPU's file was made */
 } simcuda_stats_t;
 
 /* Returns 0, CUDA_ERROR_INVALID_VALUE for a bad device/NULL out, CUDA_ERROR_INVALID_CONTEXT for an unknown ctx.
+ * out->size: what the caller's struct holds (a struct without the gpu_ fields, from an older header, is filled up
+ * to its size).
  * Works before cuInit (everything zero, capacity from the environment). */
 CUresult simcuda_stats(int device, CUcontext ctx, simcuda_stats_t *out);
 
@@ -97,7 +133,9 @@ uint64_t simcuda_procaddr_requests(void (*fn)(const char *symbol, int version, u
                                    void *arg);
 
 /* Sets the capacity of one device (or all: -1) at run time; allocations beyond it fail with
- * CUDA_ERROR_OUT_OF_MEMORY. Existing memory is kept even when above the new capacity. */
+ * CUDA_ERROR_OUT_OF_MEMORY. Existing memory is kept even when above the new capacity. The capacity is the GPU's:
+ * after cuInit, every process on the GPU sees the change; before, it is this process's setting (as
+ * SIMCUDA_DEVICE_MEM). */
 void simcuda_set_capacity(int device, uint64_t bytes);
 
 /* Where a device's simulated memory lives: its arena's base and size. Returns 1 when the arena sits at its
