@@ -10,8 +10,8 @@
  *   slots:  one per process using the GPU: pid, start time (field 22 of /proc/PID/stat), bytes it holds.
  *
  * A process claims a slot when it initialises (cuInit). Then it changes only its own slot and the sum, with
- * atomics and no lock (the hot path: one compare-and-swap on the sum and one add on the slot per allocation, two
- * subtractions per free): admission is a compare-and-swap on the sum, so it is exact: an allocation fails with
+ * atomics and no lock (the hot path: one compare-and-swap on the sum and a plain store to the slot per
+ * allocation, a store and one atomic subtraction per free): admission is a compare-and-swap on the sum, so it is exact: an allocation fails with
  * CUDA_ERROR_OUT_OF_MEMORY exactly when the bytes of every live process plus the request exceed the capacity.
  * A process that ends normally clears its slot (a destructor); one that dies (kill -9) leaves it, and whoever
  * next finds the GPU full, asks for its free memory or needs a slot reclaims it, under the mutex: a slot is dead
@@ -410,6 +410,12 @@ simgpu_t *simm_attach(int dirfd, const unsigned char uuid[16], uint64_t capacity
   return g;
 }
 
+/* A slot changes only by its owner's hand while the owner lives (a reclaim or the owner's exit empties it, when the
+ * owner makes no more changes): a load and a store, no locked instruction. */
+static inline void slot_add(simm_slot_t *s, uint64_t n) {
+  atomic_store_explicit(&s->used, atomic_load_explicit(&s->used, memory_order_relaxed) + n, memory_order_release);
+}
+
 /* The sum first (exact admission by compare-and-swap), then the slot. */
 static int try_take(simm_file_t *f, uint64_t n) {
   uint64_t cap = atomic_load_explicit(&f->capacity, memory_order_relaxed);
@@ -430,7 +436,7 @@ int simm_take(simgpu_t *g, uint64_t n) {
     unlock_file(f);
     if (try_take(f, n) != 0) return -1;
   }
-  atomic_fetch_add_explicit(&f->slot[g->slot].used, n, memory_order_acq_rel);
+  slot_add(&f->slot[g->slot], n);
   g->mine += n;
   return 0;
 }
@@ -440,7 +446,7 @@ void simm_give(simgpu_t *g, uint64_t n) {
   if (n > g->mine) n = g->mine; /* never below what this process took itself (a forked child's inheritance) */
   if (n == 0 || ensure_slot(g) != 0) return;
   simm_file_t *f = g->f;
-  atomic_fetch_sub_explicit(&f->slot[g->slot].used, n, memory_order_acq_rel);
+  slot_add(&f->slot[g->slot], -n);
   atomic_fetch_sub_explicit(&f->used, n, memory_order_acq_rel);
   g->mine -= n;
 }

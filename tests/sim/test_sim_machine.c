@@ -203,9 +203,8 @@ Test(sim_machine, a_program_replaced_by_exec_gives_its_memory_back, .init = smal
   HOK(&b, "init");
   HOK(&b, "alloc 0 %llu", 600 * MiB);
   cr_assert_eq(free_of(0), CAP - 600 * MiB);
-  fprintf(b.in, "exec\n");
-  fflush(b.in);
-  HOK(&b, "init"); /* the same process, a new program */
+  HOK(&b, "exec"); /* answered by the new program: the same process */
+  HOK(&b, "init");
   cr_assert_eq(free_of(0), CAP);
   cr_assert_eq(sim_stats(0, NULL).gpu_processes, 2);
   HOK(&b, "alloc 0 %llu", CAP / 2);
@@ -451,4 +450,24 @@ Test(sim_machine, many_processes_start_at_once, .init = small_gpus) {
   for (int i = 0; i < N; i++) finish(&h[i]);
   cr_assert_eq(free_of(0), CAP);
   cr_assert_eq(sim_stats(0, NULL).gpu_processes, 1);
+}
+
+/* With SIMCUDA_MACHINE unset, the machine is the user's own: $XDG_RUNTIME_DIR/simcuda, made 0700. */
+Test(sim_machine, the_default_machine_is_private_to_the_user) {
+  char xdg[4200], path[4400];
+  snprintf(xdg, sizeof xdg, "%s/xdg", getenv("SIMCUDA_MACHINE"));
+  cr_assert_eq(mkdir(xdg, 0700), 0);
+  setenv("XDG_RUNTIME_DIR", xdg, 1);
+  unsetenv("SIMCUDA_MACHINE");
+  sim_primary(0);
+  char u0[64];
+  uuid_text(0, u0, sizeof u0);
+  struct stat st;
+  snprintf(path, sizeof path, "%s/simcuda", xdg);
+  cr_assert_eq(stat(path, &st), 0, "%s", path);
+  cr_assert(S_ISDIR(st.st_mode));
+  cr_assert_eq(st.st_mode & 0777, 0700);
+  snprintf(path, sizeof path, "%s/simcuda/%s", xdg, u0);
+  cr_assert_eq(stat(path, &st), 0, "%s", path);
+  cr_assert_eq(st.st_mode & 0777, 0600);
 }
