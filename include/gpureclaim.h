@@ -14,8 +14,8 @@
  *  - Structs that may grow start with `size_t size`: set it to sizeof the struct you pass. The library fills
  *    min(size, its own sizeof) bytes, so a program built against an older header keeps working, and sets
  *    `size` to that number (a program built against a newer header learns which fields were filled).
- *  - gpureclaim never changes what a CUDA call returns, except for the out-of-memory retry (GPURECLAIM_OOM_RETRY)
- *    and a free of a pointer that a release already freed (see gpureclaim_scope_end).
+ *  - gpureclaim never changes what a CUDA call returns, except for the out-of-memory retry (GPURECLAIM_OOM_RETRY,
+ *    then GPURECLAIM_PEERS) and a free of a pointer that a release already freed (see gpureclaim_scope_end).
  *
  * Configuration is read once, from the environment; README.md lists every GPURECLAIM_* variable.
  */
@@ -83,12 +83,19 @@ typedef struct gpureclaim_stats {
   uint64_t table_bytes;          /* memory gpureclaim's block table uses now */
   uint64_t contexts;             /* contexts seen and not destroyed */
   uint64_t pools;                /* stream-ordered pools seen and not destroyed */
+  /* Peer reclaim (GPURECLAIM_PEERS): an allocation that still failed after its own retry asks the other
+   * gpureclaim processes of this user on the same GPU to give memory back. */
+  uint64_t peer_reclaims;        /* peer reclaims this process ran (it asked its peers) */
+  uint64_t peer_reclaim_successes; /* ... after which the allocation succeeded */
+  uint64_t peer_received_bytes;  /* what its peers said they gave it */
+  uint64_t peer_gives;           /* peer reclaims it served (it was asked and gave) */
+  uint64_t peer_given_bytes;     /* what it gave them */
 } gpureclaim_stats_t;
 
 /* Totals for one device ordinal (0 to 63; one gpureclaim has not seen reads all zeros), or for all devices when
  * device is -1. Pinned host memory belongs to no device and is counted under -1 only, as are the process-wide
  * counts (untracked_frees, late_frees, untracked_routes, releases, released_bytes, oom_retries,
- * oom_retry_successes, table_bytes): 0 for one device. contexts and pools count that device's own. Returns
+ * oom_retry_successes, table_bytes, peer_*): 0 for one device. contexts and pools count that device's own. Returns
  * -EINVAL for a NULL out, a too small out->size, a device < -1 or a device > 63. */
 GPURECLAIM_API int gpureclaim_stats(int device, gpureclaim_stats_t *out);
 
@@ -172,8 +179,9 @@ typedef enum gpureclaim_trigger {
   GPURECLAIM_TRIGGER_OOM = 3,     /* an allocation failed with out-of-memory and was retried */
   GPURECLAIM_TRIGGER_COMMAND = 4, /* the `gpureclaim` command, over the control socket */
   GPURECLAIM_TRIGGER_SCOPE = 5,   /* gpureclaim_scope_end(..., GPURECLAIM_FREE_NOW) */
-  GPURECLAIM_TRIGGER_IDLE = 6,    /* GPURECLAIM_SLEEP_IDLE: no CUDA call for that long (sleep only) */
-  GPURECLAIM_TRIGGER_CALL = 7     /* a CUDA call of the program while it slept (wake only) */
+  GPURECLAIM_TRIGGER_PEER = 6,   /* another gpureclaim process on the same GPU ran out of memory and asked */
+  GPURECLAIM_TRIGGER_IDLE = 7,   /* GPURECLAIM_SLEEP_IDLE: no CUDA call for that long (sleep only) */
+  GPURECLAIM_TRIGGER_CALL = 8    /* a CUDA call of the program while it slept (wake only) */
 } gpureclaim_trigger_t;
 
 typedef struct gpureclaim_device_report {
@@ -205,6 +213,7 @@ typedef struct gpureclaim_report {
   uint64_t duration_ns;
   int ndevices;              /* entries used in devices[] */
   gpureclaim_device_report_t devices[GPURECLAIM_MAX_DEVICES];
+  int peer_pid;              /* GPURECLAIM_TRIGGER_PEER: the process that asked; else 0 */
 } gpureclaim_report_t;
 
 /* Releases the categories in what (GPURECLAIM_CACHED | GPURECLAIM_ORPHANED | GPURECLAIM_ALL) and fills out (may

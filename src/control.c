@@ -51,12 +51,14 @@ int gr_ctl_open(void) {
   }
   memcpy(g_path, sa.sun_path, sizeof g_path);
   atomic_store_explicit(&g_fd, fd, memory_order_release);
+  gr_rep_status_socket(g_path);
   return 0;
 }
 
 void gr_ctl_close(void) {
   int fd = atomic_exchange_explicit(&g_fd, -1, memory_order_acq_rel);
   if (fd >= 0) {
+    gr_rep_status_socket(NULL);
     close(fd);
     unlink(g_path);
   }
@@ -66,7 +68,7 @@ void gr_ctl_forget(void) {
   /* In a forked child: the socket is the parent's; close our copy, leave the file. */
   int fd = atomic_exchange_explicit(&g_fd, -1, memory_order_acq_rel);
   if (fd >= 0)
-    close(fd);
+    close(fd); /* the status file's socket entry is the parent's too: gr_rep_atfork_child clears it */
 }
 
 /* Whether the client still waits for the answer. A command whose --timeout passed (this process was stopped,
@@ -110,8 +112,8 @@ static void sleep_progress(const char *phase, uint64_t done, uint64_t total, voi
   jb_free(&p);
 }
 
-/* Answers one request line; NULL for a line longer than the protocol allows. */
-static void answer(int fd, const char *line) {
+/* Answers one request line; NULL for a line longer than the protocol allows. pid: the client's (SO_PEERCRED). */
+static void answer(int fd, const char *line, int pid) {
   size_t verb;
   jbuf_t b;
   jb_init(&b);
@@ -170,6 +172,13 @@ static void answer(int fd, const char *line) {
                           : rc == -EAGAIN ? "the process sleeps: its device memory is on the host, nothing to release"
                                           : strerror(-rc));
     }
+  } else if (strncmp(line, "give ", 5) == 0 || strcmp(line, "give") == 0) {
+    /* A peer ran out of memory on a GPU we use (peer.c). Not run for a client that already hung up. */
+    if (!client_waiting(fd, false)) {
+      jb_free(&b);
+      return;
+    }
+    gr_peer_serve_give(line[4] ? line + 5 : "", pid, &b);
   } else if (strncmp(line, "sleep", 5) == 0 && (line[5] == ' ' || line[5] == '\0')) {
     unsigned long long ms = 0;
     if (line[5] && gr_opt_parse_uint(line + 6, 86400000ULL, &ms) != 0) {
@@ -274,6 +283,20 @@ void gr_ctl_serve_one(void) {
   struct ucred cred;
   socklen_t len = sizeof cred;
   if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != geteuid()) {
+    /* Another user (root can reach the socket): refused unanswered, and logged. */
+    jbuf_t ev;
+    jb_init(&ev);
+    jb_obj(&ev);
+    jb_str(&ev, "event", "refused");
+    jb_i64(&ev, "pid", getpid());
+    jb_i64(&ev, "client_pid", len == sizeof cred ? cred.pid : -1);
+    jb_i64(&ev, "client_uid", len == sizeof cred ? (int64_t)cred.uid : -1);
+    jb_obj_end(&ev);
+    jb_raw(&ev, "\n", 1);
+    gr_rep_event(&ev);
+    jb_free(&ev);
+    gr_warn_once(w_refused, "refused a control-socket client of another user (uid %d, pid %d)",
+                 len == sizeof cred ? (int)cred.uid : -1, len == sizeof cred ? (int)cred.pid : -1);
     close(fd);
     return;
   }
@@ -288,13 +311,13 @@ void gr_ctl_serve_one(void) {
   size_t n = 0;
   int got = read_line(fd, line, sizeof line, &n, &deadline);
   if (got < 0) {
-    answer(fd, NULL);
+    answer(fd, NULL, cred.pid);
     drain(fd, &deadline);
   } else if (got > 0) {
     while (n && line[n - 1] == '\r')
       n--;
     line[n] = '\0';
-    answer(fd, line);
+    answer(fd, line, cred.pid);
   }
   close(fd);
 }

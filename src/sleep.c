@@ -16,7 +16,8 @@
  * process has no context to ask cuMemGetInfo with): what the device gained is what a restore needs back.
  *
  * Wake (gpureclaim_wake, the `wake` request, or a gate: the first CUDA call of any thread), on the thread that
- * asked: waits up to GPURECLAIM_WAKE_TIMEOUT for every device to have room for what it gave (NVML), and only
+ * asked: waits up to GPURECLAIM_WAKE_TIMEOUT for every device to have room for what it gave (NVML), asking the
+ * other gpureclaim processes on a GPU that is short once for the shortfall (peer reclaim), and only
  * then calls cuCheckpointProcessRestore and Unlock: a restore is never called when it could fail for lack of
  * memory. Without room the process stays asleep and intact, the waiting calls return CUDA_ERROR_OUT_OF_MEMORY,
  * and the next call tries again. One wake at a time; other callers wait for its outcome.
@@ -211,7 +212,7 @@ static void log_event(const char *event, const gpureclaim_sleep_report_t *r, uin
   }
   jb_obj_end(&b);
   jb_raw(&b, "\n", 1);
-  gr_rep_log_line(&b);
+  gr_rep_event(&b);
   jb_free(&b);
   if (gr_opt()->status)
     gr_rep_status_update();
@@ -438,9 +439,22 @@ int gr_sleep_wake(int trigger) {
   uint64_t t0 = now_ns(), deadline = t0 + (uint64_t)gr_opt()->wake_timeout * 1000000000u;
   int short_dev = -1;
   bool ok;
+  bool asked[GR_MAX_DEV] = {false};
   while (!(ok = room(need, uuid, ndev, &short_dev)) && now_ns() < deadline) {
-    /* TODO(peer reclaim, issue 15): ask the peers on this device to give back need[short_dev] - free before
-     * waiting; GPURECLAIM_PEERS decides whom. Until then, wait for memory to appear. */
+    /* Short on a GPU: its other gpureclaim processes are asked once per wake for the shortfall (peer reclaim,
+     * GPURECLAIM_PEERS, bounded by GPURECLAIM_PEER_TIMEOUT); then the wake waits for memory to appear. */
+    uint64_t f = 0;
+    gr_peer_op_t op;
+    if (!asked[short_dev] && dev_free(uuid[short_dev], &f) && f < need[short_dev] &&
+        gr_peer_begin(&op, need[short_dev] - f, short_dev)) {
+      asked[short_dev] = true;
+      if (!op.waited) /* another peer reclaim of this GPU ran meanwhile: look at the room first */
+        gr_peer_ask(&op);
+      int again = -1;
+      gr_peer_end(&op, room(need, uuid, ndev, &again));
+      continue;
+    }
+    asked[short_dev] = true;
     nanosleep(&(struct timespec){0, 20000000}, NULL);
   }
   CUresult cr = CUDA_SUCCESS;
@@ -529,10 +543,12 @@ void gr_sleep_release_end(void) {
 }
 
 /* The idle watch, on the worker's tick: arms the probe (the first gated call clears it); once it stayed armed
- * GPURECLAIM_SLEEP_IDLE seconds, no thread made a call gpureclaim saw for that long, and the process sleeps. */
+ * GPURECLAIM_SLEEP_IDLE seconds, no thread made a call gpureclaim saw for that long, and the process sleeps.
+ * With GPURECLAIM_PEERS naming sleep the probe is armed too, for gr_sleep_idle_for_peer(). */
 int gr_sleep_idle_tick(void) {
   unsigned idle = gr_opt()->sleep_idle;
-  if (!idle || !gr_gate_enabled())
+  bool peer_sleep = (gr_opt()->peers & GR_PEERS_SLEEP) != 0;
+  if ((!idle && !peer_sleep) || !gr_gate_enabled())
     return 2000;
   if (atomic_load_explicit(&g_state_pub, memory_order_acquire) != ST_AWAKE)
     return 1000;
@@ -543,6 +559,8 @@ int gr_sleep_idle_tick(void) {
       atomic_store_explicit(&g_idle_since_ms, now, memory_order_relaxed);
     return 1000;
   }
+  if (!idle)
+    return 1000; /* armed for peers only: this process does not sleep by itself */
   if (now - since < (uint64_t)idle * 1000)
     return (int)((uint64_t)idle * 1000 - (now - since) < 1000 ? (uint64_t)idle * 1000 - (now - since) : 1000);
   unsigned char probe = GR_GATE_PROBE;
@@ -553,6 +571,14 @@ int gr_sleep_idle_tick(void) {
   gr_info("no CUDA call for %u s: going to sleep (GPURECLAIM_SLEEP_IDLE)", idle);
   gr_sleep_run(GPURECLAIM_TRIGGER_IDLE, 0, &r);
   return 1000;
+}
+
+bool gr_sleep_idle_for_peer(void) {
+  if (!gr_gate_enabled() || atomic_load_explicit(&g_state_pub, memory_order_acquire) != ST_AWAKE ||
+      atomic_load(&gr_gate_flag) != GR_GATE_PROBE)
+    return false;
+  uint64_t since = atomic_load_explicit(&g_idle_since_ms, memory_order_relaxed);
+  return since && gr_core_now_ms() - since >= 1000;
 }
 
 void gr_sleep_atfork_child(void) {

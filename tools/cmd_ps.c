@@ -7,7 +7,8 @@
  * from its status file, marked as not answering.
  */
 #include "ps.h"
-#include "gpureclaim_internal.h"
+#include "common.h"
+#include "options.h"
 #include "outfile.h"
 
 #include <ctype.h>
@@ -90,9 +91,11 @@ static const char *uuid_of(const ps_row_t *r, int d) {
   return "";
 }
 
+/* A GPU is one UUID: processes number devices each their own way (CUDA_VISIBLE_DEVICES), so the ordinal only
+ * names GPUs whose UUID is unknown (and the first ordinal seen is shown). */
 static ps_gpu_t *gpu_of(ps_view_t *v, int d, const char *uuid) {
   for (size_t i = 0; i < v->ngpus; i++)
-    if (v->gpus[i].device == d) {
+    if (uuid && *uuid && v->gpus[i].uuid[0] ? !strcmp(v->gpus[i].uuid, uuid) : v->gpus[i].device == d) {
       if (!v->gpus[i].uuid[0] && uuid && *uuid)
         snprintf(v->gpus[i].uuid, sizeof v->gpus[i].uuid, "%s", uuid);
       return &v->gpus[i];
@@ -766,6 +769,14 @@ static void prom_rows(FILE *f, const ps_row_t *rows, size_t n, const ps_filter_t
       {"gpureclaim_host_pinned_bytes", "host_pinned_bytes", "Pinned host memory.", "gauge"},
       {"gpureclaim_releases_total", "releases", "Releases run.", "counter"},
       {"gpureclaim_released_bytes_total", "released_bytes", "Bytes given back by releases.", "counter"},
+      {"gpureclaim_peer_reclaims_total", "peer_reclaims", "Peer reclaims run after an out-of-memory (peers asked).",
+       "counter"},
+      {"gpureclaim_peer_reclaim_successes_total", "peer_reclaim_successes",
+       "Peer reclaims after which the allocation succeeded.", "counter"},
+      {"gpureclaim_peer_received_bytes_total", "peer_received_bytes", "Bytes peers gave this process.", "counter"},
+      {"gpureclaim_peer_gives_total", "peer_gives", "Peer reclaims this process served (it was asked).",
+       "counter"},
+      {"gpureclaim_peer_given_bytes_total", "peer_given_bytes", "Bytes this process gave its peers.", "counter"},
   };
   for (size_t k = 0; k < sizeof proc / sizeof proc[0]; k++) {
     fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", proc[k].name, proc[k].help, proc[k].name, proc[k].type);

@@ -5,7 +5,8 @@
  * the answer's progress lines are shown on a terminal (standard error) as bytes moved of the total.
  */
 #include "command.h"
-#include "gpureclaim_internal.h"
+#include "common.h"
+#include "options.h"
 
 #include <errno.h>
 #include <getopt.h>

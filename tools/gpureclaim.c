@@ -111,22 +111,6 @@ int cmd_getopt(int argc, char **argv, const char *shortopts, const struct option
   return -2;
 }
 
-int cmd_opt_value(int argc, char **argv, int *i, const char *cmd, const char *name, const char **value) {
-  const char *a = argv[*i];
-  size_t len = strlen(name);
-  if (strncmp(a, name, len) != 0 || (a[len] != '\0' && a[len] != '='))
-    return 0;
-  if (a[len] == '=') {
-    *value = a + len + 1;
-  } else if (*i + 1 < argc) {
-    *value = argv[++*i];
-  } else {
-    fprintf(stderr, "gpureclaim: %s: %s needs a value\n(see gpureclaim --help)\n", cmd, name);
-    return -1;
-  }
-  return 1;
-}
-
 bool cmd_parse_seconds(const char *s, double *out) {
   char *end;
   errno = 0;

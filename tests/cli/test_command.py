@@ -29,6 +29,25 @@ def run(*args, env=None, check=None):
     return p
 
 
+def stop_and_wait(pid):
+    """SIGSTOP, then wait until every thread of pid is stopped: kill() returns before the group stop has reached
+    them all, and a worker thread still running could take a request up meanwhile."""
+    os.kill(pid, signal.SIGSTOP)
+    guard = time.monotonic() + 60  # a hang guard, not a deadline that decides
+    while time.monotonic() < guard:
+        states = []
+        for t in os.listdir("/proc/%d/task" % pid):
+            try:
+                with open("/proc/%d/task/%s/stat" % (pid, t)) as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except FileNotFoundError:
+                pass
+        if states and all(st in "Tt" for st in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError("process %d did not stop" % pid)
+
+
 def read_all(s):
     """Everything the server sends until it closes, then closes s."""
     data = b""
@@ -233,6 +252,42 @@ class CommandTest(unittest.TestCase):
         self.assertEqual(sorted(x["pid"] for x in out), sorted([h.pid, h2.pid]))
         self.assertTrue(all(x["ok"] for x in out))
 
+    def test_release_by_gpu(self):
+        """release --gpu: every process on that GPU (by index or UUID prefix), none on another."""
+        h, h2 = self.hold(), self.hold()
+        with open(os.path.join(self.rundir, "%d.json" % h.pid)) as f:
+            uuid = json.load(f)["gpus"][0]["uuid"]
+        out = json.loads(run("release", "--gpu", uuid[:12], "--json", env=self.env, check=0).stdout)
+        self.assertEqual(sorted(x["pid"] for x in out), sorted([h.pid, h2.pid]))
+        self.assertTrue(all(x["ok"] and x["report"]["pool_bytes"] == 64 * MiB for x in out), out)
+        self.assertEqual(h.sim()[1], 0, "its pool was trimmed")
+        out = json.loads(run("release", "-g", "0", "--json", env=self.env, check=0).stdout)
+        self.assertEqual(sorted(x["pid"] for x in out), sorted([h.pid, h2.pid]))
+        self.assertIn("no process of yours is using GPU 1", run("release", "--gpu", "1", env=self.env, check=0).stdout)
+        self.assertEqual(json.loads(run("release", "--gpu", "1", "--json", env=self.env, check=0).stdout), [])
+        for bad in (["--gpu", "a b"], ["--gpu", "0", "--all"], ["--gpu", "0", str(h.pid)], ["--gpu", ""]):
+            run("release", *bad, env=self.env, check=2)
+
+    def test_status_file_peer_object(self):
+        """run --peers/--peer-timeout reach the library; the status file says what peers may ask of it, per
+        GPU UUID (docs/PROTOCOL.md)."""
+        h = self.hold("--peers", "ask", "--peer-timeout", "0.5")
+        path = os.path.join(self.rundir, "%d.json" % h.pid)
+        deadline = time.time() + 20
+        while True:
+            with open(path) as f:
+                st = json.load(f)
+            if st["peer"]["gpus"] or time.time() > deadline:
+                break
+            time.sleep(0.05)
+        peer = st["peer"]
+        self.assertEqual((peer["ask"], peer["give"], peer["oom"], peer["last_gave_ms"]), (True, False, False, 0))
+        g = peer["gpus"][0]
+        self.assertEqual((g["uuid"], g["device"]), (st["gpus"][0]["uuid"], 0))
+        self.assertEqual((g["held_bytes"], g["pool_cached_bytes"], g["orphan_bytes"]), (72 * MiB, 64 * MiB, 5 * MiB))
+        for bad in (["--peers", "sometimes"], ["--peer-timeout", "0"], ["--peer-timeout", "61"]):
+            run("run", *bad, "--", "true", env=self.env, check=2)
+
     def test_a_client_that_half_closes_is_still_served(self):
         """Only a client that hung up withdraws its release: one that shut down its writing half (socat, nc -U)
         still reads the answer."""
@@ -268,7 +323,7 @@ class CommandTest(unittest.TestCase):
     def test_a_release_that_timed_out_is_withdrawn(self):
         h = self.hold()
         before = h.sim()
-        os.kill(h.pid, signal.SIGSTOP)
+        stop_and_wait(h.pid)
         try:
             p = run("release", str(h.pid), "--timeout", "0.5", env=self.env, check=1)
             self.assertIn("the request is withdrawn", p.stderr)
