@@ -376,3 +376,67 @@ Test(sleep, refused_once_memory_was_shared_over_ipc) {
   cr_assert_eq(state(NULL), GPURECLAIM_STATE_AWAKE);
   RT_OK(cudaFree(p));
 }
+
+/* Another process of the simulated machine (sim_holder, not under gpureclaim) reads the device's free memory:
+ * while this process sleeps it is back to where it was before this process held anything. */
+typedef struct {
+  pid_t pid;
+  FILE *in, *out;
+} other_t;
+
+static other_t other_start(void) {
+  int to[2], from[2];
+  cr_assert(pipe(to) == 0 && pipe(from) == 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(to[0], 0);
+    dup2(from[1], 1);
+    close(to[1]);
+    close(from[0]);
+    unsetenv("LD_PRELOAD");
+    execl(SIM_HOLDER, "sim_holder", (char *)NULL);
+    _exit(127);
+  }
+  close(to[0]);
+  close(from[1]);
+  other_t o = {pid, fdopen(to[1], "w"), fdopen(from[0], "r")};
+  setvbuf(o.in, NULL, _IOLBF, 0);
+  return o;
+}
+
+static const char *other_ask(other_t *o, const char *line) {
+  static char buf[256];
+  fprintf(o->in, "%s\n", line);
+  fflush(o->in);
+  cr_assert_not_null(fgets(buf, sizeof buf, o->out), "the other process gave no answer to %s", line);
+  buf[strcspn(buf, "\n")] = '\0';
+  return buf;
+}
+
+static unsigned long long other_free(other_t *o) {
+  unsigned long long f = 0, t = 0;
+  const char *a = other_ask(o, "info 0");
+  cr_assert_eq(sscanf(a, "%llu %llu", &f, &t), 2, "%s", a);
+  return f;
+}
+
+Test(sleep, another_process_sees_the_free_memory_back) {
+  other_t o = other_start();
+  cr_assert_str_eq(other_ask(&o, "init"), "ok");
+  unsigned long long before = other_free(&o); /* before this process holds anything */
+  unsigned char *pat;
+  RT_OK(cudaSetDevice(0));
+  void *live = hold(&pat);
+  cr_assert_lt(other_free(&o), before - 64 * MiB, "the other process sees what this one holds");
+  sleep_ok();
+  cr_assert_eq(other_free(&o), before, "asleep, this process holds nothing on the device");
+  check(live, pat); /* wakes it */
+  unsigned long long awake = other_free(&o);
+  cr_assert_leq(awake, before - 64 * MiB, "awake, its live memory is back on the device");
+  fprintf(o.in, "exit\n");
+  fclose(o.in);
+  fclose(o.out);
+  int st;
+  waitpid(o.pid, &st, 0);
+  free(pat);
+}

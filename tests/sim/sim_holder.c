@@ -13,6 +13,7 @@
  *   trim D               cuMemPoolTrimTo(D's default pool, 0)                -> "ok" | "err CODE"
  *   vmm D N              cuMemCreate of N bytes on D (kept)                  -> "ok" | "err CODE"
  *   unvmm                cuMemRelease of the most recent handle still held   -> "ok" | "err CODE"
+ *   exec                 execs itself (same pid, stdin and stdout): the new program answers "ok" when it starts
  *   exit / quit          exit(0) (the normal end: the driver state goes with it) / _exit(0)
  * End of input ends it with exit(0).
  */
@@ -42,9 +43,10 @@ static void answer(CUresult r) {
   else printf("err %d\n", (int)r);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
   char line[256];
   setvbuf(stdout, NULL, _IOLBF, 0);
+  if (argc > 1 && !strcmp(argv[1], "--execd")) printf("ok\n"); /* nothing was read ahead: the test waits for it */
   while (fgets(line, sizeof line, stdin)) {
     char cmd[32] = "";
     int d = 0;
@@ -114,6 +116,9 @@ int main(void) {
       answer(r);
     } else if (!strcmp(cmd, "unvmm")) {
       answer(g_nh ? cuMemRelease(g_h[--g_nh]) : CUDA_ERROR_INVALID_VALUE);
+    } else if (!strcmp(cmd, "exec")) {
+      execl("/proc/self/exe", "sim_holder", "--execd", (char *)NULL);
+      printf("err exec\n");
     } else if (!strcmp(cmd, "exit")) {
       exit(0);
     } else if (!strcmp(cmd, "quit")) {

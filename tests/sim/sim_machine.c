@@ -9,13 +9,18 @@
  *           mutex;
  *   slots:  one per process using the GPU: pid, start time (field 22 of /proc/PID/stat), bytes it holds.
  *
- * A process claims a slot when it initialises (cuInit) and changes only its own slot and the sum, under the
- * mutex, so that admission is exact: an allocation fails with CUDA_ERROR_OUT_OF_MEMORY exactly when the bytes
- * of every live process plus the request exceed the capacity. A process that ends normally clears its slot (a
- * destructor); one that dies (kill -9) leaves it, and whoever next finds the GPU full, asks for its free memory
- * or needs a slot reclaims it: a slot is dead when its pid is gone, is a zombie, or is a process with another
- * start time (the pid was reused). A process that dies while holding the mutex leaves it to the next locker as
- * EOWNERDEAD (a robust mutex), which recomputes the sum from the slots.
+ * A process claims a slot when it initialises (cuInit). Then it changes only its own slot and the sum, with
+ * atomics and no lock (the hot path: one compare-and-swap on the sum and a plain store to the slot per
+ * allocation, a store and one atomic subtraction per free): admission is a compare-and-swap on the sum, so it is exact: an allocation fails with
+ * CUDA_ERROR_OUT_OF_MEMORY exactly when the bytes of every live process plus the request exceed the capacity.
+ * A process that ends normally clears its slot (a destructor); one that dies (kill -9) leaves it, and whoever
+ * next finds the GPU full, asks for its free memory or needs a slot reclaims it, under the mutex: a slot is dead
+ * when its pid is gone, is a zombie, or is a process with another start time (the pid was reused). Every update
+ * is ordered so that a process killed half-way leaves the sum too high, never too low (an allocation takes the
+ * sum before its slot, a free gives its slot back before the sum, a reclaim empties the slot before the sum):
+ * the GPU may look fuller than it is, never emptier, and the first process to find itself alone on the GPU
+ * recomputes the sum from its own slot. The mutex is robust: a process that dies holding it leaves it to the
+ * next locker (EOWNERDEAD), which goes on.
  *
  * The file is created under a temporary name (O_EXCL), initialised, and published with link(), which fails if
  * another process published first: nobody ever maps a half-initialised file. Files are 0600 in a 0700 directory
@@ -147,6 +152,7 @@ static int slot_alive(const simm_slot_t *s) {
 
 /* ------------------------------------------------------------------------------------- the file */
 
+/* The sum from the slots; only when no other process can be changing them. */
 static void repair_locked(simm_file_t *f) {
   uint64_t sum = 0;
   for (int i = 0; i < SIMM_SLOTS; i++)
@@ -157,8 +163,7 @@ static void repair_locked(simm_file_t *f) {
 
 static int lock_file(simm_file_t *f) {
   int rc = pthread_mutex_lock(&f->mu);
-  if (rc == EOWNERDEAD) { /* its owner died inside: the sum may be off by what it was changing */
-    repair_locked(f);
+  if (rc == EOWNERDEAD) { /* its owner died inside: what it left is at worst a sum too high (see above) */
     pthread_mutex_consistent(&f->mu);
     rc = 0;
   }
@@ -167,17 +172,18 @@ static int lock_file(simm_file_t *f) {
 
 static void unlock_file(simm_file_t *f) { pthread_mutex_unlock(&f->mu); }
 
+/* Empties a slot whose owner no longer changes it (dead, or this process at exit): the slot first, then the sum. */
 static void free_slot_locked(simm_file_t *f, int i) {
   simm_slot_t *s = &f->slot[i];
-  uint64_t u = atomic_load_explicit(&s->used, memory_order_relaxed);
-  uint64_t tot = atomic_load_explicit(&f->used, memory_order_relaxed);
-  atomic_store_explicit(&f->used, tot >= u ? tot - u : 0, memory_order_relaxed);
-  atomic_store_explicit(&s->used, 0, memory_order_relaxed);
+  uint64_t u = atomic_exchange_explicit(&s->used, 0, memory_order_acq_rel);
+  atomic_fetch_sub_explicit(&f->used, u, memory_order_acq_rel);
   atomic_store_explicit(&s->start, 0, memory_order_relaxed);
   atomic_store_explicit(&s->pid, 0, memory_order_release);
 }
 
-/* Reclaims the slots of dead processes (every slot but `keep`); returns how many live ones remain besides it. */
+/* Reclaims the slots of dead processes (every slot but `keep`); returns how many live ones remain besides it. Alone
+ * on the GPU (nobody else can be half-way through an update), it sets the sum to what `keep` holds: whatever a
+ * process killed half-way left too high is gone. */
 static int sweep_locked(simm_file_t *f, int keep) {
   int live = 0;
   for (int i = 0; i < SIMM_SLOTS; i++) {
@@ -189,6 +195,7 @@ static int sweep_locked(simm_file_t *f, int keep) {
       atomic_fetch_add_explicit(&f->reclaimed, 1, memory_order_relaxed);
     }
   }
+  if (live == 0) repair_locked(f);
   return live;
 }
 
@@ -286,6 +293,13 @@ static simm_file_t *open_file(int dirfd, const char *name, const unsigned char u
 /* Claims a free (or dead) slot for this process with what it already holds. Caller holds the file's lock. */
 static int claim_locked(simgpu_t *g) {
   simm_file_t *f = g->f;
+  pid_t me = getpid();
+  /* A slot under this pid is this process's before it called exec: that program is gone, and so is its memory. */
+  for (int i = 0; i < SIMM_SLOTS; i++)
+    if (atomic_load_explicit(&f->slot[i].pid, memory_order_relaxed) == me) {
+      free_slot_locked(f, i);
+      atomic_fetch_add_explicit(&f->reclaimed, 1, memory_order_relaxed);
+    }
   int free_i = -1;
   for (int pass = 0; pass < 2 && free_i < 0; pass++) {
     if (pass) sweep_locked(f, -1);
@@ -297,7 +311,6 @@ static int claim_locked(simgpu_t *g) {
   }
   if (free_i < 0) return -1;
   simm_slot_t *s = &f->slot[free_i];
-  pid_t me = getpid();
   atomic_store_explicit(&s->start, self_start(), memory_order_relaxed);
   atomic_store_explicit(&s->used, g->mine, memory_order_relaxed);
   atomic_store_explicit(&s->pid, me, memory_order_release);
@@ -380,7 +393,6 @@ simgpu_t *simm_attach(int dirfd, const unsigned char uuid[16], uint64_t capacity
   if (others == 0) {
     /* Nobody else uses the GPU: this process sets its capacity, whatever an earlier one had. */
     atomic_store_explicit(&g->f->capacity, capacity, memory_order_relaxed);
-    repair_locked(g->f);
   } else if (cap != capacity) {
     fprintf(stderr,
             "simcuda: %s has %llu bytes, as the first of the processes using it set; this process's setting (%llu) "
@@ -398,40 +410,45 @@ simgpu_t *simm_attach(int dirfd, const unsigned char uuid[16], uint64_t capacity
   return g;
 }
 
-int simm_take(simgpu_t *g, uint64_t n) {
-  if (ensure_slot(g) != 0 || lock_file(g->f) != 0) return -1;
-  simm_file_t *f = g->f;
-  int ok = 0;
-  for (int pass = 0; pass < 2 && !ok; pass++) {
-    if (pass) sweep_locked(f, g->slot); /* full: first give dead processes' memory back */
-    uint64_t cap = atomic_load_explicit(&f->capacity, memory_order_relaxed);
-    uint64_t u = atomic_load_explicit(&f->used, memory_order_relaxed);
-    ok = n <= cap && u <= cap - n;
-  }
-  if (ok) {
-    atomic_store_explicit(&f->used, atomic_load_explicit(&f->used, memory_order_relaxed) + n, memory_order_relaxed);
-    simm_slot_t *s = &f->slot[g->slot];
-    atomic_store_explicit(&s->used, atomic_load_explicit(&s->used, memory_order_relaxed) + n, memory_order_relaxed);
-    g->mine += n;
-  }
-  unlock_file(f);
-  return ok ? 0 : -1;
+/* A slot changes only by its owner's hand while the owner lives (a reclaim or the owner's exit empties it, when the
+ * owner makes no more changes): a load and a store, no locked instruction. */
+static inline void slot_add(simm_slot_t *s, uint64_t n) {
+  atomic_store_explicit(&s->used, atomic_load_explicit(&s->used, memory_order_relaxed) + n, memory_order_release);
 }
 
-void simm_give(simgpu_t *g, uint64_t n) {
-  if (n > g->mine) n = g->mine; /* never below what this process accounted */
-  if (ensure_slot(g) != 0 || lock_file(g->f) != 0) {
-    g->mine -= n;
-    return;
-  }
-  simm_file_t *f = g->f;
+/* The sum first (exact admission by compare-and-swap), then the slot. */
+static int try_take(simm_file_t *f, uint64_t n) {
+  uint64_t cap = atomic_load_explicit(&f->capacity, memory_order_relaxed);
   uint64_t u = atomic_load_explicit(&f->used, memory_order_relaxed);
-  atomic_store_explicit(&f->used, u >= n ? u - n : 0, memory_order_relaxed);
-  simm_slot_t *s = &f->slot[g->slot];
-  uint64_t su = atomic_load_explicit(&s->used, memory_order_relaxed);
-  atomic_store_explicit(&s->used, su >= n ? su - n : 0, memory_order_relaxed);
+  do {
+    if (n > cap || u > cap - n) return -1;
+  } while (!atomic_compare_exchange_weak_explicit(&f->used, &u, u + n, memory_order_acq_rel, memory_order_relaxed));
+  return 0;
+}
+
+int simm_take(simgpu_t *g, uint64_t n) {
+  if (ensure_slot(g) != 0) return -1;
+  simm_file_t *f = g->f;
+  if (try_take(f, n) != 0) {
+    /* Full: first give dead processes' memory back, then look again. */
+    if (lock_file(f) != 0) return -1;
+    sweep_locked(f, g->slot);
+    unlock_file(f);
+    if (try_take(f, n) != 0) return -1;
+  }
+  slot_add(&f->slot[g->slot], n);
+  g->mine += n;
+  return 0;
+}
+
+/* The slot first, then the sum. */
+void simm_give(simgpu_t *g, uint64_t n) {
+  if (n > g->mine) n = g->mine; /* never below what this process took itself (a forked child's inheritance) */
+  if (n == 0 || ensure_slot(g) != 0) return;
+  simm_file_t *f = g->f;
+  slot_add(&f->slot[g->slot], -n);
+  atomic_fetch_sub_explicit(&f->used, n, memory_order_acq_rel);
   g->mine -= n;
-  unlock_file(f);
 }
 
 int simm_would_exceed(const simgpu_t *g, uint64_t n) {
@@ -484,7 +501,6 @@ void simm_fini(void) {
     dl.tv_sec += 2;
     int rc = pthread_mutex_timedlock(&g->f->mu, &dl);
     if (rc == EOWNERDEAD) {
-      repair_locked(g->f);
       pthread_mutex_consistent(&g->f->mu);
       rc = 0;
     }

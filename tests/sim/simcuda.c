@@ -769,7 +769,9 @@ static void rec_free(blk_t *b) {
 
 /* While the process is checkpointed its memory is on the host: the device holds nothing of it. */
 static inline uint64_t dev_used(const simdev_t *d) {
-  return d->ck_bytes ? 0 : d->plain_bytes + d->pool_reserved + d->vmm_phys;
+  return atomic_load_explicit(&g_ck_state, memory_order_relaxed) == CU_PROCESS_STATE_CHECKPOINTED
+             ? 0
+             : d->plain_bytes + d->pool_reserved + d->vmm_phys;
 }
 
 /* Takes `add` bytes of the GPU's capacity, which every process using it shares: 0, or -1 when the bytes of every
@@ -2851,10 +2853,8 @@ static CUresult impl_ck_checkpoint(int pid, CUcheckpointCheckpointArgs *a) {
   }
   for (int d = 0; d < g.ndev; d++) {
     simdev_t *dv = &g.dev[d];
-    uint64_t used = dv->plain_bytes + dv->pool_reserved + dv->vmm_phys;
-    if (used)
-      cap_give(dv, used); /* the GPU's memory is free for the machine's other processes */
-    dv->ck_bytes = used ? used : 1; /* non-zero marks the device checkpointed */
+    dv->ck_bytes = dv->plain_bytes + dv->pool_reserved + dv->vmm_phys;
+    if (dv->ck_bytes) cap_give(dv, dv->ck_bytes); /* the GPU's capacity, for every process of the machine */
     mprotect((void *)(uintptr_t)dv->ar.base, dv->ar.size, PROT_NONE);
   }
   atomic_store(&g_ck_state, CU_PROCESS_STATE_CHECKPOINTED);
@@ -2871,14 +2871,9 @@ static CUresult impl_ck_restore(int pid, CUcheckpointRestoreArgs *a) {
   LOCK();
   for (int d = 0; d < g.ndev; d++) {
     simdev_t *dv = &g.dev[d];
-    uint64_t need = dv->plain_bytes + dv->pool_reserved + dv->vmm_phys;
-    if (need && cap_take(dv, need) != 0) { /* the machine's other processes hold the room now */
-      for (int k = 0; k < d; k++) {
-        simdev_t *dk = &g.dev[k];
-        uint64_t back = dk->plain_bytes + dk->pool_reserved + dk->vmm_phys;
-        if (back)
-          cap_give(dk, back);
-      }
+    if (dv->ck_bytes && cap_take(dv, dv->ck_bytes) != 0) { /* the GPU's room, shared with other processes */
+      while (d-- > 0)
+        if (g.dev[d].ck_bytes) cap_give(&g.dev[d], g.dev[d].ck_bytes);
       UNLOCK();
       return CUDA_ERROR_OUT_OF_MEMORY; /* no room: still CHECKPOINTED, contents intact on the host */
     }
@@ -2962,7 +2957,7 @@ SIM_EXPORT int nvmlDeviceGetMemoryInfo(void *device, sim_nvml_memory_t *m) {
   simdev_t *d = device;
   if (!d || d < g.dev || d >= g.dev + g.ndev || !m) return 2;
   LOCK();
-  simm_info_t in; /* the whole GPU, every process of the machine on it, as NVML reports it */
+  simm_info_t in; /* the GPU's: every live process's memory counts, as NVML counts it */
   simm_info(d->gpu, &in);
   m->total = in.capacity;
   m->free = in.used >= in.capacity ? 0 : in.capacity - in.used;

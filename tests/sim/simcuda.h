@@ -35,7 +35,8 @@
  * using it, which the real driver forbids), but the GPUs' slots and the memory they count stay the parent's; the
  * child takes a slot of its own, empty, the first time it uses a GPU, and counts only what it allocates itself
  * (freeing inherited memory gives nothing back, and never takes the child's count below zero). A process that
- * calls exec keeps its slot until it ends (the real driver frees its memory at exec: not simulated).
+ * calls exec keeps its slot until it ends or the new program initialises CUDA, which reclaims it (the real driver
+ * frees the memory at the exec itself).
  * The capacity is the GPU's, stored in its file: the first process to use a GPU that nobody uses sets it (its
  * SIMCUDA_DEVICE_MEM, or simcuda_set_capacity before cuInit); a process whose setting differs while others use
  * the GPU gets the GPU as it is and a warning on stderr. simcuda_set_capacity after cuInit changes the GPU's

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -42,7 +43,8 @@ static holder_t spawn(const char *const *env) {
       if (eq[1]) setenv(name, eq + 1, 1);
       else unsetenv(name);
     }
-    alarm(120); /* a holder left behind by a failed test ends */
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* a holder left behind by a failed test ends with it */
+    alarm(120);
     execl(SIM_HOLDER, "sim_holder", (char *)NULL);
     _exit(127);
   }
@@ -195,6 +197,22 @@ Test(sim_machine, a_killed_process_gives_its_memory_back, .init = small_gpus) {
   cr_assert_eq(sim_stats(0, NULL).gpu_reclaimed, reclaimed, "a normal exit left nothing to reclaim");
 }
 
+/* exec replaces the program: once the new one initialises CUDA, the old one's memory is back. */
+Test(sim_machine, a_program_replaced_by_exec_gives_its_memory_back, .init = small_gpus) {
+  holder_t b = spawn(NULL);
+  HOK(&b, "init");
+  HOK(&b, "alloc 0 %llu", 600 * MiB);
+  cr_assert_eq(free_of(0), CAP - 600 * MiB);
+  HOK(&b, "exec"); /* answered by the new program: the same process */
+  HOK(&b, "init");
+  cr_assert_eq(free_of(0), CAP);
+  cr_assert_eq(sim_stats(0, NULL).gpu_processes, 2);
+  HOK(&b, "alloc 0 %llu", CAP / 2);
+  cr_assert_eq(free_of(0), CAP / 2);
+  finish(&b);
+  cr_assert_eq(free_of(0), CAP);
+}
+
 /* A pid reused by another process does not keep a dead process's memory: the slot records the start time. A
  * zombie (ended, not yet reaped) holds nothing either. */
 Test(sim_machine, a_zombie_holds_nothing, .init = small_gpus) {
@@ -334,6 +352,13 @@ Test(sim_machine, an_idle_gpu_takes_the_next_process_setting, .init = small_gpus
   char line[64];
   snprintf(line, sizeof line, "%llu %llu", 512 * MiB, 512 * MiB);
   cr_assert_str_eq(cmd(&c, "info 0"), line);
+  /* and this process, asking for 1 GiB while that one uses the GPU, gets its 512 MiB */
+  cr_assert_eq(free_of(0), 512 * MiB);
+  CUdevice dev;
+  size_t total = 0;
+  OK(cuDeviceGet(&dev, 0));
+  OK(cuDeviceTotalMem(&total, dev));
+  cr_assert_eq(total, 512 * MiB);
   finish(&c);
 }
 
@@ -425,4 +450,24 @@ Test(sim_machine, many_processes_start_at_once, .init = small_gpus) {
   for (int i = 0; i < N; i++) finish(&h[i]);
   cr_assert_eq(free_of(0), CAP);
   cr_assert_eq(sim_stats(0, NULL).gpu_processes, 1);
+}
+
+/* With SIMCUDA_MACHINE unset, the machine is the user's own: $XDG_RUNTIME_DIR/simcuda, made 0700. */
+Test(sim_machine, the_default_machine_is_private_to_the_user) {
+  char xdg[4200], path[4400];
+  snprintf(xdg, sizeof xdg, "%s/xdg", getenv("SIMCUDA_MACHINE"));
+  cr_assert_eq(mkdir(xdg, 0700), 0);
+  setenv("XDG_RUNTIME_DIR", xdg, 1);
+  unsetenv("SIMCUDA_MACHINE");
+  sim_primary(0);
+  char u0[64];
+  uuid_text(0, u0, sizeof u0);
+  struct stat st;
+  snprintf(path, sizeof path, "%s/simcuda", xdg);
+  cr_assert_eq(stat(path, &st), 0, "%s", path);
+  cr_assert(S_ISDIR(st.st_mode));
+  cr_assert_eq(st.st_mode & 0777, 0700);
+  snprintf(path, sizeof path, "%s/simcuda/%s", xdg, u0);
+  cr_assert_eq(stat(path, &st), 0, "%s", path);
+  cr_assert_eq(st.st_mode & 0777, 0600);
 }
