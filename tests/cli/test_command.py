@@ -273,11 +273,14 @@ class CommandTest(unittest.TestCase):
         GPU UUID (docs/PROTOCOL.md)."""
         h = self.hold("--peers", "ask", "--peer-timeout", "0.5")
         path = os.path.join(self.rundir, "%d.json" % h.pid)
-        deadline = time.time() + 20
+        # The worker rewrites the file within half a second of a change: a file written when the context came
+        # up (the GPU listed, nothing held yet) may still be there when the program says it is ready.
+        deadline = time.time() + 20  # a hang guard
         while True:
             with open(path) as f:
                 st = json.load(f)
-            if st["peer"]["gpus"] or time.time() > deadline:
+            gpus = st["peer"]["gpus"]
+            if (gpus and gpus[0]["held_bytes"] == 72 * MiB) or time.time() > deadline:
                 break
             time.sleep(0.05)
         peer = st["peer"]
