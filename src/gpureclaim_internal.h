@@ -537,6 +537,8 @@ void gr_sleep_atfork_child(void);
 /* IPC (hooks/driver.c): exported = 1 once memory was exported (cuIpcGetMemHandle); opened +1/-1 per handle of
  * another process's memory opened and closed. A sleep is refused while either says memory is shared. */
 void gr_sleep_note_ipc(int exported, int opened);
+/* A stream capture began (begin) or ended on stream s (ptsz: through a per-thread-default-stream variant). */
+void gr_sleep_note_capture(CUstream s, bool ptsz, bool begin);
 
 int gr_ctl_open(void);
 /* In a forked child: close the parent's socket without removing it. */

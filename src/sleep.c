@@ -58,6 +58,60 @@ static _Atomic uint64_t g_idle_since_ms; /* idle watch: when the probe was armed
 static _Atomic int g_ipc_exported;       /* cuIpcGetMemHandle succeeded once */
 static _Atomic long g_ipc_opened;        /* other processes' memory mapped now */
 
+/* Streams capturing a graph now (cuStreamBeginCapture* to cuStreamEndCapture): a capture cannot be
+ * checkpointed, so a sleep is refused meanwhile, saying so. A few at most in practice; past GR_CAPTURE_MAX the
+ * count alone is kept (g_capture_lost) and a sleep is refused until the set is empty again. */
+#define GR_CAPTURE_MAX 64
+static pthread_mutex_t g_cap_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+  CUstream s;
+  bool ptsz;
+} g_cap[GR_CAPTURE_MAX];
+static int g_ncap, g_capture_lost;
+
+void gr_sleep_note_capture(CUstream s, bool ptsz, bool begin) {
+  pthread_mutex_lock(&g_cap_mu);
+  int i = 0;
+  while (i < g_ncap && !(g_cap[i].s == s && g_cap[i].ptsz == ptsz))
+    i++;
+  if (begin && i == g_ncap) {
+    if (g_ncap < GR_CAPTURE_MAX)
+      g_cap[g_ncap].s = s, g_cap[g_ncap].ptsz = ptsz, g_ncap++;
+    else
+      g_capture_lost++;
+  } else if (!begin && i < g_ncap) {
+    g_cap[i] = g_cap[--g_ncap];
+  } else if (!begin && g_capture_lost > 0) {
+    g_capture_lost--;
+  }
+  pthread_mutex_unlock(&g_cap_mu);
+}
+
+/* A stream still capturing, as the driver says (a stream destroyed while capturing ends its capture there and
+ * is dropped here); NULL for none. *ptsz: which variant began it. */
+static bool capturing_now(CUstream *out) {
+  typedef CUresult (*is_fn)(CUstream, CUstreamCaptureStatus *);
+  is_fn is = (is_fn)gr_real_driver("cuStreamIsCapturing"), is_pt = (is_fn)gr_real_driver("cuStreamIsCapturing_ptsz");
+  pthread_mutex_lock(&g_cap_mu);
+  for (int i = 0; i < g_ncap;) {
+    is_fn f = g_cap[i].ptsz && is_pt ? is_pt : is;
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    if (f && f(g_cap[i].s, &st) != CUDA_SUCCESS)
+      st = CU_STREAM_CAPTURE_STATUS_NONE; /* no such stream any more */
+    if (st == CU_STREAM_CAPTURE_STATUS_NONE) {
+      g_cap[i] = g_cap[--g_ncap];
+      continue;
+    }
+    *out = g_cap[i].s;
+    pthread_mutex_unlock(&g_cap_mu);
+    return true;
+  }
+  bool lost = g_capture_lost > 0;
+  pthread_mutex_unlock(&g_cap_mu);
+  *out = NULL;
+  return lost;
+}
+
 void gr_sleep_note_ipc(int exported, int opened) {
   if (exported)
     atomic_store_explicit(&g_ipc_exported, 1, memory_order_relaxed);
@@ -300,6 +354,11 @@ int gr_sleep_run_progress(int trigger, unsigned timeout_ms, gpureclaim_sleep_rep
   if (!A.lock || !A.checkpoint || !A.restore || !A.unlock)
     return refuse(out, &r, t0, -ENOTSUP, "the driver has no checkpoint API (driver 570 or later, "
                                      "on x86-64); the release's memory stays given back");
+  CUstream capturing = NULL;
+  if (capturing_now(&capturing))
+    return refuse(out, &r, t0, -EBUSY, "a CUDA graph is being captured (stream %p, cuStreamBeginCapture): a capture "
+                                       "cannot be checkpointed; sleep once it ends (cuStreamEndCapture); the "
+                                       "release's memory stays given back", (void *)capturing);
   if (atomic_load_explicit(&g_ipc_exported, memory_order_relaxed))
     return refuse(out, &r, t0, -EBUSY, "the process exported device memory over IPC (cuIpcGetMemHandle): another "
                                        "process may have it mapped; the release's memory stays given back");
@@ -591,6 +650,8 @@ void gr_sleep_atfork_child(void) {
   atomic_store(&g_host_bytes, 0);
   g_rel_active = 0;
   atomic_store(&g_idle_since_ms, 0);
+  pthread_mutex_init(&g_cap_mu, NULL);
+  g_ncap = 0, g_capture_lost = 0; /* the parent's captures are not the child's */
   atomic_store(&g_ipc_exported, 0); /* the child's own CUDA use starts over */
   atomic_store(&g_ipc_opened, 0);
 }

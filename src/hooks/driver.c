@@ -24,6 +24,7 @@
 #undef cuDevicePrimaryCtxRelease
 #undef cuDevicePrimaryCtxReset
 #undef cuIpcOpenMemHandle
+#undef cuStreamBeginCapture
 
 /* Real pointers: the export route resolves the symbol in libcuda once; the procaddr route keeps the pointer
  * cuGetProcAddress returned (procaddr.c fills it). */
@@ -331,6 +332,61 @@ static CUresult b_ipc_close(void *realp, uintptr_t ra, CUdeviceptr dptr) {
   CUresult rc = ((PFN_cuIpcCloseMemHandle_v4010)realp)(dptr);
   if (rc == CUDA_SUCCESS)
     gr_sleep_note_ipc(0, -1);
+  return rc;
+}
+
+/* ---- stream capture: a graph being captured cannot be checkpointed (sleep.c refuses a sleep meanwhile) ---- */
+
+static CUresult capture_begun(CUresult rc, CUstream s, bool ptsz) {
+  if (rc == CUDA_SUCCESS)
+    gr_sleep_note_capture(s, ptsz, true);
+  return rc;
+}
+static CUresult b_capture_begin1(void *realp, uintptr_t ra, CUstream s) {
+  (void)ra;
+  NEED_REAL(realp);
+  return capture_begun(((CUresult(CUDAAPI *)(CUstream))realp)(s), s, false);
+}
+static CUresult b_capture_begin1_pt(void *realp, uintptr_t ra, CUstream s) {
+  (void)ra;
+  NEED_REAL(realp);
+  return capture_begun(((CUresult(CUDAAPI *)(CUstream))realp)(s), s, true);
+}
+static CUresult b_capture_begin(void *realp, uintptr_t ra, CUstream s, CUstreamCaptureMode mode) {
+  (void)ra;
+  NEED_REAL(realp);
+  return capture_begun(((PFN_cuStreamBeginCapture_v10010)realp)(s, mode), s, false);
+}
+static CUresult b_capture_begin_pt(void *realp, uintptr_t ra, CUstream s, CUstreamCaptureMode mode) {
+  (void)ra;
+  NEED_REAL(realp);
+  return capture_begun(((PFN_cuStreamBeginCapture_v10010)realp)(s, mode), s, true);
+}
+static CUresult b_capture_to_graph(void *realp, uintptr_t ra, CUstream s, CUgraph g, const CUgraphNode *deps,
+                                   const CUgraphEdgeData *data, size_t n, CUstreamCaptureMode mode) {
+  (void)ra;
+  NEED_REAL(realp);
+  return capture_begun(((PFN_cuStreamBeginCaptureToGraph_v12030)realp)(s, g, deps, data, n, mode), s, false);
+}
+static CUresult b_capture_to_graph_pt(void *realp, uintptr_t ra, CUstream s, CUgraph g, const CUgraphNode *deps,
+                                      const CUgraphEdgeData *data, size_t n, CUstreamCaptureMode mode) {
+  (void)ra;
+  NEED_REAL(realp);
+  return capture_begun(((PFN_cuStreamBeginCaptureToGraph_v12030)realp)(s, g, deps, data, n, mode), s, true);
+}
+/* A capture ends with its EndCapture whatever that returns (an invalidated capture ends with an error). */
+static CUresult b_capture_end(void *realp, uintptr_t ra, CUstream s, CUgraph *g) {
+  (void)ra;
+  NEED_REAL(realp);
+  CUresult rc = ((PFN_cuStreamEndCapture_v10000)realp)(s, g);
+  gr_sleep_note_capture(s, false, false);
+  return rc;
+}
+static CUresult b_capture_end_pt(void *realp, uintptr_t ra, CUstream s, CUgraph *g) {
+  (void)ra;
+  NEED_REAL(realp);
+  CUresult rc = ((PFN_cuStreamEndCapture_v10000)realp)(s, g);
+  gr_sleep_note_capture(s, true, false);
   return rc;
 }
 

@@ -94,7 +94,26 @@
     (CUdeviceptr * pdptr, CUipcMemHandle handle, unsigned int Flags), (pdptr, handle, Flags))                \
   X(cuIpcOpenMemHandle_v2, "cuIpcOpenMemHandle", 11000, 0, b_ipc_open,                                      \
     (CUdeviceptr * pdptr, CUipcMemHandle handle, unsigned int Flags), (pdptr, handle, Flags))                \
-  X(cuIpcCloseMemHandle, "cuIpcCloseMemHandle", 4010, 0, b_ipc_close, (CUdeviceptr dptr), (dptr))
+  X(cuIpcCloseMemHandle, "cuIpcCloseMemHandle", 4010, 0, b_ipc_close, (CUdeviceptr dptr), (dptr))          \
+  X(cuStreamBeginCapture, "cuStreamBeginCapture", 10000, 0, b_capture_begin1, (CUstream hStream), (hStream)) \
+  X(cuStreamBeginCapture_ptsz, "cuStreamBeginCapture", 10000, 1, b_capture_begin1_pt, (CUstream hStream),   \
+    (hStream))                                                                                               \
+  X(cuStreamBeginCapture_v2, "cuStreamBeginCapture", 10010, 0, b_capture_begin,                             \
+    (CUstream hStream, CUstreamCaptureMode mode), (hStream, mode))                                           \
+  X(cuStreamBeginCapture_v2_ptsz, "cuStreamBeginCapture", 10010, 1, b_capture_begin_pt,                     \
+    (CUstream hStream, CUstreamCaptureMode mode), (hStream, mode))                                           \
+  X(cuStreamBeginCaptureToGraph, "cuStreamBeginCaptureToGraph", 12030, 0, b_capture_to_graph,              \
+    (CUstream hStream, CUgraph hGraph, const CUgraphNode *deps, const CUgraphEdgeData *data, size_t n,       \
+     CUstreamCaptureMode mode),                                                                              \
+    (hStream, hGraph, deps, data, n, mode))                                                                  \
+  X(cuStreamBeginCaptureToGraph_ptsz, "cuStreamBeginCaptureToGraph", 12030, 1, b_capture_to_graph_pt,      \
+    (CUstream hStream, CUgraph hGraph, const CUgraphNode *deps, const CUgraphEdgeData *data, size_t n,       \
+     CUstreamCaptureMode mode),                                                                              \
+    (hStream, hGraph, deps, data, n, mode))                                                                  \
+  X(cuStreamEndCapture, "cuStreamEndCapture", 10000, 0, b_capture_end, (CUstream hStream, CUgraph * phGraph), \
+    (hStream, phGraph))                                                                                      \
+  X(cuStreamEndCapture_ptsz, "cuStreamEndCapture", 10000, 1, b_capture_end_pt,                              \
+    (CUstream hStream, CUgraph * phGraph), (hStream, phGraph))
 
 /* Ids: GR_H_<symbol>. */
 #define GR_HOOK_ENUM(sym, base, ver, ptsz, body, params, args) GR_H_##sym,

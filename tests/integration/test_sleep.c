@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #define RT_OK(call) cr_assert_eq((call), cudaSuccess, "%s", #call)
+#define OK(call) cr_assert_eq((call), CUDA_SUCCESS, "%s", #call)
 #define MiB (1024ull * 1024)
 #define GiB (1024ull * MiB)
 
@@ -374,6 +375,38 @@ Test(sleep, refused_once_memory_was_shared_over_ipc) {
   cr_assert_not_null(strstr(r.reason, "IPC"), "%s", r.reason);
   cr_assert_eq(r.slept, 0);
   cr_assert_eq(state(NULL), GPURECLAIM_STATE_AWAKE);
+  RT_OK(cudaFree(p));
+}
+
+/* A graph being captured cannot be checkpointed: the sleep is refused, saying so, until the capture ends; the
+ * capture is begun through cuGetProcAddress (the runtime's route) and ended by the exported name. */
+Test(sleep, refused_while_a_graph_is_being_captured) {
+  void *p;
+  RT_OK(cudaSetDevice(0));
+  RT_OK(cudaMalloc(&p, 1 * MiB));
+  CUstream s;
+  OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUresult (*begin)(CUstream, CUstreamCaptureMode) = NULL;
+  CUdriverProcAddressQueryResult q;
+  cr_assert_eq(cuGetProcAddress_v2("cuStreamBeginCapture", (void **)&begin, 13000, 0, &q), CUDA_SUCCESS);
+  OK(begin(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  gpureclaim_sleep_report_t r = {.size = sizeof r};
+  cr_assert_eq(gpureclaim_sleep(&r), -EBUSY, "%s", r.reason);
+  cr_assert_not_null(strstr(r.reason, "graph is being captured"), "%s", r.reason);
+  cr_assert_eq(r.slept, 0);
+  cr_assert_eq(state(NULL), GPURECLAIM_STATE_AWAKE);
+  CUgraph g;
+  OK(cuStreamEndCapture(s, &g));
+  OK(cuGraphDestroy(g));
+  r = (gpureclaim_sleep_report_t){.size = sizeof r};
+  cr_assert_eq(gpureclaim_sleep(&r), 0, "once the capture ended: %s", r.reason);
+  cr_assert_eq(gpureclaim_wake(), 0);
+  /* A capture that a destroyed stream ended is not counted against a sleep for ever. */
+  OK(begin(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  OK(cuStreamDestroy(s));
+  r = (gpureclaim_sleep_report_t){.size = sizeof r};
+  cr_assert_eq(gpureclaim_sleep(&r), 0, "after the capturing stream was destroyed: %s", r.reason);
+  cr_assert_eq(gpureclaim_wake(), 0);
   RT_OK(cudaFree(p));
 }
 

@@ -74,7 +74,9 @@
   X(cuMemGetMemPool) X(cuMemSetMemPool) X(cuLaunchKernel) X(cuLaunchKernel_ptsz)                          \
   X(cuCheckpointProcessLock) X(cuCheckpointProcessCheckpoint) X(cuCheckpointProcessRestore)                 \
   X(cuCheckpointProcessUnlock) X(cuCheckpointProcessGetState) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle)       \
-  X(cuIpcOpenMemHandle_v2) X(cuIpcCloseMemHandle)
+  X(cuIpcOpenMemHandle_v2) X(cuIpcCloseMemHandle) X(cuStreamBeginCapture_v2) X(cuStreamBeginCapture_v2_ptsz)     \
+  X(cuStreamEndCapture) X(cuStreamEndCapture_ptsz) X(cuStreamIsCapturing) X(cuStreamIsCapturing_ptsz)         \
+  X(cuGraphDestroy)
 
 enum {
 #define X(n) SIMFN_##n,
@@ -305,9 +307,12 @@ struct CUctx_st {
   struct CUctx_st *all_next; /* every context ever made: handles stay unique and dereferenceable */
 };
 
+static int g_capturing; /* streams capturing now (cuStreamBeginCapture), under the lock */
+
 struct CUstream_st {
   struct CUctx_st *ctx;
   unsigned flags;
+  int capturing; /* between cuStreamBeginCapture and cuStreamEndCapture (created streams only, see below) */
   blk_t *pend; /* stream-ordered frees on this stream not yet reached */
   struct CUstream_st *next, *prev;
 };
@@ -1141,6 +1146,7 @@ static void ctx_teardown_locked(struct CUctx_st *c) {
     struct CUstream_st *s = c->streams;
     c->streams = s->next;
     simmap_del(&g.streams, (uint64_t)(uintptr_t)s);
+    g_capturing -= s->capturing; /* its capture ends with it */
     free(s);
   }
   if (c->alive) g.dev[c->device].contexts--;
@@ -2006,6 +2012,7 @@ static CUresult impl_stream_destroy(CUstream h) {
   struct CUstream_st *s = simmap_del(&g.streams, (uint64_t)(uintptr_t)h);
   if (s) {
     struct CUctx_st *c = s->ctx;
+    g_capturing -= s->capturing; /* its capture ends with it */
     if (s->prev) s->prev->next = s->next;
     else c->streams = s->next;
     if (s->next) s->next->prev = s->prev;
@@ -2713,6 +2720,81 @@ SIM_API cuIpcCloseMemHandle(CUdeviceptr dptr) {
   LEAVE(cuIpcCloseMemHandle, inited() ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED); /* none open */
 }
 
+/* ---- stream capture: a stream records its work into a graph between BeginCapture and EndCapture. Simulated on
+ * created streams (the default streams answer CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, as the legacy one does on a
+ * real driver; its per-thread default stream can capture there). Work enqueued meanwhile is not checked; the
+ * graph is an empty placeholder for cuGraphDestroy. A checkpoint is refused while a stream captures. */
+
+static CUresult impl_capture(CUstream h, int begin, CUgraph *out) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!begin && !out) return CUDA_ERROR_INVALID_VALUE;
+  LOCK();
+  struct CUctx_st *c;
+  CUresult r = stream_ctx_locked(h, &c);
+  struct CUstream_st *s = r == CUDA_SUCCESS && !special_stream(h) ? simmap_get(&g.streams, (uint64_t)(uintptr_t)h) : NULL;
+  if (r == CUDA_SUCCESS && !s) r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  else if (r == CUDA_SUCCESS && begin && s->capturing) r = CUDA_ERROR_ILLEGAL_STATE;
+  else if (r == CUDA_SUCCESS && !begin && !s->capturing) r = CUDA_ERROR_ILLEGAL_STATE;
+  if (r == CUDA_SUCCESS) {
+    s->capturing = begin;
+    g_capturing += begin ? 1 : -1;
+  }
+  UNLOCK();
+  if (r == CUDA_SUCCESS && !begin) {
+    *out = malloc(16); /* a placeholder graph */
+    if (!*out) return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  return r;
+}
+
+static CUresult impl_is_capturing(CUstream h, CUstreamCaptureStatus *st) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!st) return CUDA_ERROR_INVALID_VALUE;
+  LOCK();
+  struct CUctx_st *c;
+  CUresult r = stream_ctx_locked(h, &c);
+  struct CUstream_st *s = r == CUDA_SUCCESS && !special_stream(h) ? simmap_get(&g.streams, (uint64_t)(uintptr_t)h) : NULL;
+  if (r == CUDA_SUCCESS) *st = s && s->capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+  UNLOCK();
+  return r;
+}
+
+SIM_API cuStreamBeginCapture_v2(CUstream h, CUstreamCaptureMode mode) {
+  ENTER(cuStreamBeginCapture_v2);
+  (void)mode;
+  LEAVE(cuStreamBeginCapture_v2, impl_capture(h, 1, NULL));
+}
+SIM_API cuStreamBeginCapture_v2_ptsz(CUstream h, CUstreamCaptureMode mode);
+SIM_API cuStreamBeginCapture_v2_ptsz(CUstream h, CUstreamCaptureMode mode) {
+  ENTER(cuStreamBeginCapture_v2_ptsz);
+  (void)mode;
+  LEAVE(cuStreamBeginCapture_v2_ptsz, impl_capture(h, 1, NULL));
+}
+SIM_API cuStreamEndCapture(CUstream h, CUgraph *graph) {
+  ENTER(cuStreamEndCapture);
+  LEAVE(cuStreamEndCapture, impl_capture(h, 0, graph));
+}
+SIM_API cuStreamEndCapture_ptsz(CUstream h, CUgraph *graph);
+SIM_API cuStreamEndCapture_ptsz(CUstream h, CUgraph *graph) {
+  ENTER(cuStreamEndCapture_ptsz);
+  LEAVE(cuStreamEndCapture_ptsz, impl_capture(h, 0, graph));
+}
+SIM_API cuStreamIsCapturing(CUstream h, CUstreamCaptureStatus *st) {
+  ENTER(cuStreamIsCapturing);
+  LEAVE(cuStreamIsCapturing, impl_is_capturing(h, st));
+}
+SIM_API cuStreamIsCapturing_ptsz(CUstream h, CUstreamCaptureStatus *st);
+SIM_API cuStreamIsCapturing_ptsz(CUstream h, CUstreamCaptureStatus *st) {
+  ENTER(cuStreamIsCapturing_ptsz);
+  LEAVE(cuStreamIsCapturing_ptsz, impl_is_capturing(h, st));
+}
+SIM_API cuGraphDestroy(CUgraph graph) {
+  ENTER(cuGraphDestroy);
+  if (!graph) LEAVE(cuGraphDestroy, CUDA_ERROR_INVALID_VALUE);
+  free(graph);
+  LEAVE(cuGraphDestroy, CUDA_SUCCESS);
+}
+
 /* ---- checkpoint (cuCheckpointProcess*): the simulator checkpoints its own process only (pid == getpid()).
  * Lock: RUNNING -> LOCKED once every other thread is out of the driver (CUDA_ERROR_NOT_READY, and RUNNING
  * again, when timeoutMs passes first). Checkpoint: LOCKED -> CHECKPOINTED; device contents (live chunks,
@@ -2833,6 +2915,10 @@ static CUresult impl_ck_checkpoint(int pid, CUcheckpointCheckpointArgs *a) {
   if (a && !ck_args_zero(a, sizeof *a)) return CUDA_ERROR_INVALID_VALUE;
   if (atomic_load(&g_ck_state) != CU_PROCESS_STATE_LOCKED) return CUDA_ERROR_ILLEGAL_STATE;
   LOCK();
+  if (g_capturing) { /* a graph being captured cannot be checkpointed */
+    UNLOCK();
+    return CUDA_ERROR_ILLEGAL_STATE;
+  }
   int fail = 0;
   for (size_t i = 0; i < g.blocks.cap && !fail; i++) {
     blk_t *b = g.blocks.keys[i] ? g.blocks.vals[i] : NULL;
@@ -3079,6 +3165,13 @@ static const struct pa_entry {
     PA("cuIpcOpenMemHandle", 4010, 0, cuIpcOpenMemHandle)
     PA("cuIpcOpenMemHandle", 11000, 0, cuIpcOpenMemHandle_v2)
     PA("cuIpcCloseMemHandle", 4010, 0, cuIpcCloseMemHandle)
+    PA("cuStreamBeginCapture", 10010, 0, cuStreamBeginCapture_v2)
+    PA("cuStreamBeginCapture", 10010, 1, cuStreamBeginCapture_v2_ptsz)
+    PA("cuStreamEndCapture", 10000, 0, cuStreamEndCapture)
+    PA("cuStreamEndCapture", 10000, 1, cuStreamEndCapture_ptsz)
+    PA("cuStreamIsCapturing", 10000, 0, cuStreamIsCapturing)
+    PA("cuStreamIsCapturing", 10000, 1, cuStreamIsCapturing_ptsz)
+    PA("cuGraphDestroy", 10000, 0, cuGraphDestroy)
     PA("cuCheckpointProcessLock", 12080, 0, cuCheckpointProcessLock)
     PA("cuCheckpointProcessCheckpoint", 12080, 0, cuCheckpointProcessCheckpoint)
     PA("cuCheckpointProcessRestore", 12080, 0, cuCheckpointProcessRestore)
