@@ -1,14 +1,16 @@
 /*
  * bench_hooks -- what gpureclaim adds to an allocation + free pair, per route, in thread CPU time.
  *
- * `bench_hooks [rounds] [pairs]` (default 7 rounds of 200000 pairs) runs itself as a child four times per round:
- * without and with libgpureclaim.so preloaded (GPURECLAIM_LIBRARY, else next to this binary's build tree), on
- * two drivers: the null driver (bench/nullcuda.c: entry points that do almost nothing, so the figure is
- * gpureclaim's cost) and the simulator (tests/sim). The order alternates between rounds to cancel drift. Each
+ * `bench_hooks [rounds] [pairs]` (default 7 rounds of 200000 pairs) runs itself as a child eight times per round:
+ * without anything preloaded, with libgpureclaim.so (GPURECLAIM_LIBRARY, else next to this binary's build tree),
+ * with the floor tracker (bench/floor/floor.c, BENCH_FLOOR_LIB: the least a tracker can add, the yardstick) and
+ * with the floor tracker reading the current context and a coarse clock per allocation, on two drivers: the null
+ * driver (bench/nullcuda.c: entry points that do almost nothing, so the figure is the tracker's cost) and the
+ * simulator (tests/sim). The order rotates between rounds to cancel drift. Each
  * child times each route's loop with CLOCK_THREAD_CPUTIME_ID (thread CPU time: on a shared machine wall time
  * moves with the load, CPU time repeats within about a nanosecond) and prints ns per pair; the parent prints
  * min and median over the rounds, without, with, and added (with minus without, of the mins and of the
- * medians). Routes:
+ * medians), and the floor trackers' added figures beside them. Routes:
  *   cuMemAlloc_v2 + cuMemFree_v2 by exported name (a program linked with -lcuda);
  *   the same through cuGetProcAddress (the CUDA runtime's route);
  *   cuMemAllocAsync + cuMemFreeAsync by exported name (stream-ordered, pool hits);
@@ -16,10 +18,11 @@
  * Then it times, alone, steps every tracked pair may take (the driver's cuCtxGetCurrent, a clock read, two
  * compare-and-swaps), on the null driver.
  *
- * `bench_hooks --callgrind [pairs]` prints instructions per pair instead: for each route, without and with
- * gpureclaim, it runs the child under `valgrind --tool=callgrind` on the null driver, collecting only inside
- * the timed loop (--toggle-collect), once with `pairs` pairs (default 20000) and once with twice as many, and
- * divides the difference of the instruction counts by `pairs` (so one-time costs cancel). Needs valgrind.
+ * `bench_hooks --callgrind [pairs]` prints instructions per pair instead: for each route, without, with
+ * gpureclaim and with the two floor trackers, it runs the child under `valgrind --tool=callgrind` on the null
+ * driver, collecting only inside the timed loop (--toggle-collect), once with `pairs` pairs (default 20000) and
+ * once with twice as many, and divides the difference of the instruction counts by `pairs` (so one-time costs
+ * cancel). Needs valgrind.
  *
  * Driver directories: BENCH_NULL_DIR and BENCH_SIM_DIR (environment), else the build tree's. Children are
  * multi-threaded processes, as every process that initialised CUDA is (both drivers start a thread in cuInit).
@@ -44,6 +47,9 @@
 #ifndef BENCH_SIM_DIR_DEFAULT
 #define BENCH_SIM_DIR_DEFAULT ""
 #endif
+#ifndef BENCH_FLOOR_LIB_DEFAULT
+#define BENCH_FLOOR_LIB_DEFAULT ""
+#endif
 
 #define NROUTES 4
 static const char *const g_route[NROUTES] = {
@@ -55,6 +61,9 @@ static const char *const g_step[NSTEPS] = {"the driver's cuCtxGetCurrent", "cloc
 #define STEP_KEY 100
 #define NDRV 2
 static const char *const g_drv[NDRV] = {"null", "sim"};
+/* What a child preloads: nothing, gpureclaim, the floor tracker (bench/floor), the floor tracker that also reads
+ * the current context and a coarse clock per allocation (FLOOR_CTX=1). */
+enum { M_NONE, M_GR, M_FLOOR, M_FLOOR_CTX, NMODES };
 
 static double cpu_ns(void) {
   struct timespec ts;
@@ -175,17 +184,22 @@ static int cmpd(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-static char g_self[PATH_MAX], g_lib[PATH_MAX], g_dir[NDRV][PATH_MAX];
+static char g_self[PATH_MAX], g_lib[PATH_MAX], g_floor[PATH_MAX], g_dir[NDRV][PATH_MAX];
 
-/* Child environment: the driver's directory first on LD_LIBRARY_PATH, the preload or none. */
-static void child_env(int drv, bool with) {
+/* Child environment: the driver's directory first on LD_LIBRARY_PATH, the preload (mode) or none. */
+static void child_env(int drv, int mode) {
   const char *old = getenv("LD_LIBRARY_PATH");
   char path[2 * PATH_MAX + 2];
   snprintf(path, sizeof path, "%s%s%s", g_dir[drv], old && *old ? ":" : "", old && *old ? old : "");
   setenv("LD_LIBRARY_PATH", path, 1);
-  if (with) {
+  unsetenv("FLOOR_CTX");
+  if (mode == M_GR) {
     setenv("LD_PRELOAD", g_lib, 1);
     setenv("GPURECLAIM_STATUS", "0", 1); /* no files from a benchmark */
+  } else if (mode == M_FLOOR || mode == M_FLOOR_CTX) {
+    setenv("LD_PRELOAD", g_floor, 1);
+    if (mode == M_FLOOR_CTX)
+      setenv("FLOOR_CTX", "1", 1);
   } else {
     unsetenv("LD_PRELOAD");
   }
@@ -200,8 +214,8 @@ static bool right_driver(int drv, const char *path) {
   return !strncmp(real_path, real_dir, l) && real_path[l] == '/' && !strchr(real_path + l + 1, '/');
 }
 
-/* Runs the child on driver drv with or without the preload; reads its NROUTES figures (and the NSTEPS ones). */
-static int run(int drv, bool with, long n, double *out, double *steps) {
+/* Runs the child on driver drv with the preload of mode; reads its NROUTES figures (and the NSTEPS ones). */
+static int run(int drv, int mode, long n, double *out, double *steps) {
   int fd[2];
   if (pipe(fd) != 0)
     return -1;
@@ -209,7 +223,7 @@ static int run(int drv, bool with, long n, double *out, double *steps) {
   if (pid == 0) {
     dup2(fd[1], 1);
     close(fd[0]);
-    child_env(drv, with);
+    child_env(drv, mode);
     char num[32];
     snprintf(num, sizeof num, "%ld", n);
     execl(g_self, g_self, "--child", num, (char *)NULL);
@@ -243,7 +257,7 @@ static int run(int drv, bool with, long n, double *out, double *steps) {
 }
 
 /* Instructions callgrind counted in the timed loop of one child run (null driver), or -1. */
-static double callgrind_ir(int route, bool with, long n) {
+static double callgrind_ir(int route, int mode, long n) {
   int fd[2];
   if (pipe(fd) != 0)
     return -1;
@@ -254,7 +268,7 @@ static double callgrind_ir(int route, bool with, long n) {
     int devnull = open("/dev/null", O_WRONLY);
     if (devnull >= 0)
       dup2(devnull, 1);
-    child_env(0, with);
+    child_env(0, mode);
     char num[32], r[16];
     snprintf(num, sizeof num, "%ld", n);
     snprintf(r, sizeof r, "%d", route);
@@ -280,10 +294,13 @@ static double callgrind_ir(int route, bool with, long n) {
 static int callgrind_main(long n) {
   printf("bench_hooks --callgrind: instructions per alloc+free pair in the timed loop, null driver\n");
   printf("((Ir of %ld pairs - Ir of %ld pairs) / %ld, so one-time costs cancel)\n", 2 * n, n, n);
-  printf("%-50s %10s %10s %10s\n", "route", "without", "with", "added");
+  printf("(floor: the throwaway minimal tracker of bench/floor; floor+ctx: the same reading the current context "
+         "and a coarse clock per allocation)\n");
+  printf("%-50s %10s %10s %10s %12s %12s\n", "route", "without", "with", "added", "floor added",
+         "floor+ctx added");
   for (int k = 0; k < NROUTES; k++) {
-    double v[2];
-    for (int w = 0; w < 2; w++) {
+    double v[NMODES];
+    for (int w = 0; w < NMODES; w++) {
       double a = callgrind_ir(k, w, n), b = callgrind_ir(k, w, 2 * n);
       if (a < 0 || b < 0) {
         fprintf(stderr, "bench_hooks: a callgrind run failed (is valgrind installed?)\n");
@@ -291,7 +308,8 @@ static int callgrind_main(long n) {
       }
       v[w] = (b - a) / (double)n;
     }
-    printf("%-50s %10.1f %10.1f %10.1f\n", g_route[k], v[0], v[1], v[1] - v[0]);
+    printf("%-50s %10.1f %10.1f %10.1f %12.1f %12.1f\n", g_route[k], v[M_NONE], v[M_GR], v[M_GR] - v[M_NONE],
+           v[M_FLOOR] - v[M_NONE], v[M_FLOOR_CTX] - v[M_NONE]);
   }
   return 0;
 }
@@ -336,6 +354,12 @@ int main(int argc, char **argv) {
     char *slash = strrchr(g_self, '/');
     snprintf(g_lib, sizeof g_lib, "%.*s/../src/libgpureclaim.so", (int)(slash - g_self), g_self);
   }
+  const char *fl = getenv("BENCH_FLOOR_LIB");
+  snprintf(g_floor, sizeof g_floor, "%s", fl ? fl : BENCH_FLOOR_LIB_DEFAULT);
+  if (access(g_floor, R_OK) != 0) {
+    fprintf(stderr, "bench_hooks: the floor tracker %s not found (set BENCH_FLOOR_LIB)\n", g_floor);
+    return 1;
+  }
   const char *nd = getenv("BENCH_NULL_DIR"), *sd = getenv("BENCH_SIM_DIR");
   snprintf(g_dir[0], sizeof g_dir[0], "%s", nd ? nd : BENCH_NULL_DIR_DEFAULT);
   snprintf(g_dir[1], sizeof g_dir[1], "%s", sd ? sd : BENCH_SIM_DIR_DEFAULT);
@@ -353,33 +377,38 @@ int main(int argc, char **argv) {
   }
   if (cg)
     return callgrind_main(n);
-  static double v[NDRV][2][NROUTES][64], step[NSTEPS][64];
+  static double v[NDRV][NMODES][NROUTES][64], step[NSTEPS][64];
   for (int r = 0; r < rounds; r++)
     for (int d = 0; d < NDRV; d++)
-      for (int o = 0; o < 2; o++) {
-        int w = o ^ (r & 1); /* alternate which goes first */
+      for (int o = 0; o < NMODES; o++) {
+        int w = (o + r) % NMODES; /* rotate which goes first */
         double out[NROUTES], st[NSTEPS] = {0};
-        if (run(d, w, n, out, d == 0 && !w ? st : NULL) != 0) {
+        if (run(d, w, n, out, d == 0 && w == M_NONE ? st : NULL) != 0) {
           fprintf(stderr, "bench_hooks: a child failed\n");
           return 1;
         }
         for (int k = 0; k < NROUTES; k++)
           v[d][w][k][r] = out[k];
-        if (d == 0 && !w)
+        if (d == 0 && w == M_NONE)
           for (int k = 0; k < NSTEPS; k++)
             step[k][r] = st[k];
       }
   printf("bench_hooks: %ld interleaved rounds of %ld pairs; thread CPU time per alloc+free pair in ns, min and "
          "median\n",
          rounds, n);
-  printf("%-50s %-6s %15s %15s %15s\n", "route", "driver", "without", "with", "added");
+  printf("(floor: the throwaway minimal tracker of bench/floor; floor+ctx: the same reading the current context "
+         "and a coarse clock per allocation; their added cost, min and median)\n");
+  printf("%-50s %-6s %15s %15s %15s %15s %15s\n", "route", "driver", "without", "with", "added", "floor added",
+         "floor+ctx added");
   for (int k = 0; k < NROUTES; k++)
     for (int d = 0; d < NDRV; d++) {
-      double bmin, bmed, wmin, wmed;
-      min_med(v[d][0][k], rounds, &bmin, &bmed);
-      min_med(v[d][1][k], rounds, &wmin, &wmed);
-      printf("%-50s %-6s %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f\n", d ? "" : g_route[k], g_drv[d], bmin, bmed, wmin,
-             wmed, wmin - bmin, wmed - bmed);
+      double mn[NMODES], md[NMODES];
+      for (int w = 0; w < NMODES; w++)
+        min_med(v[d][w][k], rounds, &mn[w], &md[w]);
+      printf("%-50s %-6s %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f\n", d ? "" : g_route[k],
+             g_drv[d], mn[M_NONE], md[M_NONE], mn[M_GR], md[M_GR], mn[M_GR] - mn[M_NONE], md[M_GR] - md[M_NONE],
+             mn[M_FLOOR] - mn[M_NONE], md[M_FLOOR] - md[M_NONE], mn[M_FLOOR_CTX] - mn[M_NONE],
+             md[M_FLOOR_CTX] - md[M_NONE]);
     }
   printf("\nsteps a tracked pair may take, each timed alone on the null driver (ns, min and median)\n");
   for (int k = 0; k < NSTEPS; k++) {

@@ -25,7 +25,7 @@ _gpureclaim() {
   local cur="${COMP_WORDS[COMP_CWORD]}" prev="" sub="" i w
   ((COMP_CWORD > 0)) && prev="${COMP_WORDS[COMP_CWORD - 1]}"
   COMPREPLY=()
-  local subs="run ps release snapshot top"
+  local subs="run ps release snapshot sleep wake top"
 
   # The subcommand is the first word after the command name.
   if ((COMP_CWORD == 1)); then
@@ -40,7 +40,7 @@ _gpureclaim() {
     # run's own options end at "--" or at the program; after that, complete the program, then its arguments.
     for ((i = 2; i < COMP_CWORD; i++)); do
       w="${COMP_WORDS[i]}"
-      if [[ $w == -- ]] || [[ $w != -* && " --signal --on-signal --oom-retry --log --rundir " != *" ${COMP_WORDS[i - 1]} "* ]]; then
+      if [[ $w == -- ]] || [[ $w != -* && " --signal --on-signal --oom-retry --log --rundir --peers --peer-timeout " != *" ${COMP_WORDS[i - 1]} "* ]]; then
         if [[ $w == -- ]]; then ((i++)); fi
         if ((i >= COMP_CWORD)); then
           mapfile -t COMPREPLY < <(compgen -c -- "$cur")
@@ -52,16 +52,17 @@ _gpureclaim() {
         return 0
       fi
     done
-    opts="--signal --on-signal --oom-retry --log --rundir --leak-report --backtrace --verbose --verbose= --no-status --disable --help"
-    valued="--signal --on-signal --oom-retry --log --rundir"
+    opts="--signal --on-signal --oom-retry --log --rundir --peers --peer-timeout --leak-report --backtrace --verbose --verbose= --no-status --disable --help"
+    valued="--signal --on-signal --oom-retry --log --rundir --peers --peer-timeout"
     if [[ $cur != -* && " $valued " != *" $prev "* ]]; then # the program itself
       mapfile -t COMPREPLY < <(compgen -c -- "$cur")
       return 0
     fi
     ;;
   ps) opts="--gpu --sort --json --query --format --prometheus --help" valued="--gpu --sort --query --format --prometheus" ;;
-  release) opts="--all --what --timeout --signal --json --help" valued="--what --timeout" ;;
+  release) opts="--all --gpu --what --timeout --signal --json --help" valued="--gpu --what --timeout" ;;
   snapshot) opts="--json --leaks --timeout --help" valued="--timeout" ;;
+  sleep | wake) opts="--timeout --json --help" valued="--timeout" ;;
   top) opts="--interval --iterations --gpu --sort --json --help" valued="--interval --iterations --gpu --sort" ;;
   *) return 0 ;;
   esac
@@ -76,11 +77,14 @@ _gpureclaim() {
   if [[ -n $opt ]]; then
     case $sub:$opt in
     run:--signal) mapfile -t COMPREPLY < <(compgen -W "USR1 USR2 RTMIN+1 RTMIN+2 off" -- "$val") ;;
+    run:--peers) mapfile -t COMPREPLY < <(compgen -W "ask,give ask,give,sleep ask give off" -- "$val") ;;
     run:--on-signal | release:--what)
       # A comma-separated list: complete the last item.
       local head="" last="$val"
       [[ $val == *,* ]] && head="${val%,*}," last="${val##*,}"
-      mapfile -t COMPREPLY < <(compgen -P "$head" -W "cached orphaned all" -- "$last")
+      local words="cached orphaned all"
+      [[ $sub == run && -z $head ]] && words="$words sleep"
+      mapfile -t COMPREPLY < <(compgen -P "$head" -W "$words" -- "$last")
       ;;
     run:--log | ps:--prometheus) mapfile -t COMPREPLY < <(compgen -f -- "$val") ;;
     ps:--sort | top:--sort)
@@ -99,7 +103,7 @@ _gpureclaim() {
     return 0
   fi
   case $sub in
-  release | snapshot) mapfile -t COMPREPLY < <(compgen -W "$(_gpureclaim_pids)" -- "$cur") ;;
+  release | snapshot | sleep | wake) mapfile -t COMPREPLY < <(compgen -W "$(_gpureclaim_pids)" -- "$cur") ;;
   esac
   return 0
 }

@@ -14,8 +14,8 @@
  *  - Structs that may grow start with `size_t size`: set it to sizeof the struct you pass. The library fills
  *    min(size, its own sizeof) bytes, so a program built against an older header keeps working, and sets
  *    `size` to that number (a program built against a newer header learns which fields were filled).
- *  - gpureclaim never changes what a CUDA call returns, except for the out-of-memory retry (GPURECLAIM_OOM_RETRY)
- *    and a free of a pointer that a release already freed (see gpureclaim_scope_end).
+ *  - gpureclaim never changes what a CUDA call returns, except for the out-of-memory retry (GPURECLAIM_OOM_RETRY,
+ *    then GPURECLAIM_PEERS) and a free of a pointer that a release already freed (see gpureclaim_scope_end).
  *
  * Configuration is read once, from the environment; README.md lists every GPURECLAIM_* variable.
  */
@@ -83,12 +83,19 @@ typedef struct gpureclaim_stats {
   uint64_t table_bytes;          /* memory gpureclaim's block table uses now */
   uint64_t contexts;             /* contexts seen and not destroyed */
   uint64_t pools;                /* stream-ordered pools seen and not destroyed */
+  /* Peer reclaim (GPURECLAIM_PEERS): an allocation that still failed after its own retry asks the other
+   * gpureclaim processes of this user on the same GPU to give memory back. */
+  uint64_t peer_reclaims;        /* peer reclaims this process ran (it asked its peers) */
+  uint64_t peer_reclaim_successes; /* ... after which the allocation succeeded */
+  uint64_t peer_received_bytes;  /* what its peers said they gave it */
+  uint64_t peer_gives;           /* peer reclaims it served (it was asked and gave) */
+  uint64_t peer_given_bytes;     /* what it gave them */
 } gpureclaim_stats_t;
 
 /* Totals for one device ordinal (0 to 63; one gpureclaim has not seen reads all zeros), or for all devices when
  * device is -1. Pinned host memory belongs to no device and is counted under -1 only, as are the process-wide
  * counts (untracked_frees, late_frees, untracked_routes, releases, released_bytes, oom_retries,
- * oom_retry_successes, table_bytes): 0 for one device. contexts and pools count that device's own. Returns
+ * oom_retry_successes, table_bytes, peer_*): 0 for one device. contexts and pools count that device's own. Returns
  * -EINVAL for a NULL out, a too small out->size, a device < -1 or a device > 63. */
 GPURECLAIM_API int gpureclaim_stats(int device, gpureclaim_stats_t *out);
 
@@ -171,7 +178,10 @@ typedef enum gpureclaim_trigger {
   GPURECLAIM_TRIGGER_SIGNAL = 2,  /* the release signal (possibly sent by `gpureclaim release`) */
   GPURECLAIM_TRIGGER_OOM = 3,     /* an allocation failed with out-of-memory and was retried */
   GPURECLAIM_TRIGGER_COMMAND = 4, /* the `gpureclaim` command, over the control socket */
-  GPURECLAIM_TRIGGER_SCOPE = 5    /* gpureclaim_scope_end(..., GPURECLAIM_FREE_NOW) */
+  GPURECLAIM_TRIGGER_SCOPE = 5,   /* gpureclaim_scope_end(..., GPURECLAIM_FREE_NOW) */
+  GPURECLAIM_TRIGGER_PEER = 6,   /* another gpureclaim process on the same GPU ran out of memory and asked */
+  GPURECLAIM_TRIGGER_IDLE = 7,   /* GPURECLAIM_SLEEP_IDLE: no CUDA call for that long (sleep only) */
+  GPURECLAIM_TRIGGER_CALL = 8    /* a CUDA call of the program while it slept (wake only) */
 } gpureclaim_trigger_t;
 
 typedef struct gpureclaim_device_report {
@@ -203,6 +213,7 @@ typedef struct gpureclaim_report {
   uint64_t duration_ns;
   int ndevices;              /* entries used in devices[] */
   gpureclaim_device_report_t devices[GPURECLAIM_MAX_DEVICES];
+  int peer_pid;              /* GPURECLAIM_TRIGGER_PEER: the process that asked; else 0 */
 } gpureclaim_report_t;
 
 /* Releases the categories in what (GPURECLAIM_CACHED | GPURECLAIM_ORPHANED | GPURECLAIM_ALL) and fills out (may
@@ -229,6 +240,57 @@ GPURECLAIM_API int gpureclaim_release_context(void *ctx, gpureclaim_report_t *ou
 GPURECLAIM_API int gpureclaim_register_releaser(const char *name, size_t (*fn)(void *arg), void *arg);
 /* Returns 0, or -ENOENT for an unknown id. When it returns, fn is not running and will not be called again. */
 GPURECLAIM_API int gpureclaim_unregister_releaser(int id);
+
+/* ------------------------------------------------------------------------------------------------------------
+ * Sleep and wake
+ *
+ * gpureclaim_sleep() gives back all of the process's device memory, live memory included, and the process
+ * carries on unchanged when it is needed again. First a release of GPURECLAIM_CACHED | GPURECLAIM_ORPHANED,
+ * so that only memory in use has to move; then the host's available memory is checked against what must move;
+ * every context is synchronised; the driver's checkpoint API (driver 570 or later) locks the process (waiting
+ * up to the timeout for threads inside CUDA calls) and moves the rest of its device memory, contexts included,
+ * to host memory. The process then sleeps: the first CUDA call of any thread that gpureclaim sees (every entry
+ * point handed out through cuGetProcAddress or dlsym, and gpureclaim's own exported ones) wakes it before the
+ * call goes on, as does gpureclaim_wake(). A wake first waits, up to GPURECLAIM_WAKE_TIMEOUT seconds, for the
+ * device to have room for what comes back; without room the process stays asleep and intact, and the waiting
+ * call returns CUDA_ERROR_OUT_OF_MEMORY (cudaErrorMemoryAllocation through the runtime); the next call tries
+ * again. README.md, "Sleep and wake", says which calls gpureclaim cannot see.
+ * ---------------------------------------------------------------------------------------------------------- */
+
+typedef enum gpureclaim_sleep_state {
+  GPURECLAIM_STATE_AWAKE = 0,
+  GPURECLAIM_STATE_SLEEPING = 1, /* its device memory is on the host */
+  GPURECLAIM_STATE_WAKING = 2    /* waiting for room on the device, or restoring */
+} gpureclaim_sleep_state_t;
+
+typedef struct gpureclaim_sleep_report {
+  size_t size;                   /* caller: sizeof(gpureclaim_sleep_report_t) */
+  int slept;                     /* 1: the process sleeps now; 0: it does not (reason says why) */
+  int trigger;                   /* gpureclaim_trigger_t */
+  uint64_t released_bytes;       /* given back by the release that came first (cached + orphaned) */
+  uint64_t moved_bytes;          /* device memory moved to host memory (what the process holds on the host) */
+  uint64_t left_bytes;           /* device memory of the process left on the device (reason says why) */
+  uint64_t host_available_bytes; /* the host's available memory (MemAvailable) before moving */
+  uint64_t device_freed_bytes;   /* what the devices gained, by the driver's own count (contexts included) */
+  uint64_t duration_ns;
+  char reason[192];              /* "" when it slept; else why not, in words */
+} gpureclaim_sleep_report_t;
+
+/* Puts the process to sleep (see above) and fills out (may be NULL). The lock waits up to 10 s for threads
+ * inside CUDA calls (`gpureclaim sleep --timeout` chooses). Returns 0 when it sleeps; -EALREADY when it already
+ * did; -EBUSY when a thread stayed inside a CUDA call past the timeout, or device memory is shared over IPC
+ * (exported with cuIpcGetMemHandle, or another process's opened and not closed); -ENOSPC when the host lacks the memory;
+ * -ENOTSUP when the checkpoint API is missing (driver older than 570, GPURECLAIM_SLEEP=0, no NVML to check room
+ * before a wake) or the driver refused (MIG, memory shared over IPC, a graph being captured): what the release
+ * gave back stays given back. -EDEADLK when called from inside an intercepted call or a releaser. */
+GPURECLAIM_API int gpureclaim_sleep(gpureclaim_sleep_report_t *out);
+
+/* Wakes the process now. Returns 0 (also when it was awake), or -ENOMEM when the device had no room within
+ * GPURECLAIM_WAKE_TIMEOUT (the process stays asleep and intact), -EIO when the driver refused the restore. */
+GPURECLAIM_API int gpureclaim_wake(void);
+
+/* The sleep state (gpureclaim_sleep_state_t); *host_bytes (may be NULL) gets the bytes held on the host. */
+GPURECLAIM_API int gpureclaim_sleep_state(uint64_t *host_bytes);
 
 /* ------------------------------------------------------------------------------------------------------------
  * Scopes: declaring memory abandoned

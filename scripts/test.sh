@@ -21,6 +21,7 @@ set -e
 conds=""
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q GPU; then conds+=" nogpu"; fi
 if env -u LD_LIBRARY_PATH python3 -c "import ctypes; ctypes.CDLL('libcuda.so.1')" 2>/dev/null; then conds+=" driver"; fi
+[[ $(id -u) -eq 0 ]] || conds+=" notroot"
 grep -q '^GPURECLAIM_ASAN:BOOL=ON' "$build/CMakeCache.txt" && conds+=" asan san"
 grep -q '^GPURECLAIM_TSAN:BOOL=ON' "$build/CMakeCache.txt" && conds+=" tsan san"
 skipped=$(sed -n '/^The following tests did not run:/,/^$/s/^[[:space:]]*[0-9]* - \([^ ]*\) (.*$/\1/p' "$log")

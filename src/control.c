@@ -51,12 +51,14 @@ int gr_ctl_open(void) {
   }
   memcpy(g_path, sa.sun_path, sizeof g_path);
   atomic_store_explicit(&g_fd, fd, memory_order_release);
+  gr_rep_status_socket(g_path);
   return 0;
 }
 
 void gr_ctl_close(void) {
   int fd = atomic_exchange_explicit(&g_fd, -1, memory_order_acq_rel);
   if (fd >= 0) {
+    gr_rep_status_socket(NULL);
     close(fd);
     unlink(g_path);
   }
@@ -66,7 +68,7 @@ void gr_ctl_forget(void) {
   /* In a forked child: the socket is the parent's; close our copy, leave the file. */
   int fd = atomic_exchange_explicit(&g_fd, -1, memory_order_acq_rel);
   if (fd >= 0)
-    close(fd);
+    close(fd); /* the status file's socket entry is the parent's too: gr_rep_atfork_child clears it */
 }
 
 /* Whether the client still waits for the answer. A command whose --timeout passed (this process was stopped,
@@ -95,8 +97,23 @@ static int send_all(int fd, const jbuf_t *b) {
   return 0;
 }
 
-/* Answers one request line; NULL for a line longer than the protocol allows. */
-static void answer(int fd, const char *line) {
+/* A progress line of a sleep, sent as it goes (a client that left gets nothing; the sleep goes on). */
+static void sleep_progress(const char *phase, uint64_t done, uint64_t total, void *arg) {
+  jbuf_t p;
+  jb_init(&p);
+  jb_obj(&p);
+  jb_bool(&p, "ok", true);
+  jb_str(&p, "progress", phase);
+  jb_u64(&p, "done_bytes", done);
+  jb_u64(&p, "total_bytes", total);
+  jb_obj_end(&p);
+  jb_raw(&p, "\n", 1);
+  send_all(*(int *)arg, &p);
+  jb_free(&p);
+}
+
+/* Answers one request line; NULL for a line longer than the protocol allows. pid: the client's (SO_PEERCRED). */
+static void answer(int fd, const char *line, int pid) {
   size_t verb;
   jbuf_t b;
   jb_init(&b);
@@ -128,7 +145,8 @@ static void answer(int fd, const char *line) {
     /* release-begun: a first line says the release begins, so that a client that gives up afterwards knows
      * it will still happen (a release cannot be stopped once begun). If it cannot be sent, the client is gone
      * and was told the request was withdrawn: not begun. */
-    if (announce && !bad) {
+    bool asleep = gr_sleep_state_now(NULL) != GPURECLAIM_STATE_AWAKE;
+    if (announce && !bad && !asleep) {
       jbuf_t first;
       jb_init(&first);
       jb_obj(&first);
@@ -144,14 +162,53 @@ static void answer(int fd, const char *line) {
         return;
       }
     }
-    int rc = bad ? -EINVAL : gr_rel_run(what, GPURECLAIM_TRIGGER_COMMAND, &rep);
+    int rc = bad ? -EINVAL : asleep ? -EAGAIN : gr_rel_run(what, GPURECLAIM_TRIGGER_COMMAND, &rep);
     jb_bool(&b, "ok", rc == 0);
     if (rc == 0) {
       jb_key(&b, "report");
       gr_rep_report_json(&b, &rep);
     } else {
-      jb_str(&b, "error", rc == -EINVAL ? "bad release categories (expected cached, orphaned, all)" : strerror(-rc));
+      jb_str(&b, "error", rc == -EINVAL   ? "bad release categories (expected cached, orphaned, all)"
+                          : rc == -EAGAIN ? "the process sleeps: its device memory is on the host, nothing to release"
+                                          : strerror(-rc));
     }
+  } else if (strncmp(line, "give ", 5) == 0 || strcmp(line, "give") == 0) {
+    /* A peer ran out of memory on a GPU we use (peer.c). Not run for a client that already hung up. */
+    if (!client_waiting(fd, false)) {
+      jb_free(&b);
+      return;
+    }
+    gr_peer_serve_give(line[4] ? line + 5 : "", pid, &b);
+  } else if (strncmp(line, "sleep", 5) == 0 && (line[5] == ' ' || line[5] == '\0')) {
+    unsigned long long ms = 0;
+    if (line[5] && gr_opt_parse_uint(line + 6, 86400000ULL, &ms) != 0) {
+      jb_bool(&b, "ok", false);
+      jb_str(&b, "error", "bad timeout (expected milliseconds)");
+    } else {
+      gpureclaim_sleep_report_t rep = {.size = sizeof rep};
+      int rc = gr_sleep_run_progress(GPURECLAIM_TRIGGER_COMMAND, (unsigned)ms, &rep, sleep_progress, &fd);
+      jb_bool(&b, "ok", rc == 0 || rc == -EALREADY);
+      jb_key(&b, "report");
+      gr_sleep_report_json(&b, &rep);
+      if (rc != 0)
+        jb_str(&b, "error", rep.reason[0] ? rep.reason : strerror(-rc));
+    }
+  } else if (strcmp(line, "wake") == 0) {
+    uint64_t host = 0;
+    if (gr_sleep_state_now(&host) != GPURECLAIM_STATE_AWAKE)
+      sleep_progress("restoring", 0, host, &fd);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int rc = gr_sleep_wake(GPURECLAIM_TRIGGER_COMMAND);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (rc == 0 && host)
+      sleep_progress("restored", host, host, &fd);
+    jb_bool(&b, "ok", rc == 0);
+    jb_u64(&b, "bytes", host);
+    jb_f64(&b, "ms", (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6);
+    if (rc != 0)
+      jb_str(&b, "error", rc == -ENOMEM ? "no room on the device within GPURECLAIM_WAKE_TIMEOUT: the process "
+                                          "stays asleep" : "the driver refused the restore: the process stays asleep");
   } else if (strcmp(line, "snapshot") == 0) {
     jb_bool(&b, "ok", true);
     jb_key(&b, "snapshot");
@@ -226,6 +283,20 @@ void gr_ctl_serve_one(void) {
   struct ucred cred;
   socklen_t len = sizeof cred;
   if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != geteuid()) {
+    /* Another user (root can reach the socket): refused unanswered, and logged. */
+    jbuf_t ev;
+    jb_init(&ev);
+    jb_obj(&ev);
+    jb_str(&ev, "event", "refused");
+    jb_i64(&ev, "pid", getpid());
+    jb_i64(&ev, "client_pid", len == sizeof cred ? cred.pid : -1);
+    jb_i64(&ev, "client_uid", len == sizeof cred ? (int64_t)cred.uid : -1);
+    jb_obj_end(&ev);
+    jb_raw(&ev, "\n", 1);
+    gr_rep_event(&ev);
+    jb_free(&ev);
+    gr_warn_once(w_refused, "refused a control-socket client of another user (uid %d, pid %d)",
+                 len == sizeof cred ? (int)cred.uid : -1, len == sizeof cred ? (int)cred.pid : -1);
     close(fd);
     return;
   }
@@ -240,13 +311,13 @@ void gr_ctl_serve_one(void) {
   size_t n = 0;
   int got = read_line(fd, line, sizeof line, &n, &deadline);
   if (got < 0) {
-    answer(fd, NULL);
+    answer(fd, NULL, cred.pid);
     drain(fd, &deadline);
   } else if (got > 0) {
     while (n && line[n - 1] == '\r')
       n--;
     line[n] = '\0';
-    answer(fd, line);
+    answer(fd, line, cred.pid);
   }
   close(fd);
 }

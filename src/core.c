@@ -150,8 +150,10 @@ static void atfork_child(void) {
   gr_reg_atfork_child();
   gr_scope_atfork_child();
   gr_rel_atfork_child();
+  gr_peer_atfork_child();
   gr_worker_atfork_child();
   gr_sig_atfork_child();
+  gr_sleep_atfork_child();
   gr_ctl_forget();
   gr_rep_atfork_child();
   atomic_store_explicit(&gr_core_state, 0, memory_order_release); /* start over on the child's first CUDA use */
@@ -223,9 +225,7 @@ bool gr_core_start_slow(void) {
     t_starting = 0;
     return false;
   }
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  g_start_realtime_ms = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+  g_start_realtime_ms = gr_wall_ms();
   atomic_store_explicit(&gr_core_state, 1, memory_order_release);
   if (o->signal && gr_sig_install() != 0)
     gr_warn("could not install the release signal handler");

@@ -37,8 +37,9 @@
  *   runs under a try-lock: one thread at a time, the others skip it, so no thread ever waits for another.
  *
  * Per-thread counters
- *   The record also carries the thread's count of table records inserted minus deleted, written only by its
- *   owner with plain (relaxed) stores, so the table knows its size without a shared counter on the hot path.
+ *   The record also carries the thread's counts of table records inserted and deleted, written only by its
+ *   owner with plain (relaxed) stores, so the table knows its size without a shared counter on the hot path
+ *   (and the table's periodic checks count on them: every 32nd insert or delete of a thread).
  *   Summing them costs a cache miss per thread, so each thread also flushes its changes in batches of 32 to
  *   one shared approximate count (off by at most 31 per thread), which the table reads for its load checks.
  *
@@ -132,11 +133,7 @@ static void thread_exit(void *arg) {
   void (*fn)(gr_thread_rec_t *) = atomic_load_explicit(&g_on_exit, memory_order_acquire);
   if (fn)
     fn(r);
-  atomic_fetch_add_explicit(&g_exited_live, atomic_load_explicit(&r->live, memory_order_relaxed),
-                            memory_order_relaxed);
-  atomic_store_explicit(&r->live, 0, memory_order_relaxed);
-  atomic_fetch_add_explicit(&g_live_approx, r->batch, memory_order_relaxed);
-  r->batch = 0;
+  gr_epoch_count_flush(r); /* its counts stay in the record, summed as before, for the next thread */
   atomic_store_explicit(&r->announce, 0, memory_order_release);
   atomic_store_explicit(&r->track_op, 0, memory_order_release);
   r->depth = 0;
@@ -170,7 +167,6 @@ __attribute__((noinline, cold)) static gr_thread_rec_t *register_thread(void) {
                                                     memory_order_relaxed));
   }
   r->depth = 0;
-  r->batch = 0;
   gr_epoch_t_rec = r;
   pthread_once(&g_asym_once, decide_asym);
   pthread_once(&g_key_once, make_key);
@@ -270,16 +266,21 @@ size_t gr_epoch_reclaim(void) {
   return freed;
 }
 
+void gr_epoch_count_flush(gr_thread_rec_t *r) {
+  int64_t live = (int64_t)(atomic_load_explicit(&r->ins, memory_order_relaxed) -
+                           atomic_load_explicit(&r->del, memory_order_relaxed));
+  atomic_fetch_add_explicit(&g_live_approx, live - r->flushed, memory_order_relaxed);
+  r->flushed = live;
+}
+
 void gr_epoch_count_live_slow(int64_t d) {
   gr_thread_rec_t *r = gr_epoch_self();
-  if (!r) {
-    atomic_fetch_add_explicit(&g_exited_live, d, memory_order_relaxed);
-    atomic_fetch_add_explicit(&g_live_approx, d, memory_order_relaxed);
+  if (r) {
+    (void)gr_epoch_count_op(d > 0 ? &r->ins : &r->del, r);
     return;
   }
-  atomic_fetch_add_explicit(&g_live_approx, r->batch + d, memory_order_relaxed);
-  r->batch = 0;
-  atomic_store_explicit(&r->live, atomic_load_explicit(&r->live, memory_order_relaxed) + d, memory_order_relaxed);
+  atomic_fetch_add_explicit(&g_exited_live, d, memory_order_relaxed);
+  atomic_fetch_add_explicit(&g_live_approx, d, memory_order_relaxed);
 }
 
 /* Tracked inserts of threads without a record (track.c): counted, and treated as older than any destroy. */
@@ -306,7 +307,8 @@ int64_t gr_epoch_live_approx(void) {
 int64_t gr_epoch_live_sum(void) {
   int64_t s = atomic_load_explicit(&g_exited_live, memory_order_relaxed);
   for (gr_thread_rec_t *r = atomic_load_explicit(&g_threads, memory_order_acquire); r; r = r->next)
-    s += atomic_load_explicit(&r->live, memory_order_relaxed);
+    s += (int64_t)(atomic_load_explicit(&r->ins, memory_order_relaxed) -
+                   atomic_load_explicit(&r->del, memory_order_relaxed));
   return s < 0 ? 0 : s;
 }
 
@@ -316,20 +318,22 @@ void gr_epoch_atfork_child(void) {
     if (r == gr_epoch_t_rec)
       continue;
     atomic_store_explicit(&r->announce, 0, memory_order_relaxed);
-    atomic_store_explicit(&r->live, 0, memory_order_relaxed);
     atomic_store_explicit(&r->track_op, 0, memory_order_relaxed);
     atomic_store_explicit(&r->owned, 0, memory_order_relaxed);
   }
+  /* The table is emptied in the child: no record is live. */
+  for (gr_thread_rec_t *r = atomic_load_explicit(&g_threads, memory_order_relaxed); r; r = r->next) {
+    atomic_store_explicit(&r->ins, 0, memory_order_relaxed);
+    atomic_store_explicit(&r->del, 0, memory_order_relaxed);
+    r->flushed = 0;
+  }
   if (gr_epoch_t_rec) {
-    atomic_store_explicit(&gr_epoch_t_rec->live, 0, memory_order_relaxed);
     if (!gr_epoch_t_rec->depth)
       atomic_store_explicit(&gr_epoch_t_rec->announce, 0, memory_order_relaxed);
   }
   atomic_store_explicit(&g_exited_live, 0, memory_order_relaxed);
   atomic_store_explicit(&g_live_approx, 0, memory_order_relaxed);
   atomic_store_explicit(&g_anon_track_ops, 0, memory_order_relaxed);
-  if (gr_epoch_t_rec)
-    gr_epoch_t_rec->batch = 0;
   atomic_store_explicit(&g_anon_inside, t_anon_depth ? 1u : 0u, memory_order_relaxed);
   /* A new process: its own membarrier registration. */
   atomic_store_explicit(&gr_epoch_asym, 0, memory_order_seq_cst);

@@ -1,6 +1,7 @@
 /*
  * gpureclaim_internal.h -- declarations shared between gpureclaim's modules. Not installed.
  *
+ * What the command shares with the library is in common.h and options.h (no CUDA), included here.
  * Module prefixes: gr_opt_ (options.c), gr_log_ (log.c), gr_real_ (real.c), gr_hook_ (hooks/), gr_reg_
  * (registry.c), gr_stats_ (stats.c), gr_table_/gr_epoch_ (table.h), gr_scope_ (scope.c), gr_rel_ (release.c),
  * gr_sig_ (signal.c), gr_py_ (releasers/python.c), gr_rep_ (report.c), gr_ctl_ (control.c), gr_core_
@@ -13,7 +14,9 @@
 #define _GNU_SOURCE
 #endif
 
+#include "common.h"
 #include "gpureclaim.h"
+#include "options.h"
 #include "table.h"
 
 #include <cuda.h>
@@ -27,113 +30,18 @@
 
 #define GR_EXPORT __attribute__((visibility("default")))
 #define GR_HIDDEN __attribute__((visibility("hidden")))
-#define GR_LIKELY(x) __builtin_expect(!!(x), 1)
-#define GR_UNLIKELY(x) __builtin_expect(!!(x), 0)
-#define GR_NOINLINE __attribute__((noinline))
-#define GR_COLD __attribute__((noinline, cold))
 #define GR_TLS __thread __attribute__((tls_model("initial-exec")))
-#define GR_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 /* Code that sanitizer runtimes reach before they are initialised: their start-up looks up real functions with
  * dlsym, which is gpureclaim's override. It must not be instrumented. */
 #define GR_NO_SANITIZE __attribute__((no_sanitize("address", "undefined", "thread")))
-/* Internal invariants, checked in the debug build (GPURECLAIM_DEBUG=ON, which CI's sanitizer build uses): a
- * broken one prints what and where, then aborts. Free in a normal build: the condition is not evaluated. */
-#ifdef GR_DEBUG
-#define GR_ASSERT(c) (GR_LIKELY(c) ? (void)0 : gr_assert_fail(#c, __FILE__, __LINE__))
-#else
-#define GR_ASSERT(c) ((void)0)
-#endif
-void gr_assert_fail(const char *what, const char *file, int line) __attribute__((noreturn, cold));
 
 /* ------------------------------------------------------------------------------------------------------------
- * options.c: the one table of GPURECLAIM_* options, read once
+ * log.c: warnings on stderr (gr_log, gr_warn, ... in common.h)
  * ---------------------------------------------------------------------------------------------------------- */
 
-typedef struct gr_options {
-  bool disable;          /* GPURECLAIM_DISABLE */
-  int signal;            /* GPURECLAIM_SIGNAL: signal number, 0 = off */
-  unsigned on_signal;    /* GPURECLAIM_ON_SIGNAL: GPURECLAIM_CACHED | ... */
-  unsigned oom_retry;    /* GPURECLAIM_OOM_RETRY: retries after out-of-memory (0 = off) */
-  char log[4096];        /* GPURECLAIM_LOG: a path appended to; "": none (see log_stderr) */
-  bool log_stderr;       /* GPURECLAIM_LOG=stderr: release reports on stderr (unset: no reports written) */
-  char rundir[4096];     /* GPURECLAIM_RUNDIR (resolved default) */
-  bool leak_report;      /* GPURECLAIM_LEAK_REPORT */
-  bool backtrace;        /* GPURECLAIM_BACKTRACE */
-  bool python;           /* GPURECLAIM_PYTHON: framework caches through CPython (default on) */
-  bool status;           /* GPURECLAIM_STATUS: status file and control socket (default on) */
-  int verbose;           /* GPURECLAIM_VERBOSE: 0 warnings, 1 info, 2 debug */
-} gr_options_t;
-
-/* The options, parsed on first call (bad values warned about once, defaults used). Safe from any thread. */
-const gr_options_t *gr_opt(void);
-/* GPURECLAIM_DISABLE alone, read from environ without allocating (usable from the constructor). */
-bool gr_opt_disabled_early(void);
-/* Parsers shared with the command (tools/): return 0, or -EINVAL for a malformed value. */
-int gr_opt_parse_bool(const char *s, bool *out);
-int gr_opt_parse_signal(const char *s, int *out);
-int gr_opt_parse_what(const char *s, unsigned *out);
-int gr_opt_parse_uint(const char *s, unsigned long long max, unsigned long long *out);
-/* Whether a GPURECLAIM_LOG value names standard error ("stderr" in any case, or "-") rather than a file. */
-bool gr_opt_log_is_stderr(const char *s);
-/* Parses value as variable name would be: 0, -EINVAL (malformed) or -ENOENT (no such variable); *expected is
- * what the variable takes, in words, as its warning says. */
-int gr_opt_check(const char *name, const char *value, const char **expected);
-/* Name of a signal as GPURECLAIM_SIGNAL writes it ("USR1", "RTMIN+3"), "off" for 0. */
-const char *gr_opt_signal_name(int sig, char *buf, size_t len);
-/* "cached,orphaned" for a mask. */
-const char *gr_opt_what_name(unsigned what, char *buf, size_t len);
-/* Re-reads the environment (tests only). */
-void gr_opt_reload(void);
-/* Called from the constructor: records the current directory if GPURECLAIM_LOG is a relative path, which is
- * then resolved from it (no allocation). */
-void gr_opt_note_start_dir(void);
-
-/* ------------------------------------------------------------------------------------------------------------
- * log.c: warnings on stderr, prefixed "gpureclaim[pid]: "; never allocates
- * ---------------------------------------------------------------------------------------------------------- */
-
-void gr_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* One short line for people about a release, at GPURECLAIM_VERBOSE=1 (the JSON report goes to GPURECLAIM_LOG). */
 struct gpureclaim_report;
 void gr_log_release(const struct gpureclaim_report *r);
-/* v bytes for people, in binary units ("512 B", "1.5 GiB"), in buf; returns buf. Shared with the command. */
-const char *gr_log_bytes(uint64_t v, char *buf, size_t len);
-/* "s" unless n is 1, for "%llu block%s". Shared with the command. */
-static inline const char *gr_plural(unsigned long long n) { return n == 1 ? "" : "s"; }
-/* Length (1-4) of the well-formed UTF-8 sequence at p (NUL-terminated), or 0 where p starts none (a stray
- * byte, an overlong form, a surrogate, past U+10FFFF). Command lines and paths are bytes: what gpureclaim
- * writes as JSON or shows to people goes through this. Shared with the command. */
-static inline size_t gr_utf8_len(const unsigned char *p) {
-  unsigned c = p[0];
-  if (c < 0x80)
-    return 1;
-  size_t n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
-  for (size_t i = 1; i < n; i++)
-    if ((p[i] & 0xc0) != 0x80)
-      return 0;
-  if ((c == 0xe0 && p[1] < 0xa0) || (c == 0xed && p[1] >= 0xa0) || (c == 0xf0 && p[1] < 0x90) ||
-      (c == 0xf4 && p[1] >= 0x90))
-    return 0; /* overlong, surrogate, or beyond U+10FFFF */
-  return n;
-}
-/* Milliseconds from now to a CLOCK_MONOTONIC deadline, for poll(): 0 once it has passed, else rounded up (a
- * poll never wakes before the deadline and spins), at most a day. Shared with the command. */
-static inline int gr_ms_until(const struct timespec *deadline) {
-  struct timespec now;
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  int64_t ns = (int64_t)(deadline->tv_sec - now.tv_sec) * 1000000000 + (deadline->tv_nsec - now.tv_nsec);
-  return ns <= 0 ? 0 : ns >= INT64_C(86400) * 1000000000 ? 86400000 : (int)((ns + 999999) / 1000000);
-}
-#define gr_warn(...) gr_log(0, __VA_ARGS__)
-#define gr_info(...) gr_log(1, __VA_ARGS__)
-#define gr_debug(...) gr_log(2, __VA_ARGS__)
-/* Warns once per flag (a static _Atomic int owned by the caller). */
-#define gr_warn_once(flag, ...)                                                                            \
-  do {                                                                                                     \
-    static _Atomic int flag;                                                                               \
-    if (!atomic_exchange_explicit(&flag, 1, memory_order_relaxed))                                         \
-      gr_log(0, __VA_ARGS__);                                                                              \
-  } while (0)
 
 /* ------------------------------------------------------------------------------------------------------------
  * real.c: the real entry points, resolved once
@@ -323,12 +231,14 @@ void gr_reg_atfork_child(void);
 
 void gr_stats_alloc(const gr_rec_t *r);
 void gr_stats_free(const gr_rec_t *r);
+/* The same for a record as a slot holds it (the hot path: no unpacking for a device block). */
+void gr_stats_alloc_pk(const gr_packed_t *p);
+void gr_stats_free_pk(const gr_packed_t *p);
 /* A block that left the table without a free: context destroyed (the driver freed it). */
 void gr_stats_ctx_destroyed(const gr_rec_t *r);
 void gr_stats_orphaned(const gr_rec_t *r, int delta);
 void gr_stats_untracked_free(void);
 void gr_stats_late_free(void);
-void gr_stats_mapped(const gr_rec_t *r, int delta);
 void gr_stats_release(uint64_t bytes);
 void gr_stats_oom_retry(bool succeeded);
 /* Fills out (size set by the caller) for device (-1 all). */
@@ -354,6 +264,14 @@ void gr_track_insert(gr_rec_t *r);
  *   0  not tracked: pass the free to the driver unchanged;
  *  -1  a late free of a block a release already freed: return CUDA_SUCCESS without calling the driver. */
 int gr_track_take(unsigned ks, uint64_t key, unsigned kind_mask, gr_rec_t *out);
+/* The same, the record as the slot held it (a free's hot path); gr_track_freed_pk after a successful free. */
+int gr_track_take_pk(unsigned ks, uint64_t key, unsigned kind_mask, gr_packed_t *out);
+void gr_track_freed_pk(const gr_packed_t *p);
+/* A block the driver just allocated in context ctx_id (0: none) of device (GR_DEVICE_NONE: none), from pool
+ * pool_id (0: none): its record is built as the slot holds it (time, thread, site, scope as gr_track_fill
+ * gives them) and inserted as gr_track_insert_ctx does. seq0: gr_track_ctx_seq() before the driver call. */
+void gr_track_alloc(unsigned kind, uint64_t key, uint64_t size, unsigned driver_api, uintptr_t ra, unsigned ctx_id,
+                    unsigned device, unsigned pool_id, uint64_t seq0);
 /* Whether freeing (ks, key), which is not live, is a late free of a block (or VMM handle) a release freed or
  * is freeing: then it is counted and the caller returns CUDA_SUCCESS without calling the driver. */
 bool gr_track_late_free(unsigned ks, uint64_t key);
@@ -486,6 +404,19 @@ uint64_t gr_rel_count(void);
 int gr_worker_start(void);
 void gr_worker_stop(void);
 void gr_worker_atfork_child(void);
+/* A block's allocation time without a clock read per allocation: the worker thread stores
+ * gr_core_now_ms() << 1 in gr_worker_tick every GR_TICK_MS while the process allocates; the first allocation
+ * that reads a tick sets its bit 0 (so the worker knows the process still allocates), and after a second of
+ * ticks that no allocation read the worker stores 0 and sleeps. An allocation that reads 0 takes the time from
+ * the clock and wakes the worker (gr_worker_tick_slow). So a block's time is the coarse clock's at most a tick
+ * (plus the worker's scheduling delay) early, never stale across an idle period. */
+#define GR_TICK_MS 4
+extern _Atomic uint64_t gr_worker_tick;
+uint64_t gr_worker_tick_slow(uint64_t tick);
+static inline uint64_t gr_worker_now_ms(void) {
+  uint64_t v = atomic_load_explicit(&gr_worker_tick, memory_order_relaxed);
+  return GR_LIKELY(v & 1) ? v >> 1 : gr_worker_tick_slow(v);
+}
 
 int gr_sig_install(void);
 /* The descriptor the handler writes to; the worker polls it. -1 when the signal is off. */
@@ -509,20 +440,103 @@ typedef struct gr_py_cache {
   uint64_t reserved, allocated, releasable;
 } gr_py_cache_t;
 int gr_py_caches(gr_py_cache_t *out, int max);
+void gr_stats_peer_ask(bool ok, uint64_t received);
+void gr_stats_peer_give(uint64_t given);
 
 void gr_rep_release(const gpureclaim_report_t *r, bool served_signal);
+/* peer.c: peer reclaim (GPURECLAIM_PEERS), both sides. */
+struct jbuf;
+/* The status file's "peer" object. */
+void gr_peer_status_json(struct jbuf *b);
+/* Framework caches as measured now (the status file shows the releasable part as what could be given). */
+struct gr_py_cache;
+void gr_peer_note_frameworks(const struct gr_py_cache *c, int n);
+/* The worker's periodic check: rewrites the status file when what this process holds changed. */
+void gr_peer_tick(void);
+/* Serves a "give" request line (after "give ") from the process whose credentials are pid/uid; fills the
+ * answer into b (an open object). */
+void gr_peer_serve_give(const char *args, int pid, struct jbuf *b);
+/* A give gave something now: the status file's last_gave_ms (peers ask a recent giver last). */
+void gr_peer_note_gave(void);
+/* Whether a thread of this process is handling an out-of-memory with its peers now. */
+bool gr_peer_busy(void);
+/* The asking side, called by the hooks after their own retry failed (driver.c, PEER_RETRY). */
+#define GR_PEER_MAX 16 /* peers asked in one peer reclaim, at most */
+typedef struct gr_peer_result {
+  int pid;
+  const char *error; /* NULL: it answered */
+  uint64_t orphaned, pool, framework, releaser, all;
+  uint64_t slept; /* what its sleep freed on the GPU (GPURECLAIM_PEERS sleep); 0 when not asked to sleep */
+  double ms;
+} gr_peer_result_t;
+typedef struct gr_peer_op {
+  int device;
+  uint64_t bytes;
+  char uuid[48];
+  int lock_fd;
+  bool waited;   /* another peer reclaim of this GPU ran meanwhile: retry first */
+  bool asked;
+  uint64_t given;
+  uint64_t t0_ns;
+  struct timespec deadline;
+  unsigned nresults;
+  gr_peer_result_t results[GR_PEER_MAX]; /* what each peer gave, for the event line */
+} gr_peer_op_t;
+bool gr_peer_begin(gr_peer_op_t *op, uint64_t bytes, int device);
+uint64_t gr_peer_ask(gr_peer_op_t *op);
+void gr_peer_end(gr_peer_op_t *op, bool succeeded);
+void gr_peer_atfork_child(void);
+/* release.c: a peer's request: gives up to want bytes on the devices in devmask (bit per ordinal), cheapest
+ * first, within GPURECLAIM_ON_SIGNAL; framework caches only when framework_ok. Fills rep (trigger peer). */
+void gr_rel_give(uint64_t want, uint64_t devmask, int asker, bool framework_ok, const struct timespec *deadline,
+                 gpureclaim_report_t *rep);
 int gr_rep_status_update(void);
+/* The control socket's path for the status file, NULL once it is closed (control.c hands it over). */
+void gr_rep_status_socket(const char *path);
 void gr_rep_status_remove(void);
 struct jbuf;
 void gr_rep_report_json(struct jbuf *b, const gpureclaim_report_t *r);
 void gr_rep_stats_json(struct jbuf *b);
 int gr_rep_snapshot_json(struct jbuf *b);
 int gr_rep_leaks(struct jbuf *b, bool json);
-int gr_rep_snapshot_fd(int fd);
 int gr_rep_leaks_fd(int fd, bool json);
-int gr_rep_stats_fd(int fd);
+/* One JSON line (newline included) where events go: release reports, peer reclaims, sleeps, wakes
+ * (GPURECLAIM_LOG or stderr; nowhere if unset). */
+void gr_rep_event(const struct jbuf *b);
+/* The UUID of device ordinal d as nvidia-smi -L writes it ("GPU-..."; cuDeviceGetUuid_v2: a MIG instance's
+ * own; cached once read: asleep, the driver is not asked); false if unknown. */
+bool gr_rep_gpu_uuid(int d, char *buf, size_t len);
 /* The private run directory (created 0700 if needed); NULL if unusable. */
 const char *gr_rep_rundir(void);
+
+
+/* sleep.c: sleep and wake (gpureclaim_sleep). timeout_ms: how long the lock waits for calls in flight. */
+int gr_sleep_run(int trigger, unsigned timeout_ms, gpureclaim_sleep_report_t *out);
+/* The same, telling progress (may be NULL) as it goes: phase "release", "moving" (done 0 of total), "moved". */
+typedef void (*gr_sleep_progress_fn)(const char *phase, uint64_t done, uint64_t total, void *arg);
+int gr_sleep_run_progress(int trigger, unsigned timeout_ms, gpureclaim_sleep_report_t *out,
+                          gr_sleep_progress_fn progress, void *arg);
+/* Wakes the process (trigger: gpureclaim_trigger_t). 0, -ENOMEM (no room in time), -EIO (restore refused). */
+int gr_sleep_wake(int trigger);
+int gr_sleep_state_now(uint64_t *host_bytes);
+/* True while gpureclaim must not call the driver itself (asleep, waking, or the lock is about to be taken):
+ * reports leave out what only the driver knows, and releases asked by the command or the signal are refused. */
+bool gr_sleep_driver_off(void);
+/* A release is about to call the driver (true: go on, then gr_sleep_release_end) or must not (false). */
+bool gr_sleep_release_begin(void);
+void gr_sleep_release_end(void);
+/* "sleep": {state, host_bytes, ...} for the status file and the stats answer. */
+void gr_sleep_json(struct jbuf *b);
+void gr_sleep_report_json(struct jbuf *b, const gpureclaim_sleep_report_t *r);
+/* The worker's tick: the idle watch (GPURECLAIM_SLEEP_IDLE). Returns the poll timeout it wants, in ms. */
+/* Whether no thread made a CUDA call gpureclaim sees for a second or more (the idle probe armed and untouched):
+ * a peer short of memory after every cache may then ask this process to sleep (GPURECLAIM_PEERS sleep). */
+bool gr_sleep_idle_for_peer(void);
+int gr_sleep_idle_tick(void);
+void gr_sleep_atfork_child(void);
+/* IPC (hooks/driver.c): exported = 1 once memory was exported (cuIpcGetMemHandle); opened +1/-1 per handle of
+ * another process's memory opened and closed. A sleep is refused while either says memory is shared. */
+void gr_sleep_note_ipc(int exported, int opened);
 
 int gr_ctl_open(void);
 /* In a forked child: close the parent's socket without removing it. */

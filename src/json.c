@@ -68,30 +68,8 @@ static void sep(jbuf_t *b) {
   b->comma = true;
 }
 
-static void escaped(jbuf_t *b, const char *s) {
-  jb_raw(b, "\"", 1);
-  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-    if (*p == '"' || *p == '\\') {
-      char e[2] = {'\\', (char)*p};
-      jb_raw(b, e, 2);
-    } else if (*p == '\n') {
-      jb_raw(b, "\\n", 2);
-    } else if (*p == '\t') {
-      jb_raw(b, "\\t", 2);
-    } else if (*p < 0x20) {
-      jb_printf(b, "\\u%04x", *p);
-    } else {
-      size_t n = gr_utf8_len(p);
-      if (n) {
-        jb_raw(b, (const char *)p, n);
-        p += n - 1;
-      } else {
-        jb_raw(b, "\\ufffd", 6); /* JSON is UTF-8: a byte that is not becomes U+FFFD */
-      }
-    }
-  }
-  jb_raw(b, "\"", 1);
-}
+static void put_jb(void *ctx, const char *p, size_t n) { jb_raw(ctx, p, n); }
+static void escaped(jbuf_t *b, const char *s) { gr_json_escape(s, put_jb, b); }
 
 void jb_key(jbuf_t *b, const char *key) {
   sep(b);

@@ -6,10 +6,12 @@
  * names a file or stderr, else nowhere (report.c); at GPURECLAIM_VERBOSE=1 each release also gets one short
  * line for people here (gr_log_release()).
  */
-#include "gpureclaim_internal.h"
+#include "common.h"
 #include "gpureclaim.h"
+#include "options.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -33,18 +35,6 @@ void gr_log(int level, const char *fmt, ...) {
   errno = saved;
 }
 
-const char *gr_log_bytes(uint64_t v, char *buf, size_t len) {
-  static const char *const u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  double x = (double)v;
-  size_t i = 0;
-  while (x >= 1024 && i + 1 < GR_ARRAY_LEN(u)) {
-    x /= 1024;
-    i++;
-  }
-  snprintf(buf, len, i ? "%.1f %s" : "%.0f %s", x, u[i]);
-  return buf;
-}
-
 void gr_assert_fail(const char *what, const char *file, int line) {
   char buf[512];
   int n = snprintf(buf, sizeof buf, "gpureclaim[%d]: internal invariant broken at %s:%d: %s\n", (int)getpid(), file,
@@ -52,18 +42,4 @@ void gr_assert_fail(const char *what, const char *file, int line) {
   if (n > 0)
     (void)!write(STDERR_FILENO, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
   abort();
-}
-
-void gr_log_release(const gpureclaim_report_t *r) {
-  if (gr_opt()->verbose < 1)
-    return;
-  static const char *const by[] = {"?", "the API", "the signal", "an out-of-memory retry", "the gpureclaim command",
-                                   "a scope's end"};
-  char total[32], cached[32], orphaned[32];
-  uint64_t sum = r->cached_bytes + r->orphaned_bytes + r->all_bytes;
-  gr_info("released %s in %.2f ms (cached %s, orphaned %s in %llu block%s), asked by %s",
-          gr_log_bytes(sum, total, sizeof total), (double)r->duration_ns / 1e6,
-          gr_log_bytes(r->cached_bytes, cached, sizeof cached), gr_log_bytes(r->orphaned_bytes, orphaned, sizeof orphaned),
-          (unsigned long long)r->orphaned_blocks, gr_plural(r->orphaned_blocks),
-          r->trigger >= 0 && (size_t)r->trigger < GR_ARRAY_LEN(by) ? by[r->trigger] : by[0]);
 }

@@ -5,7 +5,7 @@
  * (no getenv, no allocation: this can run inside a preloaded library's early calls). A malformed value gets
  * one warning naming the variable and the value, and the default is used: a typo never crashes a program.
  */
-#include "gpureclaim_internal.h"
+#include "options.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -142,6 +142,66 @@ int gr_opt_parse_what(const char *s, unsigned *out) {
   return 0;
 }
 
+int gr_opt_parse_peers(const char *s, unsigned *out) {
+  if (streq_ci(s, "off") || streq_ci(s, "none") || streq_ci(s, "0")) {
+    *out = 0;
+    return 0;
+  }
+  unsigned v = 0;
+  const char *p = s;
+  if (!*p)
+    return -EINVAL;
+  while (*p) {
+    const char *end = strchr(p, ',');
+    size_t n = end ? (size_t)(end - p) : strlen(p);
+    char word[8];
+    if (n == 0 || n >= sizeof word)
+      return -EINVAL;
+    memcpy(word, p, n);
+    word[n] = '\0';
+    if (streq_ci(word, "ask"))
+      v |= GR_PEERS_ASK;
+    else if (streq_ci(word, "give"))
+      v |= GR_PEERS_GIVE;
+    else if (streq_ci(word, "sleep"))
+      v |= GR_PEERS_SLEEP;
+    else
+      return -EINVAL;
+    p += n;
+    if (*p == ',')
+      p++;
+    if (end && !*p)
+      return -EINVAL; /* trailing comma */
+  }
+  *out = v;
+  return 0;
+}
+
+int gr_opt_parse_seconds_ms(const char *s, unsigned *out) {
+  unsigned long long whole = 0, frac = 0;
+  const char *dot = strchr(s, '.');
+  char ip[8];
+  size_t n = dot ? (size_t)(dot - s) : strlen(s);
+  if (n == 0 || n >= sizeof ip)
+    return -EINVAL;
+  memcpy(ip, s, n);
+  ip[n] = '\0';
+  if (gr_opt_parse_uint(ip, 60, &whole) != 0)
+    return -EINVAL;
+  if (dot) {
+    size_t f = strlen(dot + 1);
+    if (f == 0 || f > 3 || gr_opt_parse_uint(dot + 1, 999, &frac) != 0)
+      return -EINVAL;
+    for (; f < 3; f++)
+      frac *= 10;
+  }
+  unsigned long long ms = whole * 1000 + frac;
+  if (ms == 0 || ms > 60000)
+    return -EINVAL;
+  *out = (unsigned)ms;
+  return 0;
+}
+
 const char *gr_opt_what_name(unsigned what, char *buf, size_t len) {
   snprintf(buf, len, "%s%s%s%s", what & GPURECLAIM_CACHED ? "cached" : "",
            (what & GPURECLAIM_CACHED) && (what & (GPURECLAIM_ORPHANED | GPURECLAIM_ALL)) ? "," : "",
@@ -156,7 +216,39 @@ typedef int (*parse_fn)(const char *value, gr_options_t *o);
 
 static int p_disable(const char *v, gr_options_t *o) { return gr_opt_parse_bool(v, &o->disable); }
 static int p_signal(const char *v, gr_options_t *o) { return gr_opt_parse_signal(v, &o->signal); }
-static int p_on_signal(const char *v, gr_options_t *o) { return gr_opt_parse_what(v, &o->on_signal); }
+static int p_on_signal(const char *v, gr_options_t *o) {
+  if (streq_ci(v, "sleep")) {
+    o->on_signal_sleep = true;
+    return 0;
+  }
+  o->on_signal_sleep = false;
+  return gr_opt_parse_what(v, &o->on_signal);
+}
+static int p_sleep(const char *v, gr_options_t *o) {
+  bool b;
+  if (streq_ci(v, "auto")) {
+    o->sleep = -1;
+    return 0;
+  }
+  if (gr_opt_parse_bool(v, &b) != 0)
+    return -EINVAL;
+  o->sleep = b ? 1 : 0;
+  return 0;
+}
+static int p_wake_timeout(const char *v, gr_options_t *o) {
+  unsigned long long n;
+  int rc = gr_opt_parse_uint(v, 86400, &n);
+  if (rc == 0)
+    o->wake_timeout = (unsigned)n;
+  return rc;
+}
+static int p_sleep_idle(const char *v, gr_options_t *o) {
+  unsigned long long n;
+  int rc = gr_opt_parse_uint(v, 30 * 86400, &n);
+  if (rc == 0)
+    o->sleep_idle = (unsigned)n;
+  return rc;
+}
 static int p_oom_retry(const char *v, gr_options_t *o) {
   unsigned long long n;
   int rc = gr_opt_parse_uint(v, 16, &n);
@@ -216,6 +308,9 @@ static int p_verbose(const char *v, gr_options_t *o) {
   return rc;
 }
 
+static int p_peers(const char *v, gr_options_t *o) { return gr_opt_parse_peers(v, &o->peers); }
+static int p_peer_timeout(const char *v, gr_options_t *o) { return gr_opt_parse_seconds_ms(v, &o->peer_timeout_ms); }
+
 static const struct {
   const char *name;
   const char *expected; /* for the warning */
@@ -223,7 +318,7 @@ static const struct {
 } g_table[] = {
     {"GPURECLAIM_DISABLE", "1/0/yes/no/on/off", p_disable},
     {"GPURECLAIM_SIGNAL", "USR1, USR2, RTMIN+n or off", p_signal},
-    {"GPURECLAIM_ON_SIGNAL", "a list of cached, orphaned, all", p_on_signal},
+    {"GPURECLAIM_ON_SIGNAL", "a list of cached, orphaned, all, or sleep", p_on_signal},
     {"GPURECLAIM_OOM_RETRY", "a number of retries from 0 to 16", p_oom_retry},
     {"GPURECLAIM_LOG", "stderr or a file path (a relative one from the directory the program started in)",
      p_log},
@@ -233,6 +328,11 @@ static const struct {
     {"GPURECLAIM_PYTHON", "1/0/yes/no/on/off", p_python},
     {"GPURECLAIM_STATUS", "1/0/yes/no/on/off", p_status},
     {"GPURECLAIM_VERBOSE", "0, 1 or 2", p_verbose},
+    {"GPURECLAIM_PEERS", "a list of ask, give, sleep, or off", p_peers},
+    {"GPURECLAIM_PEER_TIMEOUT", "seconds from 0.001 to 60 (at most 3 decimals)", p_peer_timeout},
+    {"GPURECLAIM_SLEEP", "auto, 1/yes/on or 0/no/off", p_sleep},
+    {"GPURECLAIM_WAKE_TIMEOUT", "seconds from 0 to 86400", p_wake_timeout},
+    {"GPURECLAIM_SLEEP_IDLE", "seconds from 0 (off) to 2592000", p_sleep_idle},
 };
 
 int gr_opt_check(const char *name, const char *value, const char **expected) {
@@ -254,6 +354,10 @@ static void defaults(gr_options_t *o) {
   o->oom_retry = 1;
   o->python = true;
   o->status = true;
+  o->peers = GR_PEERS_ASK | GR_PEERS_GIVE;
+  o->peer_timeout_ms = 2000;
+  o->sleep = -1;
+  o->wake_timeout = 10;
   /* XDG_RUNTIME_DIR only when it is this (effective) user's: a root process run with a user's environment
    * (sudo -E) would otherwise make a root-owned run directory inside the user's, which the user's processes
    * and commands then refuse, and cannot remove. Ownership is checked against the effective uid, as the run
@@ -267,8 +371,8 @@ static void defaults(gr_options_t *o) {
     snprintf(o->rundir, sizeof o->rundir, "/tmp/gpureclaim-%u", (unsigned)geteuid());
 }
 
-static gr_options_t g_opts;
-static _Atomic int g_loaded; /* 0 no, 1 loading, 2 loaded */
+gr_options_t gr_opt_values;
+_Atomic int gr_opt_loaded; /* 0 no, 1 loading, 2 loaded */
 
 static void load(void) {
   bool rundir_refused = false;
@@ -297,22 +401,20 @@ static void load(void) {
     o.rundir[0] = '\0';
     o.status = false;
   }
-  g_opts = o;
+  gr_opt_values = o;
 }
 
-const gr_options_t *gr_opt(void) {
-  if (GR_LIKELY(atomic_load_explicit(&g_loaded, memory_order_acquire) == 2))
-    return &g_opts;
+const gr_options_t *gr_opt_load(void) {
   int expected = 0;
-  if (atomic_compare_exchange_strong_explicit(&g_loaded, &expected, 1, memory_order_acq_rel,
+  if (atomic_compare_exchange_strong_explicit(&gr_opt_loaded, &expected, 1, memory_order_acq_rel,
                                               memory_order_acquire)) {
     load();
-    atomic_store_explicit(&g_loaded, 2, memory_order_release);
+    atomic_store_explicit(&gr_opt_loaded, 2, memory_order_release);
   } else {
-    while (atomic_load_explicit(&g_loaded, memory_order_acquire) != 2)
+    while (atomic_load_explicit(&gr_opt_loaded, memory_order_acquire) != 2)
       sched_yield(); /* another thread parses (microseconds, once per process) */
   }
-  return &g_opts;
+  return &gr_opt_values;
 }
 
 bool gr_opt_disabled_early(void) {
@@ -323,5 +425,5 @@ bool gr_opt_disabled_early(void) {
 
 void gr_opt_reload(void) {
   load();
-  atomic_store_explicit(&g_loaded, 2, memory_order_release);
+  atomic_store_explicit(&gr_opt_loaded, 2, memory_order_release);
 }

@@ -77,6 +77,11 @@ static int create_temp(const char *path, char *tmp, size_t len, mode_t mode) {
 }
 
 int gr_out_write_temp(const char *path, const void *data, size_t len, mode_t mode, char *tmp, size_t tmplen) {
+  return gr_out_write_temp_ex(path, data, len, mode, tmp, tmplen, true);
+}
+
+int gr_out_write_temp_ex(const char *path, const void *data, size_t len, mode_t mode, char *tmp, size_t tmplen,
+                         bool sync) {
   struct stat old;
   /* A replaced regular file keeps its permissions; a link at path is replaced, not followed (callers that
    * follow links pass the target). */
@@ -87,7 +92,7 @@ int gr_out_write_temp(const char *path, const void *data, size_t len, mode_t mod
   int rc = keep && fchmod(fd, old.st_mode & 07777) != 0 ? -errno : 0;
   if (rc == 0)
     rc = gr_out_write_fd(fd, data, len);
-  if (rc == 0 && fsync(fd) != 0 && errno != EINVAL && errno != EROFS)
+  if (rc == 0 && sync && fsync(fd) != 0 && errno != EINVAL && errno != EROFS)
     rc = -errno;
   if (close(fd) != 0 && rc == 0)
     rc = -errno;

@@ -6,6 +6,7 @@
 #define GR_OUTFILE_H
 
 #include <limits.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <sys/types.h>
 
@@ -30,6 +31,10 @@ int gr_out_write(const char *path, const void *data, size_t len, mode_t mode);
  * to put in place. On failure nothing is left behind. Returns 0 or a negative errno value. */
 #define GR_OUT_TEMP_MAX (PATH_MAX + 64)
 int gr_out_write_temp(const char *path, const void *data, size_t len, mode_t mode, char *tmp, size_t tmplen);
+/* The same, flushed to disk only when sync: a file that describes a live process (a status file) is worthless
+ * after a crash, and a reader needs only the rename to see it whole. */
+int gr_out_write_temp_ex(const char *path, const void *data, size_t len, mode_t mode, char *tmp, size_t tmplen,
+                         bool sync);
 /* open(path, flags, mode) that never waits for a FIFO's reader (ENXIO instead), then lets writes wait as usual;
  * O_CLOEXEC and O_NOCTTY are added. Returns the descriptor, or -1 with errno set. */
 int gr_out_open_nowait(const char *path, int flags, mode_t mode);

@@ -130,7 +130,7 @@ void gr_reg_ctx_destroyed(uint16_t id) {
 }
 uint64_t gr_reg_ctx_count(void) { return atomic_load_explicit(&g_ctx.count, memory_order_relaxed); }
 
-bool gr_reg_current(uint16_t *ctx_id, uint8_t *device, CUcontext *out) {
+GR_HOT_INLINE bool gr_reg_current(uint16_t *ctx_id, uint8_t *device, CUcontext *out) {
   CUcontext ctx = NULL;
   if (!gr_drv.cuCtxGetCurrent || gr_drv.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
     return false;

@@ -20,6 +20,7 @@
  * since the running release may need it for step 1.
  */
 #include "gpureclaim_internal.h"
+#include "gate.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -221,6 +222,7 @@ typedef struct free_job {
   bool more;         /* the array could not grow: another round claims the rest */
   const gr_scope_key_t *keys; /* non-NULL: claim only under these keys (a scope's end), not by a table visit */
   size_t nkeys, next; /* next: the first key not yet looked at, across rounds */
+  uint64_t devmask;  /* 0: any device; else only blocks of the devices whose bits are set (a peer's request) */
 } free_job_t;
 
 static bool in_pass(const free_job_t *j, unsigned kind) {
@@ -268,6 +270,8 @@ static CUresult driver_free(const gr_rec_t *r) {
 static bool claimable(const free_job_t *j, const gr_rec_t *r) {
   if (!((j->states >> r->state) & 1) || !in_pass(j, r->kind) || (j->scope && r->scope != j->scope) ||
       (j->only_ctx && r->ctx_id != j->ctx_id))
+    return false;
+  if (j->devmask && (r->device >= 64 || !((j->devmask >> r->device) & 1)))
     return false;
   return !(r->kind == GPURECLAIM_KIND_VMM && r->aux); /* still mapped: the mapping pass (ALL) or the program
                                                          unmaps it first */
@@ -424,6 +428,9 @@ typedef struct {
   gpureclaim_report_t *rep;
   const uint16_t *only; /* NULL: every pool */
   unsigned nonly;
+  uint64_t devmask;     /* 0: every device */
+  bool limited;         /* give `need` bytes at most (trim to what is reserved less it), counting down */
+  uint64_t need;
 } trim_job_t;
 
 static void sync_ctx(uint16_t id, CUcontext ctx, int device, void *arg) {
@@ -447,13 +454,20 @@ static void trim_pool(uint16_t id, CUmemoryPool pool, int device, void *arg) {
   }
   if (!gr_drv.cuMemPoolTrimTo || !gr_drv.cuMemPoolGetAttribute)
     return;
+  if ((t->devmask && (device < 0 || device >= 64 || !((t->devmask >> device) & 1))) || (t->limited && !t->need))
+    return;
   bool pushed = push(ctx_for_device(device));
-  cuuint64_t before = 0, after = 0;
+  cuuint64_t before = 0, after = 0, used = 0, keep = 0;
   gr_drv.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &before);
-  if (gr_drv.cuMemPoolTrimTo(pool, 0) == CUDA_SUCCESS &&
+  if (t->limited && gr_drv.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used) == CUDA_SUCCESS &&
+      before > used && before - used > t->need)
+    keep = before - t->need; /* only what is needed: the pool keeps the rest of its unused memory */
+  if (gr_drv.cuMemPoolTrimTo(pool, (size_t)keep) == CUDA_SUCCESS &&
       gr_drv.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &after) == CUDA_SUCCESS &&
       before > after) {
     t->rep->pool_bytes += before - after;
+    if (t->limited)
+      t->need = before - after >= t->need ? 0 : t->need - (before - after);
     gpureclaim_device_report_t *dr = dev_report(t->rep, device);
     if (dr)
       dr->pool_bytes += before - after;
@@ -479,7 +493,7 @@ static _Atomic uint64_t g_seq;
 
 static GR_TLS unsigned t_releasing; /* > 0 while this thread runs a release (its releasers included) */
 
-static void do_release(const rel_args_t *a, gpureclaim_report_t *rep) {
+static void do_release_now(const rel_args_t *a, gpureclaim_report_t *rep) {
   t_releasing++;
   memset(rep, 0, sizeof *rep);
   rep->size = sizeof *rep;
@@ -511,13 +525,13 @@ static void do_release(const rel_args_t *a, gpureclaim_report_t *rep) {
   free(job.claimed);
   if (a->what & GPURECLAIM_CACHED) {
     gr_reg_foreach_ctx(sync_ctx, NULL);
-    trim_job_t t = {rep, NULL, 0};
+    trim_job_t t = {rep, NULL, 0, 0, false, 0};
     gr_reg_foreach_pool(trim_pool, &t);
     rep->releaser_bytes = call_releasers();
   } else if (job.npools) {
     /* Stream-ordered blocks went back to their pools: give those pools' free memory back too. */
     gr_reg_foreach_ctx(sync_ctx, NULL);
-    trim_job_t t = {rep, job.pools, job.npools};
+    trim_job_t t = {rep, job.pools, job.npools, 0, false, 0};
     gr_reg_foreach_pool(trim_pool, &t);
   }
   rep->cached_bytes = rep->pool_bytes + rep->framework_bytes + rep->releaser_bytes;
@@ -526,6 +540,20 @@ static void do_release(const rel_args_t *a, gpureclaim_report_t *rep) {
   gr_stats_release(rep->cached_bytes + rep->orphaned_bytes + rep->all_bytes);
   gr_rep_release(rep, a->served_signal);
   t_releasing--;
+}
+
+/* A release calls the driver: never while the process sleeps or is about to (sleep.c). Refused then, with an
+ * empty report: the command and the signal say why; the API and scope ends wake the process first. */
+static void do_release(const rel_args_t *a, gpureclaim_report_t *rep) {
+  if (!gr_sleep_release_begin()) {
+    memset(rep, 0, sizeof *rep);
+    rep->size = sizeof *rep;
+    rep->what = a->what;
+    rep->trigger = a->trigger;
+    return;
+  }
+  do_release_now(a, rep);
+  gr_sleep_release_end();
 }
 
 /* ---- coalescing ---- */
@@ -606,6 +634,8 @@ GR_EXPORT int gpureclaim_release(unsigned what, gpureclaim_report_t *out) {
   if (out && out->size < offsetof(gpureclaim_report_t, seq) + sizeof(uint64_t))
     return -EINVAL;
   int rc = check_what(what);
+  if (!rc && gr_gate_check() != CUDA_SUCCESS)
+    rc = -ENOMEM; /* it slept, and the device had no room to wake it: as any CUDA call would fail */
   return rc ? rc : gr_rel_run(what, GPURECLAIM_TRIGGER_API, out);
 }
 
@@ -613,6 +643,8 @@ GR_EXPORT int gpureclaim_release_context(void *ctx, gpureclaim_report_t *out) {
   if (!ctx || (out && out->size < offsetof(gpureclaim_report_t, seq) + sizeof(uint64_t)))
     return -EINVAL;
   int rc = check_what(GPURECLAIM_ALL);
+  if (!rc && gr_gate_check() != CUDA_SUCCESS)
+    rc = -ENOMEM;
   if (rc)
     return rc;
   uint16_t id = gr_reg_ctx_find((CUcontext)ctx);
@@ -629,8 +661,103 @@ void gr_rel_free_scope_now(uint16_t slot, const gr_scope_key_t *keys, size_t n, 
   rel_args_t a = {.what = GPURECLAIM_ORPHANED, .trigger = GPURECLAIM_TRIGGER_SCOPE, .scope = slot, .keys = keys,
                   .nkeys = n};
   gpureclaim_report_t rep;
+  gr_gate_check(); /* the calling thread wakes the process first, as its CUDA call would (without room: the
+                      release is refused, and the orphans wait for the next one) */
   do_release(&a, &rep);
   copy_report(out, &rep);
+}
+
+/* ---- a peer's request (peer.c) ---- */
+
+typedef struct {
+  uint64_t devmask;
+} sync_dev_t;
+
+static void sync_ctx_on(uint16_t id, CUcontext ctx, int device, void *arg) {
+  const sync_dev_t *s = arg;
+  if (device >= 0 && device < 64 && ((s->devmask >> device) & 1))
+    sync_ctx(id, ctx, device, NULL);
+}
+
+static bool past(const struct timespec *deadline) { return gr_ms_until(deadline) == 0; }
+
+/* Cheapest first, and only while short: orphans (nobody uses them), then the pools' unused memory (trimmed by
+ * what is still missing), then framework caches and registered releasers (the giver allocates again later),
+ * then, only when GPURECLAIM_ON_SIGNAL names it, every block of those devices. */
+void gr_rel_give(uint64_t want, uint64_t devmask, int asker, bool framework_ok, const struct timespec *deadline,
+                 gpureclaim_report_t *rep) {
+  unsigned allow = gr_opt()->on_signal;
+  memset(rep, 0, sizeof *rep);
+  rep->size = sizeof *rep;
+  rep->trigger = GPURECLAIM_TRIGGER_PEER;
+  rep->peer_pid = asker;
+  /* A give calls the driver as a release does: never while the process sleeps (its device memory is on the
+   * host then, so there is nothing to give) or is going to sleep. */
+  if (!gr_sleep_release_begin())
+    return;
+  t_releasing++;
+  rep->seq = atomic_fetch_add_explicit(&g_seq, 1, memory_order_relaxed) + 1;
+  uint64_t t0 = now_ns();
+  mem_info(rep, false);
+  free_job_t job;
+  memset(&job, 0, sizeof job);
+  job.rep = rep;
+  job.devmask = devmask;
+  uint64_t given = 0;
+  if (allow & GPURECLAIM_ORPHANED) {
+    rep->what |= GPURECLAIM_ORPHANED;
+    job.states = GR_STMASK(GR_ST_ORPHAN);
+    job.pass = PASS_BLOCKS;
+    free_pass(&job);
+    given = rep->orphaned_bytes;
+  }
+  bool cached = (allow & GPURECLAIM_CACHED) != 0;
+  if ((cached && given < want && !past(deadline)) || job.npools) {
+    sync_dev_t sd = {devmask};
+    gr_reg_foreach_ctx(sync_ctx_on, &sd);
+    if (job.npools) { /* orphans' stream-ordered blocks went back to their pools: that memory goes too */
+      trim_job_t t = {rep, job.pools, job.npools, devmask, false, 0};
+      gr_reg_foreach_pool(trim_pool, &t);
+    }
+    if (cached && given < want) {
+      uint64_t before = rep->pool_bytes;
+      rep->what |= GPURECLAIM_CACHED;
+      trim_job_t t = {rep, NULL, 0, devmask, true, want - given};
+      gr_reg_foreach_pool(trim_pool, &t);
+      given += rep->pool_bytes - before;
+    }
+  }
+  if (cached && given < want && framework_ok && !past(deadline)) {
+    rep->what |= GPURECLAIM_CACHED;
+    if (gr_opt()->python)
+      rep->framework_bytes = gr_py_release();
+    rep->releaser_bytes = call_releasers();
+    given += rep->framework_bytes + rep->releaser_bytes;
+  }
+  if ((allow & GPURECLAIM_ALL) && given < want && !past(deadline)) {
+    rep->what |= GPURECLAIM_ALL;
+    job.all = true;
+    job.states = GR_STMASK(GR_ST_LIVE) | GR_STMASK(GR_ST_ORPHAN);
+    job.npools = 0;
+    for (job.pass = PASS_MAPPINGS; job.pass <= PASS_VA; job.pass++)
+      free_pass(&job);
+    if (job.npools) {
+      trim_job_t t = {rep, job.pools, job.npools, devmask, false, 0};
+      gr_reg_foreach_pool(trim_pool, &t);
+    }
+  }
+  free(job.claimed);
+  rep->cached_bytes = rep->pool_bytes + rep->framework_bytes + rep->releaser_bytes;
+  mem_info(rep, true);
+  rep->duration_ns = now_ns() - t0;
+  uint64_t total = rep->cached_bytes + rep->orphaned_bytes + rep->all_bytes;
+  gr_stats_release(total);
+  gr_stats_peer_give(total);
+  if (total)
+    gr_peer_note_gave(); /* before the report rewrites the status file: peers then ask us last for a while */
+  gr_rep_release(rep, false);
+  t_releasing--;
+  gr_sleep_release_end();
 }
 
 /* ---- out of memory ---- */

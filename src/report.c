@@ -27,13 +27,7 @@
 
 static const char *const g_kind_names[] = {"?", "device", "pitch", "managed", "async", "vmm", "vmm_mapping", "va", "host"};
 static const char *kind_name(unsigned k) { return k < GR_ARRAY_LEN(g_kind_names) ? g_kind_names[k] : "?"; }
-static const char *const g_triggers[] = {"?", "api", "signal", "oom", "command", "scope"};
-
-static uint64_t realtime_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
+static const char *const g_triggers[] = {"?", "api", "signal", "oom", "command", "scope", "peer", "idle", "call"};
 
 /* ---- the run directory ---- */
 
@@ -48,7 +42,7 @@ static void open_rundir(void) {
     return;
   }
   struct stat st;
-  if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077)) {
+  if (lstat(dir, &st) != 0 || !gr_dir_is_private(&st)) {
     gr_warn("the run directory %s is not a directory private to this user (mode 0700); refusing to use it", dir);
     return;
   }
@@ -85,6 +79,8 @@ void gr_rep_report_json(jbuf_t *b, const gpureclaim_report_t *r) {
   jb_u64(b, "all_blocks", r->all_blocks);
   jb_u64(b, "failed_blocks", r->failed_blocks);
   jb_f64(b, "ms", (double)r->duration_ns / 1e6);
+  if (r->trigger == GPURECLAIM_TRIGGER_PEER)
+    jb_i64(b, "peer_pid", r->peer_pid); /* the process that asked */
   jb_arr(b, "devices");
   for (int i = 0; i < r->ndevices && i < GPURECLAIM_MAX_DEVICES; i++) {
     const gpureclaim_device_report_t *d = &r->devices[i];
@@ -111,7 +107,8 @@ static void stats_fields(jbuf_t *b, const gpureclaim_stats_t *s) {
   F(pool_used_bytes); F(host_pinned_blocks); F(host_pinned_bytes); F(va_reserved_bytes); F(vmm_mapped_bytes);
   F(orphan_blocks); F(orphan_bytes); F(ctx_destroyed_blocks); F(ctx_destroyed_bytes); F(untracked_frees);
   F(late_frees); F(untracked_routes); F(releases); F(released_bytes); F(oom_retries); F(oom_retry_successes);
-  F(table_bytes); F(contexts); F(pools);
+  F(table_bytes); F(contexts); F(pools); F(peer_reclaims); F(peer_reclaim_successes); F(peer_received_bytes);
+  F(peer_gives); F(peer_given_bytes);
 #undef F
 }
 
@@ -134,7 +131,7 @@ static void pool_json(uint16_t id, CUmemoryPool pool, int device, void *arg) {
   (void)id;
   jbuf_t *b = arg;
   cuuint64_t reserved = 0, used = 0;
-  if (gr_drv.cuMemPoolGetAttribute) {
+  if (gr_drv.cuMemPoolGetAttribute && !gr_sleep_driver_off()) { /* asleep: the driver cannot be asked */
     gr_drv.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved);
     gr_drv.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used);
   }
@@ -161,13 +158,26 @@ static void resolve_uuid(void) {
 }
 
 /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" of device ordinal d, as nvidia-smi -L shows it; false if unknown. */
-static bool gpu_uuid(int d, char *buf, size_t len) {
+static struct {
+  _Atomic int known;
+  CUuuid u;
+} g_uuid_cache[GR_MAX_DEV]; /* a device's UUID never changes: asleep, the driver is not asked again */
+
+bool gr_rep_gpu_uuid(int d, char *buf, size_t len) {
   pthread_once(&g_uuid_once, resolve_uuid);
   CUdevice dev;
   CUuuid u;
-  if (!g_uuid_fn || !gr_drv.cuDeviceGet || gr_drv.cuDeviceGet(&dev, d) != CUDA_SUCCESS ||
-      g_uuid_fn(&u, dev) != CUDA_SUCCESS)
-    return false;
+  if (d >= 0 && d < GR_MAX_DEV && atomic_load_explicit(&g_uuid_cache[d].known, memory_order_acquire)) {
+    u = g_uuid_cache[d].u;
+  } else {
+    if (gr_sleep_driver_off() || !g_uuid_fn || !gr_drv.cuDeviceGet || gr_drv.cuDeviceGet(&dev, d) != CUDA_SUCCESS ||
+        g_uuid_fn(&u, dev) != CUDA_SUCCESS)
+      return false;
+    if (d >= 0 && d < GR_MAX_DEV && !atomic_load_explicit(&g_uuid_cache[d].known, memory_order_relaxed)) {
+      g_uuid_cache[d].u = u; /* the same bytes whichever thread writes them first */
+      atomic_store_explicit(&g_uuid_cache[d].known, 1, memory_order_release);
+    }
+  }
   const unsigned char *x = (const unsigned char *)u.bytes;
   snprintf(buf, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", x[0], x[1], x[2],
            x[3], x[4], x[5], x[6], x[7], x[8], x[9], x[10], x[11], x[12], x[13], x[14], x[15]);
@@ -202,10 +212,18 @@ static CUcontext ctx_on(int d) {
 /* "gpus": ordinal and UUID of each GPU; with memory, of those this process has a context on, with
  * cuMemGetInfo's figures (the whole device's: every process's memory and every context's own included), else
  * of every GPU it can see (none before cuInit). */
+static _Atomic int g_count_seen; /* the last device count read: asleep, the driver is not asked */
+
 static void gpus_json(jbuf_t *b, bool memory) {
   int count = 0;
-  if (!gr_drv.cuDeviceGetCount || gr_drv.cuDeviceGetCount(&count) != CUDA_SUCCESS)
+  bool off = gr_sleep_driver_off();
+  if (off)
+    count = atomic_load_explicit(&g_count_seen, memory_order_relaxed);
+  else if (!gr_drv.cuDeviceGetCount || gr_drv.cuDeviceGetCount(&count) != CUDA_SUCCESS)
     count = 0;
+  else
+    atomic_store_explicit(&g_count_seen, count, memory_order_relaxed);
+  memory = memory && !off;
   jb_arr(b, "gpus");
   for (int d = 0; d < count && d < GR_MAX_DEV; d++) {
     CUcontext ctx = memory && atomic_load_explicit(&gr_core_state, memory_order_acquire) == 1 ? ctx_on(d) : NULL;
@@ -215,7 +233,7 @@ static void gpus_json(jbuf_t *b, bool memory) {
     jb_key(b, NULL);
     jb_obj(b);
     jb_i64(b, "device", d);
-    jb_str(b, "uuid", gpu_uuid(d, uuid, sizeof uuid) ? uuid : NULL);
+    jb_str(b, "uuid", gr_rep_gpu_uuid(d, uuid, sizeof uuid) ? uuid : NULL);
     if (memory) {
       size_t free_b = 0, total = 0;
       CUcontext cur = NULL;
@@ -239,6 +257,7 @@ static void gpus_json(jbuf_t *b, bool memory) {
 static void frameworks_json(jbuf_t *b) {
   gr_py_cache_t c[16];
   int n = gr_py_caches(c, (int)GR_ARRAY_LEN(c));
+  gr_peer_note_frameworks(c, n); /* what the status file says a peer could give ("as last measured") */
   jb_arr(b, "frameworks");
   for (int i = 0; i < n; i++) {
     jb_key(b, NULL);
@@ -266,6 +285,7 @@ void gr_rep_stats_json(jbuf_t *b) {
   jb_arr_end(b);
   gpus_json(b, true);
   frameworks_json(b);
+  gr_sleep_json(b);
 }
 
 /* ---- the status file ---- */
@@ -286,13 +306,8 @@ static uint64_t start_ticks(void) {
   char buf[1024];
   size_t n;
   read_file("/proc/self/stat", buf, sizeof buf, &n);
-  const char *p = strrchr(buf, ')');
-  if (!p)
-    return 0;
-  /* Field 3 follows ") "; start time is field 22. */
-  for (int field = 2; field < 22 && p; field++)
-    p = strchr(p + 1, ' ');
-  return p ? strtoull(p + 1, NULL, 10) : 0;
+  (void)n;
+  return gr_stat_start_ticks(buf);
 }
 
 static _Atomic uint64_t g_status_releases;
@@ -311,6 +326,15 @@ static uint64_t g_status_numbered, g_status_placed;
  * of it and their rename. Exit waits for those, then removes the file: a release on another thread while the
  * process exits re-created the status file after its removal, or left its temporary file half-written. */
 static bool g_status_closed;
+/* The control socket's path while it is open ("" otherwise), as control.c hands it over. */
+static char g_status_socket[4200];
+
+void gr_rep_status_socket(const char *path) {
+  pthread_mutex_lock(&g_status_lock);
+  snprintf(g_status_socket, sizeof g_status_socket, "%s", path ? path : "");
+  pthread_mutex_unlock(&g_status_lock);
+}
+
 static unsigned g_status_writers;
 static pthread_cond_t g_status_done = PTHREAD_COND_INITIALIZER;
 
@@ -319,9 +343,8 @@ int gr_rep_status_update(void) {
   const char *dir = o->status ? gr_rep_rundir() : NULL;
   if (!dir)
     return -ENOENT;
-  char path[4200], sock[4200], exe[4096] = "", cmd[4096];
+  char path[4200], exe[4096] = "", cmd[4096];
   snprintf(path, sizeof path, "%s/%d.json", dir, (int)getpid());
-  snprintf(sock, sizeof sock, "%s/%d.sock", dir, (int)getpid());
   ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
   exe[n > 0 ? n : 0] = '\0';
   size_t got;
@@ -341,7 +364,7 @@ int gr_rep_status_update(void) {
   jb_u64(&b, "start_ticks", start_ticks());
   jb_u64(&b, "started_ms", gr_core_start_time_ms());
   jb_str(&b, "signal", gr_opt_signal_name(o->signal, sig, sizeof sig));
-  jb_str(&b, "on_signal", gr_opt_what_name(o->on_signal, what, sizeof what));
+  jb_str(&b, "on_signal", o->on_signal_sleep ? "sleep" : gr_opt_what_name(o->on_signal, what, sizeof what));
   jb_bool(&b, "signal_caught", gr_sig_caught());
   /* Where this image's AT_RANDOM bytes are: a new address at every exec (address-space randomisation), which
    * keeps the pid and start time; the command reads it back from /proc/PID/auxv. */
@@ -356,9 +379,9 @@ int gr_rep_status_update(void) {
   }
   g_status_writers++;
   uint64_t number = ++g_status_numbered;
-  jb_u64(&b, "updated_ms", realtime_ms());
-  if (gr_ctl_fd() >= 0)
-    jb_str(&b, "socket", sock);
+  jb_u64(&b, "updated_ms", gr_wall_ms());
+  if (g_status_socket[0])
+    jb_str(&b, "socket", g_status_socket);
   else
     jb_null(&b, "socket");
   jb_u64(&b, "releases", atomic_load_explicit(&g_status_releases, memory_order_relaxed));
@@ -368,6 +391,7 @@ int gr_rep_status_update(void) {
   } else {
     jb_null(&b, "last_release");
   }
+  gr_sleep_json(&b);
   jb_u64(&b, "signal_releases", g_signal_releases);
   if (g_signal_releases) {
     jb_key(&b, "last_signal_release");
@@ -376,6 +400,7 @@ int gr_rep_status_update(void) {
     jb_null(&b, "last_signal_release");
   }
   pthread_mutex_unlock(&g_status_lock);
+  gr_peer_status_json(&b); /* "peer": per GPU UUID held and givable, whether it asks and gives */
   jb_obj_end(&b);
   jb_raw(&b, "\n", 1);
   int rc;
@@ -383,10 +408,12 @@ int gr_rep_status_update(void) {
     rc = -ENOMEM;
   } else {
     /* Always a new file renamed into place: whatever else is at the path in our private directory (a link, a
-     * FIFO) is replaced, never written through. Written and flushed outside the lock; only the rename, which
+     * FIFO) is replaced, never written through. Written outside the lock; only the rename, which
      * does not wait on a reader, inside it. */
     char tmp[GR_OUT_TEMP_MAX];
-    rc = gr_out_write_temp(path, b.p, b.len, 0600, tmp, sizeof tmp);
+    /* Not flushed to disk: it describes this process while it runs (the worker rewrites it within half a second
+     * of a change, a peer reclaim twice); readers need only the rename. */
+    rc = gr_out_write_temp_ex(path, b.p, b.len, 0600, tmp, sizeof tmp, false);
     if (rc == 0) {
       pthread_mutex_lock(&g_status_lock);
       bool newest = number > g_status_placed;
@@ -412,6 +439,7 @@ void gr_rep_atfork_child(void) {
   pthread_cond_init(&g_status_done, NULL);
   g_status_closed = false;
   g_status_writers = 0;
+  g_status_socket[0] = '\0'; /* the parent's socket; the child's worker opens its own */
   atomic_store_explicit(&g_status_releases, 0, memory_order_relaxed);
   g_have_last = false;
   g_signal_releases = 0;
@@ -420,7 +448,7 @@ void gr_rep_atfork_child(void) {
 void gr_rep_status_remove(void) {
   pthread_mutex_lock(&g_status_lock);
   g_status_closed = true;
-  /* Updates under way finish first (a write and an fsync); bounded, should one be stuck in a dead filesystem. */
+  /* Updates under way finish first (a write and a rename); bounded, should one be stuck in a dead filesystem. */
   struct timespec until;
   clock_gettime(CLOCK_REALTIME, &until);
   until.tv_sec += 5;
@@ -437,6 +465,34 @@ void gr_rep_status_remove(void) {
 
 /* ---- release reports ---- */
 
+/* Appends one JSON line (b, newline included) where events go (a release report, a peer reclaim, a sleep, a
+ * wake): GPURECLAIM_LOG, or stderr when asked. */
+void gr_rep_event(const jbuf_t *b) {
+  const char *log = gr_opt()->log;
+  if (log[0]) {
+    /* Not waiting: a FIFO nobody reads would block the open for good, and a release runs on an allocating
+     * thread (OOM retry), in gpureclaim_release() and on the worker that serves the control socket. It fails
+     * with ENXIO instead, and the report goes to stderr. */
+    int fd = gr_out_open_nowait(log, O_WRONLY | O_APPEND | O_CREAT, 0600);
+    if (fd >= 0) {
+      int rc = jb_write_fd(b, fd); /* one write of a short line: appends stay whole */
+      if (close(fd) != 0 && rc == 0 && errno != EINTR)
+        rc = -errno;
+      if (rc < 0) { /* a full disk, a quota, an I/O error: the report is not lost without a word */
+        gr_warn_once(w_log_write, "cannot write to GPURECLAIM_LOG=%s: %s; reports that cannot be written there "
+                                  "go to stderr", log, strerror(-rc));
+        jb_write_fd(b, STDERR_FILENO);
+      }
+    } else {
+      const char *why = errno == ENXIO ? "a FIFO nobody reads" : strerror(errno);
+      gr_warn_once(w_log, "cannot open GPURECLAIM_LOG=%s: %s; reports go to stderr", log, why);
+      jb_write_fd(b, STDERR_FILENO);
+    }
+  } else if (gr_opt()->log_stderr) { /* asked for: GPURECLAIM_LOG=stderr */
+    jb_write_fd(b, STDERR_FILENO);
+  } /* else quiet: nothing on the program's stderr unless asked */
+}
+
 void gr_rep_release(const gpureclaim_report_t *r, bool served_signal) {
   jbuf_t b;
   jb_init(&b);
@@ -447,29 +503,7 @@ void gr_rep_release(const gpureclaim_report_t *r, bool served_signal) {
   gr_rep_report_json(&b, r);
   jb_obj_end(&b);
   jb_raw(&b, "\n", 1);
-  const char *log = gr_opt()->log;
-  if (log[0]) {
-    /* Not waiting: a FIFO nobody reads would block the open for good, and a release runs on an allocating
-     * thread (OOM retry), in gpureclaim_release() and on the worker that serves the control socket. It fails
-     * with ENXIO instead, and the report goes to stderr. */
-    int fd = gr_out_open_nowait(log, O_WRONLY | O_APPEND | O_CREAT, 0600);
-    if (fd >= 0) {
-      int rc = jb_write_fd(&b, fd); /* one write of a short line: appends stay whole */
-      if (close(fd) != 0 && rc == 0 && errno != EINTR)
-        rc = -errno;
-      if (rc < 0) { /* a full disk, a quota, an I/O error: the report is not lost without a word */
-        gr_warn_once(w_log_write, "cannot write to GPURECLAIM_LOG=%s: %s; reports that cannot be written there "
-                                  "go to stderr", log, strerror(-rc));
-        jb_write_fd(&b, STDERR_FILENO);
-      }
-    } else {
-      const char *why = errno == ENXIO ? "a FIFO nobody reads" : strerror(errno);
-      gr_warn_once(w_log, "cannot open GPURECLAIM_LOG=%s: %s; reports go to stderr", log, why);
-      jb_write_fd(&b, STDERR_FILENO);
-    }
-  } else if (gr_opt()->log_stderr) { /* asked for: GPURECLAIM_LOG=stderr */
-    jb_write_fd(&b, STDERR_FILENO);
-  } /* else quiet: nothing on the program's stderr unless asked */
+  gr_rep_event(&b);
   gr_log_release(r);
   jb_free(&b);
   pthread_mutex_lock(&g_status_lock);
@@ -544,7 +578,7 @@ int gr_rep_snapshot_json(jbuf_t *b) {
   jb_obj(b);
   jb_i64(b, "pid", getpid());
   jb_str(b, "version", GPURECLAIM_VERSION_STRING);
-  jb_u64(b, "time_ms", realtime_ms());
+  jb_u64(b, "time_ms", gr_wall_ms());
   gr_rep_stats_json(b);
   jb_arr(b, "blocks");
   if (atomic_load_explicit(&gr_core_state, memory_order_acquire) == 1)
@@ -744,33 +778,12 @@ int gr_rep_leaks(jbuf_t *b, bool json) {
 
 /* ---- to descriptors and files ---- */
 
-int gr_rep_snapshot_fd(int fd) {
-  jbuf_t b;
-  jb_init(&b);
-  int rc = gr_rep_snapshot_json(&b);
-  if (rc == 0)
-    rc = jb_write_fd(&b, fd);
-  jb_free(&b);
-  return rc;
-}
-
 int gr_rep_leaks_fd(int fd, bool json) {
   jbuf_t b;
   jb_init(&b);
   int rc = gr_rep_leaks(&b, json);
   if (rc == 0)
     rc = jb_write_fd(&b, fd);
-  jb_free(&b);
-  return rc;
-}
-
-int gr_rep_stats_fd(int fd) {
-  jbuf_t b;
-  jb_init(&b);
-  jb_obj(&b);
-  gr_rep_stats_json(&b);
-  jb_obj_end(&b);
-  int rc = jb_write_fd(&b, fd);
   jb_free(&b);
   return rc;
 }
@@ -802,4 +815,22 @@ GR_EXPORT int gpureclaim_snapshot(const char *path) { return to_path(path, STDOU
 
 GR_EXPORT int gpureclaim_leak_report(const char *path, int json) {
   return to_path(path, STDERR_FILENO, gr_rep_leaks, json != 0);
+}
+
+/* ---- one line for people ---- */
+
+void gr_log_release(const gpureclaim_report_t *r) {
+  if (gr_opt()->verbose < 1)
+    return;
+  static const char *const by[] = {"?", "the API", "the signal", "an out-of-memory retry", "the gpureclaim command",
+                                   "a scope's end", "a peer"};
+  char total[32], cached[32], orphaned[32], peer[48] = "";
+  if (r->trigger == GPURECLAIM_TRIGGER_PEER)
+    snprintf(peer, sizeof peer, " (pid %d, out of memory on the same GPU)", r->peer_pid);
+  uint64_t sum = r->cached_bytes + r->orphaned_bytes + r->all_bytes;
+  gr_info("released %s in %.2f ms (cached %s, orphaned %s in %llu block%s), asked by %s%s",
+          gr_log_bytes(sum, total, sizeof total), (double)r->duration_ns / 1e6,
+          gr_log_bytes(r->cached_bytes, cached, sizeof cached), gr_log_bytes(r->orphaned_bytes, orphaned, sizeof orphaned),
+          (unsigned long long)r->orphaned_blocks, gr_plural(r->orphaned_blocks),
+          r->trigger >= 0 && (size_t)r->trigger < GR_ARRAY_LEN(by) ? by[r->trigger] : by[0], peer);
 }

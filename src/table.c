@@ -128,15 +128,11 @@ typedef struct gen {
 #define FWD_IDX_SHIFT 30
 #define SGEN_SHIFT 5
 #define SGEN_MASK UINT64_C(0x7ff)
-/* w3: time (40 bits) | tag (2) | thread id (22). */
-#define W3_TID_MASK UINT64_C(0x3fffff)
+/* w3: time (40 bits) | tag (2) | thread id (22). The other fields' places: gr_packed_t (table.h). */
+#define W3_TID_MASK GR_PK_TID_MASK
 #define W3_TAG_SHIFT 22
 #define W3_TAG_MASK UINT64_C(3)
-#define W3_TIME_SHIFT 24
-#define CTX_SHIFT 16
-#define POOL_SHIFT 28
-#define SCOPE_SHIFT 40
-#define AUX_SHIFT 56
+#define W3_TIME_SHIFT GR_PK_TIME_SHIFT
 #define META_MASK (~((SGEN_MASK << SGEN_SHIFT) | ST_MASK | F_PENDING | F_MOVED))
 
 #define GR_TABLE_UNLIKELY(x) __builtin_expect(!!(x), 0)
@@ -160,8 +156,7 @@ static _Atomic size_t g_bytes;
 static _Atomic size_t g_bytes_peak; /* high-water mark of g_bytes since the last gr_table_bytes_peak(true) */
 static _Atomic uint64_t g_migrations;
 static GR_TLS_IE unsigned t_ops;     /* operations of this thread: reclamation every 64th */
-static GR_TLS_IE unsigned t_changes; /* updates and takes of this thread: a shrink check every 32nd */
-static GR_TLS_IE unsigned t_inserts; /* inserts of this thread: a load check every 32nd */
+static GR_TLS_IE unsigned t_changes; /* updates of this thread: a shrink check every 32nd (takes: epoch.c's count) */
 
 static inline unsigned ctl_state(uint64_t c) { return (unsigned)(c & ST_MASK); }
 static inline uint32_t ctl_sgen(uint64_t c) { return (uint32_t)((c >> SGEN_SHIFT) & SGEN_MASK); }
@@ -205,30 +200,10 @@ static inline uint64_t probe_len(gen_t *g) {
 /* ---- packing ---- */
 _Static_assert(sizeof(slot_t) == 40, "a record is five words");
 _Static_assert(sizeof(gr_site_t) == sizeof(uint64_t), "a site fills w2");
-/* w2 holds the site, except for a mapping, which keeps the handle it maps there (a mapping has no site). */
-static inline uint64_t w2_of(const gr_rec_t *r) {
-  return gr_kind_keyspace(r->kind) == GR_KS_MAPPING ? r->map_handle : r->site.bits;
-}
-static uint64_t meta_of(const gr_rec_t *r) {
-  return ((uint64_t)(r->ctx_id & 0xfff) << CTX_SHIFT) | ((uint64_t)(r->pool_id & 0xfff) << POOL_SHIFT) |
-         ((uint64_t)r->scope << SCOPE_SHIFT) | ((uint64_t)r->aux << AUX_SHIFT);
-}
-static void unpack(uint64_t c, uint64_t key, uint64_t w1, uint64_t w2, uint64_t w3, gr_rec_t *r) {
-  r->key = key;
-  r->state = (uint8_t)ctl_state(c);
-  r->ctx_id = (uint16_t)((c >> CTX_SHIFT) & 0xfff);
-  r->pool_id = (uint16_t)((c >> POOL_SHIFT) & 0xfff);
-  r->scope = (uint16_t)(c >> SCOPE_SHIFT);
-  r->aux = (uint8_t)(c >> AUX_SHIFT);
-  r->size = w1 & GR_SIZE_MAX;
-  r->kind = (uint8_t)((w1 >> 48) & 0xf);
-  r->device = (uint8_t)((w1 >> 52) & 0x7f);
-  r->api = (uint8_t)(w1 >> 59);
-  bool mapping = gr_kind_keyspace(r->kind) == GR_KS_MAPPING;
-  r->map_handle = mapping ? w2 : 0;
-  r->site.bits = mapping ? 0 : w2;
-  r->time_ms = w3 >> W3_TIME_SHIFT;
-  r->tid = (uint32_t)(w3 & W3_TID_MASK);
+static inline uint64_t meta_of(const gr_rec_t *r) { return gr_pk_meta(r->ctx_id, r->pool_id, r->scope, r->aux); }
+static inline void unpack(uint64_t c, uint64_t key, uint64_t w1, uint64_t w2, uint64_t w3, gr_rec_t *r) {
+  gr_packed_t p = {c, key, w1, w2, w3};
+  gr_pk_unpack(&p, r);
 }
 static inline unsigned rec_ks(uint64_t w1) { return gr_kind_keyspace((unsigned)((w1 >> 48) & 0xf)); }
 
@@ -691,16 +666,23 @@ static bool settle(gen_t *t, uint64_t i, uint32_t sg) {
 }
 
 int gr_table_insert(const gr_rec_t *r) {
-  unsigned ks = gr_kind_keyspace(r->kind);
+  gr_packed_t p;
+  gr_pk_pack(r, &p);
+  return gr_table_insert_pk(&p);
+}
+
+GR_HOT_INLINE int gr_table_insert_pk(const gr_packed_t *r) {
+  unsigned ks = gr_kind_keyspace(gr_pk_kind(r));
   uint64_t h = hash_key(ks, r->key);
-  uint64_t w1 = (r->size & GR_SIZE_MAX) | ((uint64_t)(r->kind & 0xf) << 48) |
-                ((uint64_t)(r->device & 0x7f) << 52) | ((uint64_t)(r->api & 0x1f) << 59);
-  uint64_t w3 = ((r->time_ms & ((UINT64_C(1) << 40) - 1)) << W3_TIME_SHIFT) | (r->tid & W3_TID_MASK);
-  uint64_t meta = meta_of(r);
+  uint64_t w1 = r->w1, w3 = r->w3, meta = r->ctl;
+  unsigned state = gr_pk_state(r);
   int rc = 0;
   unsigned full_rounds = 0;
   /* With asymmetric barriers (epoch.c) a record is claimed and published by one CAS; without, by two. */
   bool one_cas = atomic_load_explicit(&gr_epoch_asym, memory_order_relaxed) != 0;
+  /* The load check runs on every 32nd insert of a thread (its insert count, epoch.c). */
+  gr_thread_rec_t *me = gr_epoch_t_rec;
+  uint64_t nth = GR_TABLE_UNLIKELY(!me) ? 1 : atomic_load_explicit(&me->ins, memory_order_relaxed) + 1;
   gr_epoch_enter();
   for (;;) {
     gen_t *g = load_root();
@@ -726,7 +708,7 @@ int gr_table_insert(const gr_rec_t *r) {
       if ((c & F_PENDING) || (st != GR_ST_EMPTY && st != GR_ST_DELETED))
         continue;
       uint32_t sg = ctl_sgen(c) + 1;
-      uint64_t live = ctl_with(meta, r->state, sg);
+      uint64_t live = ctl_with(meta, state, sg);
       uint64_t claim = one_cas ? live : ctl_with(0, GR_ST_BUSY, sg);
       if (!atomic_compare_exchange_strong_explicit(&s->ctl, &c, claim, memory_order_acq_rel,
                                                    memory_order_relaxed)) {
@@ -737,7 +719,7 @@ int gr_table_insert(const gr_rec_t *r) {
         continue;
       }
       note_disp(t, probes);
-      write_payload(s, r->key, w1, w2_of(r), w3, sg);
+      write_payload(s, r->key, w1, r->w2, w3, sg);
       if (one_cas) {
         /* Published once w3 is visible. A migration that began meanwhile may have looked at the slot too
          * early; epoch.c's barrier in migrate_slot() makes this load see t->next if so. */
@@ -752,7 +734,7 @@ int gr_table_insert(const gr_rec_t *r) {
         break;
       }
       placed = true;
-      if (GR_TABLE_UNLIKELY(probes >= LONG_PROBE) || GR_TABLE_UNLIKELY((++t_inserts & 31) == 0))
+      if (GR_TABLE_UNLIKELY(probes >= LONG_PROBE) || GR_TABLE_UNLIKELY((nth & 31) == 0))
         check_load(t, probes);
       break;
     }
@@ -767,9 +749,9 @@ int gr_table_insert(const gr_rec_t *r) {
     }
   }
   gr_epoch_exit();
-  if (rc == 0)
-    gr_epoch_count_live(1);
-  maybe_reclaim();
+  /* Every 32nd insert of a thread: reclamation. */
+  if (rc == 0 && GR_TABLE_UNLIKELY((gr_epoch_count_ins() & 31) == 0) && gr_epoch_pending())
+    gr_epoch_reclaim();
   return rc;
 }
 
@@ -837,6 +819,14 @@ static bool edit_take(gr_rec_t *r, void *arg) {
  * inline, as read_slot() does, on purpose: built on find() or read_slot() instead, a free cost 4 and 11 ns
  * more in bench_hooks. */
 int gr_table_take_kind(unsigned ks, uint64_t key, unsigned state_mask, unsigned kind_mask, gr_rec_t *out) {
+  gr_packed_t p;
+  int rc = gr_table_take_kind_pk(ks, key, state_mask, kind_mask, out ? &p : NULL);
+  if (rc == 0 && out)
+    gr_pk_unpack(&p, out);
+  return rc;
+}
+
+GR_HOT_INLINE int gr_table_take_kind_pk(unsigned ks, uint64_t key, unsigned state_mask, unsigned kind_mask, gr_packed_t *out) {
   int rc = -ENOENT;
   gr_epoch_enter();
   gen_t *g = load_root();
@@ -873,22 +863,26 @@ int gr_table_take_kind(unsigned ks, uint64_t key, unsigned state_mask, unsigned 
                                                  memory_order_acq_rel, memory_order_acquire))
       goto again;
     if (out)
-      unpack(c, key, w1, w2, w3, out);
+      *out = (gr_packed_t){c, key, w1, w2, w3};
     rc = 0;
     break;
   }
   gr_epoch_exit();
-  if (rc == 0) {
-    gr_epoch_count_live(-1);
-    if (GR_TABLE_UNLIKELY((++t_changes & SHRINK_EVERY) == 0))
-      maybe_shrink();
+  /* Every 32nd delete of a thread (its count, epoch.c): the shrink check and reclamation. */
+  if (rc == 0 && GR_TABLE_UNLIKELY((gr_epoch_count_del() & SHRINK_EVERY) == 0)) {
+    maybe_shrink();
+    if (gr_epoch_pending())
+      gr_epoch_reclaim();
   }
-  maybe_reclaim();
   return rc;
 general:
   gr_epoch_exit();
   take_arg_t t = {kind_mask};
-  return gr_table_update(ks, key, state_mask, edit_take, &t, out);
+  gr_rec_t r;
+  rc = gr_table_update(ks, key, state_mask, edit_take, &t, out ? &r : NULL);
+  if (rc == 0 && out)
+    gr_pk_pack(&r, out);
+  return rc;
 }
 
 int gr_table_take(unsigned ks, uint64_t key, unsigned state_mask, gr_rec_t *out) {

@@ -15,6 +15,10 @@
 /* Thread-locals of a library loaded at start-up (preloaded or linked): the initial-exec model avoids a call
  * to __tls_get_addr on every access. */
 #define GR_TLS_IE __thread __attribute__((tls_model("initial-exec")))
+/* On the definition of a function of an allocation's or a free's hot path: inlined into its callers in other
+ * files too, where the build links with link-time optimisation (the sanitizer builds compile separately and
+ * call it). */
+#define GR_HOT_INLINE inline __attribute__((always_inline))
 
 /* ---- epochs (epoch.c) ---- */
 
@@ -25,8 +29,10 @@
 
 typedef struct gr_thread_rec {
   _Atomic uint64_t announce;  /* 0 outside a critical section, epoch << 1 | 1 inside */
-  _Atomic int64_t live;       /* records inserted minus deleted; written by the owner only */
-  int64_t batch;              /* owner only: change of `live` not yet added to the shared approximation */
+  /* Records this thread inserted and deleted (live records: their difference), written by the owner only with
+   * plain stores; they stay with the record when its thread exits, for the next thread that takes it. */
+  _Atomic uint64_t ins, del;
+  int64_t flushed;            /* owner only: ins - del as last added to the shared approximation */
   unsigned depth;             /* owner only: critical-section nesting */
   _Atomic int owned;
   /* 0, or 1 + the context-destroy sequence an insert of an address record read before its driver call, while
@@ -91,16 +97,36 @@ size_t gr_epoch_reclaim(void);
 size_t gr_epoch_pending(void);
 /* The calling thread's record (registering it on first use); NULL when memory ran out. */
 gr_thread_rec_t *gr_epoch_self(void);
-/* Adds d to the calling thread's live-record counter (single writer, no atomic read-modify-write; one shared
- * atomic add per 32 changes for the approximation). */
-static inline void gr_epoch_count_live(int64_t d) {
+void gr_epoch_count_flush(gr_thread_rec_t *r);
+/* Counts a record the calling thread inserted (deleted): single writer, no atomic read-modify-write; every
+ * 32nd insert or delete of a thread adds its change to the shared approximation. Returns the thread's count of
+ * inserts (deletes) so far, for the table's checks every 32nd (1 for a thread without a record). */
+static inline uint64_t gr_epoch_count_op(_Atomic uint64_t *c, gr_thread_rec_t *r) {
+  uint64_t n = atomic_load_explicit(c, memory_order_relaxed) + 1;
+  atomic_store_explicit(c, n, memory_order_relaxed);
+  if (__builtin_expect((n & 31) == 0, 0))
+    gr_epoch_count_flush(r);
+  return n;
+}
+static inline uint64_t gr_epoch_count_ins(void) {
   gr_thread_rec_t *r = gr_epoch_t_rec;
-  if (__builtin_expect(r != NULL, 1) && (uint64_t)(r->batch + d + 31) < 63) {
-    r->batch += d;
-    atomic_store_explicit(&r->live, atomic_load_explicit(&r->live, memory_order_relaxed) + d, memory_order_relaxed);
-    return;
-  }
-  gr_epoch_count_live_slow(d);
+  if (__builtin_expect(r != NULL, 1))
+    return gr_epoch_count_op(&r->ins, r);
+  gr_epoch_count_live_slow(1);
+  return 1;
+}
+static inline uint64_t gr_epoch_count_del(void) {
+  gr_thread_rec_t *r = gr_epoch_t_rec;
+  if (__builtin_expect(r != NULL, 1))
+    return gr_epoch_count_op(&r->del, r);
+  gr_epoch_count_live_slow(-1);
+  return 1;
+}
+static inline void gr_epoch_count_live(int64_t d) {
+  if (d > 0)
+    (void)gr_epoch_count_ins();
+  else
+    (void)gr_epoch_count_del();
 }
 /* The number of records give or take 31 per thread: one load. */
 int64_t gr_epoch_live_approx(void);
@@ -170,6 +196,69 @@ static inline unsigned gr_kind_keyspace(unsigned kind) {
   }
 }
 
+/* One record as a slot holds it (table.c, "Data structure"): what a hook builds (gr_track_alloc), the table
+ * stores as is, and a free takes out as is (gr_track_take_pk), without a gr_rec_t filled, packed and unpacked
+ * on the way. gr_rec_t is the unpacked view of the slow paths (gr_pk_pack, gr_pk_unpack). */
+typedef struct gr_packed {
+  uint64_t ctl; /* state (3 bits) | metadata: ctx id (12) << 16 | pool id (12) << 28 | scope (16) << 40 | aux << 56 */
+  uint64_t key;
+  uint64_t w1;  /* size (48) | kind (4) << 48 | device (7) << 52 | api (5) << 59 */
+  uint64_t w2;  /* the site, or for a mapping the VMM handle it maps */
+  uint64_t w3;  /* time in ms (40) << 24 | tag (2, the table's) << 22 | thread id (22) */
+} gr_packed_t;
+
+#define GR_PK_CTX_SHIFT 16
+#define GR_PK_POOL_SHIFT 28
+#define GR_PK_SCOPE_SHIFT 40
+#define GR_PK_AUX_SHIFT 56
+#define GR_PK_TIME_SHIFT 24
+#define GR_PK_TID_MASK UINT64_C(0x3fffff)
+
+static inline uint64_t gr_pk_meta(unsigned ctx_id, unsigned pool_id, unsigned scope, unsigned aux) {
+  return ((uint64_t)(ctx_id & 0xfff) << GR_PK_CTX_SHIFT) | ((uint64_t)(pool_id & 0xfff) << GR_PK_POOL_SHIFT) |
+         ((uint64_t)(scope & 0xffff) << GR_PK_SCOPE_SHIFT) | ((uint64_t)(aux & 0xff) << GR_PK_AUX_SHIFT);
+}
+static inline uint64_t gr_pk_w1(uint64_t size, unsigned kind, unsigned device, unsigned api) {
+  return (size & GR_SIZE_MAX) | ((uint64_t)(kind & 0xf) << 48) | ((uint64_t)(device & 0x7f) << 52) |
+         ((uint64_t)(api & 0x1f) << 59);
+}
+static inline uint64_t gr_pk_w3(uint64_t time_ms, uint32_t tid) {
+  return ((time_ms & ((UINT64_C(1) << 40) - 1)) << GR_PK_TIME_SHIFT) | (tid & GR_PK_TID_MASK);
+}
+static inline unsigned gr_pk_state(const gr_packed_t *p) { return (unsigned)(p->ctl & 7); }
+static inline unsigned gr_pk_ctx(const gr_packed_t *p) { return (unsigned)(p->ctl >> GR_PK_CTX_SHIFT) & 0xfff; }
+static inline unsigned gr_pk_scope(const gr_packed_t *p) { return (unsigned)(p->ctl >> GR_PK_SCOPE_SHIFT) & 0xffff; }
+static inline unsigned gr_pk_aux(const gr_packed_t *p) { return (unsigned)(p->ctl >> GR_PK_AUX_SHIFT) & 0xff; }
+static inline uint64_t gr_pk_size(const gr_packed_t *p) { return p->w1 & GR_SIZE_MAX; }
+static inline unsigned gr_pk_kind(const gr_packed_t *p) { return (unsigned)(p->w1 >> 48) & 0xf; }
+static inline unsigned gr_pk_device(const gr_packed_t *p) { return (unsigned)(p->w1 >> 52) & 0x7f; }
+
+static inline void gr_pk_pack(const gr_rec_t *r, gr_packed_t *p) {
+  p->ctl = gr_pk_meta(r->ctx_id, r->pool_id, r->scope, r->aux) | (r->state & 7u);
+  p->key = r->key;
+  p->w1 = gr_pk_w1(r->size, r->kind, r->device, r->api);
+  p->w2 = gr_kind_keyspace(r->kind) == GR_KS_MAPPING ? r->map_handle : r->site.bits;
+  p->w3 = gr_pk_w3(r->time_ms, r->tid);
+}
+
+static inline void gr_pk_unpack(const gr_packed_t *p, gr_rec_t *r) {
+  r->key = p->key;
+  r->state = (uint8_t)gr_pk_state(p);
+  r->ctx_id = (uint16_t)gr_pk_ctx(p);
+  r->pool_id = (uint16_t)((p->ctl >> GR_PK_POOL_SHIFT) & 0xfff);
+  r->scope = (uint16_t)gr_pk_scope(p);
+  r->aux = (uint8_t)gr_pk_aux(p);
+  r->size = gr_pk_size(p);
+  r->kind = (uint8_t)gr_pk_kind(p);
+  r->device = (uint8_t)gr_pk_device(p);
+  r->api = (uint8_t)(p->w1 >> 59);
+  bool mapping = gr_kind_keyspace(r->kind) == GR_KS_MAPPING;
+  r->map_handle = mapping ? p->w2 : 0;
+  r->site.bits = mapping ? 0 : p->w2;
+  r->time_ms = p->w3 >> GR_PK_TIME_SHIFT;
+  r->tid = (uint32_t)(p->w3 & GR_PK_TID_MASK);
+}
+
 /* ---- the table (table.c) ---- */
 
 /* A position in the table, valid inside one epoch critical section. Forwarding across migrations is
@@ -183,6 +272,8 @@ typedef struct gr_ref {
 int gr_table_init(void);
 /* Inserts a record (state LIVE or ORPHAN). Returns 0, or -ENOMEM when no memory could be mapped for growth. */
 int gr_table_insert(const gr_rec_t *r);
+/* The same with the record as a slot holds it (its state in ctl: LIVE or ORPHAN). */
+int gr_table_insert_pk(const gr_packed_t *p);
 
 /* Edits one record: called with a copy of the first record with this key space and key whose state is in
  * state_mask; returns true after changing rec's state, aux or scope to apply the change (atomically, against
@@ -195,6 +286,8 @@ int gr_table_update(unsigned ks, uint64_t key, unsigned state_mask, gr_edit_fn f
 int gr_table_take(unsigned ks, uint64_t key, unsigned state_mask, gr_rec_t *out);
 /* take() of the first matching record only when its kind is in kind_mask (-ENOENT if it is of another kind). */
 int gr_table_take_kind(unsigned ks, uint64_t key, unsigned state_mask, unsigned kind_mask, gr_rec_t *out);
+/* The same, the record given as the slot held it (ctl: its state before the take and its metadata). */
+int gr_table_take_kind_pk(unsigned ks, uint64_t key, unsigned state_mask, unsigned kind_mask, gr_packed_t *out);
 /* Copies the first record with that key whose state is in state_mask. 0 or -ENOENT. */
 int gr_table_lookup(unsigned ks, uint64_t key, unsigned state_mask, gr_rec_t *out);
 

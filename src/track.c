@@ -131,7 +131,7 @@ void gr_track_fill(gr_rec_t *r, unsigned kind, uint64_t key, uint64_t size, unsi
   r->kind = (uint8_t)kind;
   r->state = GR_ST_LIVE;
   r->device = GR_DEVICE_NONE;
-  r->time_ms = gr_core_now_ms();
+  r->time_ms = gr_worker_now_ms(); /* the worker's tick: no clock read per allocation */
   r->tid = gr_core_tid();
   uintptr_t pc = ra;
   r->api = (uint8_t)driver_api;
@@ -144,18 +144,28 @@ void gr_track_fill(gr_rec_t *r, unsigned kind, uint64_t key, uint64_t size, unsi
     r->scope = gr_scope_tag();
 }
 
-void gr_track_insert(gr_rec_t *r) {
-  unsigned ks = gr_kind_keyspace(r->kind);
+/* Inserts p and counts it: what gr_track_insert does, on the record as the slot holds it. */
+static inline void insert_pk(const gr_packed_t *p) {
+  unsigned ks = gr_kind_keyspace(gr_pk_kind(p));
   if (ks == GR_KS_ADDR || ks == GR_KS_HANDLE)
-    key_reused(ks, r->key); /* a freed orphan's address (handle) is back: late frees of it are this one's */
-  if (GR_UNLIKELY(gr_table_insert(r) != 0)) {
+    key_reused(ks, p->key); /* a freed orphan's address (handle) is back: late frees of it are this one's */
+  if (GR_UNLIKELY(gr_table_insert_pk(p) != 0)) {
     gr_warn_once(w_nomem, "no memory for the block table: new blocks are not tracked until memory frees up");
-    gr_scope_unref(r->scope);
+    gr_scope_unref((uint16_t)gr_pk_scope(p));
     return;
   }
-  if (r->scope)
-    gr_scope_note(r);
-  gr_stats_alloc(r);
+  if (GR_UNLIKELY(gr_pk_scope(p))) {
+    gr_rec_t r;
+    gr_pk_unpack(p, &r);
+    gr_scope_note(&r);
+  }
+  gr_stats_alloc_pk(p);
+}
+
+void gr_track_insert(gr_rec_t *r) {
+  gr_packed_t p;
+  gr_pk_pack(r, &p);
+  insert_pk(&p);
 }
 
 /* Whether the driver knows VMM handle h now: a value a release freed can be live again without cuMemCreate
@@ -168,11 +178,13 @@ static bool handle_live(uint64_t h) {
 }
 
 bool gr_track_late_free(unsigned ks, uint64_t key) {
-  /* A block a release freed (or is freeing) must not be freed again by the driver. */
+  /* A block a release freed (or is freeing) must not be freed again by the driver. RECLAIMING is looked for
+   * before RECLAIMED, the order in which a release moves the record: the other order misses a record that
+   * moves between the two looks, and the free reached the driver a second time (test_release's race). */
   bool consumed = false;
   if ((ks != GR_KS_ADDR && ks != GR_KS_HANDLE) ||
-      !((consumed = gr_table_take(ks, key, GR_STMASK(GR_ST_RECLAIMED), NULL) == 0) ||
-        gr_table_lookup(ks, key, GR_STMASK(GR_ST_RECLAIMING), NULL) == 0))
+      !(gr_table_lookup(ks, key, GR_STMASK(GR_ST_RECLAIMING), NULL) == 0 ||
+        (consumed = gr_table_take(ks, key, GR_STMASK(GR_ST_RECLAIMED), NULL) == 0)))
     return false;
   if (consumed)
     gr_track_tombstone_gone(ks);
@@ -185,18 +197,27 @@ bool gr_track_late_free(unsigned ks, uint64_t key) {
   return true;
 }
 
-int gr_track_take(unsigned ks, uint64_t key, unsigned kind_mask, gr_rec_t *out) {
-  if (GR_LIKELY(gr_table_take_kind(ks, key, GR_STMASK(GR_ST_LIVE) | GR_STMASK(GR_ST_ORPHAN), kind_mask, out) == 0))
+GR_HOT_INLINE int gr_track_take_pk(unsigned ks, uint64_t key, unsigned kind_mask, gr_packed_t *out) {
+  if (GR_LIKELY(gr_table_take_kind_pk(ks, key, GR_STMASK(GR_ST_LIVE) | GR_STMASK(GR_ST_ORPHAN), kind_mask, out) ==
+                0))
     return 1;
   if (gr_track_late_free(ks, key))
     return -1;
   /* The driver may have handed the address out again meanwhile (a late free racing another thread's
    * allocation, which consumed the tombstone): this free is then a free of that block, record included, or
    * its record would outlive it. */
-  if (gr_table_take_kind(ks, key, GR_STMASK(GR_ST_LIVE) | GR_STMASK(GR_ST_ORPHAN), kind_mask, out) == 0)
+  if (gr_table_take_kind_pk(ks, key, GR_STMASK(GR_ST_LIVE) | GR_STMASK(GR_ST_ORPHAN), kind_mask, out) == 0)
     return 1;
   gr_stats_untracked_free();
   return 0;
+}
+
+int gr_track_take(unsigned ks, uint64_t key, unsigned kind_mask, gr_rec_t *out) {
+  gr_packed_t p;
+  int rc = gr_track_take_pk(ks, key, kind_mask, &p);
+  if (rc > 0)
+    gr_pk_unpack(&p, out);
+  return rc;
 }
 
 void gr_track_freed(const gr_rec_t *r) {
@@ -204,9 +225,17 @@ void gr_track_freed(const gr_rec_t *r) {
   gr_scope_unref(r->scope);
 }
 
+GR_HOT_INLINE void gr_track_freed_pk(const gr_packed_t *p) {
+  gr_stats_free_pk(p);
+  if (GR_UNLIKELY(gr_pk_scope(p)))
+    gr_scope_unref((uint16_t)gr_pk_scope(p));
+}
+
 void gr_track_restore(const gr_rec_t *r) {
   /* The driver refused the free: the block is still there. Its counts never changed. */
-  if (gr_table_insert(r) != 0)
+  gr_packed_t p;
+  gr_pk_pack(r, &p);
+  if (gr_table_insert_pk(&p) != 0)
     gr_warn_once(w_restore, "no memory to keep tracking a block whose free the driver refused");
   else if (r->scope)
     gr_scope_note(r); /* its scope's list may have dropped it while it was out of the table */
@@ -502,23 +531,53 @@ out:
     gr_track_linger_check();
 }
 
-void gr_track_insert_ctx(gr_rec_t *r, uint64_t seq0) {
+static inline void insert_ctx_pk(const gr_packed_t *p, uint64_t seq0) {
   gr_thread_rec_t *t = op_begin(seq0);
   bool slow = false;
   if (GR_UNLIKELY(seq_before_insert() != seq0 || (seq0 & 1))) {
+    gr_rec_t r;
+    gr_pk_unpack(p, &r);
     slow = true;
-    if (!precheck_slow(r, &seq0))
+    if (!precheck_slow(&r, &seq0))
       goto out;
   }
-  gr_track_insert(r);
-  if (GR_UNLIKELY(seq_after_insert() != seq0) && r->ctx_id) {
+  insert_pk(p);
+  if (GR_UNLIKELY(seq_after_insert() != seq0) && gr_pk_ctx(p)) {
+    gr_rec_t r;
+    gr_pk_unpack(p, &r);
     slow = true;
-    settle_slow(r, seq0);
+    settle_slow(&r, seq0);
   }
 out:
   op_end(t);
   if (GR_UNLIKELY(slow))
     gr_track_linger_check();
+}
+
+void gr_track_insert_ctx(gr_rec_t *r, uint64_t seq0) {
+  gr_packed_t p;
+  gr_pk_pack(r, &p);
+  insert_ctx_pk(&p, seq0);
+}
+
+GR_HOT_INLINE void gr_track_alloc(unsigned kind, uint64_t key, uint64_t size, unsigned driver_api, uintptr_t ra, unsigned ctx_id,
+                    unsigned device, unsigned pool_id, uint64_t seq0) {
+  uintptr_t pc = ra;
+  unsigned api = driver_api;
+  if (GR_UNLIKELY(gr_tls.rt_depth)) { /* inside a runtime call: the runtime call and its caller (gr_track_fill) */
+    pc = gr_tls.rt_caller;
+    api = gr_tls.rt_api;
+  }
+  gr_site_t site = GR_UNLIKELY(gr_opt()->backtrace) ? gr_stack_capture(pc) : gr_site_at(pc);
+  unsigned scope = kind != GPURECLAIM_KIND_VMM_MAPPING && kind != GPURECLAIM_KIND_VA ? gr_scope_tag() : 0;
+  gr_packed_t p = {
+      .ctl = gr_pk_meta(ctx_id, pool_id, scope, 0) | GR_ST_LIVE,
+      .key = key,
+      .w1 = gr_pk_w1(size > GR_SIZE_MAX ? GR_SIZE_MAX : size, kind, device, api),
+      .w2 = site.bits,
+      .w3 = gr_pk_w3(gr_worker_now_ms(), gr_core_tid()),
+  };
+  insert_ctx_pk(&p, seq0);
 }
 
 typedef struct {
@@ -578,7 +637,9 @@ void gr_track_ctx_begin(uint16_t ctx_id, gr_detached_t *d) {
   d->marked = false;
   GR_ASSERT(gr_track_gate_held()); /* destroys run one at a time */
   GR_ASSERT((atomic_load_explicit(&gr_track_seq, memory_order_relaxed) & 1) == 0);
-  atomic_store_explicit(&g_running, ctx_id, memory_order_relaxed); /* published by the increment */
+  /* Release: a thread that reads this context id (destroyed_since) after it read the odd sequence of the
+   * previous destroy must also see that destroy's g_destroyed entry, stored before its commit. */
+  atomic_store_explicit(&g_running, ctx_id, memory_order_release);
   d->seq = atomic_fetch_add_explicit(&gr_track_seq, 1, memory_order_seq_cst) + 1;
   gr_track_watch(1);
   gr_epoch_heavy_barrier(); /* an insert the marking misses sees the odd sequence (gr_track_insert_ctx) */

@@ -7,7 +7,8 @@
  * from its status file, marked as not answering.
  */
 #include "ps.h"
-#include "gpureclaim_internal.h"
+#include "common.h"
+#include "options.h"
 #include "outfile.h"
 
 #include <ctype.h>
@@ -90,9 +91,11 @@ static const char *uuid_of(const ps_row_t *r, int d) {
   return "";
 }
 
+/* A GPU is one UUID: processes number devices each their own way (CUDA_VISIBLE_DEVICES), so the ordinal only
+ * names GPUs whose UUID is unknown (and the first ordinal seen is shown). */
 static ps_gpu_t *gpu_of(ps_view_t *v, int d, const char *uuid) {
   for (size_t i = 0; i < v->ngpus; i++)
-    if (v->gpus[i].device == d) {
+    if (uuid && *uuid && v->gpus[i].uuid[0] ? !strcmp(v->gpus[i].uuid, uuid) : v->gpus[i].device == d) {
       if (!v->gpus[i].uuid[0] && uuid && *uuid)
         snprintf(v->gpus[i].uuid, sizeof v->gpus[i].uuid, "%s", uuid);
       return &v->gpus[i];
@@ -338,15 +341,22 @@ void ps_gpu_line(const ps_gpu_t *g, char *buf, size_t len, int width) {
   cut(buf, len, width);
 }
 
-#define ROW_FMT "%7s %-5.5s %10s %10s %10s %10s %4s %s"
+#define ROW_FMT "%7s %-5.5s %10s %10s %10s %10s %4s %-8s %10s %s"
+
+/* The sleep state from the status file ("awake", "sleeping", "waking"; "awake" for a library without sleep). */
+static const char *sleep_state(const ps_row_t *r) { return jstr(jget(r->p.status, "sleep"), "state", "awake"); }
+static uint64_t sleep_host(const ps_row_t *r) { return u64(jget(r->p.status, "sleep"), "host_bytes"); }
 
 void ps_row_header(char *buf, size_t len, int width) {
-  snprintf(buf, len, ROW_FMT, "PID", "GPU", "HELD", "CACHED", "ORPHAN", "PINNED", "REL", "COMMAND");
+  snprintf(buf, len, ROW_FMT, "PID", "GPU", "HELD", "CACHED", "ORPHAN", "PINNED", "REL", "STATE", "HOST",
+           "COMMAND");
   cut(buf, len, width);
 }
 
 void ps_row_line(const ps_row_t *r, char *buf, size_t len, int width) {
-  char pid[16], b1[32] = "?", b2[32] = "?", b3[32] = "?", b4[32] = "?", rel[24], cmdline[512];
+  char pid[16], b1[32] = "?", b2[32] = "?", b3[32] = "?", b4[32] = "?", rel[24], cmdline[512], host[32] = "-";
+  if (sleep_host(r))
+    b(sleep_host(r), host, sizeof host);
   snprintf(pid, sizeof pid, "%d", (int)r->p.pid);
   snprintf(rel, sizeof rel, "%lld", (long long)jint(r->p.status, "releases", 0));
   if (r->stats) {
@@ -360,7 +370,7 @@ void ps_row_line(const ps_row_t *r, char *buf, size_t len, int width) {
     size_t l = strlen(cmdline);
     snprintf(cmdline + l, sizeof cmdline - l, " [not answering: %s]", r->why);
   }
-  snprintf(buf, len, ROW_FMT, pid, r->gpus, b1, b2, b3, b4, rel, cmdline);
+  snprintf(buf, len, ROW_FMT, pid, r->gpus, b1, b2, b3, b4, rel, sleep_state(r), host, cmdline);
   cut(buf, len, width);
 }
 
@@ -463,6 +473,8 @@ static const field_t g_fields[] = {
     {"released", "RELEASED", F_BYTES, true},
     {"last_release", "LAST RELEASE", F_BYTES, false},
     {"signal", "SIGNAL", F_STR, false},
+    {"state", "STATE", F_STR, false},
+    {"host", "HOST", F_BYTES, false},
     {"error", "ERROR", F_STR, false},
 };
 #define NFIELDS (sizeof g_fields / sizeof g_fields[0])
@@ -500,6 +512,8 @@ static const char *field_value(const ps_row_t *r, int i, uint64_t *num, char *bu
     const jnode_t *lr = jget(r->p.status, "last_release");
     *num = u64(lr, "cached_bytes") + u64(lr, "orphaned_bytes") + u64(lr, "all_bytes");
   } else if (!strcmp(name, "signal")) return jstr(r->p.status, "signal", "?");
+  else if (!strcmp(name, "state")) return sleep_state(r);
+  else if (!strcmp(name, "host")) *num = sleep_host(r);
   else if (!strcmp(name, "error")) return r->stats ? "" : r->why;
   return NULL;
 }
@@ -662,6 +676,9 @@ void ps_print_json(FILE *f, const ps_view_t *v, const ps_filter_t *flt) {
       }
       fputc(']', f);
     }
+    fputs(",\"state\":", f);
+    cmd_json_str(f, sleep_state(r));
+    fprintf(f, ",\"host_bytes\":%llu", (unsigned long long)sleep_host(r));
     fprintf(f, ",\"releases\":%lld,\"signal\":", (long long)jint(r->p.status, "releases", 0));
     cmd_json_str(f, jstr(r->p.status, "signal", "?"));
     fputs(",\"last_release\":", f);
@@ -752,6 +769,14 @@ static void prom_rows(FILE *f, const ps_row_t *rows, size_t n, const ps_filter_t
       {"gpureclaim_host_pinned_bytes", "host_pinned_bytes", "Pinned host memory.", "gauge"},
       {"gpureclaim_releases_total", "releases", "Releases run.", "counter"},
       {"gpureclaim_released_bytes_total", "released_bytes", "Bytes given back by releases.", "counter"},
+      {"gpureclaim_peer_reclaims_total", "peer_reclaims", "Peer reclaims run after an out-of-memory (peers asked).",
+       "counter"},
+      {"gpureclaim_peer_reclaim_successes_total", "peer_reclaim_successes",
+       "Peer reclaims after which the allocation succeeded.", "counter"},
+      {"gpureclaim_peer_received_bytes_total", "peer_received_bytes", "Bytes peers gave this process.", "counter"},
+      {"gpureclaim_peer_gives_total", "peer_gives", "Peer reclaims this process served (it was asked).",
+       "counter"},
+      {"gpureclaim_peer_given_bytes_total", "peer_given_bytes", "Bytes this process gave its peers.", "counter"},
   };
   for (size_t k = 0; k < sizeof proc / sizeof proc[0]; k++) {
     fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", proc[k].name, proc[k].help, proc[k].name, proc[k].type);
@@ -762,6 +787,24 @@ static void prom_rows(FILE *f, const ps_row_t *rows, size_t n, const ps_filter_t
       prom_labels(f, &rows[i], -1);
       fprintf(f, " %llu\n", (unsigned long long)u64(jget(rows[i].stats, "total"), proc[k].field));
     }
+  }
+  fputs("# HELP gpureclaim_sleeping Whether the process sleeps (its device memory is on the host).\n"
+        "# TYPE gpureclaim_sleeping gauge\n", f);
+  for (size_t i = 0; i < n; i++) {
+    if (!rows[i].stats)
+      continue;
+    fputs("gpureclaim_sleeping", f);
+    prom_labels(f, &rows[i], -1);
+    fprintf(f, " %d\n", strcmp(sleep_state(&rows[i]), "sleeping") == 0);
+  }
+  fputs("# HELP gpureclaim_sleep_host_bytes Device memory the sleeping process holds in host memory.\n"
+        "# TYPE gpureclaim_sleep_host_bytes gauge\n", f);
+  for (size_t i = 0; i < n; i++) {
+    if (!rows[i].stats)
+      continue;
+    fputs("gpureclaim_sleep_host_bytes", f);
+    prom_labels(f, &rows[i], -1);
+    fprintf(f, " %llu\n", (unsigned long long)sleep_host(&rows[i]));
   }
   fputs("# HELP gpureclaim_up Whether the process answered on its control socket.\n# TYPE gpureclaim_up gauge\n", f);
   for (size_t i = 0; i < n; i++) {

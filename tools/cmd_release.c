@@ -4,7 +4,9 @@
  * file's release count to grow. Prints what each gave back; exit status 1 if any did not answer in time.
  */
 #include "command.h"
-#include "gpureclaim_internal.h"
+#include "ps.h"
+#include "common.h"
+#include "options.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -400,6 +402,10 @@ static jnode_t *release_one(const proc_t *p, const request_t *rq, const jnode_t 
   *via = "signal";
   unsigned on_signal = 0;
   const char *on = jstr(p->status, "on_signal", "cached,orphaned");
+  if (!strcmp(on, "sleep")) { /* GPURECLAIM_ON_SIGNAL=sleep: its signal would put it to sleep, not release */
+    *why = "its signal puts it to sleep (GPURECLAIM_ON_SIGNAL=sleep), a release needs its control socket";
+    return NULL;
+  }
   if (rq->what && (gr_opt_parse_what(on, &on_signal) != 0 || on_signal != rq->what_flags)) {
     *why = "its signal releases what its GPURECLAIM_ON_SIGNAL says, not --what (that needs its control socket)";
     return NULL;
@@ -495,11 +501,14 @@ static void *tick(void *arg) {
 static const char g_help[] =
     "usage: gpureclaim release [options] PID...\n"
     "       gpureclaim release [options] --all\n"
+    "       gpureclaim release [options] --gpu UUID|INDEX\n"
     "Asks each process to give back memory and prints what it gave back (bytes, milliseconds) and each\n"
     "device's free memory before and after. Over the process's control socket; with --signal, or when\n"
     "nothing listens there, by its release signal, waiting for its status file to report the release.\n"
     "\n"
     "  -a, --all          every process of yours running gpureclaim\n"
+    "  -g, --gpu GPU      every process of yours on that GPU: its UUID (a unique prefix does) or its index\n"
+    "                     as ps shows it (each process's own ordinal: with CUDA_VISIBLE_DEVICES, use the UUID)\n"
     "  -w, --what WHAT    cached, orphaned, all, comma-separated (default: the process's GPURECLAIM_ON_SIGNAL;\n"
     "                     by signal it must match that)\n"
     "  -t, --timeout S    how long to wait, in seconds (default 30), for the processes asked at once (32 at a\n"
@@ -512,20 +521,23 @@ static const char g_help[] =
 
 int cmd_release(int argc, char **argv) {
   request_t rq = {NULL, 0, 30, false};
-  bool all = false;
+  bool all = false, by_gpu = false;
+  ps_filter_t gpu;
+  const char *gpu_arg = "";
   pid_t *pids = calloc((size_t)argc + 1, sizeof *pids);
   size_t npids = 0;
   int rc = EX_OK;
   static const struct option longopts[] = {{"what", required_argument, NULL, 'w'},
                                            {"timeout", required_argument, NULL, 't'},
                                            {"all", no_argument, NULL, 'a'},
+                                           {"gpu", required_argument, NULL, 'g'},
                                            {"signal", no_argument, NULL, 's'},
                                            {"json", no_argument, NULL, 'j'},
                                            {"help", no_argument, NULL, 'h'},
                                            {NULL, 0, NULL, 0}};
   optind = 1;
   int c;
-  while (rc == EX_OK && (c = cmd_getopt(argc, argv, ":w:t:asjh", longopts)) != -1) {
+  while (rc == EX_OK && (c = cmd_getopt(argc, argv, ":w:t:g:asjh", longopts)) != -1) {
     switch (c) {
     case 'w':
       rq.what = optarg;
@@ -538,6 +550,12 @@ int cmd_release(int argc, char **argv) {
       break;
     case 'a':
       all = true;
+      break;
+    case 'g':
+      if (!ps_parse_filter(optarg, &gpu))
+        rc = cmd_usage_error("release: bad --gpu %s (a GPU's UUID or index)", optarg);
+      by_gpu = true;
+      gpu_arg = optarg;
       break;
     case 's':
       rq.by_signal = true;
@@ -557,8 +575,39 @@ int cmd_release(int argc, char **argv) {
       rc = cmd_usage_error("release: not a pid: %s", argv[i]);
   if (rc == EX_OK && all && npids > 0)
     rc = cmd_usage_error("release: give pids or --all, not both%s", "");
-  else if (rc == EX_OK && !all && !npids)
-    rc = cmd_usage_error("release: give the pids to release, or --all%s", "");
+  else if (rc == EX_OK && by_gpu && (all || npids > 0))
+    rc = cmd_usage_error("release: give pids, --all or --gpu, only one of them%s", "");
+  else if (rc == EX_OK && !all && !by_gpu && !npids)
+    rc = cmd_usage_error("release: give the pids to release, or --all or --gpu%s", "");
+  if (rc == EX_OK && by_gpu) {
+    /* The processes that use that GPU, as ps finds them (each asked for its stats at once). */
+    ps_view_t v;
+    ps_collect(&v, &gpu, 0);
+    pid_t *more = realloc(pids, (v.n + 1) * sizeof *pids);
+    if (more)
+      pids = more;
+    for (size_t i = 0; more && i < v.n; i++) {
+      if (!v.rows[i].stats) {
+        fprintf(stderr, "gpureclaim: %d is not answering, so its GPUs are unknown: not released\n",
+                (int)v.rows[i].p.pid);
+        continue;
+      }
+      pids[npids++] = v.rows[i].p.pid;
+    }
+    ps_free(&v);
+    if (cmd_rundir_refused()) {
+      free(pids);
+      return EX_FAILED;
+    }
+    if (!npids) {
+      if (cmd_json_out())
+        printf("[]\n");
+      else
+        printf("(no process of yours is using GPU %s)\n", gpu_arg);
+      free(pids);
+      return EX_OK;
+    }
+  }
   if (rc != EX_OK) {
     free(pids);
     return rc;

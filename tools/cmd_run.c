@@ -4,7 +4,8 @@
  * than as a warning inside the program.
  */
 #include "command.h"
-#include "gpureclaim_internal.h"
+#include "common.h"
+#include "options.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -150,7 +151,7 @@ static int chk_rundir(const char *v) {
     return -1;
   struct stat st;
   if (lstat(v, &st) == 0)
-    return S_ISDIR(st.st_mode) && st.st_uid == geteuid() && !(st.st_mode & 077) ? 0 : -1;
+    return gr_dir_is_private(&st) ? 0 : -1;
   return errno == ENOENT ? parent_dir_writable(v) : -1;
 }
 
@@ -209,7 +210,9 @@ static const struct {
                 {"--oom-retry", "GPURECLAIM_OOM_RETRY", NULL, NULL},
                 {"--log", "GPURECLAIM_LOG", chk_log, "stderr, or a file you can write (in an existing directory)"},
                 {"--rundir", "GPURECLAIM_RUNDIR", chk_rundir,
-                 "an existing directory of yours with mode 0700, or a new one in an existing directory"}};
+                 "an existing directory of yours with mode 0700, or a new one in an existing directory"},
+                {"--peers", "GPURECLAIM_PEERS", NULL, NULL},
+                {"--peer-timeout", "GPURECLAIM_PEER_TIMEOUT", NULL, NULL}};
 
 /* GPURECLAIM_* variables already in the environment reach the program too: every one the library reads is
  * checked as its option is, so that `GPURECLAIM_RUNDIR=/tmp gpureclaim run CMD` is refused as
@@ -307,14 +310,19 @@ static const char g_help[] =
     "      --backtrace       a short backtrace per allocation for leak reports       GPURECLAIM_BACKTRACE=1\n"
     "  -v, --verbose[=N]     informational (1) or debugging (2) messages; N only     GPURECLAIM_VERBOSE\n"
     "                        with \"=\" (run --verbose 2 CMD runs 2)\n"
-    "      --no-status       no status file or control socket (the signal works)     GPURECLAIM_STATUS=0\n"
+    "      --peers WHAT      peer reclaim: ask,give (default), ask, give, sleep, off GPURECLAIM_PEERS\n"
+    "                        (ask: an out-of-memory asks the other gpureclaim processes on\n"
+    "                        the same GPU for memory; give: answer them)\n"
+    "      --peer-timeout S  bound of one peer reclaim, seconds (default 2)          GPURECLAIM_PEER_TIMEOUT\n"
+    "      --no-status       no status file or control socket (the signal works;     GPURECLAIM_STATUS=0\n"
+    "                        no peer reclaim either way)\n"
     "      --disable         load but interpose nothing                              GPURECLAIM_DISABLE=1\n"
     "  -h, --help            this text\n"
     "\n"
     "The library is found next to the command (../LIBDIR/libgpureclaim.so.0, or src/ in a build tree), or\n"
     "set GPURECLAIM_LIBRARY. When no CUDA driver (libcuda.so.1) can be loaded, run says so before CMD starts.\n";
 
-enum { O_OOM_RETRY = 256, O_LEAK_REPORT, O_BACKTRACE, O_NO_STATUS, O_DISABLE };
+enum { O_OOM_RETRY = 256, O_LEAK_REPORT, O_BACKTRACE, O_NO_STATUS, O_DISABLE, O_PEERS, O_PEER_TIMEOUT };
 
 int cmd_run(int argc, char **argv) {
   static const struct option longopts[] = {
@@ -323,12 +331,13 @@ int cmd_run(int argc, char **argv) {
       {"rundir", required_argument, NULL, 'd'},   {"leak-report", no_argument, NULL, O_LEAK_REPORT},
       {"backtrace", no_argument, NULL, O_BACKTRACE}, {"verbose", optional_argument, NULL, 'v'},
       {"no-status", no_argument, NULL, O_NO_STATUS}, {"disable", no_argument, NULL, O_DISABLE},
+      {"peers", required_argument, NULL, O_PEERS}, {"peer-timeout", required_argument, NULL, O_PEER_TIMEOUT},
       {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0}};
   /* The option each valued one sets (g_valued's index), by getopt value. */
   static const struct {
     int val;
     size_t k;
-  } valued[] = {{'s', 0}, {'w', 1}, {O_OOM_RETRY, 2}, {'l', 3}, {'d', 4}};
+  } valued[] = {{'s', 0}, {'w', 1}, {O_OOM_RETRY, 2}, {'l', 3}, {'d', 4}, {O_PEERS, 5}, {O_PEER_TIMEOUT, 6}};
   optind = 1;
   int c;
   /* "+": options end at the program (whose own options follow it). */

@@ -3,7 +3,8 @@
  * context, kind and calling library, largest group first; or its leak report, laid out like LeakSanitizer's.
  */
 #include "command.h"
-#include "gpureclaim_internal.h"
+#include "common.h"
+#include "options.h"
 
 #include <getopt.h>
 #include <stdio.h>

@@ -6,7 +6,8 @@
  * scripts and logs. ncurses is linked into the command only, never into the preloaded library.
  */
 #include "ps.h"
-#include "gpureclaim_internal.h"
+#include "common.h"
+#include "options.h"
 #include "outfile.h"
 
 #include <curses.h>

@@ -58,7 +58,6 @@ jnode_t *cmd_read_status(const proc_t *p);
 
 /* output.c: numbers for people, JSON for programs. */
 const char *cmd_bytes(uint64_t v, char *buf, size_t len);                   /* "1.5 GiB" */
-const char *cmd_age(uint64_t then_ms, uint64_t now_ms, char *buf, size_t len); /* "12s ago" */
 bool cmd_json_out(void);                                                    /* --json given */
 void cmd_set_json(bool on);
 void cmd_json_str(FILE *f, const char *s);
@@ -66,10 +65,6 @@ void cmd_json_dump(FILE *f, const jnode_t *n); /* n == NULL: null */
 
 /* Shared by the subcommands' argument parsers. */
 int cmd_usage_error(const char *fmt, const char *arg); /* prints, returns EX_USAGE */
-/* Whether argv[*i] is subcommand cmd's option name, given as "name value" (*i then moves past the value) or
- * "name=value": 1 with *value set, 0 when it is another argument, -1 (usage error printed) when the value is
- * missing. */
-int cmd_opt_value(int argc, char **argv, int *i, const char *cmd, const char *name, const char **value);
 bool cmd_parse_seconds(const char *s, double *out);     /* 0..86400 */
 struct option;
 /* getopt_long for subcommands whose argv[0] is their name: returns the option, -1 after the last one (optind
@@ -88,7 +83,6 @@ const char *cmd_command_of(const proc_t *p, char *buf, size_t len);
 char *cmd_printable(char *s);
 /* Just the program's file name ("python3"), for labels. */
 void cmd_program_of(const proc_t *p, char *buf, size_t len);
-uint64_t cmd_now_ms(void); /* CLOCK_REALTIME, as the status files' times */
 
 /* The subcommands, each returning an exit status: run, release and snapshot get argv[0] = their name (for
  * getopt_long, through cmd_getopt()); ps and top get what follows their name. */
@@ -97,5 +91,7 @@ int cmd_ps(int argc, char **argv);
 int cmd_top(int argc, char **argv);
 int cmd_release(int argc, char **argv);
 int cmd_snapshot(int argc, char **argv);
+int cmd_sleep(int argc, char **argv);
+int cmd_wake(int argc, char **argv);
 
 #endif

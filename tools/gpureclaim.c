@@ -54,6 +54,11 @@ static const char g_usage[] =
     "      live blocks grouped by device, context, kind and calling library, largest first;\n"
     "      --leaks: the leak report (blocks never freed, by library and caller); --timeout S: how long\n"
     "      to wait for the process's answer (default 30)\n"
+    "  sleep PID [-t S] [-j]             (--timeout --json)\n"
+    "      all of the process's device memory to host memory (a release of cached and orphaned memory first);\n"
+    "      its next CUDA call wakes it; --timeout S: how long to wait for threads inside CUDA calls (default 10)\n"
+    "  wake PID [-t S] [-j]\n"
+    "      wake a sleeping process now (it waits for room on the device, up to its GPURECLAIM_WAKE_TIMEOUT)\n"
     "  top [--interval S] [--iterations N] [--json]\n"
     "      ps, refreshed every S seconds (default 2); --iterations 1 prints one frame\n"
     "  -h, --help, --version\n"
@@ -104,22 +109,6 @@ int cmd_getopt(int argc, char **argv, const char *shortopts, const struct option
     snprintf(msg, sizeof msg, "%s: unknown option: %s", argv[0], name);
   cmd_usage_error("%s", msg);
   return -2;
-}
-
-int cmd_opt_value(int argc, char **argv, int *i, const char *cmd, const char *name, const char **value) {
-  const char *a = argv[*i];
-  size_t len = strlen(name);
-  if (strncmp(a, name, len) != 0 || (a[len] != '\0' && a[len] != '='))
-    return 0;
-  if (a[len] == '=') {
-    *value = a + len + 1;
-  } else if (*i + 1 < argc) {
-    *value = argv[++*i];
-  } else {
-    fprintf(stderr, "gpureclaim: %s: %s needs a value\n(see gpureclaim --help)\n", cmd, name);
-    return -1;
-  }
-  return 1;
 }
 
 bool cmd_parse_seconds(const char *s, double *out) {
@@ -182,7 +171,8 @@ int main(int argc, char **argv) {
     int (*fn)(int, char **);
     bool own_options;
   } cmds[] = {{"run", cmd_run, true},          {"ps", cmd_ps, true}, {"release", cmd_release, true},
-              {"snapshot", cmd_snapshot, true}, {"top", cmd_top, true}};
+              {"snapshot", cmd_snapshot, true}, {"top", cmd_top, true},   {"sleep", cmd_sleep, true},
+              {"wake", cmd_wake, true}};
   bool help = !strcmp(argv[1], "help"); /* gpureclaim help CMD */
   const char *name = help ? argv[2] : argv[1];
   for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {

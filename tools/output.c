@@ -1,7 +1,8 @@
 /* output.c -- how the gpureclaim command writes numbers and JSON: binary units for people, exact integers and
  * escaped strings for programs. */
 #include "command.h"
-#include "gpureclaim_internal.h"
+#include "common.h"
+#include "options.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -13,38 +14,8 @@ void cmd_set_json(bool on) { g_json = on; }
 
 const char *cmd_bytes(uint64_t v, char *buf, size_t len) { return gr_log_bytes(v, buf, len); }
 
-const char *cmd_age(uint64_t then_ms, uint64_t now_ms, char *buf, size_t len) {
-  uint64_t s = now_ms > then_ms ? (now_ms - then_ms) / 1000 : 0;
-  if (s < 120)
-    snprintf(buf, len, "%llus ago", (unsigned long long)s);
-  else if (s < 7200)
-    snprintf(buf, len, "%llum ago", (unsigned long long)(s / 60));
-  else if (s < 172800)
-    snprintf(buf, len, "%lluh ago", (unsigned long long)(s / 3600));
-  else
-    snprintf(buf, len, "%llud ago", (unsigned long long)(s / 86400));
-  return buf;
-}
-
-void cmd_json_str(FILE *f, const char *s) {
-  fputc('"', f);
-  for (; *s; s++) {
-    if (*s == '"' || *s == '\\') {
-      fprintf(f, "\\%c", *s);
-    } else if ((unsigned char)*s < 0x20) {
-      fprintf(f, "\\u%04x", (unsigned)*s);
-    } else {
-      size_t n = gr_utf8_len((const unsigned char *)s);
-      if (n) {
-        fwrite(s, 1, n, f);
-        s += n - 1;
-      } else {
-        fputs("\\ufffd", f); /* JSON is UTF-8: a byte that is not becomes U+FFFD */
-      }
-    }
-  }
-  fputc('"', f);
-}
+static void put_file(void *f, const char *p, size_t n) { fwrite(p, 1, n, f); }
+void cmd_json_str(FILE *f, const char *s) { gr_json_escape(s, put_file, f); }
 
 char *cmd_printable(char *s) {
   unsigned char *w = (unsigned char *)s;
@@ -98,8 +69,3 @@ void cmd_json_dump(FILE *f, const jnode_t *n) {
   }
 }
 
-uint64_t cmd_now_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_REALTIME, &t);
-  return (uint64_t)t.tv_sec * 1000 + (uint64_t)t.tv_nsec / 1000000;
-}

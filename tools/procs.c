@@ -4,7 +4,8 @@
  * only our own run directory is looked at, and a pid given explicitly is checked against /proc first.
  */
 #include "command.h"
-#include "gpureclaim_internal.h"
+#include "common.h"
+#include "options.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -37,7 +38,7 @@ const char *cmd_rundir(bool quiet) {
   }
   /* The library's rule (docs/PROTOCOL.md): a directory someone else owns or can write could hold status files
    * and sockets planted to make us signal or trust the wrong process. */
-  if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077)) {
+  if (!gr_dir_is_private(&st)) {
     if (!g_rundir_refused)
       fprintf(stderr, "gpureclaim: %s is not a directory private to you (owner uid %u, mode %04o; expected uid %u, "
                       "mode 0700); refusing to use it\n",
@@ -114,10 +115,7 @@ static uint64_t proc_start(pid_t pid, uid_t *uid) {
     free(s);
     return 0;
   }
-  const char *p = strrchr(s, ')');
-  for (int field = 2; field < 22 && p; field++)
-    p = strchr(p + 1, ' ');
-  uint64_t v = p ? strtoull(p + 1, NULL, 10) : 0;
+  uint64_t v = gr_stat_start_ticks(s);
   free(s);
   return v;
 }

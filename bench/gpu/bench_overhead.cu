@@ -1,4 +1,4 @@
-/* GPU benchmark (issue 3): what gpureclaim adds to real allocation calls.
+/* GPU benchmark: what gpureclaim adds to real allocation calls.
  *
  *   bench_overhead LIBGPURECLAIM [OUT.json]          driver: runs itself as children, prints and writes figures
  *   bench_overhead --child                           one measurement run (LD_PRELOAD decides with or without)

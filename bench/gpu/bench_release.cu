@@ -1,4 +1,4 @@
-/* GPU benchmark (issue 4): what a release costs against cudaFree of the same blocks, in one run.
+/* GPU benchmark: what a release costs against cudaFree of the same blocks, in one run.
  *
  *   bench_release [OUT.json] [ROUNDS]        linked with -lgpureclaim
  *

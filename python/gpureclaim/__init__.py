@@ -31,7 +31,7 @@ FREE_NOW = 0x1
 _WHAT = {"cached": CACHED, "orphaned": ORPHANED, "orphans": ORPHANED, "all": ALL}
 _KINDS = {1: "device", 2: "pitch", 3: "managed", 4: "async", 5: "vmm", 6: "vmm_mapping", 7: "va", 8: "host"}
 _STATES = {1: "live", 2: "orphan", 3: "released"}
-_TRIGGERS = {1: "api", 2: "signal", 3: "oom", 4: "command", 5: "scope"}
+_TRIGGERS = {1: "api", 2: "signal", 3: "oom", 4: "command", 5: "scope", 6: "peer", 7: "idle", 8: "call"}
 MAX_DEVICES = 16
 
 _u64 = ctypes.c_uint64
@@ -54,7 +54,8 @@ class _Stats(ctypes.Structure):
         "pool_used_bytes", "host_pinned_blocks", "host_pinned_bytes", "va_reserved_bytes", "vmm_mapped_bytes",
         "orphan_blocks", "orphan_bytes", "ctx_destroyed_blocks", "ctx_destroyed_bytes", "untracked_frees",
         "late_frees", "untracked_routes", "releases", "released_bytes", "oom_retries", "oom_retry_successes",
-        "table_bytes", "contexts", "pools")]
+        "table_bytes", "contexts", "pools", "peer_reclaims", "peer_reclaim_successes", "peer_received_bytes",
+        "peer_gives", "peer_given_bytes")]
 
 
 class _DeviceReport(ctypes.Structure):
@@ -67,7 +68,7 @@ class _Report(ctypes.Structure):
     _fields_ = [("size", ctypes.c_size_t), ("seq", _u64), ("what", ctypes.c_uint), ("trigger", ctypes.c_int)] + [
         (n, _u64) for n in ("cached_bytes", "pool_bytes", "framework_bytes", "releaser_bytes", "orphaned_bytes",
                             "orphaned_blocks", "all_bytes", "all_blocks", "failed_blocks", "duration_ns")] + [
-        ("ndevices", ctypes.c_int), ("devices", _DeviceReport * MAX_DEVICES)]
+        ("ndevices", ctypes.c_int), ("devices", _DeviceReport * MAX_DEVICES), ("peer_pid", ctypes.c_int)]
 
 
 class _Block(ctypes.Structure):

@@ -8,6 +8,7 @@
  * dlsym from inside libc's dlsym) go straight to libc.
  */
 #include "gpureclaim_internal.h"
+#include "gate.h"
 
 #include <dlfcn.h>
 #include <link.h>
@@ -33,7 +34,7 @@ static void *route(const char *symbol, void *fn) {
     return ours;
   void *export_fn = gr_hook_export_for(symbol);
   if (!export_fn)
-    return fn; /* not an entry point gpureclaim wraps */
+    return gr_gate_wrap(fn); /* not an entry point gpureclaim wraps: behind a gate (sleep.c) */
   if (gr_hook_export_real(gr_hook_export_id(export_fn)) == fn)
     return export_fn;
   atomic_fetch_add_explicit(&gr_untracked_routes, 1, memory_order_relaxed);

@@ -6,12 +6,14 @@
  *     calls the function of that name in the process's libcuda;
  *   - a static wrapper handed out by cuGetProcAddress (procaddr.c), which calls the pointer the driver returned
  *     for that (symbol, version, flags).
+ * Both pass the sleep gate first (gate.h: one flag test; while the process sleeps, the call wakes it).
  * A body calls the real function first and records what it did only when it succeeded; it never changes the
  * result, except for the out-of-memory retry (GPURECLAIM_OOM_RETRY) and a late free of a block a release
  * already freed (gpureclaim.h, scopes).
  */
 #include "gpureclaim_internal.h"
 #include "hooklist.h"
+#include "gate.h"
 
 #include <cudaTypedefs.h>
 #include <string.h>
@@ -21,6 +23,7 @@
 #undef cuCtxDestroy
 #undef cuDevicePrimaryCtxRelease
 #undef cuDevicePrimaryCtxReset
+#undef cuIpcOpenMemHandle
 
 /* Real pointers: the export route resolves the symbol in libcuda once; the procaddr route keeps the pointer
  * cuGetProcAddress returned (procaddr.c fills it). */
@@ -64,39 +67,68 @@ static inline void *pa_real(int id) { return atomic_load_explicit(&gr_pa_real[id
     }                                                                                                      \
   } while (0)
 
+/* Then, if it still failed, asks the other gpureclaim processes on the same GPU (peer.c) and retries once
+ * more: after a peer reclaim, or when another thread or process ran one on this GPU while this one waited for
+ * it. device: the ordinal the allocation is on (-1: the current context's). */
+#define PEER_RETRY(rc, bytes, device, call)                                                                \
+  do {                                                                                                     \
+    gr_peer_op_t op_;                                                                                      \
+    if ((rc) == CUDA_ERROR_OUT_OF_MEMORY && gr_peer_begin(&op_, (bytes), (device))) {                     \
+      if (op_.waited)                                                                                      \
+        (rc) = (call);                                                                                     \
+      if ((rc) == CUDA_ERROR_OUT_OF_MEMORY && gr_peer_ask(&op_) > 0)                                       \
+        (rc) = (call);                                                                                     \
+      gr_peer_end(&op_, (rc) == CUDA_SUCCESS);                                                             \
+    }                                                                                                      \
+  } while (0)
+
+/* The device of a stream-ordered allocation: its pool's, else its stream's. */
+static int async_device(CUmemoryPool pool, CUstream s) {
+  if (pool) {
+    int d = gr_reg_pool_device(gr_reg_pool(pool, -1, false));
+    if (d >= 0)
+      return d;
+  }
+  uint16_t cid = 0;
+  uint8_t dev = GR_DEVICE_NONE;
+  return gr_reg_stream(s, &cid, &dev) && dev != GR_DEVICE_NONE ? dev : -1;
+}
+
 /* ---- common tails ---- */
 
 /* seq0: gr_track_ctx_seq() read before the driver call (track.c: a destroy of the context may overlap). */
 static void track_in_current_ctx(unsigned kind, uint64_t key, uint64_t size, unsigned api, uintptr_t ra,
                                  uint64_t seq0) {
-  gr_rec_t r;
-  gr_track_fill(&r, kind, key, size, api, ra);
-  uint16_t cid;
-  uint8_t dev;
+  uint16_t cid = 0;
+  uint8_t dev = GR_DEVICE_NONE;
   CUcontext ctx;
-  if (gr_reg_current(&cid, &dev, &ctx)) {
-    r.ctx_id = cid;
-    r.device = kind == GPURECLAIM_KIND_HOST ? GR_DEVICE_NONE : dev;
-  }
-  gr_track_insert_ctx(&r, seq0);
+  if (gr_reg_current(&cid, &dev, &ctx) && kind == GPURECLAIM_KIND_HOST)
+    dev = GR_DEVICE_NONE;
+  gr_track_alloc(kind, key, size, api, ra, cid, dev, 0, seq0);
+}
+
+GR_COLD static void restore_pk(const gr_packed_t *p, uint64_t seq0) {
+  gr_rec_t r;
+  gr_pk_unpack(p, &r);
+  gr_track_restore_ctx(&r, seq0);
 }
 
 /* A free: untrack first (CUDA reuses addresses), call the driver, put the record back if it refused. */
 #define FREE_BODY(ks, key, kinds, call)                                                                    \
   do {                                                                                                     \
-    gr_rec_t rec_;                                                                                         \
+    gr_packed_t rec_;                                                                                      \
     uint64_t seq0_ = gr_track_ctx_seq(); /* a context destroy may overlap (track.c) */                     \
-    int taken_ = gr_track_take((ks), (key), (kinds), &rec_);                                               \
+    int taken_ = gr_track_take_pk((ks), (key), (kinds), &rec_);                                            \
     if (taken_ < 0)                                                                                        \
       return CUDA_SUCCESS; /* late free of a block a release freed: must not reach the driver */           \
     gr_tls.hook_depth++;                                                                                   \
     CUresult rc_ = (call);                                                                                 \
     gr_tls.hook_depth--;                                                                                   \
     if (taken_ > 0) {                                                                                      \
-      if (rc_ == CUDA_SUCCESS)                                                                             \
-        gr_track_freed(&rec_);                                                                             \
+      if (GR_LIKELY(rc_ == CUDA_SUCCESS))                                                                  \
+        gr_track_freed_pk(&rec_);                                                                          \
       else                                                                                                 \
-        gr_track_restore_ctx(&rec_, seq0_);                                                                \
+        restore_pk(&rec_, seq0_);                                                                          \
     }                                                                                                      \
     return rc_;                                                                                            \
   } while (0)
@@ -127,6 +159,7 @@ static CUresult b_mem_alloc(void *realp, uintptr_t ra, CUdeviceptr *dptr, size_t
   uint64_t seq0 = gr_track_ctx_seq();
   CUresult rc = real(dptr, bytesize);
   OOM_RETRY(rc, real(dptr, bytesize));
+  PEER_RETRY(rc, bytesize, -1, real(dptr, bytesize));
   if (rc == CUDA_SUCCESS)
     track_in_current_ctx(GPURECLAIM_KIND_DEVICE, *dptr, bytesize, GR_API_cuMemAlloc, ra, seq0);
   gr_tls.hook_depth--;
@@ -143,6 +176,7 @@ static CUresult b_mem_alloc_pitch(void *realp, uintptr_t ra, CUdeviceptr *dptr, 
   uint64_t seq0 = gr_track_ctx_seq();
   CUresult rc = real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
   OOM_RETRY(rc, real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes));
+  PEER_RETRY(rc, (uint64_t)WidthInBytes * Height, -1, real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes));
   if (rc == CUDA_SUCCESS)
     track_in_current_ctx(GPURECLAIM_KIND_PITCH, *dptr, (uint64_t)*pPitch * Height, GR_API_cuMemAllocPitch, ra, seq0);
   gr_tls.hook_depth--;
@@ -159,6 +193,7 @@ static CUresult b_mem_alloc_managed(void *realp, uintptr_t ra, CUdeviceptr *dptr
   uint64_t seq0 = gr_track_ctx_seq();
   CUresult rc = real(dptr, bytesize, flags);
   OOM_RETRY(rc, real(dptr, bytesize, flags));
+  PEER_RETRY(rc, bytesize, -1, real(dptr, bytesize, flags));
   if (rc == CUDA_SUCCESS)
     track_in_current_ctx(GPURECLAIM_KIND_MANAGED, *dptr, bytesize, GR_API_cuMemAllocManaged, ra, seq0);
   gr_tls.hook_depth--;
@@ -176,21 +211,19 @@ static CUresult b_mem_free(void *realp, uintptr_t ra, CUdeviceptr dptr) {
 
 static void track_async(CUdeviceptr p, size_t size, CUmemoryPool pool, CUstream s, uintptr_t ra, unsigned api,
                         uint64_t seq0) {
-  gr_rec_t r;
-  gr_track_fill(&r, GPURECLAIM_KIND_ASYNC, p, size, api, ra);
-  uint16_t cid = 0;
+  uint16_t cid = 0, pool_id;
   uint8_t dev = GR_DEVICE_NONE;
   gr_reg_stream(s, &cid, &dev);
-  r.ctx_id = cid;
+  unsigned device = dev;
   if (pool) {
-    r.pool_id = gr_reg_pool(pool, -1, false);
-    int pd = gr_reg_pool_device(r.pool_id);
-    r.device = pd >= 0 ? (uint8_t)pd : dev;
+    pool_id = gr_reg_pool(pool, -1, false);
+    int pd = gr_reg_pool_device(pool_id);
+    if (pd >= 0)
+      device = (unsigned)pd;
   } else {
-    r.device = dev;
-    r.pool_id = dev != GR_DEVICE_NONE ? gr_reg_device_pool(dev) : 0;
+    pool_id = dev != GR_DEVICE_NONE ? gr_reg_device_pool(dev) : 0;
   }
-  gr_track_insert_ctx(&r, seq0);
+  gr_track_alloc(GPURECLAIM_KIND_ASYNC, p, size, api, ra, cid, device, pool_id, seq0);
 }
 
 static CUresult b_mem_alloc_async(void *realp, uintptr_t ra, CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
@@ -202,6 +235,7 @@ static CUresult b_mem_alloc_async(void *realp, uintptr_t ra, CUdeviceptr *dptr, 
   uint64_t seq0 = gr_track_ctx_seq();
   CUresult rc = real(dptr, bytesize, hStream);
   OOM_RETRY(rc, real(dptr, bytesize, hStream));
+  PEER_RETRY(rc, bytesize, async_device(NULL, hStream), real(dptr, bytesize, hStream));
   if (rc == CUDA_SUCCESS)
     track_async(*dptr, bytesize, NULL, hStream, ra, GR_API_cuMemAllocAsync, seq0);
   gr_tls.hook_depth--;
@@ -218,6 +252,7 @@ static CUresult b_mem_alloc_from_pool(void *realp, uintptr_t ra, CUdeviceptr *dp
   uint64_t seq0 = gr_track_ctx_seq();
   CUresult rc = real(dptr, bytesize, pool, hStream);
   OOM_RETRY(rc, real(dptr, bytesize, pool, hStream));
+  PEER_RETRY(rc, bytesize, async_device(pool, hStream), real(dptr, bytesize, pool, hStream));
   if (rc == CUDA_SUCCESS)
     track_async(*dptr, bytesize, pool, hStream, ra, GR_API_cuMemAllocFromPoolAsync, seq0);
   gr_tls.hook_depth--;
@@ -270,6 +305,35 @@ static CUresult b_mem_free_host(void *realp, uintptr_t ra, void *p) {
   FREE_BODY(GR_KS_ADDR, (uint64_t)(uintptr_t)p, 1u << GPURECLAIM_KIND_HOST, real(p));
 }
 
+/* ---- IPC: memory shared with another process cannot be moved away under it (sleep.c refuses) ---- */
+
+static CUresult b_ipc_get(void *realp, uintptr_t ra, CUipcMemHandle *pHandle, CUdeviceptr dptr) {
+  (void)ra;
+  NEED_REAL(realp);
+  CUresult rc = ((PFN_cuIpcGetMemHandle_v4010)realp)(pHandle, dptr);
+  if (rc == CUDA_SUCCESS)
+    gr_sleep_note_ipc(1, 0); /* exported: another process may map it at any time from now on */
+  return rc;
+}
+
+static CUresult b_ipc_open(void *realp, uintptr_t ra, CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned Flags) {
+  (void)ra;
+  NEED_REAL(realp);
+  CUresult rc = ((PFN_cuIpcOpenMemHandle_v11000)realp)(pdptr, handle, Flags);
+  if (rc == CUDA_SUCCESS)
+    gr_sleep_note_ipc(0, 1);
+  return rc;
+}
+
+static CUresult b_ipc_close(void *realp, uintptr_t ra, CUdeviceptr dptr) {
+  (void)ra;
+  NEED_REAL(realp);
+  CUresult rc = ((PFN_cuIpcCloseMemHandle_v4010)realp)(dptr);
+  if (rc == CUDA_SUCCESS)
+    gr_sleep_note_ipc(0, -1);
+  return rc;
+}
+
 /* ---- virtual memory management ---- */
 
 static CUresult b_mem_create(void *realp, uintptr_t ra, CUmemGenericAllocationHandle *handle, size_t size,
@@ -281,6 +345,10 @@ static CUresult b_mem_create(void *realp, uintptr_t ra, CUmemGenericAllocationHa
   gr_tls.hook_depth++;
   CUresult rc = real(handle, size, prop, flags);
   OOM_RETRY(rc, real(handle, size, prop, flags));
+  PEER_RETRY(rc, size,
+             prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE && prop->location.id >= 0 &&
+                     prop->location.id < GR_MAX_DEV ? prop->location.id : -1,
+             real(handle, size, prop, flags));
   if (rc == CUDA_SUCCESS) {
     gr_rec_t r;
     gr_track_fill(&r, GPURECLAIM_KIND_VMM, (uint64_t)*handle, size, GR_API_cuMemCreate, ra);
@@ -604,9 +672,15 @@ static CUresult b_primary_release(void *realp, uintptr_t ra, CUdevice dev) {
 #define DEFINE_WRAPPERS(sym, base, ver, ptsz, body, params, args)                                           \
   GR_EXPORT CUresult CUDAAPI sym params;                                                                   \
   GR_EXPORT CUresult CUDAAPI sym params {                                                                  \
+    CUresult gate_ = gr_gate_check();                                                                      \
+    if (GR_UNLIKELY(gate_ != CUDA_SUCCESS))                                                                \
+      return gate_;                                                                                        \
     return body(ex_real(GR_H_##sym), (uintptr_t)__builtin_return_address(0), GR_EXPAND args);              \
   }                                                                                                        \
   static CUresult CUDAAPI gr_pa_##sym params {                                                             \
+    CUresult gate_ = gr_gate_check();                                                                      \
+    if (GR_UNLIKELY(gate_ != CUDA_SUCCESS))                                                                \
+      return gate_;                                                                                        \
     return body(pa_real(GR_H_##sym), (uintptr_t)__builtin_return_address(0), GR_EXPAND args);              \
   }
 GR_DRIVER_HOOKS(DEFINE_WRAPPERS)

@@ -87,7 +87,14 @@
   X(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000, 0, b_primary_release, (CUdevice dev), \
     (dev))                                                                                                   \
   X(cuDevicePrimaryCtxReset, "cuDevicePrimaryCtxReset", 7000, 0, b_primary_reset, (CUdevice dev), (dev))     \
-  X(cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 11000, 0, b_primary_reset, (CUdevice dev), (dev))
+  X(cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 11000, 0, b_primary_reset, (CUdevice dev), (dev)) \
+  X(cuIpcGetMemHandle, "cuIpcGetMemHandle", 4010, 0, b_ipc_get, (CUipcMemHandle * pHandle, CUdeviceptr dptr),  \
+    (pHandle, dptr))                                                                                         \
+  X(cuIpcOpenMemHandle, "cuIpcOpenMemHandle", 4010, 0, b_ipc_open,                                          \
+    (CUdeviceptr * pdptr, CUipcMemHandle handle, unsigned int Flags), (pdptr, handle, Flags))                \
+  X(cuIpcOpenMemHandle_v2, "cuIpcOpenMemHandle", 11000, 0, b_ipc_open,                                      \
+    (CUdeviceptr * pdptr, CUipcMemHandle handle, unsigned int Flags), (pdptr, handle, Flags))                \
+  X(cuIpcCloseMemHandle, "cuIpcCloseMemHandle", 4010, 0, b_ipc_close, (CUdeviceptr dptr), (dptr))
 
 /* Ids: GR_H_<symbol>. */
 #define GR_HOOK_ENUM(sym, base, ver, ptsz, body, params, args) GR_H_##sym,

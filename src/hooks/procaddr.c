@@ -13,6 +13,8 @@
  */
 #include "gpureclaim_internal.h"
 
+#include "gate.h"
+
 #include <cudaTypedefs.h>
 #include <string.h>
 
@@ -77,6 +79,9 @@ static void *wrap(const char *symbol, void *real, int version, uint64_t flags, g
 /* ---- the getters themselves ---- */
 
 static CUresult CUDAAPI pa_getproc_v1(const char *symbol, void **pfn, int version, cuuint64_t flags) {
+  CUresult gate = gr_gate_check();
+  if (GR_UNLIKELY(gate != CUDA_SUCCESS))
+    return gate;
   getproc_v1_t real = (getproc_v1_t)atomic_load_explicit(&g_pa_v1, memory_order_acquire);
   CUresult rc = real(symbol, pfn, version, flags);
   if (rc == CUDA_SUCCESS && pfn && *pfn && symbol)
@@ -86,6 +91,9 @@ static CUresult CUDAAPI pa_getproc_v1(const char *symbol, void **pfn, int versio
 
 static CUresult CUDAAPI pa_getproc_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
                                       CUdriverProcAddressQueryResult *status) {
+  CUresult gate = gr_gate_check();
+  if (GR_UNLIKELY(gate != CUDA_SUCCESS))
+    return gate;
   getproc_v2_t real = (getproc_v2_t)atomic_load_explicit(&g_pa_v2, memory_order_acquire);
   CUresult rc = real(symbol, pfn, version, flags, status);
   if (rc == CUDA_SUCCESS && pfn && *pfn && symbol)
@@ -105,6 +113,9 @@ GR_EXPORT CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int 
   getproc_v1_t real = (getproc_v1_t)ex_getter(&g_ex_v1, "cuGetProcAddress");
   if (!real)
     return CUDA_ERROR_NOT_FOUND;
+  CUresult gate = gr_gate_check();
+  if (GR_UNLIKELY(gate != CUDA_SUCCESS))
+    return gate;
   CUresult rc = real(symbol, pfn, cudaVersion, flags);
   if (rc == CUDA_SUCCESS && pfn && *pfn && symbol)
     *pfn = wrap(symbol, *pfn, cudaVersion, flags, real, NULL);
@@ -116,6 +127,9 @@ GR_EXPORT CUresult CUDAAPI cuGetProcAddress_v2(const char *symbol, void **pfn, i
   getproc_v2_t real = (getproc_v2_t)ex_getter(&g_ex_v2, "cuGetProcAddress_v2");
   if (!real)
     return CUDA_ERROR_NOT_FOUND;
+  CUresult gate = gr_gate_check();
+  if (GR_UNLIKELY(gate != CUDA_SUCCESS))
+    return gate;
   CUresult rc = real(symbol, pfn, cudaVersion, flags, symbolStatus);
   if (rc == CUDA_SUCCESS && pfn && *pfn && symbol)
     *pfn = wrap(symbol, *pfn, cudaVersion, flags, NULL, real);
@@ -130,7 +144,7 @@ static bool keep(_Atomic(void *) *slot, void *real) {
          expected == real;
 }
 
-static void *wrap(const char *symbol, void *real, int version, uint64_t flags, getproc_v1_t v1, getproc_v2_t v2) {
+static void *wrap_or_real(const char *symbol, void *real, int version, uint64_t flags, getproc_v1_t v1, getproc_v2_t v2) {
   if (gr_core_disabled() || symbol[0] != 'c' || symbol[1] != 'u')
     return real;
   if (strcmp(symbol, "cuGetProcAddress") == 0) {
@@ -164,6 +178,13 @@ static void *wrap(const char *symbol, void *real, int version, uint64_t flags, g
     return real;
   }
   return h->pa_fn;
+}
+
+/* What the caller gets: a wrapper of ours (which tests the sleep flag itself), or the driver's function behind
+ * a gate (gate.c), so that a call through it while the process sleeps wakes it first. */
+static void *wrap(const char *symbol, void *real, int version, uint64_t flags, getproc_v1_t v1, getproc_v2_t v2) {
+  void *fn = wrap_or_real(symbol, real, version, flags, v1, v2);
+  return fn == real && !gr_core_disabled() ? gr_gate_wrap(real) : fn;
 }
 
 void *gr_hook_procaddr_wrap(const char *symbol, void *real, int version, uint64_t flags) {

@@ -8,6 +8,8 @@
  * with a handler of its own: it prints "exec'd <pid>", then answers "signals" with "signals <count>".
  * "handler" installs the program's own SIGUSR1 handler over gpureclaim's and prints "handler"; "signals"
  * prints how many signals that handler counted.
+ * "touch" writes the first live block through a pointer from cuGetProcAddress (behind a sleep gate: a sleeping
+ * process wakes) and prints "touched <CUresult>".
  * With GR_HOLD_GATE=PATH in the environment, a releaser ("gate") makes every release of cached memory wait
  * while PATH exists: a release that is slow for as long as a test wants, without timing.
  */
@@ -104,6 +106,16 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(line, "signals\n")) {
       answer(line);
+      continue;
+    }
+    if (!strcmp(line, "touch\n")) {
+      CUresult (*memset8)(CUdeviceptr, unsigned char, size_t) = NULL;
+      CUdriverProcAddressQueryResult q;
+      CUresult r = cuGetProcAddress_v2("cuMemsetD8", (void **)&memset8, 13000, 0, &q);
+      if (r == CUDA_SUCCESS)
+        r = memset8(live[0], 7, MiB);
+      printf("touched %d\n", (int)r);
+      fflush(stdout);
       continue;
     }
     simcuda_stats_t st = {.size = sizeof st};

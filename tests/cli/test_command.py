@@ -29,6 +29,25 @@ def run(*args, env=None, check=None):
     return p
 
 
+def stop_and_wait(pid):
+    """SIGSTOP, then wait until every thread of pid is stopped: kill() returns before the group stop has reached
+    them all, and a worker thread still running could take a request up meanwhile."""
+    os.kill(pid, signal.SIGSTOP)
+    guard = time.monotonic() + 60  # a hang guard, not a deadline that decides
+    while time.monotonic() < guard:
+        states = []
+        for t in os.listdir("/proc/%d/task" % pid):
+            try:
+                with open("/proc/%d/task/%s/stat" % (pid, t)) as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except FileNotFoundError:
+                pass
+        if states and all(st in "Tt" for st in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError("process %d did not stop" % pid)
+
+
 def read_all(s):
     """Everything the server sends until it closes, then closes s."""
     data = b""
@@ -97,7 +116,7 @@ class CommandTest(unittest.TestCase):
         h = self.hold()
         out = run("ps", env=self.env, check=0).stdout
         # HELD: 8 MiB live (5 of them orphaned) and the pool's 64 MiB unused.
-        self.assertRegex(out, r"(?m)^\s*%d 0\s+72\.0 MiB\s+64\.0 MiB\s+5\.0 MiB\s+64\.0 KiB\s+0 hold$" % h.pid)
+        self.assertRegex(out, r"(?m)^\s*%d 0\s+72\.0 MiB\s+64\.0 MiB\s+5\.0 MiB\s+64\.0 KiB\s+0 awake\s+- hold$" % h.pid)
         # The GPU, named as nvidia-smi names it, with the driver's figures (the simulator's).
         uuid = re.search(r"(?m)^\s+0 (GPU-[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12})\s+"
                          r"\S+ [KMG]iB\s+80\.0 GiB\s+72\.0 MiB\s+69\.0 MiB\s", out)
@@ -138,6 +157,69 @@ class CommandTest(unittest.TestCase):
         r = json.loads(run("ps", "--json", env=self.env, check=0).stdout)[0]
         self.assertEqual((r["cached_bytes"], r["held_bytes"]), (0, 4 * MiB))
 
+    def test_sleep_and_wake(self):
+        """gpureclaim sleep: cached and orphaned memory released, the live 3 MiB moved to the host; ps shows the
+        state and the bytes on the host; a release is refused while asleep; gpureclaim wake and a CUDA call of
+        the program (through a pointer from cuGetProcAddress) wake it; every sleep and wake is logged."""
+        h = self.hold()
+        out = json.loads(run("sleep", str(h.pid), "--json", env=self.env, check=0).stdout)
+        self.assertTrue(out["ok"], out)
+        rep = out["report"]
+        self.assertEqual((rep["slept"], rep["released_bytes"], rep["moved_bytes"], rep["left_bytes"]),
+                         (True, 69 * MiB, 3 * MiB, 0))
+        self.assertEqual(rep["trigger"], "command")
+        self.assertIsNone(rep["reason"])
+        r = json.loads(run("ps", "--json", env=self.env, check=0).stdout)[0]
+        self.assertEqual((r["state"], r["host_bytes"]), ("sleeping", 3 * MiB))
+        self.assertRegex(run("ps", env=self.env, check=0).stdout, r"(?m)^\s*%d .* sleeping\s+3\.0 MiB hold$" % h.pid)
+        again = run("sleep", str(h.pid), env=self.env, check=0)
+        self.assertIn("already asleep", again.stdout)
+        refused = run("release", str(h.pid), env=self.env)
+        self.assertEqual(refused.returncode, 1, refused)
+        self.assertIn("sleeps", refused.stdout + refused.stderr)
+        woke = run("wake", str(h.pid), env=self.env, check=0)
+        self.assertRegex(woke.stdout, r"^%d: awake: 3\.0 MiB back on the device" % h.pid)
+        self.assertEqual(json.loads(run("ps", "--json", env=self.env, check=0).stdout)[0]["state"], "awake")
+        self.assertEqual(run("wake", str(h.pid), env=self.env, check=0).stdout.split(": ")[1], "awake")
+        # Asleep again; the program's next CUDA call wakes it.
+        run("sleep", str(h.pid), env=self.env, check=0)
+        h.p.stdin.write("touch\n")
+        h.p.stdin.flush()
+        self.assertEqual(h.p.stdout.readline(), "touched 0\n")
+        self.assertEqual(json.loads(run("ps", "--json", env=self.env, check=0).stdout)[0]["state"], "awake")
+        with open(self.env["GPURECLAIM_LOG"]) as f:
+            events = [json.loads(line)["event"] for line in f if line.strip()]
+        self.assertEqual([e for e in events if e in ("sleep", "wake")], ["sleep", "wake", "sleep", "wake"])
+
+    def test_signal_puts_it_to_sleep(self):
+        """GPURECLAIM_ON_SIGNAL=sleep (run --on-signal sleep): the status file says so, the release signal puts the
+        process to sleep, and release --signal refuses it (its signal would not release)."""
+        h = self.hold("--on-signal", "sleep")
+        with open(os.path.join(self.rundir, "%d.json" % h.pid)) as f:
+            self.assertEqual(json.load(f)["on_signal"], "sleep")
+        refused = run("release", "--signal", str(h.pid), env=self.env)
+        self.assertEqual(refused.returncode, 1, refused)
+        self.assertIn("GPURECLAIM_ON_SIGNAL=sleep", refused.stdout + refused.stderr)
+        os.kill(h.pid, signal.SIGUSR1)
+        state = None
+        for _ in range(500):
+            state = json.loads(run("ps", "--json", env=self.env, check=0).stdout)[0]["state"]
+            if state == "sleeping":
+                break
+            time.sleep(0.02)
+        self.assertEqual(state, "sleeping")
+        h.p.stdin.write("touch\n")
+        h.p.stdin.flush()
+        self.assertEqual(h.p.stdout.readline(), "touched 0\n")
+
+    def test_sleep_usage(self):
+        self.assertEqual(run("sleep", env=self.env).returncode, 2)
+        self.assertEqual(run("sleep", "1", "--timeout", "x", env=self.env).returncode, 2)
+        self.assertEqual(run("wake", "nope", env=self.env).returncode, 2)
+        self.assertEqual(run("sleep", "999999999", env=self.env).returncode, 3)
+        self.assertIn("--timeout", run("sleep", "--help", env=self.env, check=0).stdout)
+        self.assertIn("GPURECLAIM_WAKE_TIMEOUT", run("wake", "--help", env=self.env, check=0).stdout)
+
     def test_release_reports_what_the_driver_gave_back(self):
         h = self.hold()
         live0, pool0, _ = h.sim()
@@ -169,6 +251,42 @@ class CommandTest(unittest.TestCase):
         out = json.loads(run("release", "--all", "--json", env=self.env, check=0).stdout)
         self.assertEqual(sorted(x["pid"] for x in out), sorted([h.pid, h2.pid]))
         self.assertTrue(all(x["ok"] for x in out))
+
+    def test_release_by_gpu(self):
+        """release --gpu: every process on that GPU (by index or UUID prefix), none on another."""
+        h, h2 = self.hold(), self.hold()
+        with open(os.path.join(self.rundir, "%d.json" % h.pid)) as f:
+            uuid = json.load(f)["gpus"][0]["uuid"]
+        out = json.loads(run("release", "--gpu", uuid[:12], "--json", env=self.env, check=0).stdout)
+        self.assertEqual(sorted(x["pid"] for x in out), sorted([h.pid, h2.pid]))
+        self.assertTrue(all(x["ok"] and x["report"]["pool_bytes"] == 64 * MiB for x in out), out)
+        self.assertEqual(h.sim()[1], 0, "its pool was trimmed")
+        out = json.loads(run("release", "-g", "0", "--json", env=self.env, check=0).stdout)
+        self.assertEqual(sorted(x["pid"] for x in out), sorted([h.pid, h2.pid]))
+        self.assertIn("no process of yours is using GPU 1", run("release", "--gpu", "1", env=self.env, check=0).stdout)
+        self.assertEqual(json.loads(run("release", "--gpu", "1", "--json", env=self.env, check=0).stdout), [])
+        for bad in (["--gpu", "a b"], ["--gpu", "0", "--all"], ["--gpu", "0", str(h.pid)], ["--gpu", ""]):
+            run("release", *bad, env=self.env, check=2)
+
+    def test_status_file_peer_object(self):
+        """run --peers/--peer-timeout reach the library; the status file says what peers may ask of it, per
+        GPU UUID (docs/PROTOCOL.md)."""
+        h = self.hold("--peers", "ask", "--peer-timeout", "0.5")
+        path = os.path.join(self.rundir, "%d.json" % h.pid)
+        deadline = time.time() + 20
+        while True:
+            with open(path) as f:
+                st = json.load(f)
+            if st["peer"]["gpus"] or time.time() > deadline:
+                break
+            time.sleep(0.05)
+        peer = st["peer"]
+        self.assertEqual((peer["ask"], peer["give"], peer["oom"], peer["last_gave_ms"]), (True, False, False, 0))
+        g = peer["gpus"][0]
+        self.assertEqual((g["uuid"], g["device"]), (st["gpus"][0]["uuid"], 0))
+        self.assertEqual((g["held_bytes"], g["pool_cached_bytes"], g["orphan_bytes"]), (72 * MiB, 64 * MiB, 5 * MiB))
+        for bad in (["--peers", "sometimes"], ["--peer-timeout", "0"], ["--peer-timeout", "61"]):
+            run("run", *bad, "--", "true", env=self.env, check=2)
 
     def test_a_client_that_half_closes_is_still_served(self):
         """Only a client that hung up withdraws its release: one that shut down its writing half (socat, nc -U)
@@ -205,7 +323,7 @@ class CommandTest(unittest.TestCase):
     def test_a_release_that_timed_out_is_withdrawn(self):
         h = self.hold()
         before = h.sim()
-        os.kill(h.pid, signal.SIGSTOP)
+        stop_and_wait(h.pid)
         try:
             p = run("release", str(h.pid), "--timeout", "0.5", env=self.env, check=1)
             self.assertIn("the request is withdrawn", p.stderr)

@@ -81,15 +81,16 @@ class FakeTest(unittest.TestCase):
         self.assertRegex(lines[2], r"^\s+1 GPU-aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee\s+1\.0 GiB\s+80\.0 GiB"
                                    r"\s+512\.0 MiB\s+0 B\s+512\.0 MiB$")
         self.assertEqual(lines[3], "")
-        self.assertEqual(lines[4].split(), ["PID", "GPU", "HELD", "CACHED", "ORPHAN", "PINNED", "REL", "COMMAND"])
-        self.assertRegex(lines[5], r"^\s*%d 0,1\s+4\.5 GiB\s+1\.0 GiB\s+512\.0 MiB\s+2\.0 MiB\s+0 "
+        self.assertEqual(lines[4].split(), ["PID", "GPU", "HELD", "CACHED", "ORPHAN", "PINNED", "REL", "STATE", "HOST",
+                                            "COMMAND"])
+        self.assertRegex(lines[5], r"^\s*%d 0,1\s+4\.5 GiB\s+1\.0 GiB\s+512\.0 MiB\s+2\.0 MiB\s+0 awake\s+- "
                                    r"fakeproc train\.py --fake \"quoted\" --out=/tmp/x$" % f.pid)
         # Why the numbers are not nvidia-smi's, said under the table.
         self.assertIn("context's own memory", out)
         self.assertIn("not started under gpureclaim", out)
         self.cmd("release", str(f.pid), check=0)
         row = self.cmd("ps", check=0).stdout.splitlines()[5]
-        self.assertRegex(row, r"\s1 fakeproc")
+        self.assertRegex(row, r"\s1 awake\s+- fakeproc")
 
     def test_ps_framework_cache_split(self):
         """A PyTorch process: CACHED counts what empty_cache() would give back, and its cache is split as
@@ -202,7 +203,7 @@ class FakeTest(unittest.TestCase):
     def test_ps_lists_a_process_that_does_not_answer(self):
         f = self.fake("--mode", "close")
         out = self.cmd("ps", check=0).stdout
-        self.assertRegex(out, r"(?m)^\s*%d \?\s+\?\s+\?\s+\?\s+\?\s+0 fakeproc.* \[not answering: " % f.pid)
+        self.assertRegex(out, r"(?m)^\s*%d \?\s+\?\s+\?\s+\?\s+\?\s+0 awake\s+- fakeproc.* \[not answering: " % f.pid)
         r = json.loads(self.cmd("ps", "--json", check=0).stdout)[0]
         self.assertEqual((r["answered"], r["live_bytes"], r["devices"]), (False, None, None))
         self.assertIn("without answering", r["error"])

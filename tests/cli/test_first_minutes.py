@@ -1,4 +1,4 @@
-"""What a new user meets first (issue 17): each subcommand's --help and its refusal of a bad option, a relative
+"""What a new user meets first: each subcommand's --help and its refusal of a bad option, a relative
 GPURECLAIM_RUNDIR refused by the command and by the library, a library quiet on the program's stderr unless
 asked, one "two copies" warning only where CUDA starts, and a `release --timeout` that says truthfully whether
 the release was withdrawn or goes on (and shows its progress on a terminal). (`run` without a CUDA driver:
@@ -247,6 +247,13 @@ class FirstMinutes(unittest.TestCase):
     def test_a_timeout_before_the_release_began_withdraws_it(self):
         h = self.hold()
         os.kill(h.pid, signal.SIGSTOP)
+        # kill() returns before the group stop has reached every thread: wait until all are stopped, or the
+        # worker could still take the request up (a hang guard, not a deadline that decides).
+        guard = time.monotonic() + 60
+        while time.monotonic() < guard and not all(
+                open("/proc/%d/task/%s/stat" % (h.pid, t)).read().rsplit(")", 1)[1].split()[0] in "Tt"
+                for t in os.listdir("/proc/%d/task" % h.pid)):
+            time.sleep(0.01)
         try:
             p = run("release", str(h.pid), "--timeout", "0.5", env=self.env, check=1)
         finally:

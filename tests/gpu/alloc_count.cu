@@ -1,4 +1,4 @@
-/* Issue 3, GPU acceptance: exact counts for an nvcc-built program under LD_PRELOAD=libgpureclaim.so.
+/* GPU acceptance: exact counts for an nvcc-built program under LD_PRELOAD=libgpureclaim.so.
  *
  * Built twice by run.sh: with the static cudart (nvcc's default) and with -cudart shared. Both reach the
  * driver only through cuGetProcAddress. The program allocates N blocks with cudaMalloc (and a few of every
@@ -16,7 +16,7 @@
 
 #include <gpureclaim.h>
 
-#include "gtest.h"
+#include "gpucheck.h"
 
 typedef int (*stats_fn_t)(int, gpureclaim_stats_t *);
 typedef int (*foreach_fn_t)(int (*)(const gpureclaim_block_t *, void *), void *);

@@ -1,4 +1,4 @@
-"""CuPy under LD_PRELOAD=libgpureclaim.so (issues 3 and 4).
+"""CuPy under LD_PRELOAD=libgpureclaim.so.
 
 Checks, each printed as a GPUTEST line:
   accounting      across allocate / free / free_all_blocks steps, gpureclaim's live_bytes change by exactly what
@@ -128,7 +128,7 @@ gc.info("blocks allocated for the first 5 arrays: %s" % gc.owners_summary(new_se
 ok_owner, detail, data = gc.attribution_check(dev_new, "cupy")
 gc.result(name("owner"), ok_owner, detail, all_new_blocks=gc.owners_summary(new_seen), **data)
 
-# ---------------------------------------------------------------- signal release (issue 4)
+# ---------------------------------------------------------------- signal release
 N_ELEM = 256 * 1024
 keep = cupy.arange(N_ELEM, dtype=cupy.float32)
 sync()

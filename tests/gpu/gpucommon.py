@@ -163,7 +163,7 @@ def attribution_check(blocks, owner):
     """(ok, detail, data) for "every block is attributed to the framework's library": each block's owner is
     `owner`, or its owner is unset and its library belongs to the framework. A block whose owner names another
     framework fails. The detail says how many carry the owner field, which is what keeps framework blocks from
-    ever becoming orphans (issue 4)."""
+    ever becoming orphans."""
     how = [attributed_to(b, owner) for b in blocks]
     wrong = [b for b in blocks if b.get("owner") not in (None, owner)]
     n_owner = sum(1 for h in how if h == "owner")

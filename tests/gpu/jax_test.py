@@ -1,4 +1,4 @@
-"""JAX under LD_PRELOAD=libgpureclaim.so (issue 3).
+"""JAX under LD_PRELOAD=libgpureclaim.so.
 
     python3 jax_test.py counts      run.sh sets XLA_PYTHON_CLIENT_PREALLOCATE=false
     python3 jax_test.py prealloc    XLA's default preallocation (75% of the device in one region)
@@ -103,7 +103,7 @@ if MODE == "prealloc":
               biggest={k: biggest[k] for k in ("bytes", "kind", "api", "library", "owner")} if biggest else None,
               device_total=dev_total, bytes_limit=limit, xla_memory_stats=m0, live_bytes=s0["live_bytes"])
 
-# ---------------------------------------------------------------- accounting (issue 3)
+# ---------------------------------------------------------------- accounting
 arrays = {}
 rows = []
 ok_acc = True
@@ -165,7 +165,7 @@ gc.result(name("accounting"), ok_acc,
                                          r["gpureclaim_live_bytes_delta"]) for r in rows if not r["match"]) + ")"),
           mode=MODE, steps=rows, xla_memory_stats_start=m0, gpureclaim_start=s0)
 
-# ---------------------------------------------------------------- owner (issue 3)
+# ---------------------------------------------------------------- owner
 blocks1 = grshim.blocks()
 new = gc.new_blocks(blocks0, blocks1)
 dev_new = [b for b in new if b["kind"] in DEVICE_KINDS]

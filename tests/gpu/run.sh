@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU acceptance tests and benchmarks of gpureclaim (issues 3 and 4). See tests/gpu/README.md.
+# GPU acceptance tests and benchmarks of gpureclaim. See tests/gpu/README.md.
 #
 #   tests/gpu/run.sh [BUILD_DIR] [OUT_DIR]     defaults: BUILD_DIR build-gpu (under the repository root),
 #                                              OUT_DIR BUILD_DIR/gpu-results
@@ -251,13 +251,13 @@ have() { [ -x "$BIN/$1" ]; }
 # ---- the frameworks without gpureclaim: tells a broken environment from a gpureclaim failure ----
 run_test baseline 120 plain "$PY" "$HERE/baseline.py"
 
-# ---- issue 3: exact counts from nvcc-built programs, static and shared cudart ----
+# ---- exact counts from nvcc-built programs, static and shared cudart ----
 have alloc_count_static && run_test c_alloc_static 60 preload "$BIN/alloc_count_static" static
 have alloc_count_shared && run_test c_alloc_shared 60 preload "$BIN/alloc_count_shared" shared
-# ---- issue 4: scopes, GPURECLAIM_ALL and a pool trim in a C program linked with -lgpureclaim ----
+# ---- scopes, GPURECLAIM_ALL and a pool trim in a C program linked with -lgpureclaim ----
 have scope_model && run_test c_scope_all 90 plain "$BIN/scope_model"
 
-# ---- frameworks (each script runs the issue 3 accounting and the issue 4 signal release) ----
+# ---- frameworks (each script runs the exact accounting and the signal release) ----
 run_test torch_default 120 preload "$PY" -X faulthandler "$HERE/torch_test.py" default
 run_test torch_async 120 preload env PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync \
   "$PY" -X faulthandler "$HERE/torch_test.py" async

@@ -1,4 +1,4 @@
-/* Issue 4, GPU acceptance: a C/C++ "inference binary" linked with -lgpureclaim (no preload).
+/* GPU acceptance: a C/C++ "inference binary" linked with -lgpureclaim (no preload).
  *
  *  1. scope: "model A" is loaded inside gpureclaim_scope_begin/end (cudaMalloc blocks and stream-ordered
  *     blocks); the scope ends with the blocks still live (abandoned); gpureclaim_release(GPURECLAIM_ORPHANED)
@@ -17,7 +17,7 @@
 
 #include <gpureclaim.h>
 
-#include "gtest.h"
+#include "gpucheck.h"
 
 #define CK(call)                                                                                                  \
   do {                                                                                                            \

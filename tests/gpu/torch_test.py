@@ -1,4 +1,4 @@
-"""PyTorch under LD_PRELOAD=libgpureclaim.so (issues 3 and 4).
+"""PyTorch under LD_PRELOAD=libgpureclaim.so.
 
     python3 torch_test.py default|expandable|async
 
@@ -63,7 +63,7 @@ def gr_metric(s):
 
 GR_METRIC_NAME = "pool_reserved_bytes" if MODE == "async" else "live_bytes"
 
-# ---------------------------------------------------------------- accounting (issue 3)
+# ---------------------------------------------------------------- accounting
 torch.empty(1, device=dev)
 sync()
 torch.cuda.empty_cache()
@@ -142,13 +142,13 @@ gc.result(name("accounting"), ok_all,
              gc.mib(max(r["torch_reserved_delta"] for r in table))),
           mode=MODE, backend=backend, metric=GR_METRIC_NAME, steps=table)
 
-# ---------------------------------------------------------------- owner attribution (issue 3)
+# ---------------------------------------------------------------- owner attribution
 dev_new = [b for b in new_seen if b["kind"] in DEVICE_KINDS]
 gc.info("blocks allocated for the first 5 tensors: %s" % gc.owners_summary(new_seen))
 ok_owner, detail, data = gc.attribution_check(dev_new, "pytorch")
 gc.result(name("owner"), ok_owner, detail, all_new_blocks=gc.owners_summary(new_seen), **data)
 
-# ---------------------------------------------------------------- signal release (issue 4)
+# ---------------------------------------------------------------- signal release
 N_ELEM = 256 * 1024
 keep = torch.arange(N_ELEM, dtype=torch.float32, device=dev)  # 1 MiB that stays alive throughout
 sync()
@@ -213,7 +213,7 @@ gc.result(name("signal_report"), bool(sig_reports) and st is not None and st_rel
              last.get("trigger") if isinstance(last, dict) else None),
           log_lines=reports, status_file=st)
 
-# ---------------------------------------------------------------- training afterwards (issue 4)
+# ---------------------------------------------------------------- training afterwards
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
 

@@ -56,6 +56,9 @@ typedef struct drv_api {
   CUresult (*cuDeviceGetDefaultMemPool)(CUmemoryPool *, CUdevice);
 } drv_api_t;
 
+/* cuInit, then device's primary context retained and made current (asserting each step); returns it. */
+CUcontext h_cuda_start(int device);
+
 /* The simulated libcuda.so.1 (loaded already), for simcuda_* and for dlsym routes. */
 void *h_libcuda(void);
 /* Fills api by dlsym() of the driver's exported names from handle (route 2). */

@@ -54,11 +54,13 @@ static void run_probe(const char *name, const char *value, run_t *r) {
 static const char *const g_options[] = {"GPURECLAIM_DISABLE", "GPURECLAIM_SIGNAL", "GPURECLAIM_ON_SIGNAL",
                                         "GPURECLAIM_OOM_RETRY", "GPURECLAIM_LOG", "GPURECLAIM_RUNDIR",
                                         "GPURECLAIM_LEAK_REPORT", "GPURECLAIM_BACKTRACE", "GPURECLAIM_PYTHON",
-                                        "GPURECLAIM_STATUS", "GPURECLAIM_VERBOSE"};
+                                        "GPURECLAIM_STATUS", "GPURECLAIM_VERBOSE", "GPURECLAIM_PEERS",
+                                        "GPURECLAIM_PEER_TIMEOUT"};
 
 static const char *const g_malformed[] = {"", "maybe", "2x", "-1", "99999999999999999999999", "1,", ",",
                                           "cached,,all", "RTMIN+999", "USR3", "SIG", "yes please", "\t",
-                                          "relative/dir", "on\n", "0x10", "3", "17"};
+                                          "relative/dir", "on\n", "0x10", "3", "17", "ask,", "give,,ask", "0.0001",
+                                          "61", "60.001", "1.", ".5", "ask give"};
 
 /* Whether a value is valid for an option (mirrors the documented syntax). */
 static bool valid(const char *opt, const char *v) {
@@ -73,6 +75,28 @@ static bool valid(const char *opt, const char *v) {
     return !strcmp(v, "cached") || !strcmp(v, "orphaned") || !strcmp(v, "all");
   if (!strcmp(opt, "GPURECLAIM_OOM_RETRY"))
     return strspn(v, "0123456789") == strlen(v) && *v && strlen(v) < 3 && atoi(v) <= 16;
+  if (!strcmp(opt, "GPURECLAIM_PEERS")) { /* ask, give, comma-separated (any case), or off/none/0 */
+    if (!strcasecmp(v, "off") || !strcasecmp(v, "none") || !strcmp(v, "0"))
+      return true;
+    char buf[64];
+    if (!*v || strlen(v) >= sizeof buf)
+      return false;
+    strcpy(buf, v);
+    if (buf[strlen(buf) - 1] == ',' || buf[0] == ',' || strstr(buf, ",,"))
+      return false;
+    for (char *w = strtok(buf, ","); w; w = strtok(NULL, ","))
+      if (strcasecmp(w, "ask") && strcasecmp(w, "give"))
+        return false;
+    return true;
+  }
+  if (!strcmp(opt, "GPURECLAIM_PEER_TIMEOUT")) { /* seconds, 0.001 to 60, at most 3 decimals */
+    const char *dot = strchr(v, '.');
+    size_t ip = dot ? (size_t)(dot - v) : strlen(v), fp = dot ? strlen(dot + 1) : 0;
+    if (ip == 0 || ip > 7 || strspn(v, "0123456789") != ip || (dot && (fp == 0 || fp > 3 || strspn(dot + 1, "0123456789") != fp)))
+      return false;
+    double s = atof(v);
+    return s >= 0.001 && s <= 60.0;
+  }
   if (!strcmp(opt, "GPURECLAIM_VERBOSE"))
     return !strcmp(v, "0") || !strcmp(v, "1") || !strcmp(v, "2");
   for (size_t i = 0; i < sizeof bools / sizeof bools[0]; i++)
@@ -130,4 +154,9 @@ Test(options, documented_values_work) {
   check("GPURECLAIM_VERBOSE", "2");
   check("GPURECLAIM_DISABLE", "yes");
   check("GPURECLAIM_LEAK_REPORT", "off");
+  check("GPURECLAIM_PEERS", "ask");
+  check("GPURECLAIM_PEERS", "give,ask");
+  check("GPURECLAIM_PEERS", "off");
+  check("GPURECLAIM_PEER_TIMEOUT", "0.5");
+  check("GPURECLAIM_PEER_TIMEOUT", "60");
 }

@@ -19,13 +19,7 @@ CUresult cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice);
 
 static CUcontext g_ctx;
 
-static void init(void) {
-  CUdevice dev;
-  OK(cuInit(0));
-  OK(cuDeviceGet(&dev, 0));
-  OK(cuDevicePrimaryCtxRetain(&g_ctx, dev));
-  OK(cuCtxSetCurrent(g_ctx));
-}
+static void init(void) { g_ctx = h_cuda_start(0); }
 
 TestSuite(release, .init = init);
 

@@ -28,13 +28,7 @@
 CUresult cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice); /* cuda.h maps cuCtxCreate to a later version */
 
 static CUcontext g_ctx;
-static void init(void) {
-  CUdevice dev;
-  OK(cuInit(0));
-  OK(cuDeviceGet(&dev, 0));
-  OK(cuDevicePrimaryCtxRetain(&g_ctx, dev));
-  OK(cuCtxSetCurrent(g_ctx));
-}
+static void init(void) { g_ctx = h_cuda_start(0); }
 TestSuite(reports, .init = init);
 
 /* Runs a python3 snippet on a file; returns its exit status. The checker runs without the test's preload

@@ -4,6 +4,8 @@
 
 #include <criterion/criterion.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 /* Exported names cuda.h declares only for the driver's own build. */
 CUresult cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice);
@@ -81,6 +83,56 @@ Test(route_driver, blocks_are_attributed_to_the_calling_binary) {
   cr_assert_null(b.owner);
   cr_assert_gt(b.thread_id, 0);
   cr_assert_gt(b.alloc_time_ms, 0);
+}
+
+static uint64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* A block's time comes from a tick gpureclaim's thread advances while the process allocates, not from a clock
+ * read per allocation: it must still be the allocation's time, in a burst of allocations and after an idle
+ * second (when the thread stops ticking). Bounds are generous: a tick is 4 ms. */
+Test(route_driver, allocation_times_follow_the_clock_in_bursts_and_after_idle_periods) {
+  drv_api_t a;
+  fill_linked(&a);
+  CUdevice dev;
+  CUcontext ctx;
+  cr_assert_eq(a.cuInit(0), CUDA_SUCCESS);
+  a.cuDeviceGet(&dev, 0);
+  a.cuDevicePrimaryCtxRetain(&ctx, dev);
+  a.cuCtxSetCurrent(ctx);
+  CUdeviceptr first, p;
+  uint64_t t0 = mono_ms();
+  cr_assert_eq(a.cuMemAlloc(&first, 512), CUDA_SUCCESS);
+  gpureclaim_block_t b0, b1, b2;
+  cr_assert(h_find(first, &b0));
+  cr_assert_leq(b0.alloc_time_ms, mono_ms(), "never later than the clock");
+  cr_assert_geq(b0.alloc_time_ms + 1000, t0, "the time of the allocation, not of an earlier tick");
+  /* A burst of 300 ms: the ticks move on under it. */
+  do {
+    cr_assert_eq(a.cuMemAlloc(&p, 512), CUDA_SUCCESS);
+    cr_assert_eq(a.cuMemFree(p), CUDA_SUCCESS);
+  } while (mono_ms() - t0 < 300);
+  cr_assert_eq(a.cuMemAlloc(&p, 512), CUDA_SUCCESS);
+  cr_assert(h_find(p, &b1));
+  cr_assert_geq(b1.alloc_time_ms, b0.alloc_time_ms + 150, "%llu then %llu", (unsigned long long)b0.alloc_time_ms,
+                (unsigned long long)b1.alloc_time_ms);
+  cr_assert_leq(b1.alloc_time_ms, mono_ms());
+  cr_assert_eq(a.cuMemFree(p), CUDA_SUCCESS);
+  /* Idle for 2.5 s: the thread stops ticking after a second (a tick left standing would be 1.5 s stale); the
+   * next block's time is still its own. */
+  usleep(2500 * 1000);
+  uint64_t t2 = mono_ms();
+  cr_assert_eq(a.cuMemAlloc(&p, 512), CUDA_SUCCESS);
+  cr_assert(h_find(p, &b2));
+  cr_assert_geq(b2.alloc_time_ms, b1.alloc_time_ms + 2000, "%llu then %llu",
+                (unsigned long long)b1.alloc_time_ms, (unsigned long long)b2.alloc_time_ms);
+  cr_assert_geq(b2.alloc_time_ms + 1000, t2);
+  cr_assert_leq(b2.alloc_time_ms, mono_ms());
+  cr_assert_eq(a.cuMemFree(p), CUDA_SUCCESS);
+  cr_assert_eq(a.cuMemFree(first), CUDA_SUCCESS);
 }
 
 Test(route_driver, frees_of_unknown_pointers_reach_the_driver_unchanged) {

@@ -13,14 +13,7 @@
 #define OK(call) cr_assert_eq((call), CUDA_SUCCESS, "%s", #call)
 #define MiB (1024ull * 1024)
 
-static void init(void) {
-  CUdevice dev;
-  CUcontext ctx;
-  OK(cuInit(0));
-  OK(cuDeviceGet(&dev, 0));
-  OK(cuDevicePrimaryCtxRetain(&ctx, dev));
-  OK(cuCtxSetCurrent(ctx));
-}
+static void init(void) { (void)h_cuda_start(0); }
 
 TestSuite(scope_backtrace, .init = init);
 

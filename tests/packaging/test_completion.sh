@@ -33,13 +33,16 @@ expect_has() { # the completion of WORDS includes WORD
   grep -qxF -- "$2" <<<"$got" || bad "completing '$1' does not offer '$2' (got: $(tr '\n' ' ' <<<"$got"))"
 }
 
-expect "gpureclaim ''" "--help --version ps release run snapshot top"
+expect "gpureclaim ''" "--help --version ps release run sleep snapshot top wake"
 expect "gpureclaim re" "release"
 expect "gpureclaim release --w" "--what"
 expect "gpureclaim release --what c" "cached"
 expect "gpureclaim release --what=cached,o" "cached,orphaned"
 expect "gpureclaim run --signal U" "USR1 USR2"
 expect "gpureclaim run --on-signal=orphaned,a" "orphaned,all"
+expect "gpureclaim run --on-signal=sl" "sleep"
+expect "gpureclaim sleep --t" "--timeout"
+expect "gpureclaim wake --j" "--json"
 expect "gpureclaim snapshot --l" "--leaks"
 expect "gpureclaim top --i" "--interval --iterations"
 expect "gpureclaim ps --pro" "--prometheus"

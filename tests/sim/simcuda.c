@@ -71,7 +71,10 @@
   X(cuDeviceSetMemPool) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap) \
   X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAllocationGranularity) X(cuGetErrorName) X(cuGetErrorString)      \
   X(cuGetProcAddress) X(cuGetProcAddress_v2) X(cuMemGetAllocationPropertiesFromHandle) X(cuMemGetDefaultMemPool)  \
-  X(cuMemGetMemPool) X(cuMemSetMemPool)
+  X(cuMemGetMemPool) X(cuMemSetMemPool) X(cuLaunchKernel) X(cuLaunchKernel_ptsz)                          \
+  X(cuCheckpointProcessLock) X(cuCheckpointProcessCheckpoint) X(cuCheckpointProcessRestore)                 \
+  X(cuCheckpointProcessUnlock) X(cuCheckpointProcessGetState) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle)       \
+  X(cuIpcOpenMemHandle_v2) X(cuIpcCloseMemHandle)
 
 enum {
 #define X(n) SIMFN_##n,
@@ -93,6 +96,7 @@ static const char *const g_fn_names[SIMFN_COUNT] = {
 typedef struct sim_counts {
   _Atomic uint64_t n[SIMFN_COUNT]; /* written by the owning thread only */
   _Atomic int owned;
+  _Atomic int in_call;     /* driver calls the owning thread is inside now (checkpoint lock waits for 0) */
   struct sim_counts *next; /* immutable once published */
 } sim_counts_t;
 static _Atomic(sim_counts_t *) g_counts;
@@ -177,9 +181,65 @@ static void trace_call(int id, CUresult r) {
   fprintf(stderr, "[simcuda %d] %s -> %d (%s)\n", (int)getpid(), g_fn_names[id], (int)r, n ? n : "?");
 }
 
+/* ---- the checkpoint lock (cuCheckpointProcessLock): every driver call of every thread but the locking one
+ * waits while the process is locked. A call that arrives while the process is checkpointed is a use of device
+ * memory the real driver would hold until a restore; the simulator aborts there instead, naming the call, so a
+ * test notices a call that slipped past gpureclaim's gate (SIMCUDA_CHECKPOINT_BLOCK=1: it waits, as the driver
+ * does). A thread's in_call count says it is inside a call; the lock waits for every other thread's to be 0. */
+static _Atomic int g_ck_state;  /* CUprocessState */
+static _Atomic int g_ck_owner;  /* thread id of the locking thread, 0 when unlocked */
+static int g_ck_block;          /* SIMCUDA_CHECKPOINT_BLOCK, set once by the constructor */
+static pthread_mutex_t g_ck_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_ck_cv = PTHREAD_COND_INITIALIZER;
+static __thread int t_tid;
+
+static int self_tid(void) {
+  if (!t_tid) t_tid = (int)gettid();
+  return t_tid;
+}
+
+static inline void in_call_add(sim_counts_t *c, int d) {
+  if (c) atomic_store(&c->in_call, atomic_load_explicit(&c->in_call, memory_order_relaxed) + d); /* seq_cst */
+}
+
+/* Calls the locking thread may still make while checkpointed: device queries that need no context. */
+static int ck_query_only(int id) {
+  return id == SIMFN_cuInit || id == SIMFN_cuDriverGetVersion || id == SIMFN_cuDeviceGet ||
+         id == SIMFN_cuDeviceGetCount || id == SIMFN_cuDeviceGetName || id == SIMFN_cuDeviceGetUuid ||
+         id == SIMFN_cuDeviceGetUuid_v2 || id == SIMFN_cuDeviceTotalMem || id == SIMFN_cuDeviceTotalMem_v2 ||
+         id == SIMFN_cuDeviceGetAttribute || id == SIMFN_cuGetErrorName || id == SIMFN_cuGetErrorString ||
+         id == SIMFN_cuGetProcAddress || id == SIMFN_cuGetProcAddress_v2;
+}
+
+static void ck_slipped(int id) {
+  fprintf(stderr, "simcuda: %s called by thread %d while the process is checkpointed: device memory used "
+                  "before a restore (a call that slipped past a gate)\n", g_fn_names[id], self_tid());
+  abort();
+}
+
+static void ck_wait(int id) {
+  sim_counts_t *c = t_counts;
+  for (;;) {
+    int st = atomic_load(&g_ck_state);
+    if (st == CU_PROCESS_STATE_RUNNING) return;
+    if (atomic_load(&g_ck_owner) == self_tid()) {
+      if (st == CU_PROCESS_STATE_CHECKPOINTED && !ck_query_only(id)) ck_slipped(id);
+      return;
+    }
+    if (st == CU_PROCESS_STATE_CHECKPOINTED && !g_ck_block) ck_slipped(id);
+    in_call_add(c, -1);
+    pthread_mutex_lock(&g_ck_mu);
+    while (atomic_load(&g_ck_state) != CU_PROCESS_STATE_RUNNING) pthread_cond_wait(&g_ck_cv, &g_ck_mu);
+    pthread_mutex_unlock(&g_ck_mu);
+    in_call_add(c, 1);
+  }
+}
+
 /* Counts the call and applies an injected fault; non-zero when the call must return *r at once. */
 static inline int sim_enter(int id, CUresult *r) {
   count_call(id);
+  in_call_add(t_counts, 1);
+  if (__builtin_expect(atomic_load(&g_ck_state) != CU_PROCESS_STATE_RUNNING, 0)) ck_wait(id);
   if (atomic_load_explicit(&g_inj_count[id], memory_order_relaxed) > 0) return take_injection(id, r);
   return 0;
 }
@@ -190,8 +250,23 @@ static _Atomic int g_on_return_armed;
 static inline CUresult sim_leave(int id, CUresult r) {
   if (g_trace) trace_call(id, r);
   if (__builtin_expect(atomic_load_explicit(&g_on_return_armed, memory_order_acquire) != 0, 0)) run_on_return(id);
+  in_call_add(t_counts, -1);
   return r;
 }
+
+/* The checkpoint entry points themselves: counted and injectable, never held by the lock. */
+#define CK_ENTER(name)                                                                                        \
+  CUresult sim_inj_;                                                                                          \
+  count_call(SIMFN_##name);                                                                                   \
+  if (atomic_load_explicit(&g_inj_count[SIMFN_##name], memory_order_relaxed) > 0 &&                            \
+      take_injection(SIMFN_##name, &sim_inj_))                                                                \
+    return sim_inj_
+#define CK_LEAVE(name, expr)                                                                                  \
+  do {                                                                                                        \
+    CUresult ck_r_ = (expr);                                                                                  \
+    if (g_trace) trace_call(SIMFN_##name, ck_r_);                                                             \
+    return ck_r_;                                                                                             \
+  } while (0)
 
 #define ENTER(name)                                                                                           \
   CUresult sim_inj_;                                                                                          \
@@ -266,6 +341,7 @@ typedef struct simdev {
   struct CUmemPoolHandle_st *pools; /* list through dev_next, default pool included */
   uint64_t live_blocks, live_bytes, plain_bytes, pool_reserved, pool_used;
   uint64_t vmm_handles, vmm_phys, vmm_mappings, vmm_mapped, host_blocks, host_bytes, contexts;
+  uint64_t ck_bytes; /* checkpointed: what the device held, now on the host (0: not checkpointed) */
 } simdev_t;
 
 typedef struct vmm_handle {
@@ -623,6 +699,8 @@ static void atfork_child(void) {
 __attribute__((constructor)) static void sim_ctor(void) {
   const char *t = getenv("SIMCUDA_TRACE");
   g_trace = t && *t && strcmp(t, "0") != 0;
+  const char *b = getenv("SIMCUDA_CHECKPOINT_BLOCK");
+  g_ck_block = b && *b && strcmp(b, "0") != 0;
   pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }
 
@@ -689,7 +767,10 @@ static void rec_free(blk_t *b) {
 
 /* ------------------------------------------------------------------------------------------ arena */
 
-static inline uint64_t dev_used(const simdev_t *d) { return d->plain_bytes + d->pool_reserved + d->vmm_phys; }
+/* While the process is checkpointed its memory is on the host: the device holds nothing of it. */
+static inline uint64_t dev_used(const simdev_t *d) {
+  return d->ck_bytes ? 0 : d->plain_bytes + d->pool_reserved + d->vmm_phys;
+}
 
 /* Takes `add` bytes of the GPU's capacity, which every process using it shares: 0, or -1 when the bytes of every
  * live process plus `add` exceed it. cap_give returns them. */
@@ -2544,6 +2625,352 @@ SIM_API cuGetErrorString(CUresult error, const char **pStr) {
   LEAVE(cuGetErrorString, s ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE);
 }
 
+/* ---- kernels: a CUfunction of the simulator is a host function void fn(void **kernelParams), run to completion
+ * on the calling thread (streams are synchronous here). It may read and write device memory directly. */
+
+typedef void (*sim_kernel_t)(void **params);
+
+static CUresult impl_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                            unsigned bz, CUstream h, void **params, void **extra) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!f) return CUDA_ERROR_INVALID_HANDLE;
+  if (!gx || !gy || !gz || !bx || !by || !bz || extra) return CUDA_ERROR_INVALID_VALUE;
+  LOCK();
+  struct CUctx_st *c;
+  CUresult r = special_stream(h) ? cur_ctx(&c) : stream_ctx_locked(h, &c);
+  UNLOCK();
+  if (r == CUDA_SUCCESS) ((sim_kernel_t)(void *)f)(params);
+  return r;
+}
+
+SIM_API cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+                       unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+                       unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra) {
+  ENTER(cuLaunchKernel);
+  (void)sharedMemBytes;
+  LEAVE(cuLaunchKernel, impl_launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, hStream,
+                                    kernelParams, extra));
+}
+
+SIM_API cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+                            unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+                            unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra) {
+  ENTER(cuLaunchKernel_ptsz);
+  (void)sharedMemBytes;
+  LEAVE(cuLaunchKernel_ptsz, impl_launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
+                                         hStream, kernelParams, extra));
+}
+
+/* ---- IPC: a handle names a live device block of this process (its pid and address). Opening one needs another
+ * process's memory, which the simulator does not share between processes: it refuses, as the driver refuses a
+ * process opening its own handle. */
+
+#define SIM_IPC_MAGIC 0x53494d4950433031ULL /* "SIMIPC01" */
+
+SIM_API cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
+  ENTER(cuIpcGetMemHandle);
+  if (!inited()) LEAVE(cuIpcGetMemHandle, CUDA_ERROR_NOT_INITIALIZED);
+  if (!pHandle) LEAVE(cuIpcGetMemHandle, CUDA_ERROR_INVALID_VALUE);
+  LOCK();
+  blk_t *b = chunk_at((uint64_t)dptr);
+  CUresult r = b && b->state == ST_LIVE && b->addr == (uint64_t)dptr && (b->kind == SIMCUDA_DEVICE || b->kind == SIMCUDA_PITCH)
+                   ? CUDA_SUCCESS
+                   : CUDA_ERROR_INVALID_VALUE;
+  UNLOCK();
+  if (r == CUDA_SUCCESS) {
+    uint64_t w[3] = {SIM_IPC_MAGIC, (uint64_t)getpid(), (uint64_t)dptr};
+    memset(pHandle, 0, sizeof *pHandle);
+    memcpy(pHandle->reserved, w, sizeof w);
+  }
+  LEAVE(cuIpcGetMemHandle, r);
+}
+
+static CUresult impl_ipc_open(CUdeviceptr *pdptr, CUipcMemHandle h) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  uint64_t w[3];
+  memcpy(w, h.reserved, sizeof w);
+  if (!pdptr || w[0] != SIM_IPC_MAGIC) return CUDA_ERROR_INVALID_VALUE;
+  return w[1] == (uint64_t)getpid() ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_NOT_SUPPORTED;
+}
+
+SIM_API cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags) {
+  ENTER(cuIpcOpenMemHandle);
+  (void)Flags;
+  LEAVE(cuIpcOpenMemHandle, impl_ipc_open(pdptr, handle));
+}
+
+SIM_API cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags) {
+  ENTER(cuIpcOpenMemHandle_v2);
+  (void)Flags;
+  LEAVE(cuIpcOpenMemHandle_v2, impl_ipc_open(pdptr, handle));
+}
+
+SIM_API cuIpcCloseMemHandle(CUdeviceptr dptr) {
+  ENTER(cuIpcCloseMemHandle);
+  (void)dptr;
+  LEAVE(cuIpcCloseMemHandle, inited() ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED); /* none open */
+}
+
+/* ---- checkpoint (cuCheckpointProcess*): the simulator checkpoints its own process only (pid == getpid()).
+ * Lock: RUNNING -> LOCKED once every other thread is out of the driver (CUDA_ERROR_NOT_READY, and RUNNING
+ * again, when timeoutMs passes first). Checkpoint: LOCKED -> CHECKPOINTED; device contents (live chunks,
+ * pool chunks, mapped VMM ranges) are copied to host memory, their pages given back, the device's capacity
+ * freed, and the arenas made inaccessible. Restore: CHECKPOINTED -> LOCKED, only when every device has room for
+ * what it held (else CUDA_ERROR_OUT_OF_MEMORY and nothing changes); contents come back at the same addresses.
+ * Unlock: LOCKED -> RUNNING, waking every waiting call. */
+
+typedef struct ck_saved {
+  uint64_t addr, len;
+  int prot; /* VMM ranges: the mprotect protection to give back; -1 for arena chunks */
+  void *buf;
+  struct ck_saved *next;
+} ck_saved_t;
+static ck_saved_t *g_ck_saved; /* guarded by g.lock */
+
+static int ck_args_zero(const void *p, size_t n) {
+  const unsigned char *b = p;
+  for (size_t i = 0; i < n; i++)
+    if (b[i]) return 0;
+  return 1;
+}
+
+static CUresult ck_pid(int pid) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (pid != (int)getpid()) return CUDA_ERROR_NOT_SUPPORTED; /* the simulator knows only its own process */
+  return CUDA_SUCCESS;
+}
+
+static int ck_others_in_call(void) {
+  for (sim_counts_t *c = atomic_load_explicit(&g_counts, memory_order_acquire); c; c = c->next)
+    if (c != t_counts && atomic_load(&c->in_call) > 0) return 1;
+  return 0;
+}
+
+static void ck_set_state(int st, int owner) {
+  pthread_mutex_lock(&g_ck_mu);
+  atomic_store(&g_ck_owner, owner);
+  atomic_store(&g_ck_state, st);
+  pthread_cond_broadcast(&g_ck_cv);
+  pthread_mutex_unlock(&g_ck_mu);
+}
+
+static CUresult impl_ck_lock(int pid, CUcheckpointLockArgs *a) {
+  CUresult r = ck_pid(pid);
+  if (r != CUDA_SUCCESS) return r;
+  if (a && (a->reserved0 || !ck_args_zero(a->reserved1, sizeof a->reserved1))) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&g_ck_mu);
+  if (atomic_load(&g_ck_state) != CU_PROCESS_STATE_RUNNING) {
+    pthread_mutex_unlock(&g_ck_mu);
+    return CUDA_ERROR_ILLEGAL_STATE;
+  }
+  atomic_store(&g_ck_owner, self_tid());
+  atomic_store(&g_ck_state, CU_PROCESS_STATE_LOCKED);
+  pthread_mutex_unlock(&g_ck_mu);
+  unsigned ms = a ? a->timeoutMs : 0;
+  struct timespec t0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  while (ck_others_in_call()) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    int64_t el = (int64_t)(now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000;
+    if (ms && el >= (int64_t)ms) {
+      ck_set_state(CU_PROCESS_STATE_RUNNING, 0);
+      return CUDA_ERROR_NOT_READY;
+    }
+    nanosleep(&(struct timespec){0, 200000}, NULL);
+  }
+  return CUDA_SUCCESS;
+}
+
+/* Host copies are mapped populated (one call instead of a page fault per page: faults dominate a copy of
+ * gigabytes, on a VM most of all). */
+static void *ck_buf(uint64_t len) {
+  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  return p == MAP_FAILED ? NULL : p;
+}
+
+static int ck_save(uint64_t addr, uint64_t len, int prot) {
+  ck_saved_t *s = malloc(sizeof *s);
+  void *buf = s ? ck_buf(len) : NULL;
+  if (!buf) {
+    free(s);
+    return -1;
+  }
+  memcpy(buf, (const void *)(uintptr_t)addr, len);
+  *s = (ck_saved_t){addr, len, prot, buf, g_ck_saved};
+  g_ck_saved = s;
+  return 0;
+}
+
+static void ck_drop_saved(int put_back) {
+  while (g_ck_saved) {
+    ck_saved_t *s = g_ck_saved;
+    g_ck_saved = s->next;
+    if (put_back) {
+      if (s->prot >= 0) mprotect((void *)(uintptr_t)s->addr, s->len, PROT_READ | PROT_WRITE);
+#ifdef MADV_POPULATE_WRITE
+      madvise((void *)(uintptr_t)s->addr, s->len, MADV_POPULATE_WRITE); /* as above; older kernels: faults */
+#endif
+      memcpy((void *)(uintptr_t)s->addr, s->buf, s->len);
+      if (s->prot >= 0) mprotect((void *)(uintptr_t)s->addr, s->len, s->prot);
+    }
+    munmap(s->buf, s->len);
+    free(s);
+  }
+}
+
+static int vmm_mprot(int prot) {
+  return prot == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE
+         : prot == CU_MEM_ACCESS_FLAGS_PROT_READ    ? PROT_READ
+                                                    : PROT_NONE;
+}
+
+static CUresult impl_ck_checkpoint(int pid, CUcheckpointCheckpointArgs *a) {
+  CUresult r = ck_pid(pid);
+  if (r != CUDA_SUCCESS) return r;
+  if (a && !ck_args_zero(a, sizeof *a)) return CUDA_ERROR_INVALID_VALUE;
+  if (atomic_load(&g_ck_state) != CU_PROCESS_STATE_LOCKED) return CUDA_ERROR_ILLEGAL_STATE;
+  LOCK();
+  int fail = 0;
+  for (size_t i = 0; i < g.blocks.cap && !fail; i++) {
+    blk_t *b = g.blocks.keys[i] ? g.blocks.vals[i] : NULL;
+    if (!b || !is_device_kind(b->kind) || b->state == ST_ARENA_CACHED || !b->dirty) continue;
+    fail = ck_save(b->addr, b->rounded, -1) != 0;
+  }
+  for (va_res_t *res = g.res; res && !fail; res = res->next)
+    for (vmm_map_t *m = res->maps; m && !fail; m = m->next)
+      if (m->prot != CU_MEM_ACCESS_FLAGS_PROT_NONE) fail = ck_save(m->va, m->size, vmm_mprot(m->prot)) != 0;
+  if (fail) {
+    ck_drop_saved(0);
+    UNLOCK();
+    return CUDA_ERROR_OUT_OF_MEMORY; /* the host has no room: nothing changed, still LOCKED */
+  }
+  for (ck_saved_t *s = g_ck_saved; s; s = s->next) {
+    madvise((void *)(uintptr_t)s->addr, s->len, MADV_DONTNEED);
+    if (s->prot >= 0) mprotect((void *)(uintptr_t)s->addr, s->len, PROT_NONE);
+  }
+  for (int d = 0; d < g.ndev; d++) {
+    simdev_t *dv = &g.dev[d];
+    uint64_t used = dv->plain_bytes + dv->pool_reserved + dv->vmm_phys;
+    if (used)
+      cap_give(dv, used); /* the GPU's memory is free for the machine's other processes */
+    dv->ck_bytes = used ? used : 1; /* non-zero marks the device checkpointed */
+    mprotect((void *)(uintptr_t)dv->ar.base, dv->ar.size, PROT_NONE);
+  }
+  atomic_store(&g_ck_state, CU_PROCESS_STATE_CHECKPOINTED);
+  UNLOCK();
+  return CUDA_SUCCESS;
+}
+
+static CUresult impl_ck_restore(int pid, CUcheckpointRestoreArgs *a) {
+  CUresult r = ck_pid(pid);
+  if (r != CUDA_SUCCESS) return r;
+  if (a && (a->gpuPairs || a->gpuPairsCount || a->reserved1 || !ck_args_zero(a->reserved, sizeof a->reserved)))
+    return CUDA_ERROR_INVALID_VALUE; /* remapping onto other GPUs is not simulated */
+  if (atomic_load(&g_ck_state) != CU_PROCESS_STATE_CHECKPOINTED) return CUDA_ERROR_ILLEGAL_STATE;
+  LOCK();
+  for (int d = 0; d < g.ndev; d++) {
+    simdev_t *dv = &g.dev[d];
+    uint64_t need = dv->plain_bytes + dv->pool_reserved + dv->vmm_phys;
+    if (need && cap_take(dv, need) != 0) { /* the machine's other processes hold the room now */
+      for (int k = 0; k < d; k++) {
+        simdev_t *dk = &g.dev[k];
+        uint64_t back = dk->plain_bytes + dk->pool_reserved + dk->vmm_phys;
+        if (back)
+          cap_give(dk, back);
+      }
+      UNLOCK();
+      return CUDA_ERROR_OUT_OF_MEMORY; /* no room: still CHECKPOINTED, contents intact on the host */
+    }
+  }
+  for (int d = 0; d < g.ndev; d++) {
+    simdev_t *dv = &g.dev[d];
+    mprotect((void *)(uintptr_t)dv->ar.base, dv->ar.size, PROT_READ | PROT_WRITE);
+    dv->ck_bytes = 0;
+  }
+  ck_drop_saved(1);
+  atomic_store(&g_ck_state, CU_PROCESS_STATE_LOCKED);
+  UNLOCK();
+  return CUDA_SUCCESS;
+}
+
+static CUresult impl_ck_unlock(int pid, CUcheckpointUnlockArgs *a) {
+  CUresult r = ck_pid(pid);
+  if (r != CUDA_SUCCESS) return r;
+  if (a && !ck_args_zero(a, sizeof *a)) return CUDA_ERROR_INVALID_VALUE;
+  if (atomic_load(&g_ck_state) != CU_PROCESS_STATE_LOCKED) return CUDA_ERROR_ILLEGAL_STATE;
+  ck_set_state(CU_PROCESS_STATE_RUNNING, 0);
+  return CUDA_SUCCESS;
+}
+
+SIM_API cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args) {
+  CK_ENTER(cuCheckpointProcessLock);
+  CK_LEAVE(cuCheckpointProcessLock, impl_ck_lock(pid, args));
+}
+SIM_API cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *args) {
+  CK_ENTER(cuCheckpointProcessCheckpoint);
+  CK_LEAVE(cuCheckpointProcessCheckpoint, impl_ck_checkpoint(pid, args));
+}
+SIM_API cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *args) {
+  CK_ENTER(cuCheckpointProcessRestore);
+  CK_LEAVE(cuCheckpointProcessRestore, impl_ck_restore(pid, args));
+}
+SIM_API cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs *args) {
+  CK_ENTER(cuCheckpointProcessUnlock);
+  CK_LEAVE(cuCheckpointProcessUnlock, impl_ck_unlock(pid, args));
+}
+SIM_API cuCheckpointProcessGetState(int pid, CUprocessState *state) {
+  CK_ENTER(cuCheckpointProcessGetState);
+  CUresult r = ck_pid(pid);
+  if (r == CUDA_SUCCESS && !state) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) *state = (CUprocessState)atomic_load(&g_ck_state);
+  CK_LEAVE(cuCheckpointProcessGetState, r);
+}
+
+/* ---- NVML's memory query (the simulated libnvidia-ml.so.1 is a link to this library): how a process reads a
+ * device's free memory without a context, as gpureclaim does before a restore. Only what gpureclaim uses. */
+
+typedef struct {
+  unsigned long long total, free, used;
+} sim_nvml_memory_t;
+SIM_EXPORT int nvmlInit_v2(void);
+SIM_EXPORT int nvmlShutdown(void);
+SIM_EXPORT int nvmlDeviceGetHandleByUUID(const char *uuid, void **device);
+SIM_EXPORT int nvmlDeviceGetMemoryInfo(void *device, sim_nvml_memory_t *m);
+
+SIM_EXPORT int nvmlInit_v2(void) { return inited() || impl_init(0) == CUDA_SUCCESS ? 0 : 3; }
+SIM_EXPORT int nvmlShutdown(void) { return 0; }
+
+SIM_EXPORT int nvmlDeviceGetHandleByUUID(const char *uuid, void **device) {
+  if (!uuid || !device) return 2; /* NVML_ERROR_INVALID_ARGUMENT */
+  for (int d = 0; d < g.ndev; d++) {
+    CUuuid u;
+    char s[48];
+    impl_device_uuid(&u, d);
+    const unsigned char *x = (const unsigned char *)u.bytes;
+    snprintf(s, sizeof s, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", x[0], x[1],
+             x[2], x[3], x[4], x[5], x[6], x[7], x[8], x[9], x[10], x[11], x[12], x[13], x[14], x[15]);
+    if (strcmp(s, uuid) == 0) {
+      *device = &g.dev[d];
+      return 0;
+    }
+  }
+  return 6; /* NVML_ERROR_NOT_FOUND */
+}
+
+SIM_EXPORT int nvmlDeviceGetMemoryInfo(void *device, sim_nvml_memory_t *m) {
+  simdev_t *d = device;
+  if (!d || d < g.dev || d >= g.dev + g.ndev || !m) return 2;
+  LOCK();
+  simm_info_t in; /* the whole GPU, every process of the machine on it, as NVML reports it */
+  simm_info(d->gpu, &in);
+  m->total = in.capacity;
+  m->free = in.used >= in.capacity ? 0 : in.capacity - in.used;
+  m->used = m->total - m->free;
+  UNLOCK();
+  return 0;
+}
+
 /* ---- cuGetProcAddress */
 
 /* One row per ABI: the base name, the CUDA version that introduced this ABI, whether it is the per-thread
@@ -2651,6 +3078,17 @@ static const struct pa_entry {
     PA("cuMemGetAllocationGranularity", 10020, 0, cuMemGetAllocationGranularity)
     PA("cuGetErrorName", 6000, 0, cuGetErrorName)
     PA("cuGetErrorString", 6000, 0, cuGetErrorString)
+    PA("cuLaunchKernel", 4000, 0, cuLaunchKernel)
+    PA("cuLaunchKernel", 7000, 1, cuLaunchKernel_ptsz)
+    PA("cuIpcGetMemHandle", 4010, 0, cuIpcGetMemHandle)
+    PA("cuIpcOpenMemHandle", 4010, 0, cuIpcOpenMemHandle)
+    PA("cuIpcOpenMemHandle", 11000, 0, cuIpcOpenMemHandle_v2)
+    PA("cuIpcCloseMemHandle", 4010, 0, cuIpcCloseMemHandle)
+    PA("cuCheckpointProcessLock", 12080, 0, cuCheckpointProcessLock)
+    PA("cuCheckpointProcessCheckpoint", 12080, 0, cuCheckpointProcessCheckpoint)
+    PA("cuCheckpointProcessRestore", 12080, 0, cuCheckpointProcessRestore)
+    PA("cuCheckpointProcessUnlock", 12080, 0, cuCheckpointProcessUnlock)
+    PA("cuCheckpointProcessGetState", 12080, 0, cuCheckpointProcessGetState)
     PA("cuGetProcAddress", 11030, 0, cuGetProcAddress)
     PA("cuGetProcAddress", 12000, 0, cuGetProcAddress_v2)
 #undef PA

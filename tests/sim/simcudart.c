@@ -82,6 +82,8 @@ static struct drv {
   PFN_cuMemGetDefaultMemPool_v13000 memGetDefaultMemPool;
   PFN_cuMemGetMemPool_v13000 memGetMemPool;
   PFN_cuMemSetMemPool_v13000 memSetMemPool;
+  PFN_cuLaunchKernel_v4000 launchKernel;
+  PFN_cuLaunchKernel_v7000_ptsz launchKernel_ptsz;
 } D;
 
 /* What the real runtime asks cuGetProcAddress for, in its order. */
@@ -136,6 +138,8 @@ static const struct {
     S("cuStreamSynchronize", 2000, 0, streamSynchronize)
     S("cuStreamSynchronize", 7000, PT, streamSynchronize_ptsz)
     S("cuStreamGetCtx", 9020, 0, streamGetCtx)
+    S("cuLaunchKernel", 4000, 0, launchKernel)
+    S("cuLaunchKernel", 7000, PT, launchKernel_ptsz)
     S("cuMemAllocAsync", 11020, 0, memAllocAsync)
     S("cuMemAllocAsync", 11020, PT, memAllocAsync_ptsz)
     S("cuMemFreeAsync", 11020, 0, memFreeAsync)
@@ -588,6 +592,30 @@ static cudaError_t do_memset(int per_thread, void *devPtr, int value, size_t cou
 }
 
 RT_API cudaMemset(void *devPtr, int value, size_t count) { return do_memset(0, devPtr, value, count); }
+
+/* ------------------------------------------------------------------------------------------ kernels */
+
+/* A kernel of the simulator is a host function void fn(void **args) (simcuda.c runs it on the calling thread);
+ * the runtime hands it to cuLaunchKernel as the real one hands the driver the CUfunction it registered. */
+static cudaError_t do_launch(int per_thread, const void *func, dim3 g, dim3 b, void **args, size_t shmem,
+                             cudaStream_t s) {
+  cudaError_t e = rt_ctx();
+  if (e != cudaSuccess) return ret(e);
+  if (!func) return ret(cudaErrorInvalidDeviceFunction);
+  return ret(map_err((per_thread ? D.launchKernel_ptsz : D.launchKernel)((CUfunction)(uintptr_t)func, g.x, g.y,
+                                                                          g.z, b.x, b.y, b.z, (unsigned)shmem,
+                                                                          (CUstream)s, args, NULL)));
+}
+
+RT_API cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockDim, void **args, size_t sharedMem,
+                        cudaStream_t stream) {
+  return do_launch(0, func, gridDim, blockDim, args, sharedMem, stream);
+}
+
+RT_API cudaLaunchKernel_ptsz(const void *func, dim3 gridDim, dim3 blockDim, void **args, size_t sharedMem,
+                             cudaStream_t stream) {
+  return do_launch(1, func, gridDim, blockDim, args, sharedMem, stream);
+}
 
 RT_API cudaMemset_ptds(void *devPtr, int value, size_t count) { return do_memset(1, devPtr, value, count); }
 

@@ -4,6 +4,7 @@
  * outlives a block its context took with it, none is lost for a block the driver kept. Standalone (runs under
  * ThreadSanitizer). Usage: stress_ctx [threads] [rounds]
  */
+#include "check.h"
 #include "gpureclaim.h"
 #include "simcuda.h"
 
@@ -13,16 +14,6 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
-
-#define CHECK(cond, ...)                                                                                   \
-  do {                                                                                                     \
-    if (!(cond)) {                                                                                         \
-      fprintf(stderr, "stress_ctx: check failed: %s: ", #cond);                                            \
-      fprintf(stderr, __VA_ARGS__);                                                                        \
-      fputc('\n', stderr);                                                                                 \
-      exit(1);                                                                                             \
-    }                                                                                                      \
-  } while (0)
 
 CUresult cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice);
 
@@ -37,9 +28,9 @@ static void *worker(void *arg) {
   if (cuCtxSetCurrent(r->ctx) != CUDA_SUCCESS)
     return NULL;
   CUdeviceptr d[16] = {0};
-  uint64_t seed = (uint64_t)(uintptr_t)&d * 0x9E3779B97F4A7C15ull + 1;
+  uint64_t seed = tc_seed((uint64_t)(uintptr_t)&d);
   for (int n = 0; n < 100000; n++) {
-    seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+    tc_rng(&seed);
     unsigned i = (unsigned)(seed % 16);
     if (n == 32)
       atomic_fetch_add(&r->started, 1);
@@ -103,8 +94,8 @@ int main(int argc, char **argv) {
     _Atomic int stop = 0;
     pthread_t th[64], rel;
     for (int i = 0; i < threads; i++)
-      CHECK(pthread_create(&th[i], NULL, worker, &r) == 0, "thread");
-    CHECK(pthread_create(&rel, NULL, releaser, &stop) == 0, "thread");
+      th[i] = tc_thread(worker, &r);
+    rel = tc_thread(releaser, &stop);
     while (atomic_load(&r.started) < threads)
       sched_yield();
     /* Every other round the driver refuses first: the records must all stay, then all go. */

@@ -3,6 +3,7 @@
  * while another thread iterates the table and writes snapshots. At the end gpureclaim's table equals the
  * simulator's live set exactly. Standalone (runs under ThreadSanitizer). Usage: stress_hooks [threads] [seconds]
  */
+#include "check.h"
 #include "gpureclaim.h"
 #include "simcuda.h"
 
@@ -15,27 +16,17 @@
 #include <time.h>
 #include <unistd.h>
 
-#define CHECK(cond, ...)                                                                                   \
-  do {                                                                                                     \
-    if (!(cond)) {                                                                                         \
-      fprintf(stderr, "stress_hooks: check failed: %s: ", #cond);                                          \
-      fprintf(stderr, __VA_ARGS__);                                                                        \
-      fputc('\n', stderr);                                                                                 \
-      exit(1);                                                                                             \
-    }                                                                                                      \
-  } while (0)
-
 static CUcontext g_ctx;
 static _Atomic int g_stop;
 static _Atomic uint64_t g_ops, g_iterations;
 
 static void *worker(void *arg) {
-  uint64_t seed = (uint64_t)(uintptr_t)arg * 0x9E3779B97F4A7C15ull + 7;
+  uint64_t seed = tc_seed((uint64_t)(uintptr_t)arg);
   cuCtxSetCurrent(g_ctx);
   CUdeviceptr d[32] = {0};
   void *h[8] = {0};
   while (!atomic_load(&g_stop)) {
-    seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+    tc_rng(&seed);
     unsigned i = (unsigned)(seed % 32), k = (unsigned)((seed >> 8) % 8);
     switch ((seed >> 16) % 4) {
     case 0:
@@ -120,8 +111,8 @@ int main(int argc, char **argv) {
         "init");
   pthread_t th[64], ob;
   for (int i = 0; i < n; i++)
-    pthread_create(&th[i], NULL, worker, (void *)(uintptr_t)(i + 1));
-  pthread_create(&ob, NULL, observer, NULL);
+    th[i] = tc_thread(worker, (void *)(uintptr_t)(i + 1));
+  ob = tc_thread(observer, NULL);
   nanosleep(&(struct timespec){(time_t)secs, (long)((secs - (double)(time_t)secs) * 1e9)}, NULL);
   atomic_store(&g_stop, 1);
   for (int i = 0; i < n; i++)

@@ -9,6 +9,7 @@
  * property: a block allocated outside any scope, or in a scope that is still open, is never an orphan, whatever
  * the earlier blocks at its address were. Orphans are freed by their workers, as a release would.
  */
+#include "check.h"
 #include "gpureclaim_internal.h"
 
 #include <errno.h>
@@ -18,16 +19,6 @@
 #include <string.h>
 #include <time.h>
 
-#define CHECK(cond, ...)                                                                                   \
-  do {                                                                                                     \
-    if (!(cond)) {                                                                                         \
-      fprintf(stderr, "stress_scope: %s:%d: check failed: %s: ", __FILE__, __LINE__, #cond);               \
-      fprintf(stderr, __VA_ARGS__);                                                                        \
-      fputc('\n', stderr);                                                                                 \
-      exit(1);                                                                                             \
-    }                                                                                                      \
-  } while (0)
-
 #define MAX_WORKERS 16
 #define POOL 96 /* addresses per worker */
 
@@ -35,13 +26,6 @@ static _Atomic int g_stop;
 static _Atomic uint64_t g_open[MAX_WORKERS]; /* each worker's open scope, 0 for none */
 static _Atomic uint64_t g_ended_by_other, g_orphans_seen, g_allocs;
 static unsigned g_workers;
-
-static uint64_t rng(uint64_t *s) {
-  *s ^= *s << 13;
-  *s ^= *s >> 7;
-  *s ^= *s << 17;
-  return *s;
-}
 
 typedef struct {
   bool held;
@@ -66,12 +50,12 @@ static void free_at(uint64_t key) {
 
 static void *worker(void *arg) {
   unsigned w = (unsigned)(uintptr_t)arg;
-  uint64_t seed = 0x9e3779b97f4a7c15u * (w + 1);
+  uint64_t seed = tc_seed(w);
   uint64_t base = UINT64_C(0x500000000000) + (uint64_t)w * 0x100000000;
   held_t held[POOL];
   memset(held, 0, sizeof held);
   while (!atomic_load_explicit(&g_stop, memory_order_relaxed)) {
-    bool scoped = rng(&seed) & 1;
+    bool scoped = tc_rng(&seed) & 1;
     uint64_t s = 0;
     if (scoped) {
       s = gpureclaim_scope_begin();
@@ -79,7 +63,7 @@ static void *worker(void *arg) {
       atomic_store_explicit(&g_open[w], s, memory_order_release);
     }
     for (int op = 0; op < 64; op++) {
-      unsigned k = (unsigned)(rng(&seed) % POOL);
+      unsigned k = (unsigned)(tc_rng(&seed) % POOL);
       if (held[k].held) {
         free_at(base + k * 0x1000);
         held[k].held = false;
@@ -124,14 +108,14 @@ static void *worker(void *arg) {
 
 static void *ender(void *arg) {
   (void)arg;
-  uint64_t seed = 12345;
+  uint64_t seed = tc_seed(MAX_WORKERS);
   while (!atomic_load_explicit(&g_stop, memory_order_relaxed)) {
-    uint64_t s = atomic_load_explicit(&g_open[rng(&seed) % g_workers], memory_order_acquire);
+    uint64_t s = atomic_load_explicit(&g_open[tc_rng(&seed) % g_workers], memory_order_acquire);
     if (s) {
       int rc = gpureclaim_scope_end(s, 0);
       CHECK(rc == 0 || rc == -ENOENT, "scope_end %d", rc);
     }
-    for (volatile int i = 0; i < (int)(rng(&seed) % 2000); i++)
+    for (volatile int i = 0; i < (int)(tc_rng(&seed) % 2000); i++)
       ;
   }
   return NULL;
@@ -145,8 +129,8 @@ int main(int argc, char **argv) {
   atomic_store(&gr_core_state, 1); /* as once CUDA started: ends act on the table */
   pthread_t t[MAX_WORKERS + 1];
   for (unsigned i = 0; i < g_workers; i++)
-    CHECK(pthread_create(&t[i], NULL, worker, (void *)(uintptr_t)i) == 0, "thread");
-  CHECK(pthread_create(&t[g_workers], NULL, ender, NULL) == 0, "thread");
+    t[i] = tc_thread(worker, (void *)(uintptr_t)i);
+  t[g_workers] = tc_thread(ender, NULL);
   struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
   nanosleep(&ts, NULL);
   /* Until the ender has won at least once (ctest's timeout guards a hang). */

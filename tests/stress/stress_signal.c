@@ -7,6 +7,7 @@
  * and gpureclaim's table equals the simulator's live set. Standalone so it also runs under ThreadSanitizer.
  * Usage: stress_signal [threads] [signals]
  */
+#include "check.h"
 #include "gpureclaim.h"
 #include "simcuda.h"
 
@@ -21,25 +22,15 @@
 #include <unistd.h>
 #include <pthread.h>
 
-#define CHECK(cond, ...)                                                                                   \
-  do {                                                                                                     \
-    if (!(cond)) {                                                                                         \
-      fprintf(stderr, "stress_signal: check failed: %s: ", #cond);                                         \
-      fprintf(stderr, __VA_ARGS__);                                                                        \
-      fputc('\n', stderr);                                                                                 \
-      exit(1);                                                                                             \
-    }                                                                                                      \
-  } while (0)
-
 static CUcontext g_ctx;
 static _Atomic int g_stop;
 
 static void *worker(void *arg) {
-  uint64_t seed = (uint64_t)(uintptr_t)arg * 0x9E3779B97F4A7C15ull + 1;
+  uint64_t seed = tc_seed((uint64_t)(uintptr_t)arg);
   cuCtxSetCurrent(g_ctx);
   CUdeviceptr live[64] = {0};
   while (!atomic_load(&g_stop)) {
-    seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+    tc_rng(&seed);
     unsigned i = (unsigned)(seed % 64);
     if (live[i]) {
       CUresult rc = (seed >> 8) & 1 ? cuMemFree(live[i]) : cuMemFreeAsync(live[i], NULL);
@@ -95,7 +86,7 @@ int main(int argc, char **argv) {
   CHECK(cuDevicePrimaryCtxRetain(&g_ctx, dev) == CUDA_SUCCESS && cuCtxSetCurrent(g_ctx) == CUDA_SUCCESS, "ctx");
   pthread_t th[64];
   for (int i = 0; i < nthreads; i++)
-    pthread_create(&th[i], NULL, worker, (void *)(uintptr_t)(i + 1));
+    th[i] = tc_thread(worker, (void *)(uintptr_t)(i + 1));
   pid_t parent = getpid(), child = fork();
   if (child == 0) {
     for (int i = 0; i < nsignals; i++)

@@ -9,6 +9,7 @@
  * shared record must be claimed exactly once. Meanwhile an iterator checks that a set of stable records is
  * seen exactly once per pass, and a compactor forces migrations.
  */
+#include "check.h"
 #include "table.h"
 
 #include <errno.h>
@@ -18,16 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-#define CHECK(cond, ...)                                                                                   \
-  do {                                                                                                     \
-    if (!(cond)) {                                                                                         \
-      fprintf(stderr, "stress_table: %s:%d: check failed: %s: ", __FILE__, __LINE__, #cond);               \
-      fprintf(stderr, __VA_ARGS__);                                                                        \
-      fputc('\n', stderr);                                                                                 \
-      exit(1);                                                                                             \
-    }                                                                                                      \
-  } while (0)
 
 #define KEYS_PER_WORKER 4096u
 #define STABLE 2000u
@@ -52,13 +43,6 @@ static gr_rec_t mkrec(uint64_t key, unsigned state, uint64_t tag) {
   return r;
 }
 
-static uint64_t rng(uint64_t *s) {
-  *s ^= *s << 13;
-  *s ^= *s >> 7;
-  *s ^= *s << 17;
-  return *s;
-}
-
 typedef struct {
   unsigned id;
   unsigned char present[KEYS_PER_WORKER];
@@ -75,9 +59,9 @@ static bool to_orphan(gr_rec_t *r, void *arg) {
 
 static void *worker(void *arg) {
   worker_t *w = arg;
-  uint64_t seed = 0x9E3779B97F4A7C15ull * (w->id + 1);
+  uint64_t seed = tc_seed(w->id);
   while (!atomic_load_explicit(&g_stop, memory_order_relaxed)) {
-    uint64_t x = rng(&seed);
+    uint64_t x = tc_rng(&seed);
     unsigned k = (unsigned)(x % KEYS_PER_WORKER);
     uint64_t key = worker_key(w->id, k);
     switch ((x >> 32) % 8) {
@@ -208,10 +192,10 @@ int main(int argc, char **argv) {
   pthread_t ith, cth;
   for (unsigned i = 0; i < nthreads; i++) {
     ws[i].id = i;
-    pthread_create(&th[i], NULL, worker, &ws[i]);
+    th[i] = tc_thread(worker, &ws[i]);
   }
-  pthread_create(&ith, NULL, iterator, &it);
-  pthread_create(&cth, NULL, compactor, &compactions);
+  ith = tc_thread(iterator, &it);
+  cth = tc_thread(compactor, &compactions);
   /* At least `seconds`, and until the iterator and the compactor have each run twice during the churn: on a
    * loaded machine they may get no time slice for a while. They must all the same within MAX_SECONDS. */
   enum { MIN_PASSES = 2, MAX_SECONDS = 120 };

@@ -1,7 +1,11 @@
-/* gr_utf8_len: which byte sequences gpureclaim passes into JSON and tables as UTF-8, and which it replaces. */
-#include "gpureclaim_internal.h"
+/* The text contracts of common.h, shared by the library and the command: which byte sequences pass into JSON and
+ * tables as UTF-8 (gr_utf8_len), how a string becomes JSON (gr_json_escape), and how a process's start time is
+ * read from /proc/PID/stat (gr_stat_start_ticks). */
+#include "common.h"
 
 #include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
 
 static size_t len(const char *s) { return gr_utf8_len((const unsigned char *)s); }
 
@@ -27,4 +31,54 @@ Test(utf8, malformed_sequences) {
   cr_assert_eq(len("\xed\xa0\x80"), 0, "a surrogate");
   cr_assert_eq(len("\xf4\x90\x80\x80"), 0, "past U+10FFFF");
   cr_assert_eq(len("\xf5\x80\x80\x80"), 0);
+}
+
+typedef struct {
+  char buf[256];
+  size_t n, calls;
+} sink_t;
+static void put(void *ctx, const char *p, size_t n) {
+  sink_t *k = ctx;
+  cr_assert_lt(k->n + n, sizeof k->buf);
+  memcpy(k->buf + k->n, p, n);
+  k->n += n;
+  k->buf[k->n] = '\0';
+  k->calls++;
+}
+static const char *json(const char *s, sink_t *k) {
+  memset(k, 0, sizeof *k);
+  gr_json_escape(s, put, k);
+  return k->buf;
+}
+
+Test(json, escapes_what_json_requires_and_passes_utf8_through) {
+  sink_t k;
+  cr_assert_str_eq(json("", &k), "\"\"");
+  cr_assert_str_eq(json("plain text", &k), "\"plain text\"");
+  cr_assert_eq(k.calls, 3, "a run without escapes is handed on in one piece");
+  cr_assert_str_eq(json("a\"b\\c", &k), "\"a\\\"b\\\\c\"");
+  cr_assert_str_eq(json("l1\nl2\tx", &k), "\"l1\\nl2\\tx\"");
+  cr_assert_str_eq(json("\x01\x1f", &k), "\"\\u0001\\u001f\"");
+  cr_assert_str_eq(json("caf\xc3\xa9 \xf0\x9f\x98\x80", &k), "\"caf\xc3\xa9 \xf0\x9f\x98\x80\"");
+}
+
+Test(json, a_byte_that_is_not_utf8_becomes_u_fffd) {
+  sink_t k;
+  cr_assert_str_eq(json("a\xff" "b", &k), "\"a\\ufffdb\"");
+  cr_assert_str_eq(json("\xc3(", &k), "\"\\ufffd(\"", "a sequence cut short: one replacement, then the rest");
+  cr_assert_str_eq(json("\xed\xa0\x80", &k), "\"\\ufffd\\ufffd\\ufffd\"", "a surrogate, byte by byte");
+}
+
+Test(procstat, the_start_time_is_field_22_counted_after_the_last_parenthesis) {
+  /* A command name may hold spaces and parentheses: "(a) b)" must not shift the fields. */
+  const char *stat = "4242 (a) b) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
+  cr_assert_eq(gr_stat_start_ticks(stat), 987654);
+  cr_assert_eq(gr_stat_start_ticks("4242 (x) S 1 2"), 0, "too few fields");
+  cr_assert_eq(gr_stat_start_ticks("garbage"), 0, "no command name");
+  char self[1024] = "";
+  FILE *f = fopen("/proc/self/stat", "r");
+  cr_assert_not_null(f);
+  cr_assert_not_null(fgets(self, sizeof self, f));
+  fclose(f);
+  cr_assert_gt(gr_stat_start_ticks(self), 0, "this process's own start time: %s", self);
 }

@@ -11,12 +11,12 @@
 #include <stdatomic.h>
 #include <unistd.h>
 
-static int hooked_insert(const gr_rec_t *r);
+static int hooked_insert(const gr_packed_t *r);
 static int hooked_visit(gr_visit_fn fn, void *arg);
-#define gr_table_insert hooked_insert
+#define gr_table_insert_pk hooked_insert
 #define gr_table_visit hooked_visit
 #include "../../src/track.c"
-#undef gr_table_insert
+#undef gr_table_insert_pk
 #undef gr_table_visit
 
 #define CTX_A 5
@@ -40,12 +40,12 @@ static void fill(gr_rec_t *r, uint16_t ctx) {
   r->device = 0;
 }
 
-static int hooked_insert(const gr_rec_t *r) {
+static int hooked_insert(const gr_packed_t *r) {
   if (g_destroy_before_insert) {
     g_destroy_before_insert = 0;
     destroy_a();
   }
-  return gr_table_insert(r);
+  return gr_table_insert_pk(r);
 }
 
 /* One-shot: before this thread looks for its own record to drop it (settle_slow), another thread in context B

@@ -1,5 +1,6 @@
 /*
- * jsonread.h -- a small JSON reader for the gpureclaim command (status files and control-socket answers).
+ * jsonread.h -- a small JSON reader for status files and control-socket answers, in gpureclaim_common: the
+ * command reads them, and so does the library where it reads its peers' status files.
  * Integers are kept exactly (addresses and byte counts exceed a double's precision).
  */
 #ifndef GR_JSONREAD_H

@@ -1,6 +1,6 @@
 /* Result lines for the nvcc-built GPU tests: `GPUTEST {"name","status","detail","data"}` (see collect.py). */
-#ifndef GR_GPU_GTEST_H
-#define GR_GPU_GTEST_H
+#ifndef GR_GPU_GPUCHECK_H
+#define GR_GPU_GPUCHECK_H
 
 #include <stdarg.h>
 #include <stdio.h>

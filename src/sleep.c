@@ -1,0 +1,616 @@
+/*
+ * sleep.c -- sleep and wake: an idle process gives back all of its device memory and gets it back transparently.
+ *
+ * Sleep (gpureclaim_sleep, the `sleep` request of the control socket, GPURECLAIM_ON_SIGNAL=sleep, the idle
+ * watch), on the thread that asked (the worker for the command, the signal and the idle watch):
+ *   1. a release of cached,orphaned (release.c), so that only memory in use has to move;
+ *   2. what must move (the tracked device memory left, per device) against the host's MemAvailable: refused
+ *      when it would not fit, because the driver keeps the checkpoint in this process's own memory;
+ *   3. every context synchronised (work in flight finishes);
+ *   4. the gates' flag goes up (gate.h): from now on every call a gate sees waits here instead of entering the
+ *      driver; releases already running on other threads are waited for, new ones refused;
+ *   5. cuCheckpointProcessLock on our own pid with the timeout (a thread inside a CUDA call that does not return
+ *      in time: refused, saying so), then cuCheckpointProcessCheckpoint: the driver moves the process's device
+ *      memory, contexts included, to host memory.
+ * The free memory of each device the process used is read through NVML before and after (a checkpointed
+ * process has no context to ask cuMemGetInfo with): what the device gained is what a restore needs back.
+ *
+ * Wake (gpureclaim_wake, the `wake` request, or a gate: the first CUDA call of any thread), on the thread that
+ * asked: waits up to GPURECLAIM_WAKE_TIMEOUT for every device to have room for what it gave (NVML), asking the
+ * other gpureclaim processes on a GPU that is short once for the shortfall (peer reclaim), and only
+ * then calls cuCheckpointProcessRestore and Unlock: a restore is never called when it could fail for lack of
+ * memory. Without room the process stays asleep and intact, the waiting calls return CUDA_ERROR_OUT_OF_MEMORY,
+ * and the next call tries again. One wake at a time; other callers wait for its outcome.
+ *
+ * States: AWAKE -> ENTERING (steps 1-5; calls pass until step 4) -> ASLEEP -> WAKING -> AWAKE. A refused sleep
+ * goes back to AWAKE, a wake without room back to ASLEEP.
+ */
+#include "gpureclaim_internal.h"
+#include "gate.h"
+#include "json.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum { ST_AWAKE = 0, ST_ENTERING, ST_ASLEEP, ST_WAKING };
+
+#define DEFAULT_LOCK_TIMEOUT_MS 10000u
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
+static int g_state;              /* ST_*, under g_mu */
+static _Atomic int g_state_pub;  /* the same, for lock-free readers (reports) */
+static _Atomic uint64_t g_host_bytes;
+static unsigned g_rel_active;    /* releases calling the driver now, under g_mu */
+static uint64_t g_attempt, g_failed_attempt; /* wakes begun; the last one that found no room */
+static uint64_t g_need[GR_MAX_DEV];          /* per device: what a restore needs back */
+static char g_uuid[GR_MAX_DEV][64];
+static int g_ndev_used;
+static _Atomic uint64_t g_sleeps, g_wakes;
+static _Atomic uint64_t g_idle_since_ms; /* idle watch: when the probe was armed */
+static _Atomic int g_ipc_exported;       /* cuIpcGetMemHandle succeeded once */
+static _Atomic long g_ipc_opened;        /* other processes' memory mapped now */
+
+void gr_sleep_note_ipc(int exported, int opened) {
+  if (exported)
+    atomic_store_explicit(&g_ipc_exported, 1, memory_order_relaxed);
+  if (opened)
+    atomic_fetch_add_explicit(&g_ipc_opened, opened, memory_order_relaxed);
+}
+
+static void set_state(int st) {
+  g_state = st;
+  atomic_store_explicit(&g_state_pub, st, memory_order_release);
+  pthread_cond_broadcast(&g_cv);
+}
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- the driver's checkpoint API and NVML ---- */
+
+typedef CUresult (*ck_lock_t)(int, CUcheckpointLockArgs *);
+typedef CUresult (*ck_ckpt_t)(int, CUcheckpointCheckpointArgs *);
+typedef CUresult (*ck_restore_t)(int, CUcheckpointRestoreArgs *);
+typedef CUresult (*ck_unlock_t)(int, CUcheckpointUnlockArgs *);
+typedef struct {
+  unsigned long long total, free, used;
+} nvml_memory_t;
+
+static struct {
+  ck_lock_t lock;
+  ck_ckpt_t checkpoint;
+  ck_restore_t restore;
+  ck_unlock_t unlock;
+  int (*nvml_init)(void);
+  int (*nvml_by_uuid)(const char *, void **);
+  int (*nvml_memory)(void *, nvml_memory_t *);
+  bool nvml_ok;
+} A;
+static pthread_once_t g_resolve_once = PTHREAD_ONCE_INIT;
+
+static void resolve(void) {
+  *(void **)&A.lock = gr_real_driver("cuCheckpointProcessLock");
+  *(void **)&A.checkpoint = gr_real_driver("cuCheckpointProcessCheckpoint");
+  *(void **)&A.restore = gr_real_driver("cuCheckpointProcessRestore");
+  *(void **)&A.unlock = gr_real_driver("cuCheckpointProcessUnlock");
+  void *h = gr_real_libc()->dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (h) {
+    *(void **)&A.nvml_init = gr_real_libc()->dlsym(h, "nvmlInit_v2");
+    *(void **)&A.nvml_by_uuid = gr_real_libc()->dlsym(h, "nvmlDeviceGetHandleByUUID");
+    *(void **)&A.nvml_memory = gr_real_libc()->dlsym(h, "nvmlDeviceGetMemoryInfo");
+    A.nvml_ok = A.nvml_init && A.nvml_by_uuid && A.nvml_memory && A.nvml_init() == 0;
+  }
+}
+
+/* Free memory of the device with that UUID, by NVML; false when unknown. */
+static bool dev_free(const char *uuid, uint64_t *out) {
+  void *dev = NULL;
+  nvml_memory_t m;
+  if (!A.nvml_ok || A.nvml_by_uuid(uuid, &dev) != 0 || A.nvml_memory(dev, &m) != 0)
+    return false;
+  *out = m.free;
+  return true;
+}
+
+static const char *err_name(CUresult rc, char *buf, size_t len) {
+  const char *s = NULL;
+  if (gr_drv.cuGetErrorName && gr_drv.cuGetErrorName(rc, &s) == CUDA_SUCCESS && s)
+    return s;
+  snprintf(buf, len, "error %d", (int)rc);
+  return buf;
+}
+
+static uint64_t mem_available(void) {
+  char buf[4096];
+  int fd = open("/proc/meminfo", O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return UINT64_MAX;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  buf[n > 0 ? n : 0] = '\0';
+  const char *p = strstr(buf, "MemAvailable:");
+  return p ? strtoull(p + 13, NULL, 10) * 1024 : UINT64_MAX;
+}
+
+static void sync_ctx(uint16_t id, CUcontext ctx, int device, void *arg) {
+  (void)id;
+  (void)device;
+  (void)arg;
+  CUcontext popped;
+  if (gr_drv.cuCtxPushCurrent && gr_drv.cuCtxPushCurrent(ctx) == CUDA_SUCCESS) {
+    if (gr_drv.cuCtxSynchronize)
+      gr_drv.cuCtxSynchronize();
+    gr_drv.cuCtxPopCurrent(&popped);
+  }
+}
+
+/* ---- reports ---- */
+
+static void copy_out(gpureclaim_sleep_report_t *out, const gpureclaim_sleep_report_t *r) {
+  if (!out)
+    return;
+  size_t n = out->size < sizeof *r ? out->size : sizeof *r;
+  memcpy(out, r, n);
+  out->size = n;
+}
+
+void gr_sleep_report_json(jbuf_t *b, const gpureclaim_sleep_report_t *r) {
+  jb_obj(b);
+  jb_bool(b, "slept", r->slept);
+  static const char *const triggers[] = {"?", "api", "signal", "oom", "command", "scope", "idle", "call"};
+  jb_str(b, "trigger", r->trigger > 0 && (size_t)r->trigger < GR_ARRAY_LEN(triggers) ? triggers[r->trigger] : "?");
+  jb_u64(b, "released_bytes", r->released_bytes);
+  jb_u64(b, "moved_bytes", r->moved_bytes);
+  jb_u64(b, "left_bytes", r->left_bytes);
+  jb_u64(b, "host_available_bytes", r->host_available_bytes);
+  jb_u64(b, "device_freed_bytes", r->device_freed_bytes);
+  jb_f64(b, "ms", (double)r->duration_ns / 1e6);
+  jb_str(b, "reason", r->reason[0] ? r->reason : NULL);
+  jb_obj_end(b);
+}
+
+static const char *state_name(int st) {
+  return st == ST_ASLEEP ? "sleeping" : st == ST_WAKING ? "waking" : "awake";
+}
+
+void gr_sleep_json(jbuf_t *b) {
+  jb_key(b, "sleep");
+  jb_obj(b);
+  jb_str(b, "state", state_name(atomic_load_explicit(&g_state_pub, memory_order_acquire)));
+  jb_u64(b, "host_bytes", atomic_load_explicit(&g_host_bytes, memory_order_relaxed));
+  jb_u64(b, "sleeps", atomic_load_explicit(&g_sleeps, memory_order_relaxed));
+  jb_u64(b, "wakes", atomic_load_explicit(&g_wakes, memory_order_relaxed));
+  jb_bool(b, "available", gr_gate_enabled());
+  jb_obj_end(b);
+}
+
+static void log_event(const char *event, const gpureclaim_sleep_report_t *r, uint64_t bytes, double ms,
+                      const char *why) {
+  jbuf_t b;
+  jb_init(&b);
+  jb_obj(&b);
+  jb_str(&b, "event", event);
+  jb_i64(&b, "pid", getpid());
+  if (r) {
+    jb_key(&b, "report");
+    gr_sleep_report_json(&b, r);
+  } else {
+    jb_u64(&b, "bytes", bytes);
+    jb_f64(&b, "ms", ms);
+    jb_str(&b, "reason", why);
+  }
+  jb_obj_end(&b);
+  jb_raw(&b, "\n", 1);
+  gr_rep_event(&b);
+  jb_free(&b);
+  if (gr_opt()->status)
+    gr_rep_status_update();
+}
+
+/* ---- sleep ---- */
+
+/* Goes back to AWAKE after a refused sleep (the flag down first: calls waiting at gates go on). */
+static int refuse(gpureclaim_sleep_report_t *out, gpureclaim_sleep_report_t *r, uint64_t t0, int rc,
+                  const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static int refuse(gpureclaim_sleep_report_t *out, gpureclaim_sleep_report_t *r, uint64_t t0, int rc,
+                  const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(r->reason, sizeof r->reason, fmt, ap);
+  va_end(ap);
+  r->slept = 0;
+  r->duration_ns = now_ns() - t0;
+  atomic_store_explicit(&gr_gate_flag, GR_GATE_AWAKE, memory_order_release);
+  pthread_mutex_lock(&g_mu);
+  set_state(ST_AWAKE);
+  pthread_mutex_unlock(&g_mu);
+  gr_info("sleep refused: %s", r->reason);
+  log_event("sleep", r, 0, 0, NULL);
+  copy_out(out, r);
+  return rc;
+}
+
+int gr_sleep_run(int trigger, unsigned timeout_ms, gpureclaim_sleep_report_t *out) {
+  return gr_sleep_run_progress(trigger, timeout_ms, out, NULL, NULL);
+}
+
+int gr_sleep_run_progress(int trigger, unsigned timeout_ms, gpureclaim_sleep_report_t *out,
+                          gr_sleep_progress_fn progress, void *arg) {
+  gpureclaim_sleep_report_t r;
+  memset(&r, 0, sizeof r);
+  r.size = sizeof r;
+  r.trigger = trigger;
+  uint64_t t0 = now_ns();
+  pthread_mutex_lock(&g_mu);
+  while (g_state == ST_ENTERING || g_state == ST_WAKING)
+    pthread_cond_wait(&g_cv, &g_mu);
+  if (g_state == ST_ASLEEP) {
+    pthread_mutex_unlock(&g_mu);
+    r.slept = 1;
+    r.moved_bytes = atomic_load_explicit(&g_host_bytes, memory_order_relaxed);
+    snprintf(r.reason, sizeof r.reason, "already asleep");
+    copy_out(out, &r);
+    return -EALREADY;
+  }
+  set_state(ST_ENTERING);
+  pthread_mutex_unlock(&g_mu);
+  pthread_once(&g_resolve_once, resolve);
+
+  int rc = 0;
+  /* 1. the release: only memory in use has to move */
+  if (progress)
+    progress("release", 0, 0, arg);
+  gpureclaim_report_t rel = {.size = sizeof rel};
+  if (gr_rel_run(GPURECLAIM_CACHED | GPURECLAIM_ORPHANED, trigger == GPURECLAIM_TRIGGER_IDLE ?
+                 GPURECLAIM_TRIGGER_API : trigger, &rel) == 0)
+    r.released_bytes = rel.cached_bytes + rel.orphaned_bytes;
+
+  /* what is left on each device */
+  uint64_t need[GR_MAX_DEV] = {0}, total = 0;
+  int ndev = 0;
+  for (int d = 0; d < GR_MAX_DEV; d++) {
+    gpureclaim_stats_t s = {.size = sizeof s};
+    if (gr_stats_get(d, &s) != 0)
+      continue;
+    uint64_t n = s.live_bytes - s.pool_used_bytes + s.pool_reserved_bytes;
+    if (s.live_bytes < s.pool_used_bytes)
+      n = s.pool_reserved_bytes;
+    if (n || s.contexts) {
+      need[d] = n;
+      total += n;
+      ndev = d + 1;
+    }
+  }
+  r.left_bytes = total;
+
+  if (!gr_gate_enabled())
+    return refuse(out, &r, t0, -ENOTSUP, "GPURECLAIM_SLEEP=0 (or auto without the checkpoint API): "
+                                     "no gates, so a sleeping process could not wake on its next call");
+  if (!A.lock || !A.checkpoint || !A.restore || !A.unlock)
+    return refuse(out, &r, t0, -ENOTSUP, "the driver has no checkpoint API (driver 570 or later, "
+                                     "on x86-64); the release's memory stays given back");
+  if (atomic_load_explicit(&g_ipc_exported, memory_order_relaxed))
+    return refuse(out, &r, t0, -EBUSY, "the process exported device memory over IPC (cuIpcGetMemHandle): another "
+                                       "process may have it mapped; the release's memory stays given back");
+  if (atomic_load_explicit(&g_ipc_opened, memory_order_relaxed) > 0)
+    return refuse(out, &r, t0, -EBUSY, "the process has another process's device memory open over IPC "
+                                       "(cuIpcOpenMemHandle); the release's memory stays given back");
+  char uuid[GR_MAX_DEV][64];
+  memset(uuid, 0, sizeof uuid);
+  uint64_t free0[GR_MAX_DEV] = {0};
+  for (int d = 0; d < ndev; d++) {
+    uuid[d][0] = '\0';
+    if (!need[d] && !gr_reg_primary_id(d))
+      continue;
+    if (!gr_rep_gpu_uuid(d, uuid[d], sizeof uuid[d]) || !dev_free(uuid[d], &free0[d]))
+      return refuse(out, &r, t0, -ENOTSUP, "cannot read device %d's free memory through NVML "
+                                       "(libnvidia-ml.so.1), which a wake needs to check room before a restore", d);
+  }
+
+  /* 2. room on the host */
+  r.host_available_bytes = mem_available();
+  if (total > r.host_available_bytes) {
+    char a[32], b[32];
+    return refuse(out, &r, t0, -ENOSPC, "the host has %s available, %s would have to move",
+                                     gr_log_bytes(r.host_available_bytes, a, sizeof a),
+                                     gr_log_bytes(total, b, sizeof b));
+  }
+
+  /* 3. work in flight finishes */
+  gr_reg_foreach_ctx(sync_ctx, NULL);
+
+  /* 4. gates closed; releases that call the driver are waited for */
+  pthread_mutex_lock(&g_mu);
+  atomic_store(&gr_gate_flag, GR_GATE_SLEEP);
+  while (g_rel_active)
+    pthread_cond_wait(&g_cv, &g_mu);
+  pthread_mutex_unlock(&g_mu);
+  /* A thread that passed its gate just before the flag went up is about to enter the driver: give it the
+   * moment to get there, so that the lock waits for its call instead of holding it until the next wake. */
+  sched_yield();
+  nanosleep(&(struct timespec){0, 1000000}, NULL);
+
+  /* 5. lock and checkpoint (the driver moves everything in one call: no progress inside it) */
+  if (progress)
+    progress("moving", 0, total, arg);
+  CUcheckpointLockArgs la;
+  memset(&la, 0, sizeof la);
+  la.timeoutMs = timeout_ms ? timeout_ms : DEFAULT_LOCK_TIMEOUT_MS;
+  char eb[32];
+  CUresult cr = A.lock(getpid(), &la);
+  if (cr == CUDA_ERROR_NOT_READY || cr == CUDA_ERROR_TIMEOUT)
+    return refuse(out, &r, t0, -EBUSY, "a thread is inside a CUDA call that did not return within "
+                                     "%.1f s", la.timeoutMs / 1000.0);
+  if (cr != CUDA_SUCCESS)
+    return refuse(out, &r, t0, -ENOTSUP, "the driver refused to lock the process: %s",
+                                     err_name(cr, eb, sizeof eb));
+  cr = A.checkpoint(getpid(), NULL);
+  if (cr != CUDA_SUCCESS) {
+    A.unlock(getpid(), NULL);
+    return refuse(out, &r, t0, -ENOTSUP, "the driver refused the checkpoint: %s (MIG, managed "
+                                     "memory, memory shared over IPC or a graph being captured can cause it); "
+                                     "the release's memory stays given back", err_name(cr, eb, sizeof eb));
+  }
+  uint64_t freed = 0;
+  for (int d = 0; d < ndev; d++) {
+    uint64_t f1 = 0;
+    uint64_t gained = uuid[d][0] && dev_free(uuid[d], &f1) && f1 > free0[d] ? f1 - free0[d] : 0;
+    freed += gained;
+    need[d] = gained > need[d] ? gained : need[d];
+  }
+  pthread_mutex_lock(&g_mu);
+  memcpy(g_need, need, sizeof g_need);
+  memcpy(g_uuid, uuid, sizeof g_uuid);
+  g_ndev_used = ndev;
+  atomic_store_explicit(&g_host_bytes, total, memory_order_relaxed);
+  set_state(ST_ASLEEP);
+  pthread_mutex_unlock(&g_mu);
+  atomic_fetch_add_explicit(&g_sleeps, 1, memory_order_relaxed);
+  if (progress)
+    progress("moved", total, total, arg);
+  r.slept = 1;
+  r.moved_bytes = total;
+  r.left_bytes = 0;
+  r.device_freed_bytes = freed;
+  r.duration_ns = now_ns() - t0;
+  char mb[32];
+  gr_info("asleep: %s moved to host memory in %.1f ms (%s released first)", gr_log_bytes(total, mb, sizeof mb),
+          (double)r.duration_ns / 1e6, gr_log_bytes(r.released_bytes, eb, sizeof eb));
+  log_event("sleep", &r, 0, 0, NULL);
+  copy_out(out, &r);
+  return rc;
+}
+
+/* ---- wake ---- */
+
+/* Whether every device has room for what it gave. */
+static bool room(const uint64_t *need, char uuid[][64], int ndev, int *short_dev) {
+  for (int d = 0; d < ndev; d++) {
+    uint64_t f = 0;
+    if (!need[d])
+      continue;
+    if (!dev_free(uuid[d], &f) || f < need[d]) {
+      *short_dev = d;
+      return false;
+    }
+  }
+  return true;
+}
+
+int gr_sleep_wake(int trigger) {
+  pthread_mutex_lock(&g_mu);
+  uint64_t seen = 0; /* a wake attempt this call waited for, 0 for none */
+  for (;;) {
+    if (g_state == ST_AWAKE) {
+      pthread_mutex_unlock(&g_mu);
+      return 0;
+    }
+    if (g_state == ST_ASLEEP)
+      break;
+    if (g_state == ST_WAKING) {
+      seen = g_attempt; /* the attempt under way: its outcome is ours */
+    }
+    pthread_cond_wait(&g_cv, &g_mu);
+    if (g_state == ST_ASLEEP && seen && g_failed_attempt >= seen) {
+      pthread_mutex_unlock(&g_mu);
+      return -ENOMEM; /* the wake we waited for found no room: this call fails too, the next one tries again */
+    }
+  }
+  uint64_t attempt = ++g_attempt;
+  set_state(ST_WAKING);
+  uint64_t need[GR_MAX_DEV];
+  char uuid[GR_MAX_DEV][64];
+  memcpy(need, g_need, sizeof need);
+  memcpy(uuid, g_uuid, sizeof uuid);
+  int ndev = g_ndev_used;
+  pthread_mutex_unlock(&g_mu);
+
+  uint64_t t0 = now_ns(), deadline = t0 + (uint64_t)gr_opt()->wake_timeout * 1000000000u;
+  int short_dev = -1;
+  bool ok;
+  bool asked[GR_MAX_DEV] = {false};
+  while (!(ok = room(need, uuid, ndev, &short_dev)) && now_ns() < deadline) {
+    /* Short on a GPU: its other gpureclaim processes are asked once per wake for the shortfall (peer reclaim,
+     * GPURECLAIM_PEERS, bounded by GPURECLAIM_PEER_TIMEOUT); then the wake waits for memory to appear. */
+    uint64_t f = 0;
+    gr_peer_op_t op;
+    if (!asked[short_dev] && dev_free(uuid[short_dev], &f) && f < need[short_dev] &&
+        gr_peer_begin(&op, need[short_dev] - f, short_dev)) {
+      asked[short_dev] = true;
+      if (!op.waited) /* another peer reclaim of this GPU ran meanwhile: look at the room first */
+        gr_peer_ask(&op);
+      int again = -1;
+      gr_peer_end(&op, room(need, uuid, ndev, &again));
+      continue;
+    }
+    asked[short_dev] = true;
+    nanosleep(&(struct timespec){0, 20000000}, NULL);
+  }
+  CUresult cr = CUDA_SUCCESS;
+  if (ok) {
+    cr = A.restore(getpid(), NULL);
+    if (cr == CUDA_SUCCESS)
+      cr = A.unlock(getpid(), NULL);
+  }
+  uint64_t host = atomic_load_explicit(&g_host_bytes, memory_order_relaxed);
+  double ms = (double)(now_ns() - t0) / 1e6;
+  if (!ok || cr != CUDA_SUCCESS) {
+    char why[160], eb[32], nb[32];
+    if (!ok)
+      snprintf(why, sizeof why, "no room on device %d for %s within %u s: the process stays asleep", short_dev,
+               gr_log_bytes(need[short_dev], nb, sizeof nb), gr_opt()->wake_timeout);
+    else
+      snprintf(why, sizeof why, "the driver refused the restore: %s", err_name(cr, eb, sizeof eb));
+    pthread_mutex_lock(&g_mu);
+    g_failed_attempt = attempt;
+    set_state(ST_ASLEEP);
+    pthread_mutex_unlock(&g_mu);
+    gr_warn("wake failed: %s", why);
+    log_event("wake-failed", NULL, host, ms, why);
+    return ok ? -EIO : -ENOMEM;
+  }
+  atomic_store(&gr_gate_flag, GR_GATE_AWAKE);
+  pthread_mutex_lock(&g_mu);
+  atomic_store_explicit(&g_host_bytes, 0, memory_order_relaxed);
+  set_state(ST_AWAKE);
+  pthread_mutex_unlock(&g_mu);
+  atomic_fetch_add_explicit(&g_wakes, 1, memory_order_relaxed);
+  atomic_store_explicit(&g_idle_since_ms, 0, memory_order_relaxed);
+  char hb[32];
+  static const char *const by[] = {"?", "the API", "the signal", "?", "the gpureclaim command", "?", "?",
+                                   "a CUDA call"};
+  gr_info("awake: %s back on the device in %.1f ms, woken by %s", gr_log_bytes(host, hb, sizeof hb), ms,
+          trigger >= 0 && (size_t)trigger < GR_ARRAY_LEN(by) ? by[trigger] : "?");
+  log_event("wake", NULL, host, ms, NULL);
+  return 0;
+}
+
+/* ---- what others ask ---- */
+
+CUresult gr_sleep_gate_slow(void) {
+  unsigned char f = atomic_load_explicit(&gr_gate_flag, memory_order_acquire);
+  if (f == GR_GATE_AWAKE)
+    return CUDA_SUCCESS;
+  if (f == GR_GATE_PROBE) { /* the idle watch: a call happened */
+    unsigned char p = GR_GATE_PROBE;
+    atomic_compare_exchange_strong(&gr_gate_flag, &p, GR_GATE_AWAKE);
+    atomic_store_explicit(&g_idle_since_ms, 0, memory_order_relaxed);
+    return CUDA_SUCCESS;
+  }
+  int saved = errno;
+  int rc = gr_sleep_wake(GPURECLAIM_TRIGGER_CALL);
+  errno = saved;
+  return rc == 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+int gr_sleep_state_now(uint64_t *host_bytes) {
+  if (host_bytes)
+    *host_bytes = atomic_load_explicit(&g_host_bytes, memory_order_relaxed);
+  int st = atomic_load_explicit(&g_state_pub, memory_order_acquire);
+  return st == ST_ASLEEP ? GPURECLAIM_STATE_SLEEPING : st == ST_WAKING ? GPURECLAIM_STATE_WAKING
+                                                                       : GPURECLAIM_STATE_AWAKE;
+}
+
+bool gr_sleep_driver_off(void) {
+  return atomic_load_explicit(&gr_gate_flag, memory_order_acquire) == GR_GATE_SLEEP;
+}
+
+bool gr_sleep_release_begin(void) {
+  pthread_mutex_lock(&g_mu);
+  bool ok = atomic_load(&gr_gate_flag) != GR_GATE_SLEEP;
+  if (ok)
+    g_rel_active++;
+  pthread_mutex_unlock(&g_mu);
+  return ok;
+}
+
+void gr_sleep_release_end(void) {
+  pthread_mutex_lock(&g_mu);
+  if (--g_rel_active == 0)
+    pthread_cond_broadcast(&g_cv);
+  pthread_mutex_unlock(&g_mu);
+}
+
+/* The idle watch, on the worker's tick: arms the probe (the first gated call clears it); once it stayed armed
+ * GPURECLAIM_SLEEP_IDLE seconds, no thread made a call gpureclaim saw for that long, and the process sleeps.
+ * With GPURECLAIM_PEERS naming sleep the probe is armed too, for gr_sleep_idle_for_peer(). */
+int gr_sleep_idle_tick(void) {
+  unsigned idle = gr_opt()->sleep_idle;
+  bool peer_sleep = (gr_opt()->peers & GR_PEERS_SLEEP) != 0;
+  if ((!idle && !peer_sleep) || !gr_gate_enabled())
+    return 2000;
+  if (atomic_load_explicit(&g_state_pub, memory_order_acquire) != ST_AWAKE)
+    return 1000;
+  uint64_t now = gr_core_now_ms(), since = atomic_load_explicit(&g_idle_since_ms, memory_order_relaxed);
+  unsigned char awake = GR_GATE_AWAKE;
+  if (!since || atomic_load(&gr_gate_flag) != GR_GATE_PROBE) {
+    if (atomic_compare_exchange_strong(&gr_gate_flag, &awake, GR_GATE_PROBE))
+      atomic_store_explicit(&g_idle_since_ms, now, memory_order_relaxed);
+    return 1000;
+  }
+  if (!idle)
+    return 1000; /* armed for peers only: this process does not sleep by itself */
+  if (now - since < (uint64_t)idle * 1000)
+    return (int)((uint64_t)idle * 1000 - (now - since) < 1000 ? (uint64_t)idle * 1000 - (now - since) : 1000);
+  unsigned char probe = GR_GATE_PROBE;
+  if (!atomic_compare_exchange_strong(&gr_gate_flag, &probe, GR_GATE_AWAKE))
+    return 1000; /* a call came just now */
+  atomic_store_explicit(&g_idle_since_ms, 0, memory_order_relaxed);
+  gpureclaim_sleep_report_t r = {.size = sizeof r};
+  gr_info("no CUDA call for %u s: going to sleep (GPURECLAIM_SLEEP_IDLE)", idle);
+  gr_sleep_run(GPURECLAIM_TRIGGER_IDLE, 0, &r);
+  return 1000;
+}
+
+bool gr_sleep_idle_for_peer(void) {
+  if (!gr_gate_enabled() || atomic_load_explicit(&g_state_pub, memory_order_acquire) != ST_AWAKE ||
+      atomic_load(&gr_gate_flag) != GR_GATE_PROBE)
+    return false;
+  uint64_t since = atomic_load_explicit(&g_idle_since_ms, memory_order_relaxed);
+  return since && gr_core_now_ms() - since >= 1000;
+}
+
+void gr_sleep_atfork_child(void) {
+  /* The child has none of the parent's CUDA state to wake: it starts awake, gates open. */
+  pthread_mutex_init(&g_mu, NULL);
+  pthread_cond_init(&g_cv, NULL);
+  atomic_store(&gr_gate_flag, GR_GATE_AWAKE);
+  g_state = ST_AWAKE;
+  atomic_store(&g_state_pub, ST_AWAKE);
+  atomic_store(&g_host_bytes, 0);
+  g_rel_active = 0;
+  atomic_store(&g_idle_since_ms, 0);
+  atomic_store(&g_ipc_exported, 0); /* the child's own CUDA use starts over */
+  atomic_store(&g_ipc_opened, 0);
+}
+
+/* ---- the public functions ---- */
+
+GR_EXPORT int gpureclaim_sleep(gpureclaim_sleep_report_t *out) {
+  if (out && out->size < offsetof(gpureclaim_sleep_report_t, trigger) + sizeof(int))
+    return -EINVAL;
+  if (gr_core_disabled() || atomic_load_explicit(&gr_core_state, memory_order_acquire) != 1)
+    return -ENOTSUP;
+  if (gr_tls.hook_depth)
+    return -EDEADLK;
+  return gr_sleep_run(GPURECLAIM_TRIGGER_API, 0, out);
+}
+
+GR_EXPORT int gpureclaim_wake(void) {
+  if (gr_core_disabled())
+    return -ENOTSUP;
+  return gr_sleep_wake(GPURECLAIM_TRIGGER_API);
+}
+
+GR_EXPORT int gpureclaim_sleep_state(uint64_t *host_bytes) { return gr_sleep_state_now(host_bytes); }

@@ -1,0 +1,376 @@
+/* Sleep and wake (sleep.c, gate.c) on the simulator, through the runtime route (the simulated libcudart reaches
+ * the driver through cuGetProcAddress only, as the real CUDA 13 runtime does): a process holding live, cached
+ * and orphaned memory sleeps, the device holds nothing of it, and the first CUDA call of any kind (an
+ * allocation, a memcpy, a kernel launch) wakes it with its contents unchanged. The simulated driver aborts on
+ * any call that reaches it while the process is checkpointed, so a call that slipped past a gate fails the test.
+ */
+#include "harness.h"
+
+#include <criterion/criterion.h>
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define RT_OK(call) cr_assert_eq((call), cudaSuccess, "%s", #call)
+#define MiB (1024ull * 1024)
+#define GiB (1024ull * MiB)
+
+typedef struct {
+  unsigned long long total, free, used;
+} nvml_mem_t;
+
+/* The device's free memory as NVML reports it (no context needed: also while the process sleeps). */
+static uint64_t nvml_free(int dev) {
+  void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+  cr_assert_not_null(h);
+  int (*by_uuid)(const char *, void **) = (int (*)(const char *, void **))dlsym(h, "nvmlDeviceGetHandleByUUID");
+  int (*info)(void *, nvml_mem_t *) = (int (*)(void *, nvml_mem_t *))dlsym(h, "nvmlDeviceGetMemoryInfo");
+  int (*init)(void) = (int (*)(void))dlsym(h, "nvmlInit_v2");
+  cr_assert(by_uuid && info && init && init() == 0);
+  static char uuid[8][64];
+  if (!uuid[dev][0]) { /* read once, while awake */
+    CUuuid u;
+    cr_assert_eq(cuDeviceGetUuid(&u, dev), CUDA_SUCCESS);
+    const unsigned char *x = (const unsigned char *)u.bytes;
+    snprintf(uuid[dev], sizeof uuid[dev], "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+             x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7], x[8], x[9], x[10], x[11], x[12], x[13], x[14], x[15]);
+  }
+  void *d;
+  nvml_mem_t m;
+  cr_assert_eq(by_uuid(uuid[dev], &d), 0);
+  cr_assert_eq(info(d, &m), 0);
+  return m.free;
+}
+
+static int state(uint64_t *host) { return gpureclaim_sleep_state(host); }
+
+static unsigned char *pattern(size_t n, unsigned seed) {
+  unsigned char *p = malloc(n);
+  cr_assert_not_null(p);
+  for (size_t i = 0; i < n; i++)
+    p[i] = (unsigned char)(i * 131 + seed);
+  return p;
+}
+
+/* Live 64 MiB with a pattern, 8 MiB cached in the default pool, 4 MiB orphaned. */
+static void *hold(unsigned char **pat) {
+  void *live;
+  RT_OK(cudaMalloc(&live, 64 * MiB));
+  *pat = pattern(64 * MiB, 7);
+  RT_OK(cudaMemcpy(live, *pat, 64 * MiB, cudaMemcpyHostToDevice));
+  cudaMemPool_t pool;
+  RT_OK(cudaDeviceGetDefaultMemPool(&pool, 0));
+  uint64_t keep = UINT64_MAX;
+  RT_OK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+  void *c;
+  RT_OK(cudaMallocAsync(&c, 8 * MiB, NULL));
+  RT_OK(cudaFreeAsync(c, NULL));
+  RT_OK(cudaDeviceSynchronize());
+  uint64_t s = gpureclaim_scope_begin();
+  cr_assert_neq(s, 0);
+  void *o;
+  RT_OK(cudaMalloc(&o, 4 * MiB));
+  cr_assert_eq(gpureclaim_scope_end(s, 0), 0);
+  return live;
+}
+
+static void check(void *live, const unsigned char *pat) {
+  unsigned char *back = malloc(64 * MiB);
+  RT_OK(cudaMemcpy(back, live, 64 * MiB, cudaMemcpyDeviceToHost));
+  cr_assert(memcmp(back, pat, 64 * MiB) == 0, "contents identical after the wake");
+  free(back);
+}
+
+static gpureclaim_sleep_report_t sleep_ok(void) {
+  gpureclaim_sleep_report_t r = {.size = sizeof r};
+  int rc = gpureclaim_sleep(&r);
+  cr_assert_eq(rc, 0, "gpureclaim_sleep -> %d: %s", rc, r.reason);
+  cr_assert_eq(r.size, sizeof r);
+  cr_assert_eq(r.slept, 1);
+  cr_assert_eq(r.reason[0], '\0');
+  return r;
+}
+
+Test(sleep, live_cached_orphaned_sleep_and_wake_by_memcpy) {
+  RT_OK(cudaSetDevice(0));
+  void *probe;
+  RT_OK(cudaMalloc(&probe, 512)); /* the context exists; what follows is what the process holds */
+  RT_OK(cudaFree(probe));
+  uint64_t empty = nvml_free(0);
+  unsigned char *pat;
+  void *live = hold(&pat);
+  cr_assert_lt(nvml_free(0), empty - 76 * MiB + 1, "the device holds the process's 76 MiB");
+  gpureclaim_sleep_report_t r = sleep_ok();
+  cr_assert_geq(r.released_bytes, 12 * MiB, "cached and orphaned memory released first: %llu",
+                (unsigned long long)r.released_bytes);
+  cr_assert_geq(r.moved_bytes, 64 * MiB);
+  cr_assert_lt(r.moved_bytes, 76 * MiB, "only live memory moves: %llu", (unsigned long long)r.moved_bytes);
+  cr_assert_eq(r.left_bytes, 0);
+  cr_assert_gt(r.duration_ns, 0);
+  uint64_t host = 0;
+  cr_assert_eq(state(&host), GPURECLAIM_STATE_SLEEPING);
+  cr_assert_eq(host, r.moved_bytes);
+  cr_assert_eq(nvml_free(0), 80 * GiB, "the device holds nothing of the process while it sleeps");
+  cr_assert_geq(nvml_free(0), empty, "free memory back to where it was before the process held anything");
+  gpureclaim_sleep_report_t again = {.size = sizeof again};
+  cr_assert_eq(gpureclaim_sleep(&again), -EALREADY);
+  check(live, pat); /* the memcpy wakes it */
+  cr_assert_eq(state(&host), GPURECLAIM_STATE_AWAKE);
+  cr_assert_eq(host, 0);
+  free(pat);
+}
+
+static void add_one(void **args) {
+  unsigned char *p = *(unsigned char **)args[0];
+  size_t n = *(size_t *)args[1];
+  for (size_t i = 0; i < n; i++)
+    p[i]++;
+}
+
+Test(sleep, wake_by_kernel_launch_and_by_allocation) {
+  unsigned char *pat;
+  RT_OK(cudaSetDevice(0));
+  void *live = hold(&pat);
+  sleep_ok();
+  size_t n = 64 * MiB;
+  void *args[] = {&live, &n};
+  RT_OK(cudaLaunchKernel((const void *)add_one, (dim3){1, 1, 1}, (dim3){1, 1, 1}, args, 0, NULL));
+  cr_assert_eq(state(NULL), GPURECLAIM_STATE_AWAKE);
+  for (size_t i = 0; i < n; i++)
+    pat[i]++;
+  check(live, pat);
+  sleep_ok();
+  void *more;
+  RT_OK(cudaMalloc(&more, 1 * MiB)); /* an allocation wakes it */
+  cr_assert_eq(state(NULL), GPURECLAIM_STATE_AWAKE);
+  check(live, pat);
+  free(pat);
+}
+
+Test(sleep, wake_without_room_stays_asleep_and_intact) {
+  setenv("GPURECLAIM_WAKE_TIMEOUT", "1", 1);
+  unsigned char *pat;
+  RT_OK(cudaSetDevice(0));
+  void *live = hold(&pat);
+  sleep_ok();
+  simcuda_set_capacity(0, 16 * MiB); /* another process took the device */
+  cr_assert_eq(cudaMemcpy(pat, live, 16, cudaMemcpyDeviceToHost), cudaErrorMemoryAllocation,
+               "the call waiting for the wake fails with out-of-memory");
+  cr_assert_eq(state(NULL), GPURECLAIM_STATE_SLEEPING, "and the process stays asleep");
+  cr_assert_eq(gpureclaim_wake(), -ENOMEM);
+  cr_assert_eq(state(NULL), GPURECLAIM_STATE_SLEEPING);
+  simcuda_set_capacity(0, 80 * GiB); /* room again: the next call wakes it */
+  check(live, pat);
+  free(pat);
+}
+
+Test(sleep, explicit_wake) {
+  unsigned char *pat;
+  RT_OK(cudaSetDevice(0));
+  void *live = hold(&pat);
+  sleep_ok();
+  cr_assert_eq(gpureclaim_wake(), 0);
+  cr_assert_eq(state(NULL), GPURECLAIM_STATE_AWAKE);
+  cr_assert_eq(gpureclaim_wake(), 0, "waking an awake process is a no-op");
+  check(live, pat);
+  free(pat);
+}
+
+Test(sleep, refused_when_the_host_lacks_room) {
+  setenv("SIMCUDA_DEVICE_MEM", "8T", 1);
+  RT_OK(cudaSetDevice(0));
+  FILE *f = fopen("/proc/meminfo", "r");
+  cr_assert_not_null(f);
+  char line[256];
+  unsigned long long avail_kb = 0;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "MemAvailable: %llu kB", &avail_kb) == 1)
+      break;
+  fclose(f);
+  cr_assert_gt(avail_kb, 0);
+  void *big; /* untouched: the simulator commits no page of it, but a sleep would have to move all of it */
+  RT_OK(cudaMalloc(&big, (size_t)avail_kb * 1024 * 2));
+  gpureclaim_sleep_report_t r = {.size = sizeof r};
+  cr_assert_eq(gpureclaim_sleep(&r), -ENOSPC);
+  cr_assert_eq(r.slept, 0);
+  cr_assert_not_null(strstr(r.reason, "available"), "%s", r.reason);
+  cr_assert_eq(state(NULL), GPURECLAIM_STATE_AWAKE);
+  void *p;
+  RT_OK(cudaMalloc(&p, 4096)); /* goes on as before */
+}
+
+/* A thread stuck inside a CUDA call: the lock cannot be had within the timeout, and the sleep is refused. */
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
+static int g_inside, g_go;
+static void stall(void *arg) {
+  (void)arg;
+  pthread_mutex_lock(&g_mu);
+  g_inside = 1;
+  pthread_cond_broadcast(&g_cv);
+  while (!g_go)
+    pthread_cond_wait(&g_cv, &g_mu);
+  pthread_mutex_unlock(&g_mu);
+}
+static void *stuck(void *arg) {
+  cudaMemset(arg, 1, 4096);
+  return NULL;
+}
+
+Test(sleep, refused_while_a_thread_is_stuck_in_a_call) {
+  void *p;
+  RT_OK(cudaSetDevice(0));
+  RT_OK(cudaMalloc(&p, 4096));
+  cr_assert_eq(simcuda_on_return("cuMemsetD8_v2", stall, NULL), 0);
+  pthread_t th;
+  pthread_create(&th, NULL, stuck, p);
+  pthread_mutex_lock(&g_mu);
+  while (!g_inside)
+    pthread_cond_wait(&g_cv, &g_mu);
+  pthread_mutex_unlock(&g_mu);
+  gpureclaim_sleep_report_t r = {.size = sizeof r};
+  cr_assert_eq(gpureclaim_sleep(&r), -EBUSY);
+  cr_assert_not_null(strstr(r.reason, "inside a CUDA call"), "%s", r.reason);
+  cr_assert_eq(state(NULL), GPURECLAIM_STATE_AWAKE);
+  pthread_mutex_lock(&g_mu);
+  g_go = 1;
+  pthread_cond_broadcast(&g_cv);
+  pthread_mutex_unlock(&g_mu);
+  pthread_join(th, NULL);
+  RT_OK(cudaMemset(p, 2, 4096));
+  sleep_ok(); /* once the call returned, the sleep works */
+  RT_OK(cudaMemset(p, 3, 4096));
+}
+
+/* Threads calling CUDA and releasing while other sleeps and wakes come and go: every call either runs awake
+ * or wakes the process first (the simulator aborts on one that reaches it while checkpointed). */
+static _Atomic int g_stop;
+static void *worker_calls(void *arg) {
+  unsigned char buf[256];
+  while (!atomic_load(&g_stop)) {
+    if (cudaMemcpy(buf, arg, sizeof buf, cudaMemcpyDeviceToHost) != cudaSuccess)
+      return (void *)1;
+  }
+  return NULL;
+}
+static void *worker_releases(void *arg) {
+  (void)arg;
+  while (!atomic_load(&g_stop)) {
+    gpureclaim_report_t r = {.size = sizeof r};
+    int rc = gpureclaim_release(GPURECLAIM_CACHED | GPURECLAIM_ORPHANED, &r);
+    if (rc != 0)
+      return (void *)2;
+  }
+  return NULL;
+}
+
+Test(sleep, races_with_calls_and_releases) {
+  unsigned char *pat;
+  RT_OK(cudaSetDevice(0));
+  void *live = hold(&pat);
+  pthread_t a, b;
+  pthread_create(&a, NULL, worker_calls, live);
+  pthread_create(&b, NULL, worker_releases, NULL);
+  int slept = 0;
+  for (int i = 0; i < 40; i++) {
+    gpureclaim_sleep_report_t r = {.size = sizeof r};
+    int rc = gpureclaim_sleep(&r);
+    cr_assert(rc == 0 || rc == -EBUSY || rc == -EALREADY, "sleep -> %d: %s", rc, r.reason); /* -EALREADY: no call woke it yet */
+    slept += rc == 0;
+    if (i % 2)
+      cr_assert_eq(gpureclaim_wake(), 0);
+  }
+  atomic_store(&g_stop, 1);
+  void *ra, *rb;
+  pthread_join(a, &ra);
+  pthread_join(b, &rb);
+  cr_assert_null(ra, "a memcpy failed");
+  cr_assert_null(rb, "a release failed");
+  cr_assert_gt(slept, 0, "some of the sleeps happened");
+  check(live, pat);
+  free(pat);
+}
+
+Test(sleep, on_signal_sleep) {
+  setenv("GPURECLAIM_ON_SIGNAL", "sleep", 1);
+  unsigned char *pat;
+  RT_OK(cudaSetDevice(0));
+  void *live = hold(&pat);
+  kill(getpid(), SIGUSR1);
+  for (int i = 0; i < 3000 && state(NULL) != GPURECLAIM_STATE_SLEEPING; i++)
+    nanosleep(&(struct timespec){0, 10000000}, NULL);
+  cr_assert_eq(state(NULL), GPURECLAIM_STATE_SLEEPING, "the signal put the process to sleep");
+  check(live, pat);
+  free(pat);
+}
+
+Test(sleep, fork_while_asleep) {
+  unsigned char *pat;
+  RT_OK(cudaSetDevice(0));
+  void *live = hold(&pat);
+  sleep_ok();
+  pid_t pid = fork();
+  if (pid == 0) /* the child has none of the parent's CUDA state: it starts awake */
+    _exit(gpureclaim_sleep_state(NULL) == GPURECLAIM_STATE_AWAKE ? 0 : 1);
+  int st;
+  cr_assert_eq(waitpid(pid, &st, 0), pid);
+  cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child status %#x", st);
+  cr_assert_eq(state(NULL), GPURECLAIM_STATE_SLEEPING, "the parent still sleeps");
+  check(live, pat);
+  free(pat);
+}
+
+Test(sleep, idle_sleep) {
+  setenv("GPURECLAIM_SLEEP_IDLE", "1", 1);
+  unsigned char *pat;
+  RT_OK(cudaSetDevice(0));
+  void *live = hold(&pat);
+  for (int i = 0; i < 3000 && state(NULL) != GPURECLAIM_STATE_SLEEPING; i++)
+    nanosleep(&(struct timespec){0, 10000000}, NULL);
+  cr_assert_eq(state(NULL), GPURECLAIM_STATE_SLEEPING, "no CUDA call for a second: asleep");
+  check(live, pat);
+  cr_assert_eq(state(NULL), GPURECLAIM_STATE_AWAKE);
+  free(pat);
+}
+
+Test(sleep, off_when_gates_are_off) {
+  setenv("GPURECLAIM_SLEEP", "0", 1);
+  RT_OK(cudaSetDevice(0));
+  void *p;
+  RT_OK(cudaMalloc(&p, 4096));
+  gpureclaim_sleep_report_t r = {.size = sizeof r};
+  cr_assert_eq(gpureclaim_sleep(&r), -ENOTSUP);
+  cr_assert_not_null(strstr(r.reason, "GPURECLAIM_SLEEP=0"), "%s", r.reason);
+  cr_assert_eq(state(NULL), GPURECLAIM_STATE_AWAKE);
+  RT_OK(cudaFree(p));
+}
+
+Test(sleep, refused_once_memory_was_shared_over_ipc) {
+  void *p;
+  RT_OK(cudaSetDevice(0));
+  RT_OK(cudaMalloc(&p, 1 * MiB));
+  gpureclaim_sleep_report_t r = {.size = sizeof r};
+  cr_assert_eq(gpureclaim_sleep(&r), 0, "%s", r.reason);
+  cr_assert_eq(gpureclaim_wake(), 0);
+  /* Through cuGetProcAddress, as the runtime's cudaIpcGetMemHandle reaches it. */
+  CUresult (*get)(CUipcMemHandle *, CUdeviceptr) = NULL;
+  CUdriverProcAddressQueryResult q;
+  cr_assert_eq(cuGetProcAddress_v2("cuIpcGetMemHandle", (void **)&get, 13000, 0, &q), CUDA_SUCCESS);
+  CUipcMemHandle h;
+  cr_assert_eq(get(&h, (CUdeviceptr)(uintptr_t)p), CUDA_SUCCESS);
+  r = (gpureclaim_sleep_report_t){.size = sizeof r};
+  cr_assert_eq(gpureclaim_sleep(&r), -EBUSY);
+  cr_assert_not_null(strstr(r.reason, "IPC"), "%s", r.reason);
+  cr_assert_eq(r.slept, 0);
+  cr_assert_eq(state(NULL), GPURECLAIM_STATE_AWAKE);
+  RT_OK(cudaFree(p));
+}

@@ -1,0 +1,207 @@
+/*
+ * cmd_sleep.c -- `gpureclaim sleep PID [--timeout S] [--json]` and `gpureclaim wake PID [--timeout S] [--json]`:
+ * put a process to sleep (all of its device memory goes to host memory; the process carries on unchanged when
+ * it is needed again) or wake it now. Over the process's control socket (docs/PROTOCOL.md: `sleep MS`, `wake`);
+ * the answer's progress lines are shown on a terminal (standard error) as bytes moved of the total.
+ */
+#include "command.h"
+#include "common.h"
+#include "options.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char g_sleep_help[] =
+    "usage: gpureclaim sleep PID [-t S] [-j]      (--timeout --json)\n"
+    "  Gives back all of the process's device memory, live memory included: a release of cached and orphaned\n"
+    "  memory first, then the rest moves to host memory (the driver's checkpoint API, driver 570 or later).\n"
+    "  The process carries on unchanged: its next CUDA call wakes it (or gpureclaim wake PID).\n"
+    "  -t, --timeout S   how long to wait for threads inside CUDA calls before refusing (default 10)\n"
+    "  -j, --json        the report as JSON\n";
+
+static const char g_wake_help[] =
+    "usage: gpureclaim wake PID [-t S] [-j]       (--timeout --json)\n"
+    "  Wakes a sleeping process now: its device memory comes back once the device has room (the process waits\n"
+    "  up to its GPURECLAIM_WAKE_TIMEOUT, and stays asleep and intact without room).\n"
+    "  -t, --timeout S   how long to wait for the answer (default 60)\n"
+    "  -j, --json        the answer as JSON\n";
+
+static double jnum(const jnode_t *o, const char *key, double dflt) {
+  const jnode_t *v = jget(o, key);
+  return v && v->type == JN_NUM ? v->num : dflt;
+}
+
+/* One request; progress lines shown as they come (on a terminal), the last line parsed and returned. */
+static jnode_t *exchange(const proc_t *p, const char *request, double timeout, const char **why) {
+  const char *sock = jstr(p->status, "socket", NULL);
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  if (!sock || strlen(sock) >= sizeof sa.sun_path) {
+    *why = "the process has no control socket";
+    return NULL;
+  }
+  strcpy(sa.sun_path, sock);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+    *why = strerror(errno);
+    if (fd >= 0)
+      close(fd);
+    return NULL;
+  }
+  char line[300];
+  snprintf(line, sizeof line, "%s\n", request);
+  if (write(fd, line, strlen(line)) < 0) {
+    *why = strerror(errno);
+    close(fd);
+    return NULL;
+  }
+  struct timespec deadline;
+  clock_gettime(CLOCK_MONOTONIC, &deadline);
+  deadline.tv_sec += (time_t)timeout + 1;
+  bool tty = isatty(STDERR_FILENO), shown = false;
+  char buf[65536];
+  size_t n = 0;
+  jnode_t *last = NULL;
+  *why = cmd_why_timed_out;
+  for (;;) {
+    struct pollfd pfd = {fd, POLLIN, 0};
+    int wait = gr_ms_until(&deadline);
+    int pr = wait ? poll(&pfd, 1, wait) : 0;
+    if (pr < 0 && errno == EINTR)
+      continue;
+    if (pr <= 0)
+      break;
+    ssize_t r = read(fd, buf + n, sizeof buf - 1 - n);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0) {
+      *why = last ? NULL : "it closed the connection without answering";
+      break;
+    }
+    n += (size_t)r;
+    buf[n] = '\0';
+    char *nl;
+    while ((nl = strchr(buf, '\n'))) {
+      *nl = '\0';
+      const char *perr = NULL;
+      jnode_t *j = jparse(buf, &perr);
+      size_t used = (size_t)(nl + 1 - buf);
+      memmove(buf, nl + 1, n - used + 1);
+      n -= used;
+      if (!j || j->type != JN_OBJ) {
+        if (j) {
+          jfree(j);
+          free(j);
+        }
+        continue;
+      }
+      const char *phase = jstr(j, "progress", NULL);
+      if (phase) {
+        if (tty) {
+          char d[32], t[32];
+          fprintf(stderr, "\r%-10s %s of %s   ", phase, cmd_bytes((uint64_t)jint(j, "done_bytes", 0), d, sizeof d),
+                  cmd_bytes((uint64_t)jint(j, "total_bytes", 0), t, sizeof t));
+          shown = true;
+        }
+        jfree(j);
+        free(j);
+        continue;
+      }
+      if (last) {
+        jfree(last);
+        free(last);
+      }
+      last = j;
+    }
+    if (n == sizeof buf - 1)
+      break;
+  }
+  if (shown)
+    fputc('\n', stderr);
+  close(fd);
+  if (last && *why == cmd_why_timed_out)
+    *why = NULL;
+  return last;
+}
+
+static int run(int argc, char **argv, bool sleeping) {
+  static const struct option longopts[] = {
+      {"timeout", required_argument, NULL, 't'}, {"json", no_argument, NULL, 'j'}, {"help", no_argument, NULL, 'h'},
+      {NULL, 0, NULL, 0}};
+  double timeout = sleeping ? 10 : 60;
+  bool json = false;
+  optind = 1;
+  int c;
+  while ((c = cmd_getopt(argc, argv, "t:jh", longopts)) != -1) {
+    if (c == -2)
+      return EX_USAGE;
+    if (c == 'h')
+      return cmd_help(sleeping ? g_sleep_help : g_wake_help);
+    if (c == 'j')
+      json = true;
+    if (c == 't' && !cmd_parse_seconds(optarg, &timeout))
+      return cmd_usage_error("bad --timeout: %s (expected seconds, 0 to 86400)", optarg);
+  }
+  if (optind != argc - 1)
+    return cmd_usage_error("%s", sleeping ? "sleep takes one PID" : "wake takes one PID");
+  pid_t pid;
+  if (!cmd_parse_pid(argv[optind], &pid))
+    return cmd_usage_error("not a process id: %s", argv[optind]);
+  proc_t p;
+  int rc = cmd_find(pid, &p);
+  if (rc)
+    return rc;
+  char req[64];
+  if (sleeping)
+    snprintf(req, sizeof req, "sleep %llu", (unsigned long long)(timeout * 1000));
+  const char *why = NULL;
+  /* A sleep also runs a release and copies the memory: the answer may take well past the lock's timeout. */
+  jnode_t *a = exchange(&p, sleeping ? req : "wake", sleeping ? timeout + 600 : timeout, &why);
+  rc = EX_FAILED;
+  if (!a) {
+    fprintf(stderr, "gpureclaim: %s %d: %s\n", sleeping ? "sleep" : "wake", (int)pid, why ? why : "no answer");
+  } else {
+    bool ok = jbool(a, "ok", false);
+    rc = ok ? EX_OK : EX_FAILED;
+    const jnode_t *r = jget(a, "report");
+    if (json) {
+      cmd_json_dump(stdout, a);
+      fputc('\n', stdout);
+    } else if (sleeping && r && ok) {
+      char m[32], rel[32], fr[32];
+      printf("%d: asleep: %s moved to host memory in %.0f ms (%s released first; the device gained %s)\n", (int)pid,
+             cmd_bytes((uint64_t)jint(r, "moved_bytes", 0), m, sizeof m), jnum(r, "ms", 0),
+             cmd_bytes((uint64_t)jint(r, "released_bytes", 0), rel, sizeof rel),
+             cmd_bytes((uint64_t)jint(r, "device_freed_bytes", 0), fr, sizeof fr));
+      if (jstr(r, "reason", NULL))
+        printf("%d: %s\n", (int)pid, jstr(r, "reason", ""));
+    } else if (sleeping) {
+      char rel[32], left[32];
+      fprintf(stderr, "gpureclaim: sleep %d: not asleep: %s\n", (int)pid, jstr(a, "error", "refused"));
+      if (r)
+        printf("%d: awake: %s released, %s left on the device\n", (int)pid,
+               cmd_bytes((uint64_t)jint(r, "released_bytes", 0), rel, sizeof rel),
+               cmd_bytes((uint64_t)jint(r, "left_bytes", 0), left, sizeof left));
+    } else if (ok) {
+      char b[32];
+      printf("%d: awake: %s back on the device in %.0f ms\n", (int)pid,
+             cmd_bytes((uint64_t)jint(a, "bytes", 0), b, sizeof b), jnum(a, "ms", 0));
+    } else {
+      fprintf(stderr, "gpureclaim: wake %d: %s\n", (int)pid, jstr(a, "error", "refused"));
+    }
+    jfree(a);
+    free(a);
+  }
+  cmd_free(&p);
+  return rc;
+}
+
+int cmd_sleep(int argc, char **argv) { return run(argc, argv, true); }
+int cmd_wake(int argc, char **argv) { return run(argc, argv, false); }
