@@ -277,7 +277,9 @@ class CommandTest(unittest.TestCase):
         while True:
             with open(path) as f:
                 st = json.load(f)
-            if st["peer"]["gpus"] or time.time() > deadline:
+            # the file is rewritten as the holder allocates: wait for what it holds at the end, not the first entry
+            gpus = st["peer"]["gpus"]
+            if (gpus and gpus[0]["held_bytes"] == 72 * MiB) or time.time() > deadline:
                 break
             time.sleep(0.05)
         peer = st["peer"]
