@@ -117,7 +117,8 @@ srunpid=$!
 pid=""
 for _ in $(seq 1 600); do
   # "waiting up to" comes once CUDA is up (status file and socket written) and model 1 is trained
-  pid="$(sed -n 's/^waiting up to .*gpureclaim release \([0-9]*\)`.*/\1/p' "$t/wait.out")"
+  # (the background step's redirection may not have created the file yet: that is no error under set -e)
+  pid="$(sed -n 's/^waiting up to .*gpureclaim release \([0-9]*\)`.*/\1/p' "$t/wait.out" 2>/dev/null || true)"
   [[ -n "$pid" && -f "$t/run/$pid.json" && -S "$t/run/$pid.sock" ]] && break
   sleep 0.05
 done

@@ -388,6 +388,10 @@ static struct {
   va_res_t *res;    /* address reservations */
   uint64_t va_base, va_size, va_reserved;
   simextmgr_t va_ext;
+  /* Pinned host memory comes from a window of its own: the same calls give the same addresses whatever else the
+   * process maps meanwhile (gpureclaim's own mappings included), and a freed address is handed out again by
+   * the window's allocator, not by the kernel's mmap placement. */
+  simextmgr_t host_ext;
   uint64_t vmm_seq;
   uint64_t *vmm_freed; /* handle values whose memory is gone, most recent last: reused first, as the driver does */
   size_t vmm_nfreed, vmm_capfreed;
@@ -545,11 +549,15 @@ static uint64_t capacity_for(int d, uint64_t env_cap) {
 #define ARENA_SPAN 0x6000000000ULL
 #define VA_HINT 0x7000000000ULL
 #define VA_SIZE 0x1000000000ULL
+#define HOST_HINT 0x800000000ULL
+#define HOST_SIZE 0x400000000ULL
 #else
 #define ARENA_HINT0 0x680000000000ULL
 #define ARENA_SPAN 0x80000000000ULL /* 8 TiB: 1 TiB per device */
 #define VA_HINT 0x700000000000ULL
 #define VA_SIZE 0x40000000000ULL
+#define HOST_HINT 0x660000000000ULL /* past ASan's allocator, below the device arenas */
+#define HOST_SIZE 0x1000000000ULL
 #endif
 
 static void *map_window(uint64_t hint, uint64_t *size, int prot, int *hinted) {
@@ -687,6 +695,10 @@ static CUresult setup_locked(void) {
   g.va_base = (uint64_t)(uintptr_t)va;
   g.va_size = vsz;
   if (simext_init(&g.va_ext, g.va_base, vsz) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  uint64_t hsz = HOST_SIZE;
+  int hh = 0;
+  void *host = map_window(HOST_HINT, &hsz, PROT_NONE, &hh);
+  if (!host || simext_init(&g.host_ext, (uint64_t)(uintptr_t)host, hsz) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
   g.ndev = n;
   return CUDA_SUCCESS;
 }
@@ -1089,16 +1101,27 @@ static struct CUmemPoolHandle_st *pool_lookup(CUmemoryPool h) {
 
 /* ------------------------------------------------------------------------------------------ host */
 
+/* Gives a host range back to its window: its pages go (contents discarded), the reservation stays. */
+static void host_unmap(uint64_t at, uint64_t len) {
+  mmap((void *)(uintptr_t)at, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+  simext_free(&g.host_ext, at, len);
+}
+
 static CUresult host_alloc_locked(struct CUctx_st *c, uint64_t bytes, void **out) {
   long pg = sysconf(_SC_PAGESIZE);
   uint64_t len = (bytes + (uint64_t)pg - 1) & ~((uint64_t)pg - 1);
   if (len < bytes) return CUDA_ERROR_OUT_OF_MEMORY;
-  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  uint64_t at = simext_alloc(&g.host_ext, len, (uint64_t)pg);
+  if (!at) return CUDA_ERROR_OUT_OF_MEMORY;
+  void *p = mmap((void *)(uintptr_t)at, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+  if (p == MAP_FAILED) {
+    simext_free(&g.host_ext, at, len);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   blk_t *b = rec_new();
   if (!b || simmap_put(&g.blocks, (uint64_t)(uintptr_t)p, b) != 0) {
     if (b) rec_free(b);
-    munmap(p, len);
+    host_unmap(at, len);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   b->addr = (uint64_t)(uintptr_t)p;
@@ -1127,7 +1150,7 @@ static void host_free_locked(blk_t *b) {
   c->host_blocks--;
   c->host_bytes -= b->bytes;
   simmap_del(&g.blocks, b->addr);
-  munmap((void *)(uintptr_t)b->addr, b->rounded);
+  host_unmap(b->addr, b->rounded);
   rec_free(b);
 }
 
