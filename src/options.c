@@ -111,62 +111,30 @@ const char *gr_opt_signal_name(int sig, char *buf, size_t len) {
   return buf;
 }
 
-int gr_opt_parse_what(const char *s, unsigned *out) {
-  unsigned what = 0;
-  const char *p = s;
-  if (!*p)
-    return -EINVAL;
-  while (*p) {
-    const char *end = strchr(p, ',');
-    size_t n = end ? (size_t)(end - p) : strlen(p);
-    char word[16];
-    if (n == 0 || n >= sizeof word)
-      return -EINVAL;
-    memcpy(word, p, n);
-    word[n] = '\0';
-    if (streq_ci(word, "cached"))
-      what |= GPURECLAIM_CACHED;
-    else if (streq_ci(word, "orphaned") || streq_ci(word, "orphans"))
-      what |= GPURECLAIM_ORPHANED;
-    else if (streq_ci(word, "all"))
-      what |= GPURECLAIM_ALL;
-    else
-      return -EINVAL;
-    p += n;
-    if (*p == ',')
-      p++;
-    if (end && !*p)
-      return -EINVAL; /* trailing comma */
-  }
-  *out = what;
-  return 0;
-}
-
-int gr_opt_parse_peers(const char *s, unsigned *out) {
-  if (streq_ci(s, "off") || streq_ci(s, "none") || streq_ci(s, "0")) {
-    *out = 0;
-    return 0;
-  }
+/* A comma-separated list of words (any case, each at most 15 characters, no empty one, no trailing comma), each
+ * naming bits in words[]: their union in *out. */
+typedef struct {
+  const char *word;
+  unsigned bits;
+} word_t;
+static int parse_words(const char *s, const word_t *words, size_t nwords, unsigned *out) {
   unsigned v = 0;
   const char *p = s;
   if (!*p)
     return -EINVAL;
   while (*p) {
     const char *end = strchr(p, ',');
-    size_t n = end ? (size_t)(end - p) : strlen(p);
-    char word[8];
+    size_t n = end ? (size_t)(end - p) : strlen(p), i = 0;
+    char word[16];
     if (n == 0 || n >= sizeof word)
       return -EINVAL;
     memcpy(word, p, n);
     word[n] = '\0';
-    if (streq_ci(word, "ask"))
-      v |= GR_PEERS_ASK;
-    else if (streq_ci(word, "give"))
-      v |= GR_PEERS_GIVE;
-    else if (streq_ci(word, "sleep"))
-      v |= GR_PEERS_SLEEP;
-    else
+    while (i < nwords && !streq_ci(word, words[i].word))
+      i++;
+    if (i == nwords)
       return -EINVAL;
+    v |= words[i].bits;
     p += n;
     if (*p == ',')
       p++;
@@ -175,6 +143,23 @@ int gr_opt_parse_peers(const char *s, unsigned *out) {
   }
   *out = v;
   return 0;
+}
+
+int gr_opt_parse_what(const char *s, unsigned *out) {
+  static const word_t w[] = {{"cached", GPURECLAIM_CACHED},
+                             {"orphaned", GPURECLAIM_ORPHANED},
+                             {"orphans", GPURECLAIM_ORPHANED},
+                             {"all", GPURECLAIM_ALL}};
+  return parse_words(s, w, GR_ARRAY_LEN(w), out);
+}
+
+int gr_opt_parse_peers(const char *s, unsigned *out) {
+  if (streq_ci(s, "off") || streq_ci(s, "none") || streq_ci(s, "0")) {
+    *out = 0;
+    return 0;
+  }
+  static const word_t w[] = {{"ask", GR_PEERS_ASK}, {"give", GR_PEERS_GIVE}, {"sleep", GR_PEERS_SLEEP}};
+  return parse_words(s, w, GR_ARRAY_LEN(w), out);
 }
 
 int gr_opt_parse_seconds_ms(const char *s, unsigned *out) {
