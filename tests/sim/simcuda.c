@@ -2942,17 +2942,23 @@ static CUresult impl_ck_checkpoint(int pid, CUcheckpointCheckpointArgs *a) {
     UNLOCK();
     return CUDA_ERROR_ILLEGAL_STATE;
   }
+  /* Each block's device pages go as soon as its copy is made, so that the process holds its memory about once,
+   * not twice, while it moves (as a real checkpoint, whose device memory is not host memory). */
   int fail = 0;
   for (size_t i = 0; i < g.blocks.cap && !fail; i++) {
     blk_t *b = g.blocks.keys[i] ? g.blocks.vals[i] : NULL;
     if (!b || !is_device_kind(b->kind) || b->state == ST_ARENA_CACHED || !b->dirty) continue;
     fail = ck_save(b->addr, b->rounded, -1) != 0;
+    if (!fail) madvise((void *)(uintptr_t)b->addr, b->rounded, MADV_DONTNEED);
   }
   for (va_res_t *res = g.res; res && !fail; res = res->next)
     for (vmm_map_t *m = res->maps; m && !fail; m = m->next)
-      if (m->prot != CU_MEM_ACCESS_FLAGS_PROT_NONE) fail = ck_save(m->va, m->size, vmm_mprot(m->prot)) != 0;
+      if (m->prot != CU_MEM_ACCESS_FLAGS_PROT_NONE) {
+        fail = ck_save(m->va, m->size, vmm_mprot(m->prot)) != 0;
+        if (!fail) madvise((void *)(uintptr_t)m->va, m->size, MADV_DONTNEED);
+      }
   if (fail) {
-    ck_drop_saved(0);
+    ck_drop_saved(1); /* what moved goes back where it was */
     UNLOCK();
     return CUDA_ERROR_OUT_OF_MEMORY; /* the host has no room: nothing changed, still LOCKED */
   }
