@@ -33,6 +33,8 @@ done
 rm -rf "$rundir" "$rundir.out" "$rundir.rc" "$rundir.skip" "$rundir.sim"
 mkdir -p "$(dirname "$rundir")" && mkdir -m 0700 "$rundir" "$rundir.sim" || exit 2
 export GPURECLAIM_RUNDIR="$rundir"
+# The sanitizer build's known false positives (tests/lsan.supp); other builds ignore the variable.
+export LSAN_OPTIONS="suppressions=$(cd "$(dirname "$0")" && pwd)/lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 # One simulated machine per test: its processes share the simulated GPUs' memory, tests running beside it
 # (ctest -j) never see it.
 export SIMCUDA_MACHINE="$rundir.sim"
