@@ -220,27 +220,17 @@ static int p_sleep(const char *v, gr_options_t *o) {
   o->sleep = b ? 1 : 0;
   return 0;
 }
-static int p_wake_timeout(const char *v, gr_options_t *o) {
+/* A whole number from 0 to max into *dst (left as it was when v is not one). */
+static int p_uint(const char *v, unsigned long long max, unsigned *dst) {
   unsigned long long n;
-  int rc = gr_opt_parse_uint(v, 86400, &n);
+  int rc = gr_opt_parse_uint(v, max, &n);
   if (rc == 0)
-    o->wake_timeout = (unsigned)n;
+    *dst = (unsigned)n;
   return rc;
 }
-static int p_sleep_idle(const char *v, gr_options_t *o) {
-  unsigned long long n;
-  int rc = gr_opt_parse_uint(v, 30 * 86400, &n);
-  if (rc == 0)
-    o->sleep_idle = (unsigned)n;
-  return rc;
-}
-static int p_oom_retry(const char *v, gr_options_t *o) {
-  unsigned long long n;
-  int rc = gr_opt_parse_uint(v, 16, &n);
-  if (rc == 0)
-    o->oom_retry = (unsigned)n;
-  return rc;
-}
+static int p_wake_timeout(const char *v, gr_options_t *o) { return p_uint(v, 86400, &o->wake_timeout); }
+static int p_sleep_idle(const char *v, gr_options_t *o) { return p_uint(v, 30 * 86400, &o->sleep_idle); }
+static int p_oom_retry(const char *v, gr_options_t *o) { return p_uint(v, 16, &o->oom_retry); }
 static int p_path(const char *v, char *dst, size_t len) {
   size_t n = strlen(v);
   if (n == 0 || n >= len)
