@@ -82,6 +82,12 @@ static inline int gr_ms_until(const struct timespec *deadline) {
   int64_t ns = (int64_t)(deadline->tv_sec - now.tv_sec) * 1000000000 + (deadline->tv_nsec - now.tv_nsec);
   return ns <= 0 ? 0 : ns >= INT64_C(86400) * 1000000000 ? 86400000 : (int)((ns + 999999) / 1000000);
 }
+/* CLOCK_MONOTONIC in nanoseconds: durations in reports and events. */
+static inline uint64_t gr_mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 /* The wall clock (CLOCK_REALTIME) in milliseconds since the epoch: the unit of every time in status files and
  * reports. */
 uint64_t gr_wall_ms(void);

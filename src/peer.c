@@ -41,16 +41,7 @@ static _Atomic uint64_t g_fw[GR_MAX_DEV]; /* framework caches' releasable bytes 
 static _Atomic uint64_t g_fingerprint;    /* of the figures the status file shows (gr_peer_tick) */
 static GR_TLS int t_in_peer;
 
-static uint64_t mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-static uint64_t mono_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
+static uint64_t mono_ms(void) { return gr_mono_ns() / 1000000; }
 
 void gr_peer_note_gave(void) { atomic_store_explicit(&g_last_gave_ms, gr_wall_ms(), memory_order_relaxed); }
 
@@ -290,7 +281,7 @@ bool gr_peer_begin(gr_peer_op_t *op, uint64_t bytes, int device) {
   if (!gr_rep_gpu_uuid(device, op->uuid, sizeof op->uuid))
     return false;
   t_in_peer = 1;
-  op->t0_ns = mono_ns();
+  op->t0_ns = gr_mono_ns();
   clock_gettime(CLOCK_MONOTONIC, &op->deadline);
   unsigned ms = gr_opt()->peer_timeout_ms;
   op->deadline.tv_sec += ms / 1000;
@@ -428,7 +419,7 @@ static size_t find_peers(const gr_peer_op_t *op, const char *dir, cand_t *out, s
 static uint64_t ask_one(gr_peer_op_t *op, const cand_t *c, uint64_t want, bool sleep, gr_peer_result_t *r) {
   memset(r, 0, sizeof *r);
   r->pid = c->pid;
-  uint64_t t0 = mono_ns();
+  uint64_t t0 = gr_mono_ns();
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     r->error = "socket";
@@ -493,7 +484,7 @@ static uint64_t ask_one(gr_peer_op_t *op, const cand_t *c, uint64_t want, bool s
     jfree(a);
     free(a);
   }
-  r->ms = (double)(mono_ns() - t0) / 1e6;
+  r->ms = (double)(gr_mono_ns() - t0) / 1e6;
   return given;
 }
 
@@ -525,7 +516,7 @@ uint64_t gr_peer_ask(gr_peer_op_t *op) {
 
 void gr_peer_end(gr_peer_op_t *op, bool succeeded) {
   atomic_fetch_sub_explicit(&g_busy, 1, memory_order_acq_rel);
-  double ms = (double)(mono_ns() - op->t0_ns) / 1e6;
+  double ms = (double)(gr_mono_ns() - op->t0_ns) / 1e6;
   if (op->asked) {
     gr_stats_peer_ask(succeeded, op->given);
     jbuf_t b;

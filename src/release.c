@@ -157,11 +157,6 @@ static void pop(bool pushed) {
     gr_drv.cuCtxPopCurrent(&c);
 }
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /* ---- the report ---- */
 
@@ -500,7 +495,7 @@ static void do_release_now(const rel_args_t *a, gpureclaim_report_t *rep) {
   rep->what = a->what;
   rep->trigger = a->trigger;
   rep->seq = atomic_fetch_add_explicit(&g_seq, 1, memory_order_relaxed) + 1;
-  uint64_t t0 = now_ns();
+  uint64_t t0 = gr_mono_ns();
   mem_info(rep, false);
   if ((a->what & GPURECLAIM_CACHED) && a->python && gr_opt()->python)
     rep->framework_bytes = gr_py_release();
@@ -536,7 +531,7 @@ static void do_release_now(const rel_args_t *a, gpureclaim_report_t *rep) {
   }
   rep->cached_bytes = rep->pool_bytes + rep->framework_bytes + rep->releaser_bytes;
   mem_info(rep, true);
-  rep->duration_ns = now_ns() - t0;
+  rep->duration_ns = gr_mono_ns() - t0;
   gr_stats_release(rep->cached_bytes + rep->orphaned_bytes + rep->all_bytes);
   gr_rep_release(rep, a->served_signal);
   t_releasing--;
@@ -697,7 +692,7 @@ void gr_rel_give(uint64_t want, uint64_t devmask, int asker, bool framework_ok, 
     return;
   t_releasing++;
   rep->seq = atomic_fetch_add_explicit(&g_seq, 1, memory_order_relaxed) + 1;
-  uint64_t t0 = now_ns();
+  uint64_t t0 = gr_mono_ns();
   mem_info(rep, false);
   free_job_t job;
   memset(&job, 0, sizeof job);
@@ -749,7 +744,7 @@ void gr_rel_give(uint64_t want, uint64_t devmask, int asker, bool framework_ok, 
   free(job.claimed);
   rep->cached_bytes = rep->pool_bytes + rep->framework_bytes + rep->releaser_bytes;
   mem_info(rep, true);
-  rep->duration_ns = now_ns() - t0;
+  rep->duration_ns = gr_mono_ns() - t0;
   uint64_t total = rep->cached_bytes + rep->orphaned_bytes + rep->all_bytes;
   gr_stats_release(total);
   gr_stats_peer_give(total);

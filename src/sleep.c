@@ -125,11 +125,6 @@ static void set_state(int st) {
   pthread_cond_broadcast(&g_cv);
 }
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /* ---- the driver's checkpoint API and NVML ---- */
 
@@ -284,7 +279,7 @@ static int refuse(gpureclaim_sleep_report_t *out, gpureclaim_sleep_report_t *r, 
   vsnprintf(r->reason, sizeof r->reason, fmt, ap);
   va_end(ap);
   r->slept = 0;
-  r->duration_ns = now_ns() - t0;
+  r->duration_ns = gr_mono_ns() - t0;
   atomic_store_explicit(&gr_gate_flag, GR_GATE_AWAKE, memory_order_release);
   pthread_mutex_lock(&g_mu);
   set_state(ST_AWAKE);
@@ -305,7 +300,7 @@ int gr_sleep_run_progress(int trigger, unsigned timeout_ms, gpureclaim_sleep_rep
   memset(&r, 0, sizeof r);
   r.size = sizeof r;
   r.trigger = trigger;
-  uint64_t t0 = now_ns();
+  uint64_t t0 = gr_mono_ns();
   pthread_mutex_lock(&g_mu);
   while (g_state == ST_ENTERING || g_state == ST_WAKING)
     pthread_cond_wait(&g_cv, &g_mu);
@@ -442,7 +437,7 @@ int gr_sleep_run_progress(int trigger, unsigned timeout_ms, gpureclaim_sleep_rep
   r.moved_bytes = total;
   r.left_bytes = 0;
   r.device_freed_bytes = freed;
-  r.duration_ns = now_ns() - t0;
+  r.duration_ns = gr_mono_ns() - t0;
   char mb[32];
   gr_info("asleep: %s moved to host memory in %.1f ms (%s released first)", gr_log_bytes(total, mb, sizeof mb),
           (double)r.duration_ns / 1e6, gr_log_bytes(r.released_bytes, eb, sizeof eb));
@@ -495,11 +490,11 @@ int gr_sleep_wake(int trigger) {
   int ndev = g_ndev_used;
   pthread_mutex_unlock(&g_mu);
 
-  uint64_t t0 = now_ns(), deadline = t0 + (uint64_t)gr_opt()->wake_timeout * 1000000000u;
+  uint64_t t0 = gr_mono_ns(), deadline = t0 + (uint64_t)gr_opt()->wake_timeout * 1000000000u;
   int short_dev = -1;
   bool ok;
   bool asked[GR_MAX_DEV] = {false};
-  while (!(ok = room(need, uuid, ndev, &short_dev)) && now_ns() < deadline) {
+  while (!(ok = room(need, uuid, ndev, &short_dev)) && gr_mono_ns() < deadline) {
     /* Short on a GPU: its other gpureclaim processes are asked once per wake for the shortfall (peer reclaim,
      * GPURECLAIM_PEERS, bounded by GPURECLAIM_PEER_TIMEOUT); then the wake waits for memory to appear. */
     uint64_t f = 0;
@@ -523,7 +518,7 @@ int gr_sleep_wake(int trigger) {
       cr = A.unlock(getpid(), NULL);
   }
   uint64_t host = atomic_load_explicit(&g_host_bytes, memory_order_relaxed);
-  double ms = (double)(now_ns() - t0) / 1e6;
+  double ms = (double)(gr_mono_ns() - t0) / 1e6;
   if (!ok || cr != CUDA_SUCCESS) {
     char why[160], eb[32], nb[32];
     if (!ok)
