@@ -2,6 +2,8 @@
  * wall clock, a process's start time. In the library and the command alike. */
 #include "common.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,4 +65,35 @@ uint64_t gr_stat_start_ticks(const char *stat_text) {
   for (int field = 2; field < 22 && p; field++)
     p = strchr(p + 1, ' ');
   return p ? strtoull(p + 1, NULL, 10) : 0;
+}
+
+char *gr_read_file(const char *path) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0)
+    return NULL;
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    errno = EINVAL;
+    return NULL;
+  }
+  size_t cap = 4096, n = 0;
+  char *buf = malloc(cap);
+  ssize_t r;
+  while (buf && (r = read(fd, buf + n, cap - n - 1)) > 0) {
+    n += (size_t)r;
+    if (n + 1 == cap) {
+      char *t = realloc(buf, cap *= 2);
+      if (!t) {
+        free(buf);
+        buf = NULL;
+      } else {
+        buf = t;
+      }
+    }
+  }
+  close(fd);
+  if (buf)
+    buf[n] = '\0';
+  return buf;
 }

@@ -99,6 +99,10 @@ uint64_t gr_wall_ms(void);
 static inline bool gr_dir_is_private(const struct stat *st) {
   return S_ISDIR(st->st_mode) && st->st_uid == geteuid() && !(st->st_mode & 077);
 }
+/* The whole of a regular file, NUL-terminated, malloc'd; NULL when it cannot be read or is not a regular file.
+ * Opened without following a link and without blocking: a FIFO or a device named like a status file in the run
+ * directory must not hang its reader (errno EINVAL for anything but a regular file). */
+char *gr_read_file(const char *path);
 /* The start time of a process (field 22 of its /proc/PID/stat, clock ticks since boot) from that file's text;
  * 0 where the text has no such field. With the pid it names one process for good: pids are reused, start
  * times of one pid never. */

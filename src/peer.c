@@ -336,34 +336,6 @@ static int by_cost(const void *a, const void *b) {
   return x->pid - y->pid;
 }
 
-static char *slurp(const char *path) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0)
-    return NULL;
-  size_t cap = 16384, n = 0;
-  char *buf = malloc(cap);
-  while (buf) {
-    if (n + 1 == cap) {
-      if (cap >= (1u << 22))
-        break;
-      char *nb = realloc(buf, cap * 2);
-      if (!nb)
-        break;
-      buf = nb;
-      cap *= 2;
-    }
-    ssize_t r = read(fd, buf + n, cap - 1 - n);
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r <= 0)
-      break;
-    n += (size_t)r;
-  }
-  close(fd);
-  if (buf)
-    buf[n] = '\0';
-  return buf;
-}
 
 /* The peers that may give on op's GPU, best first. */
 static size_t find_peers(const gr_peer_op_t *op, const char *dir, cand_t *out, size_t max) {
@@ -380,7 +352,7 @@ static size_t find_peers(const gr_peer_op_t *op, const char *dir, cand_t *out, s
       continue;
     char path[4200];
     snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-    char *text = slurp(path);
+    char *text = gr_read_file(path);
     const char *err;
     jnode_t *st = text ? jparse(text, &err) : NULL;
     free(text);

@@ -52,36 +52,6 @@ const char *cmd_rundir(bool quiet) {
 /* The whole of a regular file, or NULL (errno set; EINVAL: not a regular file). Never waits: a FIFO, device or
  * directory put in the run directory under a status file's name is refused, not opened for reading (a FIFO
  * nobody writes would hang ps, top and release for good), and a link is not followed. */
-static char *read_all(const char *path) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
-  if (fd < 0)
-    return NULL;
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    close(fd);
-    errno = EINVAL;
-    return NULL;
-  }
-  size_t cap = 4096, n = 0;
-  char *buf = malloc(cap);
-  ssize_t r;
-  while (buf && (r = read(fd, buf + n, cap - n - 1)) > 0) {
-    n += (size_t)r;
-    if (n + 1 == cap) {
-      char *t = realloc(buf, cap *= 2);
-      if (!t) {
-        free(buf);
-        buf = NULL;
-      } else {
-        buf = t;
-      }
-    }
-  }
-  close(fd);
-  if (buf)
-    buf[n] = '\0';
-  return buf;
-}
 
 /* Whether pid is a zombie whose threads are all gone (an exited process its parent has not reaped). A main
  * thread that called pthread_exit() is a zombie too, while the process's other threads still run. */
@@ -91,7 +61,7 @@ static bool reaped_only(pid_t pid, const char *stat_text) {
     return false;
   char path[64];
   snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-  char *s = read_all(path);
+  char *s = gr_read_file(path);
   const char *t = s ? strstr(s, "\nThreads:") : NULL;
   bool gone = !t || strtol(t + 9, NULL, 10) <= 1;
   free(s);
@@ -108,7 +78,7 @@ static uint64_t proc_start(pid_t pid, uid_t *uid) {
     return 0;
   if (uid)
     *uid = st.st_uid;
-  char *s = read_all(path);
+  char *s = gr_read_file(path);
   if (!s)
     return 0;
   if (reaped_only(pid, s)) {
@@ -121,7 +91,7 @@ static uint64_t proc_start(pid_t pid, uid_t *uid) {
 }
 
 jnode_t *cmd_read_status(const proc_t *p) {
-  char *text = read_all(p->path);
+  char *text = gr_read_file(p->path);
   if (!text)
     return NULL;
   jnode_t *j = jparse(text, NULL);
@@ -255,7 +225,7 @@ static int load(const char *dir, pid_t pid, proc_t *out) {
 
 /* The system's boot time (CLOCK_REALTIME seconds), from /proc/stat; 0 if unknown. */
 static long long boot_time(void) {
-  char *s = read_all("/proc/stat");
+  char *s = gr_read_file("/proc/stat");
   const char *b = s ? strstr(s, "\nbtime ") : NULL;
   long long v = b ? strtoll(b + 7, NULL, 10) : 0;
   free(s);
