@@ -25,10 +25,10 @@
 static _Atomic int g_fd = -1;
 static char g_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 
-int gr_ctl_fd(void) { return atomic_load_explicit(&g_fd, memory_order_acquire); }
+int gr_control_fd(void) { return atomic_load_explicit(&g_fd, memory_order_acquire); }
 
-int gr_ctl_open(void) {
-  const char *dir = gr_rep_rundir();
+int gr_control_open(void) {
+  const char *dir = gr_report_rundir();
   if (!dir)
     return -ENOENT;
   struct sockaddr_un sa;
@@ -51,24 +51,24 @@ int gr_ctl_open(void) {
   }
   memcpy(g_path, sa.sun_path, sizeof g_path);
   atomic_store_explicit(&g_fd, fd, memory_order_release);
-  gr_rep_status_socket(g_path);
+  gr_report_status_socket(g_path);
   return 0;
 }
 
-void gr_ctl_close(void) {
+void gr_control_close(void) {
   int fd = atomic_exchange_explicit(&g_fd, -1, memory_order_acq_rel);
   if (fd >= 0) {
-    gr_rep_status_socket(NULL);
+    gr_report_status_socket(NULL);
     close(fd);
     unlink(g_path);
   }
 }
 
-void gr_ctl_forget(void) {
+void gr_control_forget(void) {
   /* In a forked child: the socket is the parent's; close our copy, leave the file. */
   int fd = atomic_exchange_explicit(&g_fd, -1, memory_order_acq_rel);
   if (fd >= 0)
-    close(fd); /* the status file's socket entry is the parent's too: gr_rep_atfork_child clears it */
+    close(fd); /* the status file's socket entry is the parent's too: gr_report_atfork_child clears it */
 }
 
 /* Whether the client still waits for the answer. A command whose --timeout passed (this process was stopped,
@@ -129,7 +129,7 @@ static void answer(int fd, const char *line, int pid) {
   } else if (strcmp(line, "stats") == 0) {
     jb_bool(&b, "ok", true);
     jb_i64(&b, "pid", getpid());
-    gr_rep_stats_json(&b);
+    gr_report_stats_json(&b);
   } else if ((verb = 7, strncmp(line, "release", 7) == 0 && (line[7] == ' ' || line[7] == '\0')) ||
              (verb = 13, strncmp(line, "release-begun", 13) == 0 && (line[13] == ' ' || line[13] == '\0'))) {
     unsigned what = gr_opt()->on_signal;
@@ -162,11 +162,11 @@ static void answer(int fd, const char *line, int pid) {
         return;
       }
     }
-    int rc = bad ? -EINVAL : asleep ? -EAGAIN : gr_rel_run(what, GPURECLAIM_TRIGGER_COMMAND, &rep);
+    int rc = bad ? -EINVAL : asleep ? -EAGAIN : gr_release_run(what, GPURECLAIM_TRIGGER_COMMAND, &rep);
     jb_bool(&b, "ok", rc == 0);
     if (rc == 0) {
       jb_key(&b, "report");
-      gr_rep_report_json(&b, &rep);
+      gr_report_report_json(&b, &rep);
     } else {
       jb_str(&b, "error", rc == -EINVAL   ? "bad release categories (expected cached, orphaned, all)"
                           : rc == -EAGAIN ? "the process sleeps: its device memory is on the host, nothing to release"
@@ -212,11 +212,11 @@ static void answer(int fd, const char *line, int pid) {
   } else if (strcmp(line, "snapshot") == 0) {
     jb_bool(&b, "ok", true);
     jb_key(&b, "snapshot");
-    gr_rep_snapshot_json(&b);
+    gr_report_snapshot_json(&b);
   } else if (strcmp(line, "leaks") == 0) {
     jb_bool(&b, "ok", true);
     jb_key(&b, "leaks");
-    gr_rep_leaks(&b, true);
+    gr_report_leaks(&b, true);
   } else {
     jb_bool(&b, "ok", false);
     char msg[320];
@@ -273,8 +273,8 @@ static void drain(int fd, const struct timespec *deadline) {
   }
 }
 
-void gr_ctl_serve_one(void) {
-  int lfd = gr_ctl_fd();
+void gr_control_serve_one(void) {
+  int lfd = gr_control_fd();
   if (lfd < 0)
     return;
   int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
@@ -293,7 +293,7 @@ void gr_ctl_serve_one(void) {
     jb_i64(&ev, "client_uid", len == sizeof cred ? (int64_t)cred.uid : -1);
     jb_obj_end(&ev);
     jb_raw(&ev, "\n", 1);
-    gr_rep_event(&ev);
+    gr_report_event(&ev);
     jb_free(&ev);
     gr_warn_once(w_refused, "refused a control-socket client of another user (uid %d, pid %d)",
                  len == sizeof cred ? (int)cred.uid : -1, len == sizeof cred ? (int)cred.pid : -1);

@@ -149,13 +149,13 @@ static void atfork_child(void) {
   gr_stats_atfork_child();
   gr_reg_atfork_child();
   gr_scope_atfork_child();
-  gr_rel_atfork_child();
+  gr_release_atfork_child();
   gr_peer_atfork_child();
   gr_worker_atfork_child();
   gr_sig_atfork_child();
   gr_sleep_atfork_child();
-  gr_ctl_forget();
-  gr_rep_atfork_child();
+  gr_control_forget();
+  gr_report_atfork_child();
   atomic_store_explicit(&gr_core_state, 0, memory_order_release); /* start over on the child's first CUDA use */
 }
 
@@ -166,9 +166,9 @@ static void core_exit(void) {
     return;
   gr_worker_stop();
   if (gr_opt()->leak_report)
-    gr_rep_leaks_fd(2, false);
-  gr_ctl_close();
-  gr_rep_status_remove();
+    gr_report_leaks_fd(2, false);
+  gr_control_close();
+  gr_report_status_remove();
 }
 
 /* How long a CUDA call waits for another thread to start gpureclaim before it passes through untracked. The
@@ -232,7 +232,7 @@ bool gr_core_start_slow(void) {
   if (gr_worker_start() != 0)
     gr_warn("could not start the worker thread: signals and the gpureclaim command will not reach this process");
   if (o->status)
-    gr_rep_status_update();
+    gr_report_status_update();
   second_copy_check();
   char sig[32];
   gr_info("tracking CUDA allocations (release signal %s, run directory %s)",

@@ -3,8 +3,8 @@
  *
  * What the command shares with the library is in common.h and options.h (no CUDA), included here.
  * Module prefixes: gr_opt_ (options.c), gr_log_ (log.c), gr_real_ (real.c), gr_hook_ (hooks/), gr_reg_
- * (registry.c), gr_stats_ (stats.c), gr_table_/gr_epoch_ (table.h), gr_scope_ (scope.c), gr_rel_ (release.c),
- * gr_sig_ (signal.c), gr_py_ (releasers/python.c), gr_rep_ (report.c), gr_ctl_ (control.c), gr_core_
+ * (registry.c), gr_stats_ (stats.c), gr_table_/gr_epoch_ (table.h), gr_scope_ (scope.c), gr_release_ (release.c),
+ * gr_sig_ (signal.c), gr_py_ (releasers/python.c), gr_report_ (report.c), gr_control_ (control.c), gr_core_
  * (core.c: start-up, fork, exit).
  */
 #ifndef GPURECLAIM_INTERNAL_H
@@ -385,9 +385,9 @@ void gr_scope_atfork_child(void);
  * ---------------------------------------------------------------------------------------------------------- */
 
 /* Runs (or joins) a release; trigger is a gpureclaim_trigger_t. Returns 0 or -errno. */
-int gr_rel_run(unsigned what, int trigger, gpureclaim_report_t *out);
+int gr_release_run(unsigned what, int trigger, gpureclaim_report_t *out);
 /* What an out-of-memory failure may release on the allocating thread. Returns bytes given back. */
-uint64_t gr_rel_for_oom(void);
+uint64_t gr_release_for_oom(void);
 /* Frees the blocks of scope slot s now (GPURECLAIM_FREE_NOW). */
 /* A key a scope listed for its end (scope.c): where one of its records may be. */
 typedef struct gr_scope_key {
@@ -396,9 +396,9 @@ typedef struct gr_scope_key {
 } gr_scope_key_t;
 /* Frees the orphans of scope slot `slot` at once (GPURECLAIM_FREE_NOW): those under the n keys given, or with
  * keys NULL every orphan of the slot in the table. */
-void gr_rel_free_scope_now(uint16_t slot, const gr_scope_key_t *keys, size_t n, gpureclaim_report_t *rep);
-void gr_rel_atfork_child(void);
-uint64_t gr_rel_count(void);
+void gr_release_free_scope_now(uint16_t slot, const gr_scope_key_t *keys, size_t n, gpureclaim_report_t *rep);
+void gr_release_atfork_child(void);
+uint64_t gr_release_count(void);
 
 /* worker.c: the thread that serves the signal and the control socket. */
 int gr_worker_start(void);
@@ -443,7 +443,7 @@ int gr_py_caches(gr_py_cache_t *out, int max);
 void gr_stats_peer_ask(bool ok, uint64_t received);
 void gr_stats_peer_give(uint64_t given);
 
-void gr_rep_release(const gpureclaim_report_t *r, bool served_signal);
+void gr_report_release(const gpureclaim_report_t *r, bool served_signal);
 /* peer.c: peer reclaim (GPURECLAIM_PEERS), both sides. */
 struct jbuf;
 /* The status file's "peer" object. */
@@ -488,26 +488,26 @@ void gr_peer_end(gr_peer_op_t *op, bool succeeded);
 void gr_peer_atfork_child(void);
 /* release.c: a peer's request: gives up to want bytes on the devices in devmask (bit per ordinal), cheapest
  * first, within GPURECLAIM_ON_SIGNAL; framework caches only when framework_ok. Fills rep (trigger peer). */
-void gr_rel_give(uint64_t want, uint64_t devmask, int asker, bool framework_ok, const struct timespec *deadline,
+void gr_release_give(uint64_t want, uint64_t devmask, int asker, bool framework_ok, const struct timespec *deadline,
                  gpureclaim_report_t *rep);
-int gr_rep_status_update(void);
+int gr_report_status_update(void);
 /* The control socket's path for the status file, NULL once it is closed (control.c hands it over). */
-void gr_rep_status_socket(const char *path);
-void gr_rep_status_remove(void);
+void gr_report_status_socket(const char *path);
+void gr_report_status_remove(void);
 struct jbuf;
-void gr_rep_report_json(struct jbuf *b, const gpureclaim_report_t *r);
-void gr_rep_stats_json(struct jbuf *b);
-int gr_rep_snapshot_json(struct jbuf *b);
-int gr_rep_leaks(struct jbuf *b, bool json);
-int gr_rep_leaks_fd(int fd, bool json);
+void gr_report_report_json(struct jbuf *b, const gpureclaim_report_t *r);
+void gr_report_stats_json(struct jbuf *b);
+int gr_report_snapshot_json(struct jbuf *b);
+int gr_report_leaks(struct jbuf *b, bool json);
+int gr_report_leaks_fd(int fd, bool json);
 /* One JSON line (newline included) where events go: release reports, peer reclaims, sleeps, wakes
  * (GPURECLAIM_LOG or stderr; nowhere if unset). */
-void gr_rep_event(const struct jbuf *b);
+void gr_report_event(const struct jbuf *b);
 /* The UUID of device ordinal d as nvidia-smi -L writes it ("GPU-..."; cuDeviceGetUuid_v2: a MIG instance's
  * own; cached once read: asleep, the driver is not asked); false if unknown. */
-bool gr_rep_gpu_uuid(int d, char *buf, size_t len);
+bool gr_report_gpu_uuid(int d, char *buf, size_t len);
 /* The private run directory (created 0700 if needed); NULL if unusable. */
-const char *gr_rep_rundir(void);
+const char *gr_report_rundir(void);
 
 
 /* sleep.c: sleep and wake (gpureclaim_sleep). timeout_ms: how long the lock waits for calls in flight. */
@@ -540,12 +540,12 @@ void gr_sleep_note_ipc(int exported, int opened);
 /* A stream capture began (begin) or ended on stream s (ptsz: through a per-thread-default-stream variant). */
 void gr_sleep_note_capture(CUstream s, bool ptsz, bool begin);
 
-int gr_ctl_open(void);
+int gr_control_open(void);
 /* In a forked child: close the parent's socket without removing it. */
-void gr_ctl_forget(void);
-void gr_rep_atfork_child(void);
-int gr_ctl_fd(void);
-void gr_ctl_serve_one(void);
-void gr_ctl_close(void);
+void gr_control_forget(void);
+void gr_report_atfork_child(void);
+int gr_control_fd(void);
+void gr_control_serve_one(void);
+void gr_control_close(void);
 
 #endif /* GPURECLAIM_INTERNAL_H */

@@ -7,7 +7,7 @@
  *     what each category could give (orphans, pools' unused memory, framework caches as last measured), whether
  *     it gives, whether a thread of it is handling an out-of-memory now, and when it last gave. The worker
  *     rewrites it when those figures change (gr_peer_tick), and serves "give" requests on the control socket
- *     (gr_peer_serve_give -> gr_rel_give in release.c, trigger `peer`).
+ *     (gr_peer_serve_give -> gr_release_give in release.c, trigger `peer`).
  *   - asking: an allocation whose own release-and-retry failed (hooks/driver.c, PEER_RETRY) takes the GPU's lock
  *     in the run directory (one peer reclaim per GPU at a time; a thread that had to wait retries first), reads
  *     the other status files, and asks the peers on the same UUID in order (cheapest to give first, recent
@@ -112,7 +112,7 @@ void gr_peer_status_json(jbuf_t *b) {
     char uuid[64];
     jb_key(b, NULL);
     jb_obj(b);
-    jb_str(b, "uuid", gr_rep_gpu_uuid(h[i].device, uuid, sizeof uuid) ? uuid : NULL);
+    jb_str(b, "uuid", gr_report_gpu_uuid(h[i].device, uuid, sizeof uuid) ? uuid : NULL);
     jb_i64(b, "device", h[i].device);
     jb_u64(b, "held_bytes", h[i].held);
     jb_u64(b, "pool_cached_bytes", h[i].pool_cached);
@@ -140,7 +140,7 @@ void gr_peer_tick(void) {
       fp = (fp ^ v[k]) * 1099511628211ull;
   }
   if (fp != atomic_load_explicit(&g_fingerprint, memory_order_relaxed))
-    gr_rep_status_update();
+    gr_report_status_update();
 }
 
 /* ---- giving ---- */
@@ -207,7 +207,7 @@ void gr_peer_serve_give(const char *args, int pid, jbuf_t *b) {
   if (!gr_sleep_driver_off() && gr_drv.cuDeviceGetCount && gr_drv.cuDeviceGetCount(&count) == CUDA_SUCCESS)
     for (int d = 0; d < count && d < 64; d++) {
       char u[64];
-      if (gr_rep_gpu_uuid(d, u, sizeof u) && !strcmp(u, uuid))
+      if (gr_report_gpu_uuid(d, u, sizeof u) && !strcmp(u, uuid))
         mask |= 1ull << d;
     }
   gpureclaim_report_t rep;
@@ -225,7 +225,7 @@ void gr_peer_serve_give(const char *args, int pid, jbuf_t *b) {
     }
     /* No framework cache while a thread of ours handles an out-of-memory: it may hold the GIL the framework's
      * release needs, and it waits for peers, maybe for the one asking us. */
-    gr_rel_give(bytes, mask, pid, !gr_peer_busy(), &dl, &rep);
+    gr_release_give(bytes, mask, pid, !gr_peer_busy(), &dl, &rep);
     /* Short after the caches: an idle process that opted in sleeps (its whole device memory goes to the host),
      * within what is left of the asker's deadline for the lock on calls in flight. */
     uint64_t gave = rep.cached_bytes + rep.orphaned_bytes + rep.all_bytes;
@@ -236,7 +236,7 @@ void gr_peer_serve_give(const char *args, int pid, jbuf_t *b) {
       if (deadline > t && gr_sleep_run(GPURECLAIM_TRIGGER_PEER, (unsigned)(deadline - t), &sr) == 0)
         slept = sr.device_freed_bytes;
     }
-    if (slept) /* (what the caches gave, gr_rel_give noted before its report rewrote the status file) */
+    if (slept) /* (what the caches gave, gr_release_give noted before its report rewrote the status file) */
       gr_peer_note_gave();
   }
   jb_bool(b, "ok", true);
@@ -254,7 +254,7 @@ void gr_peer_serve_give(const char *args, int pid, jbuf_t *b) {
   jb_obj_end(b);
   if (mask) {
     jb_key(b, "report");
-    gr_rep_report_json(b, &rep);
+    gr_report_report_json(b, &rep);
   }
 }
 
@@ -263,7 +263,7 @@ void gr_peer_serve_give(const char *args, int pid, jbuf_t *b) {
 bool gr_peer_begin(gr_peer_op_t *op, uint64_t bytes, int device) {
   if (t_in_peer || !peers_on(GR_PEERS_ASK))
     return false;
-  const char *dir = gr_rep_rundir();
+  const char *dir = gr_report_rundir();
   if (!dir)
     return false;
   if (device < 0) {
@@ -278,7 +278,7 @@ bool gr_peer_begin(gr_peer_op_t *op, uint64_t bytes, int device) {
   op->lock_fd = -1;
   op->device = device;
   op->bytes = bytes;
-  if (!gr_rep_gpu_uuid(device, op->uuid, sizeof op->uuid))
+  if (!gr_report_gpu_uuid(device, op->uuid, sizeof op->uuid))
     return false;
   t_in_peer = 1;
   op->t0_ns = gr_mono_ns();
@@ -291,7 +291,7 @@ bool gr_peer_begin(gr_peer_op_t *op, uint64_t bytes, int device) {
     op->deadline.tv_nsec -= 1000000000L;
   }
   atomic_fetch_add_explicit(&g_busy, 1, memory_order_acq_rel);
-  gr_rep_status_update(); /* "oom": true, so that peers do not ask us meanwhile */
+  gr_report_status_update(); /* "oom": true, so that peers do not ask us meanwhile */
   char path[4200];
   snprintf(path, sizeof path, "%s/gpu-%s.lock", dir, op->uuid);
   op->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
@@ -463,7 +463,7 @@ static uint64_t ask_one(gr_peer_op_t *op, const cand_t *c, uint64_t want, bool s
 uint64_t gr_peer_ask(gr_peer_op_t *op) {
   if (op->lock_fd < 0)
     return 0;
-  const char *dir = gr_rep_rundir();
+  const char *dir = gr_report_rundir();
   cand_t c[GR_PEER_MAX];
   size_t n = dir ? find_peers(op, dir, c, GR_ARRAY_LEN(c)) : 0;
   op->asked = true;
@@ -528,7 +528,7 @@ void gr_peer_end(gr_peer_op_t *op, bool succeeded) {
     jb_arr_end(&b);
     jb_obj_end(&b);
     jb_raw(&b, "\n", 1);
-    gr_rep_event(&b);
+    gr_report_event(&b);
     jb_free(&b);
     char w[32], g[32];
     gr_info("peer reclaim on GPU %d (%s): wanted %s, %u peer%s gave %s in %.2f ms; the allocation %s", op->device,
@@ -537,7 +537,7 @@ void gr_peer_end(gr_peer_op_t *op, bool succeeded) {
   }
   /* "oom": false again, and what we hold now, before the lock goes: the next peer reclaim of this GPU, which
    * may have waited for ours, then finds us askable. */
-  gr_rep_status_update();
+  gr_report_status_update();
   if (op->lock_fd >= 0)
     close(op->lock_fd); /* releases the GPU's lock */
   t_in_peer = 0;

@@ -533,7 +533,7 @@ static void do_release_now(const rel_args_t *a, gpureclaim_report_t *rep) {
   mem_info(rep, true);
   rep->duration_ns = gr_mono_ns() - t0;
   gr_stats_release(rep->cached_bytes + rep->orphaned_bytes + rep->all_bytes);
-  gr_rep_release(rep, a->served_signal);
+  gr_report_release(rep, a->served_signal);
   t_releasing--;
 }
 
@@ -570,7 +570,7 @@ static void copy_report(gpureclaim_report_t *out, const gpureclaim_report_t *r) 
   out->size = n;
 }
 
-int gr_rel_run(unsigned what, int trigger, gpureclaim_report_t *out) {
+int gr_release_run(unsigned what, int trigger, gpureclaim_report_t *out) {
   pthread_mutex_lock(&g_mu);
   uint64_t ticket = ++g_requested;
   g_pending_what |= what;
@@ -613,7 +613,7 @@ int gr_rel_run(unsigned what, int trigger, gpureclaim_report_t *out) {
   return 0;
 }
 
-uint64_t gr_rel_count(void) { return atomic_load_explicit(&g_seq, memory_order_relaxed); }
+uint64_t gr_release_count(void) { return atomic_load_explicit(&g_seq, memory_order_relaxed); }
 
 static int check_what(unsigned what) {
   if (what == 0 || (what & ~(GPURECLAIM_CACHED | GPURECLAIM_ORPHANED | GPURECLAIM_ALL)))
@@ -631,7 +631,7 @@ GR_EXPORT int gpureclaim_release(unsigned what, gpureclaim_report_t *out) {
   int rc = check_what(what);
   if (!rc && gr_gate_check() != CUDA_SUCCESS)
     rc = -ENOMEM; /* it slept, and the device had no room to wake it: as any CUDA call would fail */
-  return rc ? rc : gr_rel_run(what, GPURECLAIM_TRIGGER_API, out);
+  return rc ? rc : gr_release_run(what, GPURECLAIM_TRIGGER_API, out);
 }
 
 GR_EXPORT int gpureclaim_release_context(void *ctx, gpureclaim_report_t *out) {
@@ -652,7 +652,7 @@ GR_EXPORT int gpureclaim_release_context(void *ctx, gpureclaim_report_t *out) {
   return 0;
 }
 
-void gr_rel_free_scope_now(uint16_t slot, const gr_scope_key_t *keys, size_t n, gpureclaim_report_t *out) {
+void gr_release_free_scope_now(uint16_t slot, const gr_scope_key_t *keys, size_t n, gpureclaim_report_t *out) {
   rel_args_t a = {.what = GPURECLAIM_ORPHANED, .trigger = GPURECLAIM_TRIGGER_SCOPE, .scope = slot, .keys = keys,
                   .nkeys = n};
   gpureclaim_report_t rep;
@@ -679,7 +679,7 @@ static bool past(const struct timespec *deadline) { return gr_ms_until(deadline)
 /* Cheapest first, and only while short: orphans (nobody uses them), then the pools' unused memory (trimmed by
  * what is still missing), then framework caches and registered releasers (the giver allocates again later),
  * then, only when GPURECLAIM_ON_SIGNAL names it, every block of those devices. */
-void gr_rel_give(uint64_t want, uint64_t devmask, int asker, bool framework_ok, const struct timespec *deadline,
+void gr_release_give(uint64_t want, uint64_t devmask, int asker, bool framework_ok, const struct timespec *deadline,
                  gpureclaim_report_t *rep) {
   unsigned allow = gr_opt()->on_signal;
   memset(rep, 0, sizeof *rep);
@@ -750,7 +750,7 @@ void gr_rel_give(uint64_t want, uint64_t devmask, int asker, bool framework_ok, 
   gr_stats_peer_give(total);
   if (total)
     gr_peer_note_gave(); /* before the report rewrites the status file: peers then ask us last for a while */
-  gr_rep_release(rep, false);
+  gr_report_release(rep, false);
   t_releasing--;
   gr_sleep_release_end();
 }
@@ -759,7 +759,7 @@ void gr_rel_give(uint64_t want, uint64_t devmask, int asker, bool framework_ok, 
 
 static _Atomic int g_oom_busy;
 
-uint64_t gr_rel_for_oom(void) {
+uint64_t gr_release_for_oom(void) {
   if (atomic_exchange_explicit(&g_oom_busy, 1, memory_order_acq_rel))
     return 1; /* another allocation is releasing right now: worth one more try, never worth waiting */
   rel_args_t a = {.what = GPURECLAIM_CACHED | GPURECLAIM_ORPHANED, .trigger = GPURECLAIM_TRIGGER_OOM};
@@ -769,7 +769,7 @@ uint64_t gr_rel_for_oom(void) {
   return rep.cached_bytes + rep.orphaned_bytes;
 }
 
-void gr_rel_atfork_child(void) {
+void gr_release_atfork_child(void) {
   /* Locks may have been held by threads that did not survive the fork. */
   pthread_mutex_init(&g_mu, NULL);
   pthread_cond_init(&g_cv, NULL);

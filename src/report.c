@@ -49,7 +49,7 @@ static void open_rundir(void) {
   g_rundir = dir;
 }
 
-const char *gr_rep_rundir(void) {
+const char *gr_report_rundir(void) {
   pthread_once(&g_rundir_once, open_rundir);
   return g_rundir;
 }
@@ -63,7 +63,7 @@ static int write_file(const char *path, const jbuf_t *b, mode_t mode) {
 
 /* ---- pieces ---- */
 
-void gr_rep_report_json(jbuf_t *b, const gpureclaim_report_t *r) {
+void gr_report_report_json(jbuf_t *b, const gpureclaim_report_t *r) {
   char what[64];
   jb_obj(b);
   jb_u64(b, "seq", r->seq);
@@ -163,7 +163,7 @@ static struct {
   CUuuid u;
 } g_uuid_cache[GR_MAX_DEV]; /* a device's UUID never changes: asleep, the driver is not asked again */
 
-bool gr_rep_gpu_uuid(int d, char *buf, size_t len) {
+bool gr_report_gpu_uuid(int d, char *buf, size_t len) {
   pthread_once(&g_uuid_once, resolve_uuid);
   CUdevice dev;
   CUuuid u;
@@ -233,7 +233,7 @@ static void gpus_json(jbuf_t *b, bool memory) {
     jb_key(b, NULL);
     jb_obj(b);
     jb_i64(b, "device", d);
-    jb_str(b, "uuid", gr_rep_gpu_uuid(d, uuid, sizeof uuid) ? uuid : NULL);
+    jb_str(b, "uuid", gr_report_gpu_uuid(d, uuid, sizeof uuid) ? uuid : NULL);
     if (memory) {
       size_t free_b = 0, total = 0;
       CUcontext cur = NULL;
@@ -272,7 +272,7 @@ static void frameworks_json(jbuf_t *b) {
   jb_arr_end(b);
 }
 
-void gr_rep_stats_json(jbuf_t *b) {
+void gr_report_stats_json(jbuf_t *b) {
   gpureclaim_stats_t s = {.size = sizeof s};
   gr_stats_get(-1, &s);
   jb_key(b, "total");
@@ -329,7 +329,7 @@ static bool g_status_closed;
 /* The control socket's path while it is open ("" otherwise), as control.c hands it over. */
 static char g_status_socket[4200];
 
-void gr_rep_status_socket(const char *path) {
+void gr_report_status_socket(const char *path) {
   pthread_mutex_lock(&g_status_lock);
   snprintf(g_status_socket, sizeof g_status_socket, "%s", path ? path : "");
   pthread_mutex_unlock(&g_status_lock);
@@ -338,9 +338,9 @@ void gr_rep_status_socket(const char *path) {
 static unsigned g_status_writers;
 static pthread_cond_t g_status_done = PTHREAD_COND_INITIALIZER;
 
-int gr_rep_status_update(void) {
+int gr_report_status_update(void) {
   const gr_options_t *o = gr_opt();
-  const char *dir = o->status ? gr_rep_rundir() : NULL;
+  const char *dir = o->status ? gr_report_rundir() : NULL;
   if (!dir)
     return -ENOENT;
   char path[4200], exe[4096] = "", cmd[4096];
@@ -387,7 +387,7 @@ int gr_rep_status_update(void) {
   jb_u64(&b, "releases", atomic_load_explicit(&g_status_releases, memory_order_relaxed));
   if (g_have_last) {
     jb_key(&b, "last_release");
-    gr_rep_report_json(&b, &g_last_report);
+    gr_report_report_json(&b, &g_last_report);
   } else {
     jb_null(&b, "last_release");
   }
@@ -395,7 +395,7 @@ int gr_rep_status_update(void) {
   jb_u64(&b, "signal_releases", g_signal_releases);
   if (g_signal_releases) {
     jb_key(&b, "last_signal_release");
-    gr_rep_report_json(&b, &g_last_signal_report);
+    gr_report_report_json(&b, &g_last_signal_report);
   } else {
     jb_null(&b, "last_signal_release");
   }
@@ -434,7 +434,7 @@ int gr_rep_status_update(void) {
   return rc;
 }
 
-void gr_rep_atfork_child(void) {
+void gr_report_atfork_child(void) {
   pthread_mutex_init(&g_status_lock, NULL);
   pthread_cond_init(&g_status_done, NULL);
   g_status_closed = false;
@@ -445,7 +445,7 @@ void gr_rep_atfork_child(void) {
   g_signal_releases = 0;
 }
 
-void gr_rep_status_remove(void) {
+void gr_report_status_remove(void) {
   pthread_mutex_lock(&g_status_lock);
   g_status_closed = true;
   /* Updates under way finish first (a write and a rename); bounded, should one be stuck in a dead filesystem. */
@@ -467,7 +467,7 @@ void gr_rep_status_remove(void) {
 
 /* Appends one JSON line (b, newline included) where events go (a release report, a peer reclaim, a sleep, a
  * wake): GPURECLAIM_LOG, or stderr when asked. */
-void gr_rep_event(const jbuf_t *b) {
+void gr_report_event(const jbuf_t *b) {
   const char *log = gr_opt()->log;
   if (log[0]) {
     /* Not waiting: a FIFO nobody reads would block the open for good, and a release runs on an allocating
@@ -493,17 +493,17 @@ void gr_rep_event(const jbuf_t *b) {
   } /* else quiet: nothing on the program's stderr unless asked */
 }
 
-void gr_rep_release(const gpureclaim_report_t *r, bool served_signal) {
+void gr_report_release(const gpureclaim_report_t *r, bool served_signal) {
   jbuf_t b;
   jb_init(&b);
   jb_obj(&b);
   jb_str(&b, "event", "release");
   jb_i64(&b, "pid", getpid());
   jb_key(&b, "report");
-  gr_rep_report_json(&b, r);
+  gr_report_report_json(&b, r);
   jb_obj_end(&b);
   jb_raw(&b, "\n", 1);
-  gr_rep_event(&b);
+  gr_report_event(&b);
   gr_log_release(r);
   jb_free(&b);
   pthread_mutex_lock(&g_status_lock);
@@ -516,7 +516,7 @@ void gr_rep_release(const gpureclaim_report_t *r, bool served_signal) {
   }
   pthread_mutex_unlock(&g_status_lock);
   if (gr_opt()->status)
-    gr_rep_status_update();
+    gr_report_status_update();
 }
 
 /* ---- snapshots ---- */
@@ -570,7 +570,7 @@ static int snap_block(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
   return 0;
 }
 
-int gr_rep_snapshot_json(jbuf_t *b) {
+int gr_report_snapshot_json(jbuf_t *b) {
   snap_t *s = calloc(1, sizeof *s);
   if (!s)
     return -ENOMEM;
@@ -579,7 +579,7 @@ int gr_rep_snapshot_json(jbuf_t *b) {
   jb_i64(b, "pid", getpid());
   jb_str(b, "version", GPURECLAIM_VERSION_STRING);
   jb_u64(b, "time_ms", gr_wall_ms());
-  gr_rep_stats_json(b);
+  gr_report_stats_json(b);
   jb_arr(b, "blocks");
   if (atomic_load_explicit(&gr_core_state, memory_order_acquire) == 1)
     gr_table_visit(snap_block, s);
@@ -678,7 +678,7 @@ static void locate(uintptr_t pc, char *buf, size_t len) {
     snprintf(buf, len, "?");
 }
 
-int gr_rep_leaks(jbuf_t *b, bool json) {
+int gr_report_leaks(jbuf_t *b, bool json) {
   leaks_t *l = calloc(1, sizeof *l);
   if (!l)
     return -ENOMEM;
@@ -778,10 +778,10 @@ int gr_rep_leaks(jbuf_t *b, bool json) {
 
 /* ---- to descriptors and files ---- */
 
-int gr_rep_leaks_fd(int fd, bool json) {
+int gr_report_leaks_fd(int fd, bool json) {
   jbuf_t b;
   jb_init(&b);
-  int rc = gr_rep_leaks(&b, json);
+  int rc = gr_report_leaks(&b, json);
   if (rc == 0)
     rc = jb_write_fd(&b, fd);
   jb_free(&b);
@@ -806,7 +806,7 @@ static int to_path(const char *path, int std_fd, int (*fill)(jbuf_t *, bool), bo
 
 static int fill_snapshot(jbuf_t *b, bool unused) {
   (void)unused;
-  int rc = gr_rep_snapshot_json(b);
+  int rc = gr_report_snapshot_json(b);
   jb_raw(b, "\n", 1);
   return rc;
 }
@@ -814,7 +814,7 @@ static int fill_snapshot(jbuf_t *b, bool unused) {
 GR_EXPORT int gpureclaim_snapshot(const char *path) { return to_path(path, STDOUT_FILENO, fill_snapshot, false); }
 
 GR_EXPORT int gpureclaim_leak_report(const char *path, int json) {
-  return to_path(path, STDERR_FILENO, gr_rep_leaks, json != 0);
+  return to_path(path, STDERR_FILENO, gr_report_leaks, json != 0);
 }
 
 /* ---- one line for people ---- */

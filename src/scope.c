@@ -364,7 +364,7 @@ GR_EXPORT int gpureclaim_scope_end(uint64_t scope, unsigned flags) {
       orphan_all(e, keys, n, scan);
       /* Under the same keys: the release costs what the scope held too. */
       if ((flags & GPURECLAIM_FREE_NOW) && e->orphans)
-        gr_rel_free_scope_now(s, scan ? NULL : keys, scan ? 0 : n, NULL);
+        gr_release_free_scope_now(s, scan ? NULL : keys, scan ? 0 : n, NULL);
       free(e);
     }
   }

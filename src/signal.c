@@ -140,7 +140,7 @@ void gr_sig_check_replaced(void) {
   /* The status file says so ("signal_caught": false): the command then sends no signal that gpureclaim would
    * never see, and does not wait for a release that never comes. */
   if (gr_opt()->status)
-    gr_rep_status_update();
+    gr_report_status_update();
 }
 
 void gr_sig_atfork_child(void) {

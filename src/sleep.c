@@ -261,10 +261,10 @@ static void log_event(const char *event, const gpureclaim_sleep_report_t *r, uin
   }
   jb_obj_end(&b);
   jb_raw(&b, "\n", 1);
-  gr_rep_event(&b);
+  gr_report_event(&b);
   jb_free(&b);
   if (gr_opt()->status)
-    gr_rep_status_update();
+    gr_report_status_update();
 }
 
 /* ---- sleep ---- */
@@ -321,7 +321,7 @@ int gr_sleep_run_progress(int trigger, unsigned timeout_ms, gpureclaim_sleep_rep
   if (progress)
     progress("release", 0, 0, arg);
   gpureclaim_report_t rel = {.size = sizeof rel};
-  if (gr_rel_run(GPURECLAIM_CACHED | GPURECLAIM_ORPHANED, trigger == GPURECLAIM_TRIGGER_IDLE ?
+  if (gr_release_run(GPURECLAIM_CACHED | GPURECLAIM_ORPHANED, trigger == GPURECLAIM_TRIGGER_IDLE ?
                  GPURECLAIM_TRIGGER_API : trigger, &rel) == 0)
     r.released_bytes = rel.cached_bytes + rel.orphaned_bytes;
 
@@ -367,7 +367,7 @@ int gr_sleep_run_progress(int trigger, unsigned timeout_ms, gpureclaim_sleep_rep
     uuid[d][0] = '\0';
     if (!need[d] && !gr_reg_primary_id(d))
       continue;
-    if (!gr_rep_gpu_uuid(d, uuid[d], sizeof uuid[d]) || !dev_free(uuid[d], &free0[d]))
+    if (!gr_report_gpu_uuid(d, uuid[d], sizeof uuid[d]) || !dev_free(uuid[d], &free0[d]))
       return refuse(out, &r, t0, -ENOTSUP, "cannot read device %d's free memory through NVML "
                                        "(libnvidia-ml.so.1), which a wake needs to check room before a restore", d);
   }

@@ -69,7 +69,7 @@ static void *worker(void *arg) {
   atomic_store_explicit(&g_tick_wanted, 1, memory_order_relaxed);
   for (;;) {
     struct pollfd fds[3] = {{.fd = gr_sig_fd(), .events = POLLIN},
-                            {.fd = gr_ctl_fd(), .events = POLLIN},
+                            {.fd = gr_control_fd(), .events = POLLIN},
                             {.fd = atomic_load_explicit(&g_tick_fd, memory_order_relaxed), .events = POLLIN}};
     /* The periodic work: every 0.5 s when peers may ask (the status file then follows what this process
      * holds), else 2 s; sooner when an idle sleep comes due (GPURECLAIM_SLEEP_IDLE: gr_sleep_idle_tick). While
@@ -99,12 +99,12 @@ static void *worker(void *arg) {
       if (gr_opt()->on_signal_sleep)
         gr_sleep_run(GPURECLAIM_TRIGGER_SIGNAL, 0, NULL);
       else if (gr_sleep_state_now(NULL) == GPURECLAIM_STATE_AWAKE)
-        gr_rel_run(gr_opt()->on_signal, GPURECLAIM_TRIGGER_SIGNAL, NULL);
+        gr_release_run(gr_opt()->on_signal, GPURECLAIM_TRIGGER_SIGNAL, NULL);
       else
         gr_info("release signal ignored: the process sleeps, its device memory is on the host");
     }
     if (n > 0 && (fds[1].revents & POLLIN))
-      gr_ctl_serve_one();
+      gr_control_serve_one();
     gr_sig_check_replaced();
     gr_peer_tick();
   }
@@ -117,7 +117,7 @@ int gr_worker_start(void) {
   if (atomic_load_explicit(&g_tick_fd, memory_order_relaxed) < 0)
     atomic_store_explicit(&g_tick_fd, eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC), memory_order_release);
   if (gr_opt()->status)
-    gr_ctl_open();
+    gr_control_open();
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old); /* the worker inherits a mask that blocks every signal */

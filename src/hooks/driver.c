@@ -61,7 +61,7 @@ static inline void *pa_real(int id) { return atomic_load_explicit(&gr_pa_real[id
   do {                                                                                                     \
     for (unsigned attempt_ = 0; (rc) == CUDA_ERROR_OUT_OF_MEMORY && attempt_ < gr_opt()->oom_retry;        \
          attempt_++) {                                                                                     \
-      if (gr_rel_for_oom() == 0)                                                                           \
+      if (gr_release_for_oom() == 0)                                                                           \
         break;                                                                                             \
       (rc) = (call);                                                                                       \
       gr_stats_oom_retry((rc) == CUDA_SUCCESS);                                                            \

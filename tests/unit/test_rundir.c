@@ -48,7 +48,7 @@ static void expect_rundir_used(mode_t mode, bool used) {
   cr_assert_not_null(mkdtemp(d));
   cr_assert_eq(chmod(d, mode), 0);
   cr_assert_eq(setenv("GPURECLAIM_RUNDIR", d, 1), 0);
-  const char *got = gr_rep_rundir();
+  const char *got = gr_report_rundir();
   if (used)
     cr_assert(got && !strcmp(got, d), "the private run directory %s was refused", d);
   else
@@ -81,7 +81,7 @@ Test(rundir, the_status_files_temporary_name_is_never_one_that_exists) {
     snprintf(name, sizeof name, "%s/%d.json.%d.%ld.%d.tmp", d, pid, pid, tid, n);
     cr_assert_eq(link(victim, name), 0, "%s", name);
   }
-  cr_assert_eq(gr_rep_status_update(), 0);
+  cr_assert_eq(gr_report_status_update(), 0);
   char buf[64] = "";
   fd = open(victim, O_RDONLY);
   cr_assert_geq(fd, 0);
