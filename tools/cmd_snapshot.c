@@ -169,8 +169,7 @@ int cmd_snapshot(int argc, char **argv) {
     print_snapshot(body);
   }
   if (ans) {
-    jfree(ans);
-    free(ans);
+    jdelete(ans);
   }
   cmd_free(&p);
   return rc;
