@@ -1,6 +1,6 @@
 /*
  * api.c -- the public functions of gpureclaim.h that read the table and the counters. The release functions
- * are in release.c, scopes in scope.c, files in report.c.
+ * are in release.c, scopes in scope.c, files in report/.
  */
 #include "gpureclaim_internal.h"
 

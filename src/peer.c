@@ -17,6 +17,7 @@
  * the asking thread may hold), and its status file says it is handling an out-of-memory, so peers skip it.
  */
 #include "gpureclaim_internal.h"
+#include "report/report.h"
 #include "json.h"
 #include "gate.h"
 #include "jsonread.h"

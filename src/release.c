@@ -20,6 +20,7 @@
  * since the running release may need it for step 1.
  */
 #include "gpureclaim_internal.h"
+#include "report/report.h"
 #include "gate.h"
 
 #include <errno.h>

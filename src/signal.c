@@ -18,6 +18,7 @@
  * action that was there before gpureclaim and lets the signal take it (the default: the child ends).
  */
 #include "gpureclaim_internal.h"
+#include "report/report.h"
 
 #include <errno.h>
 #include <signal.h>

@@ -26,6 +26,7 @@
  * goes back to AWAKE, a wake without room back to ASLEEP.
  */
 #include "gpureclaim_internal.h"
+#include "report/report.h"
 #include "gate.h"
 #include "json.h"
 
