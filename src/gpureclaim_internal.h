@@ -28,7 +28,11 @@
 #include <sys/types.h>
 #include <time.h>
 
-#define GR_EXPORT __attribute__((visibility("default")))
+/* What the library exports, one macro per kind (src/gpureclaim.map lists both, check_exports.cmake checks them):
+ * the public functions of gpureclaim.h carry GPURECLAIM_API (that header's, on their declarations and
+ * definitions), and the symbols that stand in for the driver's, the CUDA runtime's and libc's carry GR_INTERPOSE
+ * (hooks/). Everything else is hidden (the version script's "local: *"). */
+#define GR_INTERPOSE __attribute__((visibility("default")))
 #define GR_HIDDEN __attribute__((visibility("hidden")))
 #define GR_TLS __thread __attribute__((tls_model("initial-exec")))
 /* Code that sanitizer runtimes reach before they are initialised: their start-up looks up real functions with

@@ -42,8 +42,8 @@ static int fill_snapshot(jbuf_t *b, bool unused) {
   return rc;
 }
 
-GR_EXPORT int gpureclaim_snapshot(const char *path) { return to_path(path, STDOUT_FILENO, fill_snapshot, false); }
+GPURECLAIM_API int gpureclaim_snapshot(const char *path) { return to_path(path, STDOUT_FILENO, fill_snapshot, false); }
 
-GR_EXPORT int gpureclaim_leak_report(const char *path, int json) {
+GPURECLAIM_API int gpureclaim_leak_report(const char *path, int json) {
   return to_path(path, STDERR_FILENO, gr_report_leaks, json != 0);
 }
