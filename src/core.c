@@ -10,6 +10,7 @@
  * the status file. After fork() the child starts over: empty table, no worker, no files, until it uses CUDA.
  */
 #include "gpureclaim_internal.h"
+#include "core.h"
 #include "report/report.h"
 
 #include <dlfcn.h>
@@ -19,16 +20,11 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
-_Atomic int gr_core_state; /* 0 not started, 1 running, -1 disabled, 2 starting */
-GR_TLS gr_tls_t gr_tls;
-
 static GR_TLS int t_starting;
 static _Atomic int g_once_registered;
-static uint64_t g_start_realtime_ms;
 static _Atomic int g_exiting;
 
 /* Whether another object than this library provides `name` first in the process's global scope (one symbol
@@ -121,25 +117,8 @@ __attribute__((constructor)) static void gr_core_ctor(void) {
   check_link_order();
 }
 
-uint32_t gr_core_tid(void) {
-  if (GR_UNLIKELY(!gr_tls.tid))
-    gr_tls.tid = (uint32_t)syscall(SYS_gettid) & 0x3fffff;
-  return gr_tls.tid;
-}
-
-uint64_t gr_core_now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
-uint64_t gr_core_start_time_ms(void) { return g_start_realtime_ms; }
-
 static void atfork_child(void) {
-  gr_tls.tid = 0;
-  gr_tls.last_ctx = NULL;
-  gr_tls.hook_depth = 0;
-  gr_tls.rt_depth = 0;
+  gr_core_tls_atfork_child();
   /* Registered as a start begins: a parent that had not got past it (0), or runs as a pass-through (-1), has
    * nothing to hand down. A parent half-started (2) is reset as a running one: the child starts over. */
   if (atomic_load_explicit(&gr_core_state, memory_order_relaxed) <= 0)
@@ -226,7 +205,7 @@ bool gr_core_start_slow(void) {
     t_starting = 0;
     return false;
   }
-  g_start_realtime_ms = gr_wall_ms();
+  gr_core_set_start_time_ms(gr_wall_ms());
   atomic_store_explicit(&gr_core_state, 1, memory_order_release);
   if (o->signal && gr_sig_install() != 0)
     gr_warn("could not install the release signal handler");

@@ -5,7 +5,7 @@
  * Module prefixes: gr_opt_ (options.c), gr_log_ (log.c), gr_real_ (real.c), gr_hook_ (hooks/), gr_reg_
  * (registry.c), gr_stats_ (stats.c), gr_table_/gr_epoch_ (table.h), gr_scope_ (scope.c), gr_release_ (release.c),
  * gr_sig_ (signal.c), gr_py_ (releasers/python.c), gr_report_ (report/), gr_control_ (control.c), gr_core_
- * (core.c: start-up, fork, exit).
+ * (core.h: start-up, fork, exit; state.h: what every module reads of the process), gr_tick_ (tick.h).
  */
 #ifndef GPURECLAIM_INTERNAL_H
 #define GPURECLAIM_INTERNAL_H
@@ -17,6 +17,7 @@
 #include "common.h"
 #include "gpureclaim.h"
 #include "options.h"
+#include "state.h"
 #include "table.h"
 
 #include <cuda.h>
@@ -34,7 +35,6 @@
  * (hooks/). Everything else is hidden (the version script's "local: *"). */
 #define GR_INTERPOSE __attribute__((visibility("default")))
 #define GR_HIDDEN __attribute__((visibility("hidden")))
-#define GR_TLS __thread __attribute__((tls_model("initial-exec")))
 /* Code that sanitizer runtimes reach before they are initialised: their start-up looks up real functions with
  * dlsym, which is gpureclaim's override. It must not be instrumented. */
 #define GR_NO_SANITIZE __attribute__((no_sanitize("address", "undefined", "thread")))
@@ -85,7 +85,7 @@ typedef struct gr_drv {
   CUresult (*cuGetErrorName)(CUresult, const char **);
 } gr_drv_t;
 
-/* The table above (every member may be NULL if the driver lacks it). Resolved by gr_core_start(). */
+/* The table above (every member may be NULL if the driver lacks it). Resolved by gr_core_start_slow(). */
 extern gr_drv_t gr_drv;
 int gr_real_resolve_drv(void);
 
@@ -118,20 +118,6 @@ enum {
 const char *gr_api_name(unsigned api);
 /* Public view of a record (library resolved now). */
 void gr_block_from_rec(const gr_rec_t *r, gpureclaim_block_t *b);
-
-/* Per-thread hook state. */
-typedef struct gr_tls {
-  unsigned hook_depth;     /* > 0 while inside an intercepted allocation or free */
-  unsigned rt_depth;       /* > 0 while inside an intercepted runtime call */
-  uintptr_t rt_caller;     /* return address of the outermost runtime call */
-  unsigned rt_api;         /* GR_API_cuda* of that call */
-  unsigned in_dlsym;       /* recursion guard of the dlsym override */
-  uint32_t tid;            /* cached gettid(), 0 until known */
-  CUcontext last_ctx;      /* one-entry cache: context -> registry id, device */
-  uint16_t last_ctx_id;
-  uint8_t last_device;
-} gr_tls_t;
-extern GR_TLS gr_tls_t gr_tls;
 
 /* Entries handed out unwrapped because their ABI could not be proven (README, "Limits"). */
 extern _Atomic uint64_t gr_untracked_routes;
@@ -342,28 +328,6 @@ uintptr_t gr_site_pc(gr_site_t site);
 int gr_site_frames(gr_site_t site, uintptr_t *frames, int max);
 
 /* ------------------------------------------------------------------------------------------------------------
- * core.c: start-up (when the process initialises CUDA), fork, exit
- * ---------------------------------------------------------------------------------------------------------- */
-
-/* 0 before CUDA init, 1 running, -1 disabled, 2 being started by one thread. */
-extern _Atomic int gr_core_state;
-/* Starts gpureclaim's machinery (table, worker thread, signal handler, status file), or waits while another
- * thread does. Idempotent, cheap after the first call. Returns true when tracking is on. */
-bool gr_core_start_slow(void);
-static inline bool gr_core_active(void) {
-  int s = atomic_load_explicit(&gr_core_state, memory_order_acquire);
-  /* 2: another thread is starting it; a block allocated meanwhile must be tracked too, so wait for it. */
-  return GR_LIKELY(s == 1) || (s >= 0 && gr_core_start_slow());
-}
-static inline bool gr_core_disabled(void) {
-  return atomic_load_explicit(&gr_core_state, memory_order_relaxed) < 0;
-}
-uint32_t gr_core_tid(void);
-uint64_t gr_core_now_ms(void);
-/* Process start time (ms, CLOCK_REALTIME) for status files. */
-uint64_t gr_core_start_time_ms(void);
-
-/* ------------------------------------------------------------------------------------------------------------
  * scope.c
  * ---------------------------------------------------------------------------------------------------------- */
 
@@ -400,19 +364,6 @@ uint64_t gr_release_count(void);
 int gr_worker_start(void);
 void gr_worker_stop(void);
 void gr_worker_atfork_child(void);
-/* A block's allocation time without a clock read per allocation: the worker thread stores
- * gr_core_now_ms() << 1 in gr_worker_tick every GR_TICK_MS while the process allocates; the first allocation
- * that reads a tick sets its bit 0 (so the worker knows the process still allocates), and after a second of
- * ticks that no allocation read the worker stores 0 and sleeps. An allocation that reads 0 takes the time from
- * the clock and wakes the worker (gr_worker_tick_slow). So a block's time is the coarse clock's at most a tick
- * (plus the worker's scheduling delay) early, never stale across an idle period. */
-#define GR_TICK_MS 4
-extern _Atomic uint64_t gr_worker_tick;
-uint64_t gr_worker_tick_slow(uint64_t tick);
-static inline uint64_t gr_worker_now_ms(void) {
-  uint64_t v = atomic_load_explicit(&gr_worker_tick, memory_order_relaxed);
-  return GR_LIKELY(v & 1) ? v >> 1 : gr_worker_tick_slow(v);
-}
 
 int gr_sig_install(void);
 /* The descriptor the handler writes to; the worker polls it. -1 when the signal is off. */

@@ -29,6 +29,7 @@
  * that an allocation that gets the same address meanwhile takes the stale record out first.
  */
 #include "gpureclaim_internal.h"
+#include "tick.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -131,7 +132,7 @@ void gr_track_fill(gr_rec_t *r, unsigned kind, uint64_t key, uint64_t size, unsi
   r->kind = (uint8_t)kind;
   r->state = GR_ST_LIVE;
   r->device = GR_DEVICE_NONE;
-  r->time_ms = gr_worker_now_ms(); /* the worker's tick: no clock read per allocation */
+  r->time_ms = gr_tick_now_ms(); /* the worker's tick: no clock read per allocation */
   r->tid = gr_core_tid();
   uintptr_t pc = ra;
   r->api = (uint8_t)driver_api;
@@ -575,7 +576,7 @@ GR_HOT_INLINE void gr_track_alloc(unsigned kind, uint64_t key, uint64_t size, un
       .key = key,
       .w1 = gr_pk_w1(size > GR_SIZE_MAX ? GR_SIZE_MAX : size, kind, device, api),
       .w2 = site.bits,
-      .w3 = gr_pk_w3(gr_worker_now_ms(), gr_core_tid()),
+      .w3 = gr_pk_w3(gr_tick_now_ms(), gr_core_tid()),
   };
   insert_ctx_pk(&p, seq0);
 }

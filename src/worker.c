@@ -5,61 +5,20 @@
  * (control.c), runs the release the signal asks for (GPURECLAIM_ON_SIGNAL, release.c) or puts the process to
  * sleep (GPURECLAIM_ON_SIGNAL=sleep, sleep.c), serves one client at a time, every 2 s checks whether the program
  * replaced gpureclaim's handler, runs the idle watch (GPURECLAIM_SLEEP_IDLE), and advances the allocation-time
- * tick while the process allocates (gpureclaim_internal.h, GR_TICK_MS). It starts with CUDA (core.c),
- * blocks every signal, and ends when the process forks (the child starts its own when it uses CUDA) or exits.
+ * tick while the process allocates (tick.c). It starts with CUDA (core.c), blocks every signal, and ends when
+ * the process forks (the child starts its own when it uses CUDA) or exits.
  */
 #include "gpureclaim_internal.h"
 #include "report/report.h"
+#include "tick.h"
 
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
-#include <sys/eventfd.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
 static _Atomic int g_worker_up;
-
-/* ---- the allocation-time tick (gpureclaim_internal.h) ---- */
-_Atomic uint64_t gr_worker_tick;
-static _Atomic int g_tick_wanted; /* 1 from an allocation's request until the worker stops ticking */
-static _Atomic int g_tick_fd = -1; /* an allocation that finds the tick stopped wakes the worker through it */
-#define IDLE_TICKS (1000 / GR_TICK_MS) /* a second of ticks no allocation read: stop ticking */
-
-uint64_t gr_worker_tick_slow(uint64_t tick) {
-  if (tick) { /* the first allocation of this tick: mark it read */
-    atomic_fetch_or_explicit(&gr_worker_tick, 1, memory_order_relaxed);
-    return tick >> 1;
-  }
-  uint64_t now = gr_core_now_ms();
-  if (!atomic_exchange_explicit(&g_tick_wanted, 1, memory_order_relaxed)) {
-    int fd = atomic_load_explicit(&g_tick_fd, memory_order_acquire); /* published after it was made */
-    uint64_t one = 1;
-    if (fd >= 0) {
-      ssize_t w = write(fd, &one, sizeof one); /* cannot fill up: the worker drains it */
-      (void)w;
-    }
-  }
-  return now;
-}
-
-/* One step of the tick; returns whether the worker keeps ticking. */
-static bool tick_step(bool ticking, unsigned *idle) {
-  if (!ticking)
-    return false;
-  uint64_t was = atomic_exchange_explicit(&gr_worker_tick, gr_core_now_ms() << 1, memory_order_relaxed);
-  if (was & 1) {
-    *idle = 0;
-    return true;
-  }
-  if (++*idle < IDLE_TICKS)
-    return true;
-  /* Stopped: 0 first, so an allocation from now on reads the clock and, once the request below is cleared,
-   * wakes the worker again. */
-  atomic_store_explicit(&gr_worker_tick, 0, memory_order_relaxed);
-  atomic_store_explicit(&g_tick_wanted, 0, memory_order_relaxed);
-  return false;
-}
 
 static void *worker(void *arg) {
   (void)arg;
@@ -67,25 +26,22 @@ static void *worker(void *arg) {
   bool ticking = true;
   unsigned idle = 0;
   uint64_t last_check = gr_core_now_ms();
-  atomic_store_explicit(&g_tick_wanted, 1, memory_order_relaxed);
+  gr_tick_want();
   for (;;) {
     struct pollfd fds[3] = {{.fd = gr_sig_fd(), .events = POLLIN},
                             {.fd = gr_control_fd(), .events = POLLIN},
-                            {.fd = atomic_load_explicit(&g_tick_fd, memory_order_relaxed), .events = POLLIN}};
+                            {.fd = gr_tick_fd(), .events = POLLIN}};
     /* The periodic work: every 0.5 s when peers may ask (the status file then follows what this process
      * holds), else 2 s; sooner when an idle sleep comes due (GPURECLAIM_SLEEP_IDLE: gr_sleep_idle_tick). While
      * the allocation-time tick runs, the thread wakes every GR_TICK_MS and does the periodic work when due. */
     int tick = gr_sleep_idle_tick(), every = gr_opt()->status && gr_opt()->peers ? 500 : 2000;
     int period = tick < every ? tick : every;
-    ticking = tick_step(ticking, &idle);
+    ticking = gr_tick_step(ticking, &idle);
     int n = poll(fds, 3, ticking && GR_TICK_MS < period ? GR_TICK_MS : period);
     if (!atomic_load_explicit(&g_worker_up, memory_order_acquire))
       break; /* the process forked or is exiting */
     if (n > 0 && (fds[2].revents & POLLIN)) { /* an allocation found the tick stopped */
-      uint64_t count;
-      while (read(fds[2].fd, &count, sizeof count) > 0)
-        ;
-      atomic_store_explicit(&g_tick_wanted, 1, memory_order_relaxed);
+      gr_tick_resume();
       ticking = true;
       idle = 0;
     }
@@ -118,8 +74,7 @@ static void *worker(void *arg) {
 int gr_worker_start(void) {
   if (atomic_exchange_explicit(&g_worker_up, 1, memory_order_acq_rel))
     return 0;
-  if (atomic_load_explicit(&g_tick_fd, memory_order_relaxed) < 0)
-    atomic_store_explicit(&g_tick_fd, eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC), memory_order_release);
+  gr_tick_open();
   if (gr_opt()->status)
     gr_control_open();
   sigset_t all, old;
@@ -141,15 +96,7 @@ int gr_worker_start(void) {
 
 void gr_worker_stop(void) { atomic_store_explicit(&g_worker_up, 0, memory_order_release); }
 
-
 void gr_worker_atfork_child(void) {
-  /* The worker did not survive the fork: allocations read the clock until the child's own worker ticks. */
   atomic_store_explicit(&g_worker_up, 0, memory_order_relaxed);
-  atomic_store_explicit(&gr_worker_tick, 0, memory_order_relaxed);
-  atomic_store_explicit(&g_tick_wanted, 0, memory_order_relaxed);
-  /* The parent's eventfd is shared with it: the child's worker makes its own, or it could swallow the wake-ups
-   * of the parent's allocations. */
-  int fd = atomic_exchange_explicit(&g_tick_fd, -1, memory_order_relaxed);
-  if (fd >= 0)
-    close(fd);
+  gr_tick_atfork_child();
 }

@@ -12,6 +12,7 @@
  * already freed (gpureclaim.h, scopes).
  */
 #include "gpureclaim_internal.h"
+#include "core.h"
 #include "hooklist.h"
 #include "gate.h"
 
