@@ -1,6 +1,7 @@
 /*
  * api.c -- the public functions of gpureclaim.h that read the table and the counters. The release functions
- * are in release.c, scopes in scope.c, files in report/.
+ * (a scope's end included: it may release at once) are in release.c, the other scope functions in scope.c,
+ * files in report/.
  */
 #include "gpureclaim_internal.h"
 

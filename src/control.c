@@ -174,7 +174,7 @@ static void answer(int fd, const char *line, int pid) {
                                           : strerror(-rc));
     }
   } else if (strncmp(line, "give ", 5) == 0 || strcmp(line, "give") == 0) {
-    /* A peer ran out of memory on a GPU we use (peer.c). Not run for a client that already hung up. */
+    /* A peer ran out of memory on a GPU we use (give.c). Not run for a client that already hung up. */
     if (!client_waiting(fd, false)) {
       jb_free(&b);
       return;

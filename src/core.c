@@ -1,9 +1,10 @@
 /*
  * core.c -- gpureclaim's life in a process.
  *
- * Nothing happens until the process initialises CUDA: the constructor only reads GPURECLAIM_DISABLE, notes the
- * current directory when GPURECLAIM_LOG is a relative path, and checks the link order (one symbol lookup; a
- * warning if libcuda would hide gpureclaim's driver entry points), and
+ * Nothing happens until the process initialises CUDA: the constructor only hands the modules below this one what
+ * they need of those above (two function pointers), reads GPURECLAIM_DISABLE, notes the current directory when
+ * GPURECLAIM_LOG is a relative path, and checks the link order (one symbol lookup; a warning if libcuda would
+ * hide gpureclaim's driver entry points), and
  * until the first cuInit (or the first allocation) seen through a hook, gpureclaim starts no thread, installs
  * no handler, writes no file and allocates nothing (LD_PRELOAD reaches every child process a program starts).
  * Then gr_core_start_slow() maps the table, installs the signal handler, starts the worker thread and writes
@@ -11,6 +12,7 @@
  */
 #include "gpureclaim_internal.h"
 #include "core.h"
+#include "gate.h"
 #include "report/report.h"
 
 #include <dlfcn.h>
@@ -109,6 +111,10 @@ static void second_copy_check(void) {
 }
 
 __attribute__((constructor)) static void gr_core_ctor(void) {
+  /* What the modules below this one are handed of those above them (nothing runs): the gates' slow path wakes
+   * the process, and the status file and the stats answer show the sleep and peer objects. */
+  gr_gate_set_slow(gr_sleep_gate_slow);
+  gr_report_status_parts(gr_sleep_json, gr_peer_status_json);
   if (gr_opt_disabled_early() || another_copy_first()) {
     atomic_store_explicit(&gr_core_state, -1, memory_order_release);
     return;
@@ -133,6 +139,7 @@ static void atfork_child(void) {
   gr_peer_atfork_child();
   gr_worker_atfork_child();
   gr_sig_atfork_child();
+  gr_gate_atfork_child();
   gr_sleep_atfork_child();
   gr_control_forget();
   gr_report_atfork_child();

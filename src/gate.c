@@ -2,6 +2,8 @@
  * gate.c -- hands out gates (gate.h, gate.S): every driver entry point the program gets through
  * cuGetProcAddress or dlsym(libcuda) goes through one, so that the first call of any thread while the process
  * sleeps wakes it before the call goes on (sleep.c). Awake, a gate costs a byte compare and an indirect jump.
+ * gpureclaim's own releases are admitted through the same flag (gr_gate_release_begin): none calls the driver
+ * while the process sleeps.
  *
  * Gates are handed out once per distinct real function (a small hash table under a mutex: this runs at symbol
  * lookup, never per call) and never taken back: a program may keep the pointer for good. When all GR_GATE_MAX
@@ -69,8 +71,53 @@ void *gr_gate_wrap(void *real) {
   return gate;
 }
 
+static _Atomic(gr_gate_slow_fn) g_slow;
+
+void gr_gate_set_slow(gr_gate_slow_fn fn) { atomic_store_explicit(&g_slow, fn, memory_order_release); }
+
+CUresult gr_gate_check_slow(void) {
+  gr_gate_slow_fn fn = atomic_load_explicit(&g_slow, memory_order_acquire);
+  return fn ? fn() : CUDA_SUCCESS;
+}
+
 /* Called by a gate whose flag was set; the argument registers are saved. */
 void *gr_gate_slow(unsigned idx) {
   void *target = __atomic_load_n(&gr_gate_target[idx], __ATOMIC_ACQUIRE);
-  return gr_sleep_gate_slow() == CUDA_SUCCESS ? target : NULL;
+  return gr_gate_check_slow() == CUDA_SUCCESS ? target : NULL;
+}
+
+/* ---- releases: admitted while the flag is not GR_GATE_SLEEP ---- */
+
+static pthread_mutex_t g_rel_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_rel_cv = PTHREAD_COND_INITIALIZER;
+static unsigned g_rel_active; /* releases calling the driver now, under g_rel_mu */
+
+bool gr_gate_release_begin(void) {
+  pthread_mutex_lock(&g_rel_mu);
+  bool ok = atomic_load(&gr_gate_flag) != GR_GATE_SLEEP;
+  if (ok)
+    g_rel_active++;
+  pthread_mutex_unlock(&g_rel_mu);
+  return ok;
+}
+
+void gr_gate_release_end(void) {
+  pthread_mutex_lock(&g_rel_mu);
+  if (--g_rel_active == 0)
+    pthread_cond_broadcast(&g_rel_cv);
+  pthread_mutex_unlock(&g_rel_mu);
+}
+
+void gr_gate_atfork_child(void) {
+  pthread_mutex_init(&g_rel_mu, NULL);
+  pthread_cond_init(&g_rel_cv, NULL);
+  g_rel_active = 0;
+}
+
+void gr_gate_close(void) {
+  pthread_mutex_lock(&g_rel_mu);
+  atomic_store(&gr_gate_flag, GR_GATE_SLEEP);
+  while (g_rel_active)
+    pthread_cond_wait(&g_rel_cv, &g_rel_mu);
+  pthread_mutex_unlock(&g_rel_mu);
 }

@@ -19,6 +19,7 @@
 #ifndef __ASSEMBLER__
 #include <cuda.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 
 /* 0 awake: every gate jumps straight on. GR_GATE_SLEEP: asleep or on the way (sleep.c). GR_GATE_PROBE: the
  * idle watch wants to know whether any call happens (the first one clears it). */
@@ -33,14 +34,33 @@ bool gr_gate_enabled(void);
 /* Gates handed out so far. */
 unsigned gr_gate_count(void);
 
-/* The slow path, in C: sleep.c. CUDA_SUCCESS to go on with the call, else the error the call returns. */
-CUresult gr_sleep_gate_slow(void);
+/* The slow path, in C: what a call that meets the flag set does (wake the process: sleep.c's
+ * gr_sleep_gate_slow, handed over by core.c's constructor). CUDA_SUCCESS to go on with the call, else the error
+ * the call returns; CUDA_SUCCESS while none was handed over. */
+typedef CUresult (*gr_gate_slow_fn)(void);
+void gr_gate_set_slow(gr_gate_slow_fn fn);
+CUresult gr_gate_check_slow(void);
 
 /* For gpureclaim's own wrappers (hooks/driver.c, procaddr.c), which are not behind a gate: the same test. */
 static inline CUresult gr_gate_check(void) {
   if (__builtin_expect(atomic_load_explicit(&gr_gate_flag, memory_order_relaxed) == 0, 1))
     return CUDA_SUCCESS;
-  return gr_sleep_gate_slow();
+  return gr_gate_check_slow();
 }
+
+/* True while gpureclaim must not call the driver itself (asleep, waking, or the lock is about to be taken):
+ * reports leave out what only the driver knows, and releases asked by the command or the signal are refused. */
+static inline bool gr_gate_driver_off(void) {
+  return atomic_load_explicit(&gr_gate_flag, memory_order_acquire) == GR_GATE_SLEEP;
+}
+
+/* gpureclaim's own releases pass the gate too: begin says whether one may call the driver now (true: go on,
+ * then end) or must not (false: the process sleeps or is going to). close raises the flag for a sleep and
+ * waits for the releases admitted before it. */
+bool gr_gate_release_begin(void);
+void gr_gate_release_end(void);
+void gr_gate_close(void);
+/* A forked child: no release runs in it. */
+void gr_gate_atfork_child(void);
 #endif
 #endif

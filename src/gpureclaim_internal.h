@@ -339,6 +339,23 @@ void gr_scope_note(const gr_rec_t *r);
 void gr_scope_unref(uint16_t slot);
 uint64_t gr_scope_id(uint16_t slot);
 void gr_scope_atfork_child(void);
+/* A key a scope listed for its end: where one of its records may be. */
+typedef struct gr_scope_key {
+  uint64_t key;
+  uint32_t ks; /* GR_KS_ADDR or GR_KS_HANDLE */
+} gr_scope_key_t;
+/* gpureclaim_scope_end (release.c) in two steps. end: the scope's live blocks become orphans (0, or -ENOENT when the
+ * scope is not open); ended says which (slot, the keys it listed, or scan: every record of the slot in the
+ * table) and how many. finish: gives back the keys and the scope's own reference, after a FREE_NOW release. */
+typedef struct gr_scope_ended {
+  uint16_t slot;
+  gr_scope_key_t *keys;
+  uint32_t n;
+  bool scan;
+  uint64_t orphans;
+} gr_scope_ended_t;
+int gr_scope_end(uint64_t scope, gr_scope_ended_t *ended);
+void gr_scope_end_finish(gr_scope_ended_t *ended);
 
 /* ------------------------------------------------------------------------------------------------------------
  * release.c / signal.c / control.c / releasers (report/: report/report.h)
@@ -348,16 +365,14 @@ void gr_scope_atfork_child(void);
 int gr_release_run(unsigned what, int trigger, gpureclaim_report_t *out);
 /* What an out-of-memory failure may release on the allocating thread. Returns bytes given back. */
 uint64_t gr_release_for_oom(void);
-/* Frees the blocks of scope slot s now (GPURECLAIM_FREE_NOW). */
-/* A key a scope listed for its end (scope.c): where one of its records may be. */
-typedef struct gr_scope_key {
-  uint64_t key;
-  uint32_t ks; /* GR_KS_ADDR or GR_KS_HANDLE */
-} gr_scope_key_t;
 /* Frees the orphans of scope slot `slot` at once (GPURECLAIM_FREE_NOW): those under the n keys given, or with
  * keys NULL every orphan of the slot in the table. */
 void gr_release_free_scope_now(uint16_t slot, const gr_scope_key_t *keys, size_t n, gpureclaim_report_t *rep);
 void gr_release_atfork_child(void);
+/* A give to a peer gave something now (gr_release_give, or a sleep a peer's request caused): the status file's
+ * last_gave_ms, the time of the last such give (CLOCK_REALTIME ms, 0 never): peers ask a recent giver last. */
+void gr_release_note_give(void);
+uint64_t gr_release_last_give_ms(void);
 uint64_t gr_release_count(void);
 
 /* worker.c: the thread that serves the signal and the control socket. */
@@ -395,18 +410,15 @@ void gr_stats_peer_give(uint64_t given);
 struct jbuf;
 /* The status file's "peer" object. */
 void gr_peer_status_json(struct jbuf *b);
-/* Framework caches as measured now (the status file shows the releasable part as what could be given). */
-struct gr_py_cache;
-void gr_peer_note_frameworks(const struct gr_py_cache *c, int n);
 /* The worker's periodic check: rewrites the status file when what this process holds changed. */
 void gr_peer_tick(void);
-/* Serves a "give" request line (after "give ") from the process whose credentials are pid/uid; fills the
+/* give.c: serves a "give" request line (after "give ") from the process whose credentials are pid/uid; fills the
  * answer into b (an open object). */
 void gr_peer_serve_give(const char *args, int pid, struct jbuf *b);
-/* A give gave something now: the status file's last_gave_ms (peers ask a recent giver last). */
-void gr_peer_note_gave(void);
 /* Whether a thread of this process is handling an out-of-memory with its peers now. */
 bool gr_peer_busy(void);
+/* Whether GPURECLAIM_PEERS names this role (GR_PEERS_ASK, _GIVE, _SLEEP) and status files are on. */
+bool gr_peer_on(unsigned bit);
 /* The asking side, called by the hooks after their own retry failed (driver.c, PEER_RETRY). */
 #define GR_PEER_MAX 16 /* peers asked in one peer reclaim, at most */
 typedef struct gr_peer_result {
@@ -448,12 +460,8 @@ int gr_sleep_run_progress(int trigger, unsigned timeout_ms, gpureclaim_sleep_rep
 /* Wakes the process (trigger: gpureclaim_trigger_t). 0, -ENOMEM (no room in time), -EIO (restore refused). */
 int gr_sleep_wake(int trigger);
 int gr_sleep_state_now(uint64_t *host_bytes);
-/* True while gpureclaim must not call the driver itself (asleep, waking, or the lock is about to be taken):
- * reports leave out what only the driver knows, and releases asked by the command or the signal are refused. */
-bool gr_sleep_driver_off(void);
-/* A release is about to call the driver (true: go on, then gr_sleep_release_end) or must not (false). */
-bool gr_sleep_release_begin(void);
-void gr_sleep_release_end(void);
+/* The slow path of the gates (gate.h, gr_gate_set_slow): a call while the process sleeps wakes it. */
+CUresult gr_sleep_gate_slow(void);
 /* "sleep": {state, host_bytes, ...} for the status file and the stats answer. */
 void gr_sleep_json(struct jbuf *b);
 void gr_sleep_report_json(struct jbuf *b, const gpureclaim_sleep_report_t *r);

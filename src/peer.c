@@ -2,12 +2,12 @@
  * peer.c -- peer reclaim: an out-of-memory in one process is relieved by the other gpureclaim processes of the
  * same user on the same GPU (GPURECLAIM_PEERS, GPURECLAIM_PEER_TIMEOUT; README, "Peer reclaim").
  *
- * Both sides live here:
+ * Both sides, the serving of a request apart (give.c):
  *   - giving: the status file's "peer" object says, per GPU UUID this process holds memory on, what it holds and
  *     what each category could give (orphans, pools' unused memory, framework caches as last measured), whether
  *     it gives, whether a thread of it is handling an out-of-memory now, and when it last gave. The worker
- *     rewrites it when those figures change (gr_peer_tick), and serves "give" requests on the control socket
- *     (gr_peer_serve_give -> gr_release_give in release.c, trigger `peer`).
+ *     rewrites it when those figures change (gr_peer_tick); the "give" requests of the control socket are served
+ *     by give.c (gr_peer_serve_give -> gr_release_give in release.c, trigger `peer`).
  *   - asking: an allocation whose own release-and-retry failed (hooks/driver.c, PEER_RETRY) takes the GPU's lock
  *     in the run directory (one peer reclaim per GPU at a time; a thread that had to wait retries first), reads
  *     the other status files, and asks the peers on the same UUID in order (cheapest to give first, recent
@@ -37,29 +37,14 @@
 #include <unistd.h>
 
 static _Atomic int g_busy;                /* threads of this process in a peer reclaim now */
-static _Atomic uint64_t g_last_gave_ms;   /* CLOCK_REALTIME ms of the last give that gave something; 0 never */
-static _Atomic uint64_t g_fw[GR_MAX_DEV]; /* framework caches' releasable bytes per device, as last measured */
 static _Atomic uint64_t g_fingerprint;    /* of the figures the status file shows (gr_peer_tick) */
 static GR_TLS int t_in_peer;
 
-static uint64_t mono_ms(void) { return gr_mono_ns() / 1000000; }
-
-void gr_peer_note_gave(void) { atomic_store_explicit(&g_last_gave_ms, gr_wall_ms(), memory_order_relaxed); }
-
 bool gr_peer_busy(void) { return atomic_load_explicit(&g_busy, memory_order_acquire) > 0; }
 
-static bool peers_on(unsigned bit) {
+bool gr_peer_on(unsigned bit) {
   const gr_options_t *o = gr_opt();
   return o->status && (o->peers & bit);
-}
-
-void gr_peer_note_frameworks(const gr_py_cache_t *c, int n) {
-  uint64_t fw[GR_MAX_DEV] = {0};
-  for (int i = 0; i < n; i++)
-    if (c[i].device >= 0 && c[i].device < GR_MAX_DEV)
-      fw[c[i].device] += c[i].releasable;
-  for (int d = 0; d < GR_MAX_DEV; d++)
-    atomic_store_explicit(&g_fw[d], fw[d], memory_order_relaxed);
 }
 
 /* ---- what this process holds, per GPU ---- */
@@ -91,7 +76,7 @@ static int held_by_device(held_t *out, int max) {
     h->pool_cached = s.pool_reserved_bytes > s.pool_used_bytes ? s.pool_reserved_bytes - s.pool_used_bytes : 0;
     h->held = s.live_bytes + h->pool_cached;
     h->orphan = s.orphan_bytes;
-    h->framework = atomic_load_explicit(&g_fw[d], memory_order_relaxed);
+    h->framework = gr_report_framework_releasable(d);
   }
   return n;
 }
@@ -106,7 +91,7 @@ void gr_peer_status_json(jbuf_t *b) {
   jb_bool(b, "give", (o->peers & GR_PEERS_GIVE) != 0);
   jb_bool(b, "sleep", (o->peers & GR_PEERS_SLEEP) && gr_gate_enabled()); /* may be asked to sleep, when idle */
   jb_bool(b, "oom", gr_peer_busy());
-  jb_u64(b, "last_gave_ms", atomic_load_explicit(&g_last_gave_ms, memory_order_relaxed));
+  jb_u64(b, "last_gave_ms", gr_release_last_give_ms());
   jb_arr(b, "gpus");
   uint64_t fp = 1469598103934665603ull;
   for (int i = 0; i < n; i++) {
@@ -144,125 +129,10 @@ void gr_peer_tick(void) {
     gr_report_status_update();
 }
 
-/* ---- giving ---- */
-
-/* "key=value" at *p (one of the request's fields); advances past it and one space. */
-static bool field(const char **p, const char *key, char *val, size_t cap) {
-  size_t k = strlen(key);
-  if (strncmp(*p, key, k) != 0 || (*p)[k] != '=')
-    return false;
-  const char *v = *p + k + 1, *end = strchr(v, ' ');
-  size_t n = end ? (size_t)(end - v) : strlen(v);
-  if (n == 0 || n >= cap)
-    return false;
-  memcpy(val, v, n);
-  val[n] = '\0';
-  *p = end ? end + 1 : v + n;
-  return true;
-}
-
-static bool uuid_ok(const char *u) {
-  if (strncmp(u, "GPU-", 4) != 0 && strncmp(u, "MIG-", 4) != 0)
-    return false;
-  for (const char *c = u + 4; *c; c++)
-    if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f') || *c == '-'))
-      return false;
-  return strlen(u) > 4;
-}
-
-static void error_answer(jbuf_t *b, const char *why) {
-  jb_bool(b, "ok", false);
-  jb_str(b, "error", why);
-}
-
-void gr_peer_serve_give(const char *args, int pid, jbuf_t *b) {
-  /* give bytes=N uuid=GPU-... deadline_ms=N pid=N [sleep=1]: every field, in this order, nothing else. sleep=1:
-   * if what the caches give falls short, sleep (GPURECLAIM_PEERS names sleep, and this process is idle). */
-  char vbytes[24], uuid[48], vdeadline[24], vpid[16], vsleep[4] = "";
-  unsigned long long bytes = 0, deadline = 0, asker = 0;
-  const char *p = args;
-  if (!field(&p, "bytes", vbytes, sizeof vbytes) || !field(&p, "uuid", uuid, sizeof uuid) ||
-      !field(&p, "deadline_ms", vdeadline, sizeof vdeadline) || !field(&p, "pid", vpid, sizeof vpid) ||
-      (*p && (!field(&p, "sleep", vsleep, sizeof vsleep) || strcmp(vsleep, "1") != 0)) || *p || p[-1] == ' ' || gr_opt_parse_uint(vbytes, UINT64_MAX >> 1, &bytes) != 0 || bytes == 0 || !uuid_ok(uuid) ||
-      gr_opt_parse_uint(vdeadline, UINT64_MAX >> 1, &deadline) != 0 ||
-      gr_opt_parse_uint(vpid, 0x7fffffff, &asker) != 0 || asker == 0) {
-    error_answer(b, "malformed give request (expected: give bytes=N uuid=GPU-... deadline_ms=N pid=N [sleep=1])");
-    return;
-  }
-  if ((int)asker != pid) {
-    error_answer(b, "the pid in the request is not the connection's");
-    return;
-  }
-  if (!peers_on(GR_PEERS_GIVE)) {
-    error_answer(b, "this process does not give to peers (GPURECLAIM_PEERS)");
-    return;
-  }
-  uint64_t now = mono_ms();
-  if (deadline <= now) {
-    error_answer(b, "the request's deadline has passed");
-    return;
-  }
-  uint64_t mask = 0;
-  int count = 0;
-  /* Asleep, the driver is not asked (the device holds nothing of this process then: nothing to give). */
-  if (!gr_sleep_driver_off() && gr_drv.cuDeviceGetCount && gr_drv.cuDeviceGetCount(&count) == CUDA_SUCCESS)
-    for (int d = 0; d < count && d < 64; d++) {
-      char u[64];
-      if (gr_report_gpu_uuid(d, u, sizeof u) && !strcmp(u, uuid))
-        mask |= 1ull << d;
-    }
-  gpureclaim_report_t rep;
-  memset(&rep, 0, sizeof rep);
-  uint64_t slept = 0;
-  if (mask) {
-    struct timespec dl;
-    clock_gettime(CLOCK_MONOTONIC, &dl);
-    uint64_t left = deadline - now;
-    dl.tv_sec += (time_t)(left / 1000);
-    dl.tv_nsec += (long)(left % 1000) * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) {
-      dl.tv_sec++;
-      dl.tv_nsec -= 1000000000L;
-    }
-    /* No framework cache while a thread of ours handles an out-of-memory: it may hold the GIL the framework's
-     * release needs, and it waits for peers, maybe for the one asking us. */
-    gr_release_give(bytes, mask, pid, !gr_peer_busy(), &dl, &rep);
-    /* Short after the caches: an idle process that opted in sleeps (its whole device memory goes to the host),
-     * within what is left of the asker's deadline for the lock on calls in flight. */
-    uint64_t gave = rep.cached_bytes + rep.orphaned_bytes + rep.all_bytes;
-    if (vsleep[0] && gave < bytes && peers_on(GR_PEERS_SLEEP) && !gr_peer_busy() && gr_sleep_idle_for_peer()) {
-      uint64_t t = mono_ms();
-      gpureclaim_sleep_report_t sr = {.size = sizeof sr};
-      gr_info("a peer (pid %d) is short of memory on %s and this process is idle: going to sleep", pid, uuid);
-      if (deadline > t && gr_sleep_run(GPURECLAIM_TRIGGER_PEER, (unsigned)(deadline - t), &sr) == 0)
-        slept = sr.device_freed_bytes;
-    }
-    if (slept) /* (what the caches gave, gr_release_give noted before its report rewrote the status file) */
-      gr_peer_note_gave();
-  }
-  jb_bool(b, "ok", true);
-  jb_i64(b, "pid", getpid());
-  jb_bool(b, "on_gpu", mask != 0);
-  jb_key(b, "given");
-  jb_obj(b);
-  jb_u64(b, "orphaned_bytes", rep.orphaned_bytes);
-  jb_u64(b, "pool_bytes", rep.pool_bytes);
-  jb_u64(b, "framework_bytes", rep.framework_bytes);
-  jb_u64(b, "releaser_bytes", rep.releaser_bytes);
-  jb_u64(b, "all_bytes", rep.all_bytes);
-  jb_u64(b, "slept_bytes", slept);
-  jb_u64(b, "total_bytes", rep.cached_bytes + rep.orphaned_bytes + rep.all_bytes + slept);
-  jb_obj_end(b);
-  if (mask) {
-    jb_key(b, "report");
-    gr_report_report_json(b, &rep);
-  }
-}
-
 /* ---- asking ---- */
 
 bool gr_peer_begin(gr_peer_op_t *op, uint64_t bytes, int device) {
-  if (t_in_peer || !peers_on(GR_PEERS_ASK))
+  if (t_in_peer || !gr_peer_on(GR_PEERS_ASK))
     return false;
   const char *dir = gr_report_rundir();
   if (!dir)
@@ -544,7 +414,6 @@ void gr_peer_end(gr_peer_op_t *op, bool succeeded) {
 
 void gr_peer_atfork_child(void) {
   atomic_store_explicit(&g_busy, 0, memory_order_relaxed);
-  atomic_store_explicit(&g_last_gave_ms, 0, memory_order_relaxed);
   atomic_store_explicit(&g_fingerprint, 0, memory_order_relaxed);
   t_in_peer = 0;
 }

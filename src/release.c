@@ -534,14 +534,15 @@ static void do_release_now(const rel_args_t *a, gpureclaim_report_t *rep) {
   mem_info(rep, true);
   rep->duration_ns = gr_mono_ns() - t0;
   gr_stats_release(rep->cached_bytes + rep->orphaned_bytes + rep->all_bytes);
-  gr_report_release(rep, a->served_signal);
+  gr_report_release(rep);
+  gr_report_status_release(rep, a->served_signal);
   t_releasing--;
 }
 
 /* A release calls the driver: never while the process sleeps or is about to (sleep.c). Refused then, with an
  * empty report: the command and the signal say why; the API and scope ends wake the process first. */
 static void do_release(const rel_args_t *a, gpureclaim_report_t *rep) {
-  if (!gr_sleep_release_begin()) {
+  if (!gr_gate_release_begin()) {
     memset(rep, 0, sizeof *rep);
     rep->size = sizeof *rep;
     rep->what = a->what;
@@ -549,7 +550,7 @@ static void do_release(const rel_args_t *a, gpureclaim_report_t *rep) {
     return;
   }
   do_release_now(a, rep);
-  gr_sleep_release_end();
+  gr_gate_release_end();
 }
 
 /* ---- coalescing ---- */
@@ -653,6 +654,22 @@ GPURECLAIM_API int gpureclaim_release_context(void *ctx, gpureclaim_report_t *ou
   return 0;
 }
 
+GPURECLAIM_API int gpureclaim_scope_end(uint64_t scope, unsigned flags) {
+  if (gr_core_disabled())
+    return -ENOTSUP;
+  if (scope == 0 || (flags & ~GPURECLAIM_FREE_NOW))
+    return -EINVAL;
+  gr_scope_ended_t e;
+  int rc = gr_scope_end(scope, &e);
+  if (rc != 0)
+    return rc;
+  /* Under the same keys: the release costs what the scope held too. */
+  if ((flags & GPURECLAIM_FREE_NOW) && e.orphans)
+    gr_release_free_scope_now(e.slot, e.scan ? NULL : e.keys, e.scan ? 0 : e.n, NULL);
+  gr_scope_end_finish(&e);
+  return 0;
+}
+
 void gr_release_free_scope_now(uint16_t slot, const gr_scope_key_t *keys, size_t n, gpureclaim_report_t *out) {
   rel_args_t a = {.what = GPURECLAIM_ORPHANED, .trigger = GPURECLAIM_TRIGGER_SCOPE, .scope = slot, .keys = keys,
                   .nkeys = n};
@@ -663,7 +680,7 @@ void gr_release_free_scope_now(uint16_t slot, const gr_scope_key_t *keys, size_t
   copy_report(out, &rep);
 }
 
-/* ---- a peer's request (peer.c) ---- */
+/* ---- a peer's request (give.c) ---- */
 
 typedef struct {
   uint64_t devmask;
@@ -689,7 +706,7 @@ void gr_release_give(uint64_t want, uint64_t devmask, int asker, bool framework_
   rep->peer_pid = asker;
   /* A give calls the driver as a release does: never while the process sleeps (its device memory is on the
    * host then, so there is nothing to give) or is going to sleep. */
-  if (!gr_sleep_release_begin())
+  if (!gr_gate_release_begin())
     return;
   t_releasing++;
   rep->seq = atomic_fetch_add_explicit(&g_seq, 1, memory_order_relaxed) + 1;
@@ -750,15 +767,24 @@ void gr_release_give(uint64_t want, uint64_t devmask, int asker, bool framework_
   gr_stats_release(total);
   gr_stats_peer_give(total);
   if (total)
-    gr_peer_note_gave(); /* before the report rewrites the status file: peers then ask us last for a while */
-  gr_report_release(rep, false);
+    gr_release_note_give(); /* before the report rewrites the status file: peers then ask us last for a while */
+  gr_report_release(rep);
+  gr_report_status_release(rep, false);
   t_releasing--;
-  gr_sleep_release_end();
+  gr_gate_release_end();
 }
 
 /* ---- out of memory ---- */
 
 static _Atomic int g_oom_busy;
+
+/* ---- the last give ---- */
+
+static _Atomic uint64_t g_last_give_ms; /* CLOCK_REALTIME ms of the last give that gave something; 0 never */
+
+void gr_release_note_give(void) { atomic_store_explicit(&g_last_give_ms, gr_wall_ms(), memory_order_relaxed); }
+
+uint64_t gr_release_last_give_ms(void) { return atomic_load_explicit(&g_last_give_ms, memory_order_relaxed); }
 
 uint64_t gr_release_for_oom(void) {
   if (atomic_exchange_explicit(&g_oom_busy, 1, memory_order_acq_rel))
@@ -782,6 +808,7 @@ void gr_release_atfork_child(void) {
   g_pending_signal = false;
   g_requested = g_served = 0;
   atomic_store_explicit(&g_oom_busy, 0, memory_order_relaxed);
+  atomic_store_explicit(&g_last_give_ms, 0, memory_order_relaxed);
   atomic_store_explicit(&g_seq, 0, memory_order_relaxed);
   for (int i = 0; i < MAX_RELEASERS; i++)
     atomic_store_explicit(&g_rel[i].running, 0, memory_order_relaxed);

@@ -323,11 +323,7 @@ static void orphan_all(end_t *e, const tagged_t *keys, uint32_t n, bool scan) {
   }
 }
 
-GPURECLAIM_API int gpureclaim_scope_end(uint64_t scope, unsigned flags) {
-  if (gr_core_disabled())
-    return -ENOTSUP;
-  if (scope == 0 || (flags & ~GPURECLAIM_FREE_NOW))
-    return -EINVAL;
+int gr_scope_end(uint64_t scope, gr_scope_ended_t *out) {
   uint16_t s = (uint16_t)(scope & 0xffff);
   if (s == 0 || (scope & ID_ENDED) || !g_slots || !is_open(s, scope))
     return -ENOENT;
@@ -357,20 +353,23 @@ GPURECLAIM_API int gpureclaim_scope_end(uint64_t scope, unsigned flags) {
   sl->n = sl->cap = 0;
   sl->closed = 1;
   unlock_slot(sl);
+  uint64_t orphans = 0;
   if ((n || scan) && atomic_load_explicit(&gr_core_state, memory_order_acquire) == 1) {
     end_t *e = calloc(1, sizeof *e);
     if (e) {
       e->slot = s;
       orphan_all(e, keys, n, scan);
-      /* Under the same keys: the release costs what the scope held too. */
-      if ((flags & GPURECLAIM_FREE_NOW) && e->orphans)
-        gr_release_free_scope_now(s, scan ? NULL : keys, scan ? 0 : n, NULL);
+      orphans = e->orphans;
       free(e);
     }
   }
-  free(keys);
-  unref(s); /* the scope's own reference */
+  *out = (gr_scope_ended_t){s, keys, n, scan, orphans};
   return 0;
+}
+
+void gr_scope_end_finish(gr_scope_ended_t *ended) {
+  free(ended->keys);
+  unref(ended->slot); /* the scope's own reference */
 }
 
 void gr_scope_atfork_child(void) {

@@ -49,7 +49,6 @@ static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
 static int g_state;              /* ST_*, under g_mu */
 static _Atomic int g_state_pub;  /* the same, for lock-free readers (reports) */
 static _Atomic uint64_t g_host_bytes;
-static unsigned g_rel_active;    /* releases calling the driver now, under g_mu */
 static uint64_t g_attempt, g_failed_attempt; /* wakes begun; the last one that found no room */
 static uint64_t g_need[GR_MAX_DEV];          /* per device: what a restore needs back */
 static char g_uuid[GR_MAX_DEV][64];
@@ -386,11 +385,7 @@ int gr_sleep_run_progress(int trigger, unsigned timeout_ms, gpureclaim_sleep_rep
   gr_reg_foreach_ctx(sync_ctx, NULL);
 
   /* 4. gates closed; releases that call the driver are waited for */
-  pthread_mutex_lock(&g_mu);
-  atomic_store(&gr_gate_flag, GR_GATE_SLEEP);
-  while (g_rel_active)
-    pthread_cond_wait(&g_cv, &g_mu);
-  pthread_mutex_unlock(&g_mu);
+  gr_gate_close();
   /* A thread that passed its gate just before the flag went up is about to enter the driver: give it the
    * moment to get there, so that the lock waits for its call instead of holding it until the next wake. */
   sched_yield();
@@ -577,26 +572,6 @@ int gr_sleep_state_now(uint64_t *host_bytes) {
                                                                        : GPURECLAIM_STATE_AWAKE;
 }
 
-bool gr_sleep_driver_off(void) {
-  return atomic_load_explicit(&gr_gate_flag, memory_order_acquire) == GR_GATE_SLEEP;
-}
-
-bool gr_sleep_release_begin(void) {
-  pthread_mutex_lock(&g_mu);
-  bool ok = atomic_load(&gr_gate_flag) != GR_GATE_SLEEP;
-  if (ok)
-    g_rel_active++;
-  pthread_mutex_unlock(&g_mu);
-  return ok;
-}
-
-void gr_sleep_release_end(void) {
-  pthread_mutex_lock(&g_mu);
-  if (--g_rel_active == 0)
-    pthread_cond_broadcast(&g_cv);
-  pthread_mutex_unlock(&g_mu);
-}
-
 /* The idle watch, on the worker's tick: arms the probe (the first gated call clears it); once it stayed armed
  * GPURECLAIM_SLEEP_IDLE seconds, no thread made a call gpureclaim saw for that long, and the process sleeps.
  * With GPURECLAIM_PEERS naming sleep the probe is armed too, for gr_sleep_idle_for_peer(). */
@@ -644,7 +619,6 @@ void gr_sleep_atfork_child(void) {
   g_state = ST_AWAKE;
   atomic_store(&g_state_pub, ST_AWAKE);
   atomic_store(&g_host_bytes, 0);
-  g_rel_active = 0;
   atomic_store(&g_idle_since_ms, 0);
   pthread_mutex_init(&g_cap_mu, NULL);
   g_ncap = 0, g_capture_lost = 0; /* the parent's captures are not the child's */

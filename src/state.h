@@ -17,19 +17,17 @@
 
 /* 0 before CUDA init, 1 running, -1 disabled, 2 being started by one thread (core.c). */
 extern _Atomic int gr_core_state;
-static inline bool gr_core_disabled(void) {
-  return atomic_load_explicit(&gr_core_state, memory_order_relaxed) < 0;
-}
+static inline bool gr_core_disabled(void) { return atomic_load_explicit(&gr_core_state, memory_order_relaxed) < 0; }
 
 /* Per-thread hook state. */
 typedef struct gr_tls {
-  unsigned hook_depth;     /* > 0 while inside an intercepted allocation or free */
-  unsigned rt_depth;       /* > 0 while inside an intercepted runtime call */
-  uintptr_t rt_caller;     /* return address of the outermost runtime call */
-  unsigned rt_api;         /* GR_API_cuda* of that call */
-  unsigned in_dlsym;       /* recursion guard of the dlsym override */
-  uint32_t tid;            /* cached gettid(), 0 until known */
-  CUcontext last_ctx;      /* one-entry cache: context -> registry id, device */
+  unsigned hook_depth; /* > 0 while inside an intercepted allocation or free */
+  unsigned rt_depth;   /* > 0 while inside an intercepted runtime call */
+  uintptr_t rt_caller; /* return address of the outermost runtime call */
+  unsigned rt_api;     /* GR_API_cuda* of that call */
+  unsigned in_dlsym;   /* recursion guard of the dlsym override */
+  uint32_t tid;        /* cached gettid(), 0 until known */
+  CUcontext last_ctx;  /* one-entry cache: context -> registry id, device */
   uint16_t last_ctx_id;
   uint8_t last_device;
 } gr_tls_t;

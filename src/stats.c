@@ -21,6 +21,7 @@
  *   (with one device, that device's peak is the process's).
  */
 #include "gpureclaim_internal.h"
+#include "gate.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -343,7 +344,7 @@ static void add_pool(uint16_t id, CUmemoryPool pool, int device, void *arg) {
   if (ps->device >= 0 && device != ps->device)
     return;
   ps->count++;
-  if (gr_sleep_driver_off())
+  if (gr_gate_driver_off())
     return; /* asleep: the pools hold nothing on the device, and the driver cannot be asked */
   cuuint64_t v = 0;
   if (gr_drv.cuMemPoolGetAttribute &&

@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 _Atomic uint64_t gr_tick;
-static _Atomic int g_tick_wanted; /* 1 from an allocation's request until the worker stops ticking */
-static _Atomic int g_tick_fd = -1; /* an allocation that finds the tick stopped wakes the worker through it */
+static _Atomic int g_tick_wanted;      /* 1 from an allocation's request until the worker stops ticking */
+static _Atomic int g_tick_fd = -1;     /* an allocation that finds the tick stopped wakes the worker through it */
 #define IDLE_TICKS (1000 / GR_TICK_MS) /* a second of ticks no allocation read: stop ticking */
 
 uint64_t gr_tick_slow(uint64_t tick) {

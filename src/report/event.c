@@ -82,7 +82,7 @@ void gr_report_event(const jbuf_t *b) {
   } /* else quiet: nothing on the program's stderr unless asked */
 }
 
-void gr_report_release(const gpureclaim_report_t *r, bool served_signal) {
+void gr_report_release(const gpureclaim_report_t *r) {
   jbuf_t b;
   jb_init(&b);
   jb_obj(&b);
@@ -95,7 +95,6 @@ void gr_report_release(const gpureclaim_report_t *r, bool served_signal) {
   gr_report_event(&b);
   gr_log_release(r);
   jb_free(&b);
-  gr_report_status_release(r, served_signal);
 }
 
 /* ---- one line for people ---- */
@@ -111,7 +110,8 @@ void gr_log_release(const gpureclaim_report_t *r) {
   uint64_t sum = r->cached_bytes + r->orphaned_bytes + r->all_bytes;
   gr_info("released %s in %.2f ms (cached %s, orphaned %s in %llu block%s), asked by %s%s",
           gr_log_bytes(sum, total, sizeof total), (double)r->duration_ns / 1e6,
-          gr_log_bytes(r->cached_bytes, cached, sizeof cached), gr_log_bytes(r->orphaned_bytes, orphaned, sizeof orphaned),
+          gr_log_bytes(r->cached_bytes, cached, sizeof cached),
+          gr_log_bytes(r->orphaned_bytes, orphaned, sizeof orphaned),
           (unsigned long long)r->orphaned_blocks, gr_plural(r->orphaned_blocks),
           r->trigger >= 0 && (size_t)r->trigger < GR_ARRAY_LEN(by) ? by[r->trigger] : by[0], peer);
 }

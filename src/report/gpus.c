@@ -3,6 +3,7 @@
  * figures. Asleep, the driver is not asked: what was read before is shown.
  */
 #include "gpureclaim_internal.h"
+#include "gate.h"
 #include "json.h"
 #include "report/report.h"
 
@@ -33,7 +34,7 @@ bool gr_report_gpu_uuid(int d, char *buf, size_t len) {
   if (d >= 0 && d < GR_MAX_DEV && atomic_load_explicit(&g_uuid_cache[d].known, memory_order_acquire)) {
     u = g_uuid_cache[d].u;
   } else {
-    if (gr_sleep_driver_off() || !g_uuid_fn || !gr_drv.cuDeviceGet || gr_drv.cuDeviceGet(&dev, d) != CUDA_SUCCESS ||
+    if (gr_gate_driver_off() || !g_uuid_fn || !gr_drv.cuDeviceGet || gr_drv.cuDeviceGet(&dev, d) != CUDA_SUCCESS ||
         g_uuid_fn(&u, dev) != CUDA_SUCCESS)
       return false;
     if (d >= 0 && d < GR_MAX_DEV && !atomic_load_explicit(&g_uuid_cache[d].known, memory_order_relaxed)) {
@@ -42,8 +43,8 @@ bool gr_report_gpu_uuid(int d, char *buf, size_t len) {
     }
   }
   const unsigned char *x = (const unsigned char *)u.bytes;
-  snprintf(buf, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", x[0], x[1], x[2],
-           x[3], x[4], x[5], x[6], x[7], x[8], x[9], x[10], x[11], x[12], x[13], x[14], x[15]);
+  snprintf(buf, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", x[0], x[1], x[2], x[3],
+           x[4], x[5], x[6], x[7], x[8], x[9], x[10], x[11], x[12], x[13], x[14], x[15]);
   return true;
 }
 
@@ -79,7 +80,7 @@ static _Atomic int g_count_seen; /* the last device count read: asleep, the driv
 
 void gr_report_gpus_json(jbuf_t *b, bool memory) {
   int count = 0;
-  bool off = gr_sleep_driver_off();
+  bool off = gr_gate_driver_off();
   if (off)
     count = atomic_load_explicit(&g_count_seen, memory_order_relaxed);
   else if (!gr_drv.cuDeviceGetCount || gr_drv.cuDeviceGetCount(&count) != CUDA_SUCCESS)

@@ -24,9 +24,8 @@ const char *gr_report_rundir_opened(void);
 void gr_report_event(const struct jbuf *b);
 /* A release's report as a JSON object. */
 void gr_report_report_json(struct jbuf *b, const gpureclaim_report_t *r);
-/* A release ended: its event line, its line for people, and the status file (served_signal: it served a
- * release signal). */
-void gr_report_release(const gpureclaim_report_t *r, bool served_signal);
+/* A release ended: its event line and its line for people (then gr_report_status_release). */
+void gr_report_release(const gpureclaim_report_t *r);
 /* One line for people about a release, at GPURECLAIM_VERBOSE=1 (the JSON report goes to GPURECLAIM_LOG). */
 void gr_log_release(const gpureclaim_report_t *r);
 
@@ -35,7 +34,14 @@ int gr_report_status_update(void);
 void gr_report_status_remove(void);
 /* The control socket's path for the status file, NULL once it is closed (whoever opens the socket hands it). */
 void gr_report_status_socket(const char *path);
-/* A release ended: the status file's releases and last_release (and their signal twins). */
+/* What the status file shows of the modules above report/, handed over when the library is loaded (core.c):
+ * the "sleep" object (sleep.c) and the "peer" object (peer.c). Until then they are left out. */
+typedef void (*gr_report_part_fn)(struct jbuf *b);
+void gr_report_status_parts(gr_report_part_fn sleep_json, gr_report_part_fn peer_json);
+/* The "sleep" object so handed over, for the stats answer too. */
+void gr_report_sleep_json(struct jbuf *b);
+/* A release ended: the status file's releases and last_release (and their signal twins: served_signal, it
+ * served a release signal), then the file is rewritten. */
 void gr_report_status_release(const gpureclaim_report_t *r, bool served_signal);
 void gr_report_atfork_child(void);
 
@@ -51,6 +57,9 @@ void gr_report_gpus_json(struct jbuf *b, bool memory);
 void gr_report_stats_json(struct jbuf *b);
 int gr_report_snapshot_json(struct jbuf *b);
 const char *gr_report_kind_name(unsigned kind);
+/* What the framework caches of device held that they could give back, as the last stats answer or snapshot
+ * measured it (0 before one): the status file's "peer" object shows it. */
+uint64_t gr_report_framework_releasable(int device);
 
 /* leaks.c: the leak report, as JSON or as text, into b or onto descriptor fd. */
 int gr_report_leaks(struct jbuf *b, bool json);

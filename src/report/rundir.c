@@ -17,8 +17,8 @@ static const char *g_rundir; /* NULL when unusable */
 static void open_rundir(void) {
   const char *dir = gr_opt()->rundir;
   if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
-    gr_warn("cannot create the run directory %s: %s; no status file (gpureclaim ps will not list this process)",
-            dir, strerror(errno));
+    gr_warn("cannot create the run directory %s: %s; no status file (gpureclaim ps will not list this process)", dir,
+            strerror(errno));
     return;
   }
   struct stat st;
@@ -33,6 +33,5 @@ const char *gr_report_rundir(void) {
   pthread_once(&g_rundir_once, open_rundir);
   return g_rundir;
 }
-
 
 const char *gr_report_rundir_opened(void) { return g_rundir; }

@@ -4,6 +4,7 @@
  * snapshot every block of the table. Format: docs/PROTOCOL.md.
  */
 #include "gpureclaim_internal.h"
+#include "gate.h"
 #include "json.h"
 #include "report/report.h"
 
@@ -11,7 +12,8 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-static const char *const g_kind_names[] = {"?", "device", "pitch", "managed", "async", "vmm", "vmm_mapping", "va", "host"};
+static const char *const g_kind_names[] = {"?",   "device",      "pitch", "managed", "async",
+                                           "vmm", "vmm_mapping", "va",    "host"};
 const char *gr_report_kind_name(unsigned k) { return k < GR_ARRAY_LEN(g_kind_names) ? g_kind_names[k] : "?"; }
 
 static void stats_fields(jbuf_t *b, const gpureclaim_stats_t *s) {
@@ -44,7 +46,7 @@ static void pool_json(uint16_t id, CUmemoryPool pool, int device, void *arg) {
   (void)id;
   jbuf_t *b = arg;
   cuuint64_t reserved = 0, used = 0;
-  if (gr_drv.cuMemPoolGetAttribute && !gr_sleep_driver_off()) { /* asleep: the driver cannot be asked */
+  if (gr_drv.cuMemPoolGetAttribute && !gr_gate_driver_off()) { /* asleep: the driver cannot be asked */
     gr_drv.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved);
     gr_drv.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used);
   }
@@ -58,11 +60,28 @@ static void pool_json(uint16_t id, CUmemoryPool pool, int device, void *arg) {
 }
 
 
+/* Framework caches' releasable bytes per device, as last measured (the status file's "peer" object shows them
+ * as what could be given). */
+static _Atomic uint64_t g_fw[GR_MAX_DEV];
+
+uint64_t gr_report_framework_releasable(int device) {
+  return device >= 0 && device < GR_MAX_DEV ? atomic_load_explicit(&g_fw[device], memory_order_relaxed) : 0;
+}
+
+static void note_frameworks(const gr_py_cache_t *c, int n) {
+  uint64_t fw[GR_MAX_DEV] = {0};
+  for (int i = 0; i < n; i++)
+    if (c[i].device >= 0 && c[i].device < GR_MAX_DEV)
+      fw[c[i].device] += c[i].releasable;
+  for (int d = 0; d < GR_MAX_DEV; d++)
+    atomic_store_explicit(&g_fw[d], fw[d], memory_order_relaxed);
+}
+
 /* "frameworks": what framework caches hold, read through CPython (releasers/python.c). */
 static void frameworks_json(jbuf_t *b) {
   gr_py_cache_t c[16];
   int n = gr_py_caches(c, (int)GR_ARRAY_LEN(c));
-  gr_peer_note_frameworks(c, n); /* what the status file says a peer could give ("as last measured") */
+  note_frameworks(c, n); /* what the status file says a peer could give ("as last measured") */
   jb_arr(b, "frameworks");
   for (int i = 0; i < n; i++) {
     jb_key(b, NULL);
@@ -90,7 +109,7 @@ void gr_report_stats_json(jbuf_t *b) {
   jb_arr_end(b);
   gr_report_gpus_json(b, true);
   frameworks_json(b);
-  gr_sleep_json(b);
+  gr_report_sleep_json(b);
 }
 
 /* ---- snapshots ---- */

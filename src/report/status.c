@@ -65,6 +65,25 @@ void gr_report_status_socket(const char *path) {
   pthread_mutex_unlock(&g_status_lock);
 }
 
+/* Under g_status_lock: what the status file shows of the modules above this one ("sleep", "peer"), as core.c's
+ * constructor hands it over; NULL: left out. */
+static gr_report_part_fn g_part_sleep, g_part_peer;
+
+void gr_report_status_parts(gr_report_part_fn sleep_json, gr_report_part_fn peer_json) {
+  pthread_mutex_lock(&g_status_lock);
+  g_part_sleep = sleep_json;
+  g_part_peer = peer_json;
+  pthread_mutex_unlock(&g_status_lock);
+}
+
+void gr_report_sleep_json(jbuf_t *b) {
+  pthread_mutex_lock(&g_status_lock);
+  gr_report_part_fn sleep_json = g_part_sleep;
+  pthread_mutex_unlock(&g_status_lock);
+  if (sleep_json)
+    sleep_json(b);
+}
+
 static unsigned g_status_writers;
 static pthread_cond_t g_status_done = PTHREAD_COND_INITIALIZER;
 
@@ -121,7 +140,9 @@ int gr_report_status_update(void) {
   } else {
     jb_null(&b, "last_release");
   }
-  gr_sleep_json(&b);
+  if (g_part_sleep)
+    g_part_sleep(&b);
+  gr_report_part_fn peer_json = g_part_peer;
   jb_u64(&b, "signal_releases", g_signal_releases);
   if (g_signal_releases) {
     jb_key(&b, "last_signal_release");
@@ -130,7 +151,8 @@ int gr_report_status_update(void) {
     jb_null(&b, "last_signal_release");
   }
   pthread_mutex_unlock(&g_status_lock);
-  gr_peer_status_json(&b); /* "peer": per GPU UUID held and givable, whether it asks and gives */
+  if (peer_json)
+    peer_json(&b); /* "peer": per GPU UUID held and givable, whether it asks and gives */
   jb_obj_end(&b);
   jb_raw(&b, "\n", 1);
   int rc;

@@ -65,6 +65,7 @@ Test(gate, fast_path_keeps_every_argument) {
 Test(gate, slow_path_restores_every_argument) {
   setenv("GPURECLAIM_SLEEP", "1", 1);
   gr_opt_reload();
+  gr_gate_set_slow(gr_sleep_gate_slow); /* as core.c hands it over when gpureclaim starts */
   /* The idle probe sends the next call down the slow path, which clears it: each call here takes it. */
   many_t g = (many_t)gr_gate_wrap((void *)many);
   for (int i = 0; i < 3; i++) {
