@@ -25,9 +25,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char *const g_kind_names[] = {"?", "device", "pitch", "managed", "async", "vmm", "vmm_mapping", "va", "host"};
-static const char *kind_name(unsigned k) { return k < GR_ARRAY_LEN(g_kind_names) ? g_kind_names[k] : "?"; }
-static const char *const g_triggers[] = {"?", "api", "signal", "oom", "command", "scope", "peer", "idle", "call"};
 
 /* ---- the run directory ---- */
 
@@ -67,7 +64,7 @@ void gr_report_report_json(jbuf_t *b, const gpureclaim_report_t *r) {
   char what[64];
   jb_obj(b);
   jb_u64(b, "seq", r->seq);
-  jb_str(b, "trigger", r->trigger > 0 && r->trigger < (int)GR_ARRAY_LEN(g_triggers) ? g_triggers[r->trigger] : "?");
+  jb_str(b, "trigger", gr_trigger_name(r->trigger));
   jb_str(b, "what", gr_opt_what_name(r->what, what, sizeof what));
   jb_u64(b, "cached_bytes", r->cached_bytes);
   jb_u64(b, "pool_bytes", r->pool_bytes);
@@ -527,13 +524,12 @@ typedef struct {
 } snap_t;
 
 static void block_json(jbuf_t *b, const gpureclaim_block_t *x) {
-  static const char *const states[] = {"?", "live", "orphan", "released"};
   jb_key(b, NULL);
   jb_obj(b);
   jb_hex(b, "address", x->address);
   jb_u64(b, "bytes", x->bytes);
-  jb_str(b, "kind", kind_name((unsigned)x->kind));
-  jb_str(b, "state", x->state >= 1 && x->state <= 3 ? states[x->state] : "?");
+  jb_str(b, "kind", gr_kind_name(x->kind));
+  jb_str(b, "state", gr_block_state_name(x->state));
   jb_i64(b, "device", x->device);
   if (x->context)
     jb_hex(b, "context", (uint64_t)(uintptr_t)x->context);
@@ -717,7 +713,7 @@ int gr_report_leaks(jbuf_t *b, bool json) {
       jb_hex(b, "caller", g->pc);
       symbolize(g->pc, sym, sizeof sym);
       jb_str(b, "symbol", sym[0] ? sym : NULL);
-      jb_str(b, "kind", kind_name(g->kind));
+      jb_str(b, "kind", gr_kind_name((int)g->kind));
       jb_u64(b, "blocks", g->blocks);
       jb_u64(b, "bytes", g->bytes);
       jb_arr(b, "frames");
@@ -757,7 +753,7 @@ int gr_report_leaks(jbuf_t *b, bool json) {
       gr_log_bytes(g->bytes, hb, sizeof hb);
       symbolize(g->pc, sym, sizeof sym);
       jb_printf(b, "\n%llu block%s, %s (%s) allocated by %s at %#lx%s%s%s\n", (unsigned long long)g->blocks,
-                gr_plural(g->blocks), hb, kind_name(g->kind), lib.name, (unsigned long)g->pc, sym[0] ? " (" : "",
+                gr_plural(g->blocks), hb, gr_kind_name((int)g->kind), lib.name, (unsigned long)g->pc, sym[0] ? " (" : "",
                 sym, sym[0] ? ")" : "");
       uintptr_t frames[GR_STACK_MAX];
       int nf = gr_site_frames(g->site, frames, GR_STACK_MAX);
