@@ -47,10 +47,9 @@ bool gr_report_gpu_uuid(int d, char *buf, size_t len);
 void gr_report_gpus_json(struct jbuf *b, bool memory);
 
 /* snapshot.c: the counters, pools, GPUs, framework caches and sleep state (the stats answer); the same with
- * every block (a snapshot). A block kind's name. */
+ * every block (a snapshot). */
 void gr_report_stats_json(struct jbuf *b);
 int gr_report_snapshot_json(struct jbuf *b);
-const char *gr_report_kind_name(unsigned kind);
 
 /* leaks.c: the leak report, as JSON or as text, into b or onto descriptor fd. */
 int gr_report_leaks(struct jbuf *b, bool json);
