@@ -21,31 +21,6 @@ GPURECLAIM_API int gpureclaim_stats(int device, gpureclaim_stats_t *out) {
   return gr_stats_get(device, out);
 }
 
-static const char *const g_api_names[GR_API_COUNT] = {
-    [GR_API_NONE] = "?",
-    [GR_API_cuMemAlloc] = "cuMemAlloc_v2",
-    [GR_API_cuMemAllocPitch] = "cuMemAllocPitch_v2",
-    [GR_API_cuMemAllocManaged] = "cuMemAllocManaged",
-    [GR_API_cuMemAllocAsync] = "cuMemAllocAsync",
-    [GR_API_cuMemAllocFromPoolAsync] = "cuMemAllocFromPoolAsync",
-    [GR_API_cuMemHostAlloc] = "cuMemHostAlloc",
-    [GR_API_cuMemAllocHost] = "cuMemAllocHost_v2",
-    [GR_API_cuMemCreate] = "cuMemCreate",
-    [GR_API_cuMemMap] = "cuMemMap",
-    [GR_API_cuMemAddressReserve] = "cuMemAddressReserve",
-    [GR_API_cudaMalloc] = "cudaMalloc",
-    [GR_API_cudaMallocPitch] = "cudaMallocPitch",
-    [GR_API_cudaMallocManaged] = "cudaMallocManaged",
-    [GR_API_cudaMallocAsync] = "cudaMallocAsync",
-    [GR_API_cudaMallocFromPoolAsync] = "cudaMallocFromPoolAsync",
-    [GR_API_cudaMallocHost] = "cudaMallocHost",
-    [GR_API_cudaHostAlloc] = "cudaHostAlloc",
-};
-
-const char *gr_api_name(unsigned api) {
-  return api < GR_API_COUNT && g_api_names[api] ? g_api_names[api] : "?";
-}
-
 void gr_block_from_rec(const gr_rec_t *r, gpureclaim_block_t *b) {
   memset(b, 0, sizeof *b);
   b->size = sizeof *b;

@@ -16,6 +16,7 @@
 
 #include "common.h"
 #include "gpureclaim.h"
+#include "names.h"
 #include "options.h"
 #include "state.h"
 #include "table.h"
@@ -93,29 +94,7 @@ int gr_real_resolve_drv(void);
  * hooks/: interposition
  * ---------------------------------------------------------------------------------------------------------- */
 
-/* Calls that make blocks (record api field): 0..15 driver, 16.. runtime. */
-enum {
-  GR_API_NONE = 0,
-  GR_API_cuMemAlloc = 1,
-  GR_API_cuMemAllocPitch,
-  GR_API_cuMemAllocManaged,
-  GR_API_cuMemAllocAsync,
-  GR_API_cuMemAllocFromPoolAsync,
-  GR_API_cuMemHostAlloc,
-  GR_API_cuMemAllocHost,
-  GR_API_cuMemCreate,
-  GR_API_cuMemMap,
-  GR_API_cuMemAddressReserve,
-  GR_API_cudaMalloc = 16,
-  GR_API_cudaMallocPitch,
-  GR_API_cudaMallocManaged,
-  GR_API_cudaMallocAsync,
-  GR_API_cudaMallocFromPoolAsync,
-  GR_API_cudaMallocHost,
-  GR_API_cudaHostAlloc,
-  GR_API_COUNT
-};
-const char *gr_api_name(unsigned api);
+/* Calls that make blocks (record api field): GR_API_* and gr_api_name() in names.h. */
 /* Public view of a record (library resolved now). */
 void gr_block_from_rec(const gr_rec_t *r, gpureclaim_block_t *b);
 

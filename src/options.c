@@ -1,11 +1,12 @@
 /*
- * options.c -- the one table of GPURECLAIM_* options.
+ * options.c -- the parsers and the table of GPURECLAIM_* options, made from options.h's list.
  *
- * Every option has a name, a default and a parser. Values are read once, on first use, straight from environ
+ * Every option has a name, a default and a parser (by its kind). Values are read once, on first use, straight from environ
  * (no getenv, no allocation: this can run inside a preloaded library's early calls). A malformed value gets
  * one warning naming the variable and the value, and the default is used: a typo never crashes a program.
  */
 #include "options.h"
+#include "names.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -146,10 +147,9 @@ static int parse_words(const char *s, const word_t *words, size_t nwords, unsign
 }
 
 int gr_opt_parse_what(const char *s, unsigned *out) {
-  static const word_t w[] = {{"cached", GPURECLAIM_CACHED},
-                             {"orphaned", GPURECLAIM_ORPHANED},
-                             {"orphans", GPURECLAIM_ORPHANED},
-                             {"all", GPURECLAIM_ALL}};
+#define WORD_(bits, name) {name, bits},
+  static const word_t w[] = {GR_WHATS(WORD_) GR_WHAT_ALIASES(WORD_)};
+#undef WORD_
   return parse_words(s, w, GR_ARRAY_LEN(w), out);
 }
 
@@ -188,49 +188,67 @@ int gr_opt_parse_seconds_ms(const char *s, unsigned *out) {
 }
 
 const char *gr_opt_what_name(unsigned what, char *buf, size_t len) {
-  snprintf(buf, len, "%s%s%s%s", what & GPURECLAIM_CACHED ? "cached" : "",
-           (what & GPURECLAIM_CACHED) && (what & (GPURECLAIM_ORPHANED | GPURECLAIM_ALL)) ? "," : "",
-           what & GPURECLAIM_ORPHANED ? "orphaned" : "",
-           (what & GPURECLAIM_ALL) ? ((what & (GPURECLAIM_CACHED | GPURECLAIM_ORPHANED)) ? ",all" : "all") : "");
+  size_t n = 0;
+  if (len)
+    buf[0] = '\0';
+#define NAME_(bits, name)                                                                                             \
+  if ((what & (bits)) && n < len)                                                                                     \
+    n += (size_t)snprintf(buf + n, len - n, "%s%s", n ? "," : "", name);
+  GR_WHATS(NAME_)
+#undef NAME_
   return buf;
 }
 
 /* ---- the table ---- */
 
-typedef int (*parse_fn)(const char *value, gr_options_t *o);
-
-static int p_disable(const char *v, gr_options_t *o) { return gr_opt_parse_bool(v, &o->disable); }
-static int p_signal(const char *v, gr_options_t *o) { return gr_opt_parse_signal(v, &o->signal); }
-static int p_on_signal(const char *v, gr_options_t *o) {
+/* The parsers by kind (options.h): value v into *dst, 0 or -EINVAL (*dst then as it was, or half-written: the
+ * caller parses into a copy). bound: the largest whole number (uint, level); o: the whole set, for the members
+ * a kind writes besides its own (log_stderr, on_signal_sleep). */
+static int parse_yesno(const char *v, bool *dst, unsigned long long bound, gr_options_t *o) {
+  (void)bound, (void)o;
+  return gr_opt_parse_bool(v, dst);
+}
+static int parse_uint(const char *v, unsigned *dst, unsigned long long bound, gr_options_t *o) {
+  unsigned long long n;
+  (void)o;
+  int rc = gr_opt_parse_uint(v, bound, &n);
+  if (rc == 0)
+    *dst = (unsigned)n;
+  return rc;
+}
+static int parse_level(const char *v, int *dst, unsigned long long bound, gr_options_t *o) {
+  unsigned long long n;
+  (void)o;
+  int rc = gr_opt_parse_uint(v, bound, &n);
+  if (rc == 0)
+    *dst = (int)n;
+  return rc;
+}
+static int parse_signal(const char *v, int *dst, unsigned long long bound, gr_options_t *o) {
+  (void)bound, (void)o;
+  return gr_opt_parse_signal(v, dst);
+}
+static int parse_what(const char *v, unsigned *dst, unsigned long long bound, gr_options_t *o) {
+  (void)bound;
   if (streq_ci(v, "sleep")) {
     o->on_signal_sleep = true;
     return 0;
   }
   o->on_signal_sleep = false;
-  return gr_opt_parse_what(v, &o->on_signal);
+  return gr_opt_parse_what(v, dst);
 }
-static int p_sleep(const char *v, gr_options_t *o) {
+static int parse_autobool(const char *v, int *dst, unsigned long long bound, gr_options_t *o) {
   bool b;
+  (void)bound, (void)o;
   if (streq_ci(v, "auto")) {
-    o->sleep = -1;
+    *dst = -1;
     return 0;
   }
   if (gr_opt_parse_bool(v, &b) != 0)
     return -EINVAL;
-  o->sleep = b ? 1 : 0;
+  *dst = b ? 1 : 0;
   return 0;
 }
-/* A whole number from 0 to max into *dst (left as it was when v is not one). */
-static int p_uint(const char *v, unsigned long long max, unsigned *dst) {
-  unsigned long long n;
-  int rc = gr_opt_parse_uint(v, max, &n);
-  if (rc == 0)
-    *dst = (unsigned)n;
-  return rc;
-}
-static int p_wake_timeout(const char *v, gr_options_t *o) { return p_uint(v, 86400, &o->wake_timeout); }
-static int p_sleep_idle(const char *v, gr_options_t *o) { return p_uint(v, 30 * 86400, &o->sleep_idle); }
-static int p_oom_retry(const char *v, gr_options_t *o) { return p_uint(v, 16, &o->oom_retry); }
 static int p_path(const char *v, char *dst, size_t len) {
   size_t n = strlen(v);
   if (n == 0 || n >= len)
@@ -250,64 +268,54 @@ void gr_opt_note_start_dir(void) {
     g_start_dir[0] = '\0';
 }
 
-static int p_log(const char *v, gr_options_t *o) {
+static int parse_log(const char *v, gr_opt_path_t *dst, unsigned long long bound, gr_options_t *o) {
+  (void)bound;
   if (gr_opt_log_is_stderr(v)) {
-    o->log[0] = '\0';
+    (*dst)[0] = '\0';
     o->log_stderr = true;
     return 0;
   }
   o->log_stderr = false;
   if (v[0] == '/' || !*v)
-    return p_path(v, o->log, sizeof o->log);
+    return p_path(v, *dst, sizeof *dst);
   char cwd[4096];
   const char *dir = g_start_dir[0] ? g_start_dir : getcwd(cwd, sizeof cwd);
   if (!dir)
     return -EINVAL; /* no directory to resolve it in: a warning, and stderr */
-  int n = snprintf(o->log, sizeof o->log, "%s/%s", strcmp(dir, "/") ? dir : "", v);
-  return n > 0 && (size_t)n < sizeof o->log ? 0 : -EINVAL;
+  int n = snprintf(*dst, sizeof *dst, "%s/%s", strcmp(dir, "/") ? dir : "", v);
+  return n > 0 && (size_t)n < sizeof *dst ? 0 : -EINVAL;
 }
-static int p_rundir(const char *v, gr_options_t *o) {
+static int parse_dir(const char *v, gr_opt_path_t *dst, unsigned long long bound, gr_options_t *o) {
+  (void)bound, (void)o;
   if (v[0] != '/')
     return -EINVAL; /* relative run directories would depend on each process's cwd */
-  return p_path(v, o->rundir, sizeof o->rundir);
+  return p_path(v, *dst, sizeof *dst);
 }
-static int p_leak(const char *v, gr_options_t *o) { return gr_opt_parse_bool(v, &o->leak_report); }
-static int p_bt(const char *v, gr_options_t *o) { return gr_opt_parse_bool(v, &o->backtrace); }
-static int p_python(const char *v, gr_options_t *o) { return gr_opt_parse_bool(v, &o->python); }
-static int p_status(const char *v, gr_options_t *o) { return gr_opt_parse_bool(v, &o->status); }
-static int p_verbose(const char *v, gr_options_t *o) {
-  unsigned long long n;
-  int rc = gr_opt_parse_uint(v, 2, &n);
-  if (rc == 0)
-    o->verbose = (int)n;
-  return rc;
+static int parse_peers(const char *v, unsigned *dst, unsigned long long bound, gr_options_t *o) {
+  (void)bound, (void)o;
+  return gr_opt_parse_peers(v, dst);
+}
+static int parse_seconds(const char *v, unsigned *dst, unsigned long long bound, gr_options_t *o) {
+  (void)bound, (void)o;
+  return gr_opt_parse_seconds_ms(v, dst);
 }
 
-static int p_peers(const char *v, gr_options_t *o) { return gr_opt_parse_peers(v, &o->peers); }
-static int p_peer_timeout(const char *v, gr_options_t *o) { return gr_opt_parse_seconds_ms(v, &o->peer_timeout_ms); }
+/* One parser per option, and the table. */
+typedef int (*parse_fn)(const char *value, gr_options_t *o);
+#define PARSER_(ID, field, kind, bound, ...)                                                                          \
+  static int p_##ID(const char *v, gr_options_t *o) { return parse_##kind(v, &o->field, bound, o); }
+GR_OPTIONS(PARSER_)
+#undef PARSER_
 
 static const struct {
   const char *name;
+  const char *def;      /* the default, as written (NULL: none, or computed) */
   const char *expected; /* for the warning */
   parse_fn parse;
 } g_table[] = {
-    {"GPURECLAIM_DISABLE", "1/0/yes/no/on/off", p_disable},
-    {"GPURECLAIM_SIGNAL", "USR1, USR2, RTMIN+n or off", p_signal},
-    {"GPURECLAIM_ON_SIGNAL", "a list of cached, orphaned, all, or sleep", p_on_signal},
-    {"GPURECLAIM_OOM_RETRY", "a number of retries from 0 to 16", p_oom_retry},
-    {"GPURECLAIM_LOG", "stderr or a file path (a relative one from the directory the program started in)",
-     p_log},
-    {"GPURECLAIM_RUNDIR", "an absolute directory path", p_rundir},
-    {"GPURECLAIM_LEAK_REPORT", "1/0/yes/no/on/off", p_leak},
-    {"GPURECLAIM_BACKTRACE", "1/0/yes/no/on/off", p_bt},
-    {"GPURECLAIM_PYTHON", "1/0/yes/no/on/off", p_python},
-    {"GPURECLAIM_STATUS", "1/0/yes/no/on/off", p_status},
-    {"GPURECLAIM_VERBOSE", "0, 1 or 2", p_verbose},
-    {"GPURECLAIM_PEERS", "a list of ask, give, sleep, or off", p_peers},
-    {"GPURECLAIM_PEER_TIMEOUT", "seconds from 0.001 to 60 (at most 3 decimals)", p_peer_timeout},
-    {"GPURECLAIM_SLEEP", "auto, 1/yes/on or 0/no/off", p_sleep},
-    {"GPURECLAIM_WAKE_TIMEOUT", "seconds from 0 to 86400", p_wake_timeout},
-    {"GPURECLAIM_SLEEP_IDLE", "seconds from 0 (off) to 2592000", p_sleep_idle},
+#define ROW_(ID, field, kind, bound, def, expected, run) {"GPURECLAIM_" #ID, def, expected, p_##ID},
+    GR_OPTIONS(ROW_)
+#undef ROW_
 };
 
 int gr_opt_check(const char *name, const char *value, const char **expected) {
@@ -324,15 +332,9 @@ int gr_opt_check(const char *name, const char *value, const char **expected) {
 
 static void defaults(gr_options_t *o) {
   memset(o, 0, sizeof *o);
-  o->signal = SIGUSR1;
-  o->on_signal = GPURECLAIM_CACHED | GPURECLAIM_ORPHANED;
-  o->oom_retry = 1;
-  o->python = true;
-  o->status = true;
-  o->peers = GR_PEERS_ASK | GR_PEERS_GIVE;
-  o->peer_timeout_ms = 2000;
-  o->sleep = -1;
-  o->wake_timeout = 10;
+  for (size_t i = 0; i < GR_ARRAY_LEN(g_table); i++)
+    if (g_table[i].def && g_table[i].parse(g_table[i].def, o) != 0)
+      GR_ASSERT(!"a default its own parser refuses"); /* tests/unit/test_options.c parses each */
   /* XDG_RUNTIME_DIR only when it is this (effective) user's: a root process run with a user's environment
    * (sudo -E) would otherwise make a root-owned run directory inside the user's, which the user's processes
    * and commands then refuse, and cannot remove. Ownership is checked against the effective uid, as the run
@@ -360,7 +362,7 @@ static void load(void) {
     gr_options_t trial = o;
     if (g_table[i].parse(v, &trial) == 0)
       o = trial;
-    else if (g_table[i].parse == p_rundir)
+    else if (g_table[i].parse == p_RUNDIR)
       rundir_refused = true; /* below, once GPURECLAIM_STATUS is read too */
     else
       gr_warn("%s=\"%.200s\" is not valid (expected %s); using the default", g_table[i].name, v,

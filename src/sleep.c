@@ -217,8 +217,7 @@ static void copy_out(gpureclaim_sleep_report_t *out, const gpureclaim_sleep_repo
 void gr_sleep_report_json(jbuf_t *b, const gpureclaim_sleep_report_t *r) {
   jb_obj(b);
   jb_bool(b, "slept", r->slept);
-  static const char *const triggers[] = {"?", "api", "signal", "oom", "command", "scope", "idle", "call"};
-  jb_str(b, "trigger", r->trigger > 0 && (size_t)r->trigger < GR_ARRAY_LEN(triggers) ? triggers[r->trigger] : "?");
+  jb_str(b, "trigger", gr_trigger_name(r->trigger));
   jb_u64(b, "released_bytes", r->released_bytes);
   jb_u64(b, "moved_bytes", r->moved_bytes);
   jb_u64(b, "left_bytes", r->left_bytes);
@@ -230,7 +229,9 @@ void gr_sleep_report_json(jbuf_t *b, const gpureclaim_sleep_report_t *r) {
 }
 
 static const char *state_name(int st) {
-  return st == ST_ASLEEP ? "sleeping" : st == ST_WAKING ? "waking" : "awake";
+  return gr_sleep_state_name(st == ST_ASLEEP   ? GPURECLAIM_STATE_SLEEPING
+                             : st == ST_WAKING ? GPURECLAIM_STATE_WAKING
+                                               : GPURECLAIM_STATE_AWAKE);
 }
 
 void gr_sleep_json(jbuf_t *b) {

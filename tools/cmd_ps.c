@@ -8,6 +8,7 @@
  */
 #include "ps.h"
 #include "common.h"
+#include "names.h"
 #include "options.h"
 #include "outfile.h"
 
@@ -340,7 +341,9 @@ void ps_gpu_line(const ps_gpu_t *g, char *buf, size_t len, int width) {
 #define ROW_FMT "%7s %-5.5s %10s %10s %10s %10s %4s %-8s %10s %s"
 
 /* The sleep state from the status file ("awake", "sleeping", "waking"; "awake" for a library without sleep). */
-static const char *sleep_state(const ps_row_t *r) { return jstr(jget(r->p.status, "sleep"), "state", "awake"); }
+static const char *sleep_state(const ps_row_t *r) {
+  return jstr(jget(r->p.status, "sleep"), "state", gr_sleep_state_name(GPURECLAIM_STATE_AWAKE));
+}
 static uint64_t sleep_host(const ps_row_t *r) { return u64(jget(r->p.status, "sleep"), "host_bytes"); }
 
 void ps_row_header(char *buf, size_t len, int width) {
@@ -791,7 +794,7 @@ static void prom_rows(FILE *f, const ps_row_t *rows, size_t n, const ps_filter_t
       continue;
     fputs("gpureclaim_sleeping", f);
     prom_labels(f, &rows[i], -1);
-    fprintf(f, " %d\n", strcmp(sleep_state(&rows[i]), "sleeping") == 0);
+    fprintf(f, " %d\n", strcmp(sleep_state(&rows[i]), gr_sleep_state_name(GPURECLAIM_STATE_SLEEPING)) == 0);
   }
   fputs("# HELP gpureclaim_sleep_host_bytes Device memory the sleeping process holds in host memory.\n"
         "# TYPE gpureclaim_sleep_host_bytes gauge\n", f);

@@ -113,7 +113,7 @@ static char *preload_list(const char *old, const char *lib) {
 }
 
 /* Sets var to value after the library's own parser for var accepted it, and then check (if any). */
-static int set_checked(const char *var, const char *value, int (*check)(const char *), const char *check_expected) {
+static int set_checked_by(const char *var, const char *value, int (*check)(const char *), const char *check_expected) {
   const char *expected = "";
   if (gr_opt_check(var, value, &expected) != 0 || (check && check(value) != 0 && (expected = check_expected))) {
     fprintf(stderr, "gpureclaim: run: bad value for %s: %s (expected %s)\n(see gpureclaim --help)\n", var, value,
@@ -200,19 +200,37 @@ static int chk_log(const char *v) {
   return parent_dir_writable(v);
 }
 
-/* run's options that set a variable from a value, with what run checks beyond the library's own parser. */
+/* run's options, one per GR_OPTIONS row that has one (options.h). */
+typedef struct {
+  const char *var; /* GPURECLAIM_<ID> */
+  char shortopt;   /* 0: none */
+  const char *longopt;
+  int how;         /* GR_RUN_VALUE, GR_RUN_FLAG, GR_RUN_OPTIONAL (GR_RUN_NONE: no option) */
+  const char *set; /* the value FLAG sets, and OPTIONAL without one */
+  const char *meta, *help;
+} run_opt_t;
+#define RUN_TUPLE_(shortopt, longopt, how, set, meta, help) shortopt, longopt, how, set, meta, help
+#define RUN_ROW_(ID, field, kind, bound, def, expected, run) {"GPURECLAIM_" #ID, RUN_TUPLE_ run},
+static const run_opt_t g_opts[] = {GR_OPTIONS(RUN_ROW_)};
+#undef RUN_ROW_
+#undef RUN_TUPLE_
+
+/* What run checks beyond the library's own parser, by variable. */
 static const struct {
-  const char *opt, *var;
+  const char *var;
   int (*check)(const char *);
   const char *expected;
-} g_valued[] = {{"--signal", "GPURECLAIM_SIGNAL", NULL, NULL},
-                {"--on-signal", "GPURECLAIM_ON_SIGNAL", NULL, NULL},
-                {"--oom-retry", "GPURECLAIM_OOM_RETRY", NULL, NULL},
-                {"--log", "GPURECLAIM_LOG", chk_log, "stderr, or a file you can write (in an existing directory)"},
-                {"--rundir", "GPURECLAIM_RUNDIR", chk_rundir,
-                 "an existing directory of yours with mode 0700, or a new one in an existing directory"},
-                {"--peers", "GPURECLAIM_PEERS", NULL, NULL},
-                {"--peer-timeout", "GPURECLAIM_PEER_TIMEOUT", NULL, NULL}};
+} g_checks[] = {{"GPURECLAIM_LOG", chk_log, "stderr, or a file you can write (in an existing directory)"},
+                {"GPURECLAIM_RUNDIR", chk_rundir,
+                 "an existing directory of yours with mode 0700, or a new one in an existing directory"}};
+
+/* Sets var to value after the library's own parser and run's check of var (if any) accepted it. */
+static int set_checked(const char *var, const char *value) {
+  for (size_t k = 0; k < GR_ARRAY_LEN(g_checks); k++)
+    if (!strcmp(var, g_checks[k].var))
+      return set_checked_by(var, value, g_checks[k].check, g_checks[k].expected);
+  return set_checked_by(var, value, NULL, NULL);
+}
 
 /* GPURECLAIM_* variables already in the environment reach the program too: every one the library reads is
  * checked as its option is, so that `GPURECLAIM_RUNDIR=/tmp gpureclaim run CMD` is refused as
@@ -236,9 +254,9 @@ static int chk_environment(void) {
                       "ignore it; see gpureclaim --help)\n", (int)len, *e);
       return EX_USAGE;
     }
-    for (size_t k = 0; rc == 0 && k < sizeof g_valued / sizeof g_valued[0]; k++)
-      if (!strcmp(var, g_valued[k].var) && g_valued[k].check && g_valued[k].check(v) != 0) {
-        expected = g_valued[k].expected;
+    for (size_t k = 0; rc == 0 && k < GR_ARRAY_LEN(g_checks); k++)
+      if (!strcmp(var, g_checks[k].var) && g_checks[k].check(v) != 0) {
+        expected = g_checks[k].expected;
         rc = -EINVAL;
       }
     if (rc != 0) {
@@ -292,95 +310,91 @@ static void check_driver(void) {
             err ? err : "libcuda.so.1 not found");
 }
 
-static const char g_help[] =
+static const char g_help_head[] =
     "usage: gpureclaim run [options] [--] CMD ARGS...\n"
     "Runs CMD with libgpureclaim.so.0 prepended to LD_PRELOAD (after sanitizer runtimes; any other\n"
     "libgpureclaim there is dropped). Options set the GPURECLAIM_* variables; a bad value, given here or\n"
     "already in the environment, is refused before CMD starts. Options end at \"--\" or at CMD.\n"
-    "\n"
-    "  -s, --signal SIG      release signal: USR1 (default), USR2, RTMIN+n, off      GPURECLAIM_SIGNAL\n"
-    "  -w, --on-signal WHAT  what the signal releases: cached, orphaned, all          GPURECLAIM_ON_SIGNAL\n"
-    "                        (comma-separated; default cached,orphaned)\n"
-    "      --oom-retry N     retries of an allocation that ran out of memory (0..16) GPURECLAIM_OOM_RETRY\n"
-    "  -l, --log PATH        release reports (JSON lines) appended to PATH           GPURECLAIM_LOG\n"
-    "                        (stderr or -: standard error; unset: no reports)\n"
-    "  -d, --rundir DIR      private directory of status files and sockets           GPURECLAIM_RUNDIR\n"
-    "                        (absolute, yours, mode 0700)\n"
-    "      --leak-report     blocks never freed, printed at exit                     GPURECLAIM_LEAK_REPORT=1\n"
-    "      --backtrace       a short backtrace per allocation for leak reports       GPURECLAIM_BACKTRACE=1\n"
-    "  -v, --verbose[=N]     informational (1) or debugging (2) messages; N only     GPURECLAIM_VERBOSE\n"
-    "                        with \"=\" (run --verbose 2 CMD runs 2)\n"
-    "      --peers WHAT      peer reclaim: ask,give (default), ask, give, sleep, off GPURECLAIM_PEERS\n"
-    "                        (ask: an out-of-memory asks the other gpureclaim processes on\n"
-    "                        the same GPU for memory; give: answer them)\n"
-    "      --peer-timeout S  bound of one peer reclaim, seconds (default 2)          GPURECLAIM_PEER_TIMEOUT\n"
-    "      --no-status       no status file or control socket (the signal works;     GPURECLAIM_STATUS=0\n"
-    "                        no peer reclaim either way)\n"
-    "      --disable         load but interpose nothing                              GPURECLAIM_DISABLE=1\n"
+    "\n";
+static const char g_help_tail[] =
     "  -h, --help            this text\n"
     "\n"
     "The library is found next to the command (../LIBDIR/libgpureclaim.so.0, or src/ in a build tree), or\n"
     "set GPURECLAIM_LIBRARY. When no CUDA driver (libcuda.so.1) can be loaded, run says so before CMD starts.\n";
 
-enum { O_OOM_RETRY = 256, O_LEAK_REPORT, O_BACKTRACE, O_NO_STATUS, O_DISABLE, O_PEERS, O_PEER_TIMEOUT };
+/* The help text: each option's lines from g_opts, the variable it sets at the end of the first. */
+static int run_help(void) {
+  char text[8192];
+  size_t n = (size_t)snprintf(text, sizeof text, "%s", g_help_head);
+  for (size_t k = 0; k < GR_ARRAY_LEN(g_opts) && n < sizeof text; k++) {
+    const run_opt_t *o = &g_opts[k];
+    if (o->how == GR_RUN_NONE)
+      continue;
+    char opt[64], var[64];
+    snprintf(opt, sizeof opt, "%c%c%c --%s%s%s%s", o->shortopt ? '-' : ' ', o->shortopt ? o->shortopt : ' ',
+             o->shortopt ? ',' : ' ', o->longopt, o->how == GR_RUN_VALUE ? " " : o->how == GR_RUN_OPTIONAL ? "[=" : "",
+             o->meta ? o->meta : "", o->how == GR_RUN_OPTIONAL ? "]" : "");
+    snprintf(var, sizeof var, "%s%s%s", o->var, o->how == GR_RUN_FLAG ? "=" : "", o->how == GR_RUN_FLAG ? o->set : "");
+    const char *line = o->help;
+    size_t len = strcspn(line, "\n");
+    n += (size_t)snprintf(text + n, sizeof text - n, "  %-20s  %-55.*s %s\n", opt, (int)len, line, var);
+    for (line += len; *line && n < sizeof text; line += len) {
+      line++;
+      len = strcspn(line, "\n");
+      n += (size_t)snprintf(text + n, sizeof text - n, "%24s%.*s\n", "", (int)len, line);
+    }
+  }
+  if (n < sizeof text)
+    snprintf(text + n, sizeof text - n, "%s", g_help_tail);
+  return cmd_help(text);
+}
 
 int cmd_run(int argc, char **argv) {
-  static const struct option longopts[] = {
-      {"signal", required_argument, NULL, 's'},   {"on-signal", required_argument, NULL, 'w'},
-      {"oom-retry", required_argument, NULL, O_OOM_RETRY}, {"log", required_argument, NULL, 'l'},
-      {"rundir", required_argument, NULL, 'd'},   {"leak-report", no_argument, NULL, O_LEAK_REPORT},
-      {"backtrace", no_argument, NULL, O_BACKTRACE}, {"verbose", optional_argument, NULL, 'v'},
-      {"no-status", no_argument, NULL, O_NO_STATUS}, {"disable", no_argument, NULL, O_DISABLE},
-      {"peers", required_argument, NULL, O_PEERS}, {"peer-timeout", required_argument, NULL, O_PEER_TIMEOUT},
-      {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0}};
-  /* The option each valued one sets (g_valued's index), by getopt value. */
-  static const struct {
-    int val;
-    size_t k;
-  } valued[] = {{'s', 0}, {'w', 1}, {O_OOM_RETRY, 2}, {'l', 3}, {'d', 4}, {O_PEERS, 5}, {O_PEER_TIMEOUT, 6}};
+  /* getopt's tables from g_opts: an option's val is its short letter, else 256 + its index. */
+  struct option longopts[GR_ARRAY_LEN(g_opts) + 2];
+  char shortopts[2 * GR_ARRAY_LEN(g_opts) + 8] = "+:";
+  size_t nl = 0, ns = 2;
+  for (size_t k = 0; k < GR_ARRAY_LEN(g_opts); k++) {
+    if (g_opts[k].how == GR_RUN_NONE)
+      continue;
+    int val = g_opts[k].shortopt ? g_opts[k].shortopt : 256 + (int)k;
+    longopts[nl++] = (struct option){g_opts[k].longopt,
+                                     g_opts[k].how == GR_RUN_VALUE      ? required_argument
+                                     : g_opts[k].how == GR_RUN_OPTIONAL ? optional_argument
+                                                                        : no_argument,
+                                     NULL, val};
+    if (g_opts[k].shortopt) { /* -v takes no value: -v2 is not --verbose=2 */
+      shortopts[ns++] = g_opts[k].shortopt;
+      if (g_opts[k].how == GR_RUN_VALUE)
+        shortopts[ns++] = ':';
+    }
+  }
+  longopts[nl++] = (struct option){"help", no_argument, NULL, 'h'};
+  longopts[nl] = (struct option){NULL, 0, NULL, 0};
+  shortopts[ns++] = 'h';
+  shortopts[ns] = '\0';
   optind = 1;
   int c;
   /* "+": options end at the program (whose own options follow it). */
-  while ((c = cmd_getopt(argc, argv, "+:s:w:l:d:vh", longopts)) != -1) {
+  while ((c = cmd_getopt(argc, argv, shortopts, longopts)) != -1) {
     if (c == -2)
       return EX_USAGE;
     if (c == 'h')
-      return cmd_help(g_help);
-    bool done = false;
-    for (size_t v = 0; v < sizeof valued / sizeof valued[0] && !done; v++) {
-      if (valued[v].val != c)
-        continue;
-      size_t k = valued[v].k;
-      if (!strcmp(optarg, "--")) /* the end of run's options, not a value */
-        return cmd_usage_error("run: %s needs a value", g_valued[k].opt);
-      int rc = set_checked(g_valued[k].var, optarg, g_valued[k].check, g_valued[k].expected);
-      if (rc != EX_OK)
-        return rc;
-      done = true;
-    }
-    if (done)
-      continue;
-    int rc = EX_OK;
-    switch (c) {
-    case 'v':
-      rc = optarg ? set_checked("GPURECLAIM_VERBOSE", optarg, NULL, NULL)
-                  : (setenv("GPURECLAIM_VERBOSE", "1", 1), EX_OK);
-      break;
-    case O_LEAK_REPORT:
-      setenv("GPURECLAIM_LEAK_REPORT", "1", 1);
-      break;
-    case O_BACKTRACE:
-      setenv("GPURECLAIM_BACKTRACE", "1", 1);
-      break;
-    case O_NO_STATUS:
-      setenv("GPURECLAIM_STATUS", "0", 1);
-      break;
-    case O_DISABLE:
-      setenv("GPURECLAIM_DISABLE", "1", 1);
-      break;
-    default:
+      return run_help();
+    size_t k = 0;
+    while (k < GR_ARRAY_LEN(g_opts) &&
+           !(g_opts[k].how != GR_RUN_NONE && (g_opts[k].shortopt ? g_opts[k].shortopt : 256 + (int)k) == c))
+      k++;
+    if (k == GR_ARRAY_LEN(g_opts))
       return cmd_usage_error("run: unknown option: %s", argv[optind - 1]);
-    }
+    const run_opt_t *o = &g_opts[k];
+    int rc = EX_OK;
+    if (o->how == GR_RUN_VALUE && !strcmp(optarg, "--")) /* the end of run's options, not a value */
+      return cmd_usage_error("run: --%s needs a value", o->longopt);
+    if (o->how == GR_RUN_FLAG || (o->how == GR_RUN_OPTIONAL && !optarg))
+      setenv(o->var, o->set, 1);
+    else
+      rc = set_checked(o->var, optarg);
     if (rc != EX_OK)
       return rc;
   }

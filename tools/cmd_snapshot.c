@@ -4,6 +4,7 @@
  */
 #include "command.h"
 #include "common.h"
+#include "names.h"
 #include "options.h"
 
 #include <getopt.h>
@@ -41,7 +42,7 @@ static void print_snapshot(const jnode_t *snap) {
       g[ng++] = key;
     g[k].blocks++;
     g[k].bytes += (uint64_t)jint(b, "bytes", 0);
-    g[k].orphans += !strcmp(jstr(b, "state", ""), "orphan");
+    g[k].orphans += !strcmp(jstr(b, "state", ""), gr_block_state_name(GPURECLAIM_BLOCK_ORPHAN));
   }
   qsort(g, ng, sizeof *g, by_bytes);
   const jnode_t *t = jget(snap, "total");

@@ -14,13 +14,11 @@
 #include <string.h>
 #include <unistd.h>
 
-static const char *const g_triggers[] = {"?", "api", "signal", "oom", "command", "scope", "peer", "idle", "call"};
-
 void gr_report_report_json(jbuf_t *b, const gpureclaim_report_t *r) {
   char what[64];
   jb_obj(b);
   jb_u64(b, "seq", r->seq);
-  jb_str(b, "trigger", r->trigger > 0 && r->trigger < (int)GR_ARRAY_LEN(g_triggers) ? g_triggers[r->trigger] : "?");
+  jb_str(b, "trigger", gr_trigger_name(r->trigger));
   jb_str(b, "what", gr_opt_what_name(r->what, what, sizeof what));
   jb_u64(b, "cached_bytes", r->cached_bytes);
   jb_u64(b, "pool_bytes", r->pool_bytes);

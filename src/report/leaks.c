@@ -127,7 +127,7 @@ int gr_report_leaks(jbuf_t *b, bool json) {
       jb_hex(b, "caller", g->pc);
       symbolize(g->pc, sym, sizeof sym);
       jb_str(b, "symbol", sym[0] ? sym : NULL);
-      jb_str(b, "kind", gr_report_kind_name(g->kind));
+      jb_str(b, "kind", gr_kind_name((int)g->kind));
       jb_u64(b, "blocks", g->blocks);
       jb_u64(b, "bytes", g->bytes);
       jb_arr(b, "frames");
@@ -167,7 +167,7 @@ int gr_report_leaks(jbuf_t *b, bool json) {
       gr_log_bytes(g->bytes, hb, sizeof hb);
       symbolize(g->pc, sym, sizeof sym);
       jb_printf(b, "\n%llu block%s, %s (%s) allocated by %s at %#lx%s%s%s\n", (unsigned long long)g->blocks,
-                gr_plural(g->blocks), hb, gr_report_kind_name(g->kind), lib.name, (unsigned long)g->pc,
+                gr_plural(g->blocks), hb, gr_kind_name((int)g->kind), lib.name, (unsigned long)g->pc,
                 sym[0] ? " (" : "", sym, sym[0] ? ")" : "");
       uintptr_t frames[GR_STACK_MAX];
       int nf = gr_site_frames(g->site, frames, GR_STACK_MAX);

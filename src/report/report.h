@@ -53,10 +53,9 @@ bool gr_report_gpu_uuid(int d, char *buf, size_t len);
 void gr_report_gpus_json(struct jbuf *b, bool memory);
 
 /* snapshot.c: the counters, pools, GPUs, framework caches and sleep state (the stats answer); the same with
- * every block (a snapshot). A block kind's name. */
+ * every block (a snapshot). */
 void gr_report_stats_json(struct jbuf *b);
 int gr_report_snapshot_json(struct jbuf *b);
-const char *gr_report_kind_name(unsigned kind);
 /* What the framework caches of device held that they could give back, as the last stats answer or snapshot
  * measured it (0 before one): the status file's "peer" object shows it. */
 uint64_t gr_report_framework_releasable(int device);

@@ -12,10 +12,6 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-static const char *const g_kind_names[] = {"?",   "device",      "pitch", "managed", "async",
-                                           "vmm", "vmm_mapping", "va",    "host"};
-const char *gr_report_kind_name(unsigned k) { return k < GR_ARRAY_LEN(g_kind_names) ? g_kind_names[k] : "?"; }
-
 static void stats_fields(jbuf_t *b, const gpureclaim_stats_t *s) {
 #define F(name) jb_u64(b, #name, s->name)
   F(live_blocks); F(live_bytes); F(peak_bytes); F(total_allocs); F(total_frees); F(pool_reserved_bytes);
@@ -120,13 +116,12 @@ typedef struct {
 } snap_t;
 
 static void block_json(jbuf_t *b, const gpureclaim_block_t *x) {
-  static const char *const states[] = {"?", "live", "orphan", "released"};
   jb_key(b, NULL);
   jb_obj(b);
   jb_hex(b, "address", x->address);
   jb_u64(b, "bytes", x->bytes);
-  jb_str(b, "kind", gr_report_kind_name((unsigned)x->kind));
-  jb_str(b, "state", x->state >= 1 && x->state <= 3 ? states[x->state] : "?");
+  jb_str(b, "kind", gr_kind_name(x->kind));
+  jb_str(b, "state", gr_block_state_name(x->state));
   jb_i64(b, "device", x->device);
   if (x->context)
     jb_hex(b, "context", (uint64_t)(uintptr_t)x->context);

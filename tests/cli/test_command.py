@@ -198,6 +198,24 @@ class CommandTest(unittest.TestCase):
             events = [json.loads(line)["event"] for line in f if line.strip()]
         self.assertEqual([e for e in events if e in ("sleep", "wake")], ["sleep", "wake", "sleep", "wake"])
 
+    def test_idle_sleep_is_logged_as_idle(self):
+        """GPURECLAIM_SLEEP_IDLE=1: a second without a CUDA call puts the process to sleep, and the logged sleep
+        report names its trigger "idle" (the sleep writer once had its own table of trigger names, without
+        "peer", and wrote "call" here)."""
+        self.env["GPURECLAIM_SLEEP_IDLE"] = "1"
+        h = self.hold()
+        state = None
+        for _ in range(1000):
+            state = json.loads(run("ps", "--json", env=self.env, check=0).stdout)[0]["state"]
+            if state == "sleeping":
+                break
+            time.sleep(0.02)
+        self.assertEqual(state, "sleeping")
+        with open(self.env["GPURECLAIM_LOG"]) as f:
+            sleeps = [e["report"] for e in map(json.loads, filter(str.strip, f)) if e["event"] == "sleep"]
+        self.assertEqual([r["trigger"] for r in sleeps], ["idle"])
+        self.assertTrue(sleeps[0]["slept"], sleeps[0])
+
     def test_signal_puts_it_to_sleep(self):
         """GPURECLAIM_ON_SIGNAL=sleep (run --on-signal sleep): the status file says so, the release signal puts the
         process to sleep, and release --signal refuses it (its signal would not release)."""
