@@ -25,7 +25,6 @@
 #include <time.h>
 #include <unistd.h>
 
-
 /* ---- the run directory ---- */
 
 static pthread_once_t g_rundir_once = PTHREAD_ONCE_INIT;
@@ -753,8 +752,8 @@ int gr_report_leaks(jbuf_t *b, bool json) {
       gr_log_bytes(g->bytes, hb, sizeof hb);
       symbolize(g->pc, sym, sizeof sym);
       jb_printf(b, "\n%llu block%s, %s (%s) allocated by %s at %#lx%s%s%s\n", (unsigned long long)g->blocks,
-                gr_plural(g->blocks), hb, gr_kind_name((int)g->kind), lib.name, (unsigned long)g->pc, sym[0] ? " (" : "",
-                sym, sym[0] ? ")" : "");
+                gr_plural(g->blocks), hb, gr_kind_name((int)g->kind), lib.name, (unsigned long)g->pc,
+                sym[0] ? " (" : "", sym, sym[0] ? ")" : "");
       uintptr_t frames[GR_STACK_MAX];
       int nf = gr_site_frames(g->site, frames, GR_STACK_MAX);
       for (int f = 0; f < nf; f++) {

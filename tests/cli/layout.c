@@ -14,7 +14,10 @@ static const char *str(const char *s) { return s ? s : "-"; }
 /* option NAME DEFAULT RUN-OPTION HOW ("-": none; HOW: value, flag or optional). */
 static void opt(const char *name, const char *def, const char *longopt, int how) {
   printf("option %s %s %s %s\n", name, def, longopt,
-         how == GR_RUN_VALUE ? "value" : how == GR_RUN_FLAG ? "flag" : how == GR_RUN_OPTIONAL ? "optional" : "-");
+         how == GR_RUN_VALUE      ? "value"
+         : how == GR_RUN_FLAG     ? "flag"
+         : how == GR_RUN_OPTIONAL ? "optional"
+                                  : "-");
 }
 
 int main(int argc, char **argv) {
