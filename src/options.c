@@ -319,6 +319,13 @@ static const struct {
 #undef ROW_
 };
 
+const char *gr_opt_default(const char *name) {
+  for (size_t i = 0; i < GR_ARRAY_LEN(g_table); i++)
+    if (!strcmp(g_table[i].name, name))
+      return g_table[i].def;
+  return NULL;
+}
+
 int gr_opt_check(const char *name, const char *value, const char **expected) {
   for (size_t i = 0; i < GR_ARRAY_LEN(g_table); i++)
     if (!strcmp(g_table[i].name, name)) {

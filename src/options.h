@@ -120,6 +120,9 @@ int gr_opt_parse_seconds_ms(const char *s, unsigned *out);
 int gr_opt_parse_uint(const char *s, unsigned long long max, unsigned long long *out);
 /* Whether a GPURECLAIM_LOG value names standard error ("stderr" in any case, or "-") rather than a file. */
 bool gr_opt_log_is_stderr(const char *s);
+/* The default of variable name as written in GR_OPTIONS ("cached,orphaned"); NULL: none, computed, or no such
+ * variable. */
+const char *gr_opt_default(const char *name);
 /* Parses value as variable name would be: 0, -EINVAL (malformed) or -ENOENT (no such variable); *expected is
  * what the variable takes, in words, as its warning says. */
 int gr_opt_check(const char *name, const char *value, const char **expected);

@@ -181,6 +181,14 @@ Test(options, a_malformed_value_is_warned_about_once_and_the_default_used) {
   reload_with(NULL, NULL);
 }
 
+Test(options, defaults_as_written) {
+  cr_assert_str_eq(gr_opt_default("GPURECLAIM_ON_SIGNAL"), "cached,orphaned");
+  cr_assert_str_eq(gr_opt_default("GPURECLAIM_PEER_TIMEOUT"), "2");
+  cr_assert_null(gr_opt_default("GPURECLAIM_RUNDIR"), "computed");
+  cr_assert_null(gr_opt_default("GPURECLAIM_LOG"), "none");
+  cr_assert_null(gr_opt_default("GPURECLAIM_NO_SUCH"));
+}
+
 Test(options, unknown_variables_are_not_options) {
   const char *expected;
   cr_assert_eq(gr_opt_check("GPURECLAIM_LEAK_REPORTS", "1", &expected), -ENOENT);
