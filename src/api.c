@@ -1,17 +1,17 @@
 /*
  * api.c -- the public functions of gpureclaim.h that read the table and the counters. The release functions
- * are in release.c, scopes in scope.c, files in report.c.
+ * are in release.c, scopes in scope.c, files in report/.
  */
 #include "gpureclaim_internal.h"
 
 #include <errno.h>
 #include <string.h>
 
-GR_EXPORT const char *gpureclaim_version(void) { return GPURECLAIM_VERSION_STRING; }
+GPURECLAIM_API const char *gpureclaim_version(void) { return GPURECLAIM_VERSION_STRING; }
 
-GR_EXPORT int gpureclaim_enabled(void) { return !gr_core_disabled(); }
+GPURECLAIM_API int gpureclaim_enabled(void) { return !gr_core_disabled(); }
 
-GR_EXPORT int gpureclaim_stats(int device, gpureclaim_stats_t *out) {
+GPURECLAIM_API int gpureclaim_stats(int device, gpureclaim_stats_t *out) {
   if (!out || out->size < offsetof(gpureclaim_stats_t, live_blocks) + sizeof(uint64_t) || device < -1 ||
       device >= GR_MAX_DEV)
     return -EINVAL;
@@ -63,7 +63,7 @@ static int each(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
   return e->fn(&b, e->arg);
 }
 
-GR_EXPORT int gpureclaim_foreach_block(int (*fn)(const gpureclaim_block_t *block, void *arg), void *arg) {
+GPURECLAIM_API int gpureclaim_foreach_block(int (*fn)(const gpureclaim_block_t *block, void *arg), void *arg) {
   if (!fn)
     return -EINVAL;
   if (gr_core_disabled())

@@ -10,6 +10,7 @@
  * serves nothing.
  */
 #include "gpureclaim_internal.h"
+#include "report/report.h"
 #include "json.h"
 
 #include <errno.h>

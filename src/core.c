@@ -10,6 +10,7 @@
  * the status file. After fork() the child starts over: empty table, no worker, no files, until it uses CUDA.
  */
 #include "gpureclaim_internal.h"
+#include "report/report.h"
 
 #include <dlfcn.h>
 #include <link.h>

@@ -4,7 +4,7 @@
  * What the command shares with the library is in common.h and options.h (no CUDA), included here.
  * Module prefixes: gr_opt_ (options.c), gr_log_ (log.c), gr_real_ (real.c), gr_hook_ (hooks/), gr_reg_
  * (registry.c), gr_stats_ (stats.c), gr_table_/gr_epoch_ (table.h), gr_scope_ (scope.c), gr_release_ (release.c),
- * gr_sig_ (signal.c), gr_py_ (releasers/python.c), gr_report_ (report.c), gr_control_ (control.c), gr_core_
+ * gr_sig_ (signal.c), gr_py_ (releasers/python.c), gr_report_ (report/), gr_control_ (control.c), gr_core_
  * (core.c: start-up, fork, exit).
  */
 #ifndef GPURECLAIM_INTERNAL_H
@@ -29,20 +29,16 @@
 #include <sys/types.h>
 #include <time.h>
 
-#define GR_EXPORT __attribute__((visibility("default")))
+/* What the library exports, one macro per kind (src/gpureclaim.map lists both, check_exports.cmake checks them):
+ * the public functions of gpureclaim.h carry GPURECLAIM_API (that header's, on their declarations and
+ * definitions), and the symbols that stand in for the driver's, the CUDA runtime's and libc's carry GR_INTERPOSE
+ * (hooks/). Everything else is hidden (the version script's "local: *"). */
+#define GR_INTERPOSE __attribute__((visibility("default")))
 #define GR_HIDDEN __attribute__((visibility("hidden")))
 #define GR_TLS __thread __attribute__((tls_model("initial-exec")))
 /* Code that sanitizer runtimes reach before they are initialised: their start-up looks up real functions with
  * dlsym, which is gpureclaim's override. It must not be instrumented. */
 #define GR_NO_SANITIZE __attribute__((no_sanitize("address", "undefined", "thread")))
-
-/* ------------------------------------------------------------------------------------------------------------
- * log.c: warnings on stderr (gr_log, gr_warn, ... in common.h)
- * ---------------------------------------------------------------------------------------------------------- */
-
-/* One short line for people about a release, at GPURECLAIM_VERBOSE=1 (the JSON report goes to GPURECLAIM_LOG). */
-struct gpureclaim_report;
-void gr_log_release(const struct gpureclaim_report *r);
 
 /* ------------------------------------------------------------------------------------------------------------
  * real.c: the real entry points, resolved once
@@ -360,7 +356,7 @@ uint64_t gr_scope_id(uint16_t slot);
 void gr_scope_atfork_child(void);
 
 /* ------------------------------------------------------------------------------------------------------------
- * release.c / signal.c / report.c / control.c / releasers
+ * release.c / signal.c / control.c / releasers (report/: report/report.h)
  * ---------------------------------------------------------------------------------------------------------- */
 
 /* Runs (or joins) a release; trigger is a gpureclaim_trigger_t. Returns 0 or -errno. */
@@ -400,7 +396,8 @@ static inline uint64_t gr_worker_now_ms(void) {
 int gr_sig_install(void);
 /* The descriptor the handler writes to; the worker polls it. -1 when the signal is off. */
 int gr_sig_fd(void);
-void gr_sig_check_replaced(void);
+/* Whether the program replaced gpureclaim's handler since the last check (said once, with a warning). */
+bool gr_sig_check_replaced(void);
 /* Whether gpureclaim's handler is the signal's action now (false: off, ignored, or the program's own since). */
 bool gr_sig_caught(void);
 void gr_sig_atfork_child(void);
@@ -422,7 +419,6 @@ int gr_py_caches(gr_py_cache_t *out, int max);
 void gr_stats_peer_ask(bool ok, uint64_t received);
 void gr_stats_peer_give(uint64_t given);
 
-void gr_report_release(const gpureclaim_report_t *r, bool served_signal);
 /* peer.c: peer reclaim (GPURECLAIM_PEERS), both sides. */
 struct jbuf;
 /* The status file's "peer" object. */
@@ -469,24 +465,6 @@ void gr_peer_atfork_child(void);
  * first, within GPURECLAIM_ON_SIGNAL; framework caches only when framework_ok. Fills rep (trigger peer). */
 void gr_release_give(uint64_t want, uint64_t devmask, int asker, bool framework_ok, const struct timespec *deadline,
                  gpureclaim_report_t *rep);
-int gr_report_status_update(void);
-/* The control socket's path for the status file, NULL once it is closed (control.c hands it over). */
-void gr_report_status_socket(const char *path);
-void gr_report_status_remove(void);
-struct jbuf;
-void gr_report_report_json(struct jbuf *b, const gpureclaim_report_t *r);
-void gr_report_stats_json(struct jbuf *b);
-int gr_report_snapshot_json(struct jbuf *b);
-int gr_report_leaks(struct jbuf *b, bool json);
-int gr_report_leaks_fd(int fd, bool json);
-/* One JSON line (newline included) where events go: release reports, peer reclaims, sleeps, wakes
- * (GPURECLAIM_LOG or stderr; nowhere if unset). */
-void gr_report_event(const struct jbuf *b);
-/* The UUID of device ordinal d as nvidia-smi -L writes it ("GPU-..."; cuDeviceGetUuid_v2: a MIG instance's
- * own; cached once read: asleep, the driver is not asked); false if unknown. */
-bool gr_report_gpu_uuid(int d, char *buf, size_t len);
-/* The private run directory (created 0700 if needed); NULL if unusable. */
-const char *gr_report_rundir(void);
 
 
 /* sleep.c: sleep and wake (gpureclaim_sleep). timeout_ms: how long the lock waits for calls in flight. */
@@ -522,7 +500,6 @@ void gr_sleep_note_capture(CUstream s, bool ptsz, bool begin);
 int gr_control_open(void);
 /* In a forked child: close the parent's socket without removing it. */
 void gr_control_forget(void);
-void gr_report_atfork_child(void);
 int gr_control_fd(void);
 void gr_control_serve_one(void);
 void gr_control_close(void);

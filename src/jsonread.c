@@ -224,19 +224,33 @@ jnode_t *jparse(const char *text, const char **err) {
   if (!n || !value(&p, n)) {
     if (err)
       *err = p.err ? p.err : "out of memory";
-    if (n)
-      jfree(n), free(n);
+    jdelete(n);
     return NULL;
   }
   ws(&p);
   if (*p.p) {
     if (err)
       *err = "trailing data";
-    jfree(n);
-    free(n);
+    jdelete(n);
     return NULL;
   }
   return n;
+}
+
+jnode_t *jparse_object(const char *text, const char **err) {
+  jnode_t *n = jparse(text, err);
+  if (n && n->type != JN_OBJ) {
+    if (err)
+      *err = "not a JSON object";
+    jdelete(n);
+    return NULL;
+  }
+  return n;
+}
+
+void jdelete(jnode_t *root) {
+  jfree(root);
+  free(root);
 }
 
 void jfree(jnode_t *n) {

@@ -24,8 +24,13 @@ typedef struct jnode {
   size_t n;
 } jnode_t;
 
-/* Parses text; NULL on malformed input (err set to a short reason). Free with jfree. */
+/* Parses text; NULL on malformed input (err set to a short reason). The tree it returns is freed with jdelete. */
 jnode_t *jparse(const char *text, const char **err);
+/* The same, for text that must be one JSON object: anything else is NULL (err "not a JSON object"). */
+jnode_t *jparse_object(const char *text, const char **err);
+/* Frees a tree jparse returned, root included (NULL: nothing). */
+void jdelete(jnode_t *root);
+/* Empties one node in place (its children, keys and string), for a node the caller owns otherwise. */
 void jfree(jnode_t *n);
 /* Member of an object (NULL if absent or not an object). */
 const jnode_t *jget(const jnode_t *obj, const char *key);

@@ -3,8 +3,8 @@
  * write(2) from a stack buffer (no stdio locks, no allocation), so it is usable from any hook.
  * Quiet by default: a library inside other people's programs writes nothing there unless something is wrong
  * (warnings) or it was asked (GPURECLAIM_VERBOSE). Release reports (JSON lines) go to GPURECLAIM_LOG when it
- * names a file or stderr, else nowhere (report.c); at GPURECLAIM_VERBOSE=1 each release also gets one short
- * line for people here (gr_log_release()).
+ * names a file or stderr, else nowhere; at GPURECLAIM_VERBOSE=1 each release also gets one short line for
+ * people (both in report/event.c).
  */
 #include "common.h"
 #include "gpureclaim.h"

@@ -17,6 +17,7 @@
  * the asking thread may hold), and its status file says it is handling an out-of-memory, so peers skip it.
  */
 #include "gpureclaim_internal.h"
+#include "report/report.h"
 #include "json.h"
 #include "gate.h"
 #include "jsonread.h"
@@ -378,8 +379,7 @@ static size_t find_peers(const gr_peer_op_t *op, const char *dir, cand_t *out, s
         break;
       }
     }
-    jfree(st);
-    free(st); /* jfree empties a node; the root jparse allocated is the caller's to free */
+    jdelete(st);
   }
   closedir(d);
   if (n > 1)
@@ -453,8 +453,7 @@ static uint64_t ask_one(gr_peer_op_t *op, const cand_t *c, uint64_t want, bool s
       r->slept = (uint64_t)jint(g, "slept_bytes", 0);
       given = (uint64_t)jint(g, "total_bytes", 0);
     }
-    jfree(a);
-    free(a);
+    jdelete(a);
   }
   r->ms = (double)(gr_mono_ns() - t0) / 1e6;
   return given;

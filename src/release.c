@@ -20,6 +20,7 @@
  * since the running release may need it for step 1.
  */
 #include "gpureclaim_internal.h"
+#include "report/report.h"
 #include "gate.h"
 
 #include <errno.h>
@@ -49,7 +50,7 @@ static pthread_mutex_t g_rel_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_next_id;
 static GR_TLS int t_in_releaser; /* id of the releaser this thread is inside, 0 for none */
 
-GR_EXPORT int gpureclaim_register_releaser(const char *name, size_t (*fn)(void *arg), void *arg) {
+GPURECLAIM_API int gpureclaim_register_releaser(const char *name, size_t (*fn)(void *arg), void *arg) {
   if (!name || !fn)
     return -EINVAL;
   if (gr_core_disabled())
@@ -73,7 +74,7 @@ GR_EXPORT int gpureclaim_register_releaser(const char *name, size_t (*fn)(void *
   return -ENOSPC;
 }
 
-GR_EXPORT int gpureclaim_unregister_releaser(int id) {
+GPURECLAIM_API int gpureclaim_unregister_releaser(int id) {
   if (id <= 0)
     return -ENOENT;
   pthread_mutex_lock(&g_rel_lock);
@@ -625,7 +626,7 @@ static int check_what(unsigned what) {
   return 0;
 }
 
-GR_EXPORT int gpureclaim_release(unsigned what, gpureclaim_report_t *out) {
+GPURECLAIM_API int gpureclaim_release(unsigned what, gpureclaim_report_t *out) {
   if (out && out->size < offsetof(gpureclaim_report_t, seq) + sizeof(uint64_t))
     return -EINVAL;
   int rc = check_what(what);
@@ -634,7 +635,7 @@ GR_EXPORT int gpureclaim_release(unsigned what, gpureclaim_report_t *out) {
   return rc ? rc : gr_release_run(what, GPURECLAIM_TRIGGER_API, out);
 }
 
-GR_EXPORT int gpureclaim_release_context(void *ctx, gpureclaim_report_t *out) {
+GPURECLAIM_API int gpureclaim_release_context(void *ctx, gpureclaim_report_t *out) {
   if (!ctx || (out && out->size < offsetof(gpureclaim_report_t, seq) + sizeof(uint64_t)))
     return -EINVAL;
   int rc = check_what(GPURECLAIM_ALL);

@@ -217,7 +217,7 @@ static bool map_slots(void) {
   return true;
 }
 
-GR_EXPORT uint64_t gpureclaim_scope_begin(void) {
+GPURECLAIM_API uint64_t gpureclaim_scope_begin(void) {
   if (gr_core_disabled() || !map_slots())
     return 0;
   if (t_depth == MAX_NEST) {
@@ -255,7 +255,7 @@ GR_EXPORT uint64_t gpureclaim_scope_begin(void) {
   return 0;
 }
 
-GR_EXPORT uint64_t gpureclaim_scope_current(void) { return innermost(); }
+GPURECLAIM_API uint64_t gpureclaim_scope_current(void) { return innermost(); }
 
 /* ---- ending ---- */
 
@@ -323,7 +323,7 @@ static void orphan_all(end_t *e, const tagged_t *keys, uint32_t n, bool scan) {
   }
 }
 
-GR_EXPORT int gpureclaim_scope_end(uint64_t scope, unsigned flags) {
+GPURECLAIM_API int gpureclaim_scope_end(uint64_t scope, unsigned flags) {
   if (gr_core_disabled())
     return -ENOTSUP;
   if (scope == 0 || (flags & ~GPURECLAIM_FREE_NOW))

@@ -128,19 +128,16 @@ bool gr_sig_caught(void) {
 
 static _Atomic int g_replaced_noticed;
 
-void gr_sig_check_replaced(void) {
+bool gr_sig_check_replaced(void) {
   if (!atomic_load_explicit(&g_installed, memory_order_acquire) || gr_sig_caught() ||
       atomic_exchange_explicit(&g_replaced_noticed, 1, memory_order_relaxed))
-    return;
+    return false;
   char name[16];
   gr_warn("the program installed its own SIG%s handler; gpureclaim leaves it alone: releases by signal no "
           "longer reach this process (the gpureclaim command still does, through its control socket; or "
           "choose another signal with GPURECLAIM_SIGNAL)",
           gr_opt_signal_name(g_sig, name, sizeof name));
-  /* The status file says so ("signal_caught": false): the command then sends no signal that gpureclaim would
-   * never see, and does not wait for a release that never comes. */
-  if (gr_opt()->status)
-    gr_report_status_update();
+  return true;
 }
 
 void gr_sig_atfork_child(void) {

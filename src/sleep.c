@@ -26,6 +26,7 @@
  * goes back to AWAKE, a wake without room back to ASLEEP.
  */
 #include "gpureclaim_internal.h"
+#include "report/report.h"
 #include "gate.h"
 #include "json.h"
 
@@ -654,7 +655,7 @@ void gr_sleep_atfork_child(void) {
 
 /* ---- the public functions ---- */
 
-GR_EXPORT int gpureclaim_sleep(gpureclaim_sleep_report_t *out) {
+GPURECLAIM_API int gpureclaim_sleep(gpureclaim_sleep_report_t *out) {
   if (out && out->size < offsetof(gpureclaim_sleep_report_t, trigger) + sizeof(int))
     return -EINVAL;
   if (gr_core_disabled() || atomic_load_explicit(&gr_core_state, memory_order_acquire) != 1)
@@ -664,10 +665,10 @@ GR_EXPORT int gpureclaim_sleep(gpureclaim_sleep_report_t *out) {
   return gr_sleep_run(GPURECLAIM_TRIGGER_API, 0, out);
 }
 
-GR_EXPORT int gpureclaim_wake(void) {
+GPURECLAIM_API int gpureclaim_wake(void) {
   if (gr_core_disabled())
     return -ENOTSUP;
   return gr_sleep_wake(GPURECLAIM_TRIGGER_API);
 }
 
-GR_EXPORT int gpureclaim_sleep_state(uint64_t *host_bytes) { return gr_sleep_state_now(host_bytes); }
+GPURECLAIM_API int gpureclaim_sleep_state(uint64_t *host_bytes) { return gr_sleep_state_now(host_bytes); }

@@ -9,6 +9,7 @@
  * blocks every signal, and ends when the process forks (the child starts its own when it uses CUDA) or exits.
  */
 #include "gpureclaim_internal.h"
+#include "report/report.h"
 
 #include <poll.h>
 #include <pthread.h>
@@ -105,7 +106,10 @@ static void *worker(void *arg) {
     }
     if (n > 0 && (fds[1].revents & POLLIN))
       gr_control_serve_one();
-    gr_sig_check_replaced();
+    /* The status file says so ("signal_caught": false): the command then sends no signal that gpureclaim would
+     * never see, and does not wait for a release that never comes. */
+    if (gr_sig_check_replaced() && gr_opt()->status)
+      gr_report_status_update();
     gr_peer_tick();
   }
   return NULL;

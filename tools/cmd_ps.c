@@ -199,18 +199,14 @@ static void ask_stats(void *arg) {
   r->stats = cmd_ask(&r->p, "stats", 2.0, &r->why, NULL);
   if (r->stats && !jbool(r->stats, "ok", false)) {
     r->why = "it refused the stats request";
-    jfree(r->stats);
-    free(r->stats);
+    jdelete(r->stats);
     r->stats = NULL;
   }
 }
 
 static void free_row(ps_row_t *r) {
   cmd_free(&r->p);
-  if (r->stats) {
-    jfree(r->stats);
-    free(r->stats);
-  }
+  jdelete(r->stats);
   r->stats = NULL;
 }
 

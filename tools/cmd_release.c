@@ -94,8 +94,7 @@ static bool gpureclaim_catches(const proc_t *p, const jnode_t *status, double ti
   }
   bool caught = jbool(said, "signal_caught", true); /* absent: an older library, which does not say */
   if (ans) {
-    jfree(ans);
-    free(ans);
+    jdelete(ans);
   }
   if (!caught)
     *why = "gpureclaim's handler for its release signal is not installed (the program installed its own, or "
@@ -125,8 +124,7 @@ static jnode_t *release_by_signal(const proc_t *p, double timeout, bool explicit
   int64_t before = jint(base, count, 0);
   bool ours = gpureclaim_catches(p, base, timeout, explicit, why);
   if (now) {
-    jfree(now);
-    free(now);
+    jdelete(now);
   }
   if (!ours || !catches(p->pid, sig, why))
     return NULL;
@@ -141,8 +139,7 @@ static jnode_t *release_by_signal(const proc_t *p, double timeout, bool explicit
     if (s && jint(s, count, 0) > before && jget(s, report) && jget(s, report)->type == JN_OBJ)
       return s;
     if (s) {
-      jfree(s);
-      free(s);
+      jdelete(s);
     }
     if (!cmd_alive(p)) { /* gone, or a zombie: kill(pid, 0) still succeeds on one */
       *why = why_exited;
@@ -214,8 +211,7 @@ static bool take_begun_line(char *buf, size_t *n) {
   jnode_t *j = jparse(buf, &err);
   bool begun = j && j->type == JN_OBJ && jbool(j, "begun", false);
   if (j) {
-    jfree(j);
-    free(j);
+    jdelete(j);
   }
   if (!begun) {
     *nl = '\n';
@@ -312,20 +308,15 @@ static jnode_t *ask_release(const proc_t *p, const char *what, double timeout, c
     return NULL;
   }
   const char *perr = NULL;
-  jnode_t *j = jparse(buf, &perr);
+  jnode_t *j = jparse_object(buf, &perr);
   free(buf);
-  if (!j || j->type != JN_OBJ) {
+  if (!j) {
     *why = "its answer is not a JSON object";
-    if (j) {
-      jfree(j);
-      free(j);
-    }
     return NULL;
   }
   const char *err = jstr(j, "error", "");
   if (!jbool(j, "ok", false) && !strncmp(err, "unknown request: release-begun", 30)) {
-    jfree(j);
-    free(j);
+    jdelete(j);
     *why = why_unknown_verb;
     return NULL;
   }
@@ -694,8 +685,7 @@ int cmd_release(int argc, char **argv) {
     if (!j->rep && rc == EX_OK)
       rc = j->why == why_exited ? EX_NOPROC : EX_FAILED;
     if (j->ans) {
-      jfree(j->ans);
-      free(j->ans);
+      jdelete(j->ans);
     }
     cmd_free(p);
   }

@@ -143,7 +143,7 @@ static int parent_dir_writable(const char *path) {
   return stat(parent, &st) == 0 && S_ISDIR(st.st_mode) && access(parent, W_OK | X_OK) == 0 ? 0 : -1;
 }
 
-/* The run directory as the library will judge it (report.c): absolute; if it exists, a directory of this user
+/* The run directory as the library will judge it (report/rundir.c): absolute; if it exists, a directory of this user
  * open to nobody else; if not, one the library can create (its parent exists). Otherwise the program would
  * run with only a warning, and never appear in `gpureclaim ps`. */
 static int chk_rundir(const char *v) {

@@ -91,17 +91,12 @@ static jnode_t *exchange(const proc_t *p, const char *request, double timeout, c
     while ((nl = strchr(buf, '\n'))) {
       *nl = '\0';
       const char *perr = NULL;
-      jnode_t *j = jparse(buf, &perr);
+      jnode_t *j = jparse_object(buf, &perr);
       size_t used = (size_t)(nl + 1 - buf);
       memmove(buf, nl + 1, n - used + 1);
       n -= used;
-      if (!j || j->type != JN_OBJ) {
-        if (j) {
-          jfree(j);
-          free(j);
-        }
+      if (!j)
         continue;
-      }
       const char *phase = jstr(j, "progress", NULL);
       if (phase) {
         if (tty) {
@@ -110,13 +105,11 @@ static jnode_t *exchange(const proc_t *p, const char *request, double timeout, c
                   cmd_bytes((uint64_t)jint(j, "total_bytes", 0), t, sizeof t));
           shown = true;
         }
-        jfree(j);
-        free(j);
+        jdelete(j);
         continue;
       }
       if (last) {
-        jfree(last);
-        free(last);
+        jdelete(last);
       }
       last = j;
     }
@@ -196,8 +189,7 @@ static int run(int argc, char **argv, bool sleeping) {
     } else {
       fprintf(stderr, "gpureclaim: wake %d: %s\n", (int)pid, jstr(a, "error", "refused"));
     }
-    jfree(a);
-    free(a);
+    jdelete(a);
   }
   cmd_free(&p);
   return rc;

@@ -170,8 +170,7 @@ int cmd_snapshot(int argc, char **argv) {
     print_snapshot(body);
   }
   if (ans) {
-    jfree(ans);
-    free(ans);
+    jdelete(ans);
   }
   cmd_free(&p);
   return rc;

@@ -217,8 +217,7 @@ static void release_selected(screen_t *s, const top_opts_t *o) {
              a ? jstr(a, "error", "refused") : why ? why : "no answer");
   }
   if (a) {
-    jfree(a);
-    free(a);
+    jdelete(a);
   }
 }
 
@@ -257,8 +256,7 @@ static void snapshot_selected(screen_t *s, const top_opts_t *o) {
              a ? jstr(a, "error", "refused") : why ? why : "no answer");
   }
   if (a) {
-    jfree(a);
-    free(a);
+    jdelete(a);
   }
 }
 

@@ -386,8 +386,7 @@ int cmd_connect_check(const proc_t *p) {
 
 void cmd_free(proc_t *p) {
   if (p->status) {
-    jfree(p->status);
-    free(p->status);
+    jdelete(p->status);
   }
   p->status = NULL;
 }
@@ -484,16 +483,10 @@ jnode_t *cmd_ask(const proc_t *p, const char *request, double timeout, const cha
   }
   buf[n] = '\0';
   const char *perr = NULL;
-  jnode_t *j = jparse(buf, &perr);
+  jnode_t *j = jparse_object(buf, &perr);
   free(buf);
-  if (!j || j->type != JN_OBJ) {
+  if (!j)
     *why = "its answer is not a JSON object";
-    if (j) {
-      jfree(j);
-      free(j);
-    }
-    return NULL;
-  }
   return j;
 }
 

@@ -726,8 +726,8 @@ static CUresult b_primary_release(void *realp, uintptr_t ra, CUdevice dev) {
 /* ---- the wrappers ---- */
 
 #define DEFINE_WRAPPERS(sym, base, ver, ptsz, body, params, args)                                           \
-  GR_EXPORT CUresult CUDAAPI sym params;                                                                   \
-  GR_EXPORT CUresult CUDAAPI sym params {                                                                  \
+  GR_INTERPOSE CUresult CUDAAPI sym params;                                                                \
+  GR_INTERPOSE CUresult CUDAAPI sym params {                                                               \
     CUresult gate_ = gr_gate_check();                                                                      \
     if (GR_UNLIKELY(gate_ != CUDA_SUCCESS))                                                                \
       return gate_;                                                                                        \

@@ -108,8 +108,8 @@ static void *ex_getter(_Atomic(void *) *slot, const char *name) {
   return p;
 }
 
-GR_EXPORT CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
-GR_EXPORT CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
+GR_INTERPOSE CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
+GR_INTERPOSE CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
   getproc_v1_t real = (getproc_v1_t)ex_getter(&g_ex_v1, "cuGetProcAddress");
   if (!real)
     return CUDA_ERROR_NOT_FOUND;
@@ -122,7 +122,7 @@ GR_EXPORT CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int 
   return rc;
 }
 
-GR_EXPORT CUresult CUDAAPI cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+GR_INTERPOSE CUresult CUDAAPI cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                                                CUdriverProcAddressQueryResult *symbolStatus) {
   getproc_v2_t real = (getproc_v2_t)ex_getter(&g_ex_v2, "cuGetProcAddress_v2");
   if (!real)

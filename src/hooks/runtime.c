@@ -42,7 +42,7 @@ enum { GR_RUNTIME_HOOKS(RT_ENUM) RT_COUNT };
 
 /* gr_rt_<name> is exported only as name@libcudart.so.13 and name@libcudart.so.12, hidden versions
  * (gpureclaim.map says why). */
-#define RT_DECL(name, api, params, args) GR_EXPORT cudaError_t CUDARTAPI gr_rt_##name params;
+#define RT_DECL(name, api, params, args) GR_INTERPOSE cudaError_t CUDARTAPI gr_rt_##name params;
 GR_RUNTIME_HOOKS(RT_DECL)
 #undef RT_DECL
 
@@ -99,7 +99,7 @@ static inline void *rt_real(int id, uintptr_t pc) {
 #define RT_DEFINE(name, api, params, args)                                                                 \
   __asm__(".symver gr_rt_" #name ", " #name "@libcudart.so.13");                                          \
   __asm__(".symver gr_rt_" #name ", " #name "@libcudart.so.12");                                          \
-  GR_EXPORT cudaError_t CUDARTAPI gr_rt_##name params {                                                    \
+  GR_INTERPOSE cudaError_t CUDARTAPI gr_rt_##name params {                                                 \
     uintptr_t ra = (uintptr_t)__builtin_return_address(0);                                                 \
     cudaError_t(CUDARTAPI * real) params = (cudaError_t(CUDARTAPI *) params)rt_real(RT_##name, ra);        \
     if (GR_UNLIKELY(!real)) {                                                                              \

@@ -7,6 +7,7 @@ GR_PRELOAD (what LD_PRELOAD must hold first in sanitizer builds), LD_LIBRARY_PAT
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import stat
@@ -97,6 +98,12 @@ class CommandTest(unittest.TestCase):
     def tearDown(self):
         for h in self.held:
             h.close()
+        # The run directory and log go with a passing test; a failing one keeps them for a look (the path is in
+        # its output when it prints the environment) unless GR_KEEP_TMP says otherwise.
+        outcome = getattr(self, "_outcome", None)
+        failed = outcome is not None and not getattr(outcome, "success", True)
+        if not failed and not os.environ.get("GR_KEEP_TMP"):
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
     def hold(self, *opts):
         h = Held(self.env, *opts)
@@ -723,6 +730,8 @@ path = os.path.join(tempfile.mkdtemp(), "snap.json")
 gpureclaim.snapshot(path)
 with open(path) as f:
     snap = json.load(f)
+os.unlink(path)
+os.rmdir(os.path.dirname(path))
 assert snap["pid"] == os.getpid() and snap["total"]["live_bytes"] == 1 << 20, snap
 assert [b["bytes"] for b in snap["blocks"]] == [1 << 20], snap["blocks"]
 try:

@@ -574,8 +574,10 @@ class OtherUserTest(Base):
             os.setgid(65534)
             os.setuid(65534)
 
-        b = Proc(self, "b", {"GPURECLAIM_RUNDIR": rundir, "SIMCUDA_MACHINE": ""}, preexec=become,
-                 log=os.path.join(rundir, "b.log"))
+        # Its simulated machine inside its run directory: removed with the test's files (the default one, under
+        # /dev/shm, would outlive the test).
+        b = Proc(self, "b", {"GPURECLAIM_RUNDIR": rundir, "SIMCUDA_MACHINE": os.path.join(rundir, "sim")},
+                 preexec=become, log=os.path.join(rundir, "b.log"))
         self.fill_cache(b)
         far = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1000) + 60000
         line = "give bytes=%d uuid=%s deadline_ms=%d pid=%d\n" % (128 * MiB, b.uuid, far, os.getpid())

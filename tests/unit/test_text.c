@@ -1,7 +1,8 @@
 /* The text contracts of common.h, shared by the library and the command: which byte sequences pass into JSON and
  * tables as UTF-8 (gr_utf8_len), how a string becomes JSON (gr_json_escape), and how a process's start time is
- * read from /proc/PID/stat (gr_stat_start_ticks). */
+ * read from /proc/PID/stat (gr_stat_start_ticks), and how the JSON the library writes is read back (jsonread.h). */
 #include "common.h"
+#include "jsonread.h"
 
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -81,4 +82,24 @@ Test(procstat, the_start_time_is_field_22_counted_after_the_last_parenthesis) {
   cr_assert_not_null(fgets(self, sizeof self, f));
   fclose(f);
   cr_assert_gt(gr_stat_start_ticks(self), 0, "this process's own start time: %s", self);
+}
+
+Test(jsonread, jparse_object_takes_an_object_and_refuses_every_other_value) {
+  const char *err = NULL;
+  jnode_t *j = jparse_object("{\"a\": [1, {\"b\": \"c\"}], \"d\": true}", &err);
+  cr_assert_not_null(j, "%s", err ? err : "");
+  cr_assert_eq(j->type, JN_OBJ);
+  cr_assert(jbool(j, "d", false));
+  jdelete(j); /* the whole tree, root included: ASan's leak check fails the test otherwise */
+  const char *others[] = {"[1, 2]", "\"text\"", "42", "true", "null"};
+  for (size_t i = 0; i < sizeof others / sizeof *others; i++) {
+    err = NULL;
+    cr_assert_null(jparse_object(others[i], &err), "%s was taken as an object", others[i]);
+    cr_assert_str_eq(err, "not a JSON object");
+  }
+  err = NULL;
+  cr_assert_null(jparse_object("{\"a\": ", &err));
+  cr_assert_not_null(err);
+  cr_assert_str_neq(err, "not a JSON object", "a malformed text says what is malformed");
+  jdelete(NULL);
 }
