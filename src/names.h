@@ -12,67 +12,67 @@
 #include "gpureclaim.h"
 
 /* gpureclaim_block_t.kind (gpureclaim_kind_t): a snapshot's and a leak report's "kind". */
-#define GR_KINDS(X)                                                                                                   \
-  X(GPURECLAIM_KIND_DEVICE, "device")                                                                                 \
-  X(GPURECLAIM_KIND_PITCH, "pitch")                                                                                   \
-  X(GPURECLAIM_KIND_MANAGED, "managed")                                                                               \
-  X(GPURECLAIM_KIND_ASYNC, "async")                                                                                   \
-  X(GPURECLAIM_KIND_VMM, "vmm")                                                                                       \
-  X(GPURECLAIM_KIND_VMM_MAPPING, "vmm_mapping")                                                                       \
-  X(GPURECLAIM_KIND_VA, "va")                                                                                         \
+#define GR_KINDS(X)                             \
+  X(GPURECLAIM_KIND_DEVICE, "device")           \
+  X(GPURECLAIM_KIND_PITCH, "pitch")             \
+  X(GPURECLAIM_KIND_MANAGED, "managed")         \
+  X(GPURECLAIM_KIND_ASYNC, "async")             \
+  X(GPURECLAIM_KIND_VMM, "vmm")                 \
+  X(GPURECLAIM_KIND_VMM_MAPPING, "vmm_mapping") \
+  X(GPURECLAIM_KIND_VA, "va")                   \
   X(GPURECLAIM_KIND_HOST, "host")
 
 /* gpureclaim_block_t.state (gpureclaim_block_state_t): a snapshot's "state" of a block. */
-#define GR_BLOCK_STATES(X)                                                                                            \
-  X(GPURECLAIM_BLOCK_LIVE, "live")                                                                                    \
-  X(GPURECLAIM_BLOCK_ORPHAN, "orphan")                                                                                \
+#define GR_BLOCK_STATES(X)             \
+  X(GPURECLAIM_BLOCK_LIVE, "live")     \
+  X(GPURECLAIM_BLOCK_ORPHAN, "orphan") \
   X(GPURECLAIM_BLOCK_RELEASED, "released")
 
 /* gpureclaim_report_t.trigger and gpureclaim_sleep_report_t.trigger (gpureclaim_trigger_t): a report's
  * "trigger". */
-#define GR_TRIGGERS(X)                                                                                                \
-  X(GPURECLAIM_TRIGGER_API, "api")                                                                                    \
-  X(GPURECLAIM_TRIGGER_SIGNAL, "signal")                                                                              \
-  X(GPURECLAIM_TRIGGER_OOM, "oom")                                                                                    \
-  X(GPURECLAIM_TRIGGER_COMMAND, "command")                                                                            \
-  X(GPURECLAIM_TRIGGER_SCOPE, "scope")                                                                                \
-  X(GPURECLAIM_TRIGGER_PEER, "peer")                                                                                  \
-  X(GPURECLAIM_TRIGGER_IDLE, "idle")                                                                                  \
+#define GR_TRIGGERS(X)                     \
+  X(GPURECLAIM_TRIGGER_API, "api")         \
+  X(GPURECLAIM_TRIGGER_SIGNAL, "signal")   \
+  X(GPURECLAIM_TRIGGER_OOM, "oom")         \
+  X(GPURECLAIM_TRIGGER_COMMAND, "command") \
+  X(GPURECLAIM_TRIGGER_SCOPE, "scope")     \
+  X(GPURECLAIM_TRIGGER_PEER, "peer")       \
+  X(GPURECLAIM_TRIGGER_IDLE, "idle")       \
   X(GPURECLAIM_TRIGGER_CALL, "call")
 
 /* gpureclaim_sleep_state_t: the status file's sleep "state", the STATE column of `gpureclaim ps`. */
-#define GR_SLEEP_STATES(X)                                                                                            \
-  X(GPURECLAIM_STATE_AWAKE, "awake")                                                                                  \
-  X(GPURECLAIM_STATE_SLEEPING, "sleeping")                                                                            \
+#define GR_SLEEP_STATES(X)                 \
+  X(GPURECLAIM_STATE_AWAKE, "awake")       \
+  X(GPURECLAIM_STATE_SLEEPING, "sleeping") \
   X(GPURECLAIM_STATE_WAKING, "waking")
 
 /* What a release gives back (GPURECLAIM_CACHED, ...): GPURECLAIM_ON_SIGNAL, `release --what`, the control
  * socket's release request and a report's "what" take these words, comma-separated. "orphans" is accepted for
  * "orphaned" and never written. */
-#define GR_WHATS(X)                                                                                                   \
-  X(GPURECLAIM_CACHED, "cached")                                                                                      \
-  X(GPURECLAIM_ORPHANED, "orphaned")                                                                                  \
+#define GR_WHATS(X)                  \
+  X(GPURECLAIM_CACHED, "cached")     \
+  X(GPURECLAIM_ORPHANED, "orphaned") \
   X(GPURECLAIM_ALL, "all")
 #define GR_WHAT_ALIASES(X) X(GPURECLAIM_ORPHANED, "orphans")
 
 /* The calls that make blocks: a block's "api" (the record's api field; 0..15 driver, 16.. runtime). */
-#define GR_APIS(X)                                                                                                    \
-  X(GR_API_cuMemAlloc, 1, "cuMemAlloc_v2")                                                                            \
-  X(GR_API_cuMemAllocPitch, 2, "cuMemAllocPitch_v2")                                                                  \
-  X(GR_API_cuMemAllocManaged, 3, "cuMemAllocManaged")                                                                 \
-  X(GR_API_cuMemAllocAsync, 4, "cuMemAllocAsync")                                                                     \
-  X(GR_API_cuMemAllocFromPoolAsync, 5, "cuMemAllocFromPoolAsync")                                                     \
-  X(GR_API_cuMemHostAlloc, 6, "cuMemHostAlloc")                                                                       \
-  X(GR_API_cuMemAllocHost, 7, "cuMemAllocHost_v2")                                                                    \
-  X(GR_API_cuMemCreate, 8, "cuMemCreate")                                                                             \
-  X(GR_API_cuMemMap, 9, "cuMemMap")                                                                                   \
-  X(GR_API_cuMemAddressReserve, 10, "cuMemAddressReserve")                                                            \
-  X(GR_API_cudaMalloc, 16, "cudaMalloc")                                                                              \
-  X(GR_API_cudaMallocPitch, 17, "cudaMallocPitch")                                                                    \
-  X(GR_API_cudaMallocManaged, 18, "cudaMallocManaged")                                                                \
-  X(GR_API_cudaMallocAsync, 19, "cudaMallocAsync")                                                                    \
-  X(GR_API_cudaMallocFromPoolAsync, 20, "cudaMallocFromPoolAsync")                                                    \
-  X(GR_API_cudaMallocHost, 21, "cudaMallocHost")                                                                      \
+#define GR_APIS(X)                                                 \
+  X(GR_API_cuMemAlloc, 1, "cuMemAlloc_v2")                         \
+  X(GR_API_cuMemAllocPitch, 2, "cuMemAllocPitch_v2")               \
+  X(GR_API_cuMemAllocManaged, 3, "cuMemAllocManaged")              \
+  X(GR_API_cuMemAllocAsync, 4, "cuMemAllocAsync")                  \
+  X(GR_API_cuMemAllocFromPoolAsync, 5, "cuMemAllocFromPoolAsync")  \
+  X(GR_API_cuMemHostAlloc, 6, "cuMemHostAlloc")                    \
+  X(GR_API_cuMemAllocHost, 7, "cuMemAllocHost_v2")                 \
+  X(GR_API_cuMemCreate, 8, "cuMemCreate")                          \
+  X(GR_API_cuMemMap, 9, "cuMemMap")                                \
+  X(GR_API_cuMemAddressReserve, 10, "cuMemAddressReserve")         \
+  X(GR_API_cudaMalloc, 16, "cudaMalloc")                           \
+  X(GR_API_cudaMallocPitch, 17, "cudaMallocPitch")                 \
+  X(GR_API_cudaMallocManaged, 18, "cudaMallocManaged")             \
+  X(GR_API_cudaMallocAsync, 19, "cudaMallocAsync")                 \
+  X(GR_API_cudaMallocFromPoolAsync, 20, "cudaMallocFromPoolAsync") \
+  X(GR_API_cudaMallocHost, 21, "cudaMallocHost")                   \
   X(GR_API_cudaHostAlloc, 22, "cudaHostAlloc")
 
 #define GR_NAMES_ENUM_(id, value, name) id = value,
@@ -80,8 +80,8 @@ enum { GR_API_NONE = 0, GR_APIS(GR_NAMES_ENUM_) GR_API_COUNT };
 #undef GR_NAMES_ENUM_
 
 /* The name of a value, "?" for one not in the list. */
-#define GR_NAMES_CASE_(value, name)                                                                                   \
-  case value:                                                                                                         \
+#define GR_NAMES_CASE_(value, name) \
+  case value:                       \
     return name;
 #define GR_NAMES_CASE3_(value, num, name) GR_NAMES_CASE_(value, name)
 static inline const char *gr_kind_name(int v) {

@@ -1,9 +1,10 @@
 /*
  * options.c -- the parsers and the table of GPURECLAIM_* options, made from options.h's list.
  *
- * Every option has a name, a default and a parser (by its kind). Values are read once, on first use, straight from environ
- * (no getenv, no allocation: this can run inside a preloaded library's early calls). A malformed value gets
- * one warning naming the variable and the value, and the default is used: a typo never crashes a program.
+ * Every option has a name, a default and a parser (by its kind). Values are read once, on first use, straight
+ * from environ (no getenv, no allocation: this can run inside a preloaded library's early calls). A malformed
+ * value gets one warning naming the variable and the value, and the default is used: a typo never crashes a
+ * program.
  */
 #include "options.h"
 #include "names.h"
@@ -191,8 +192,8 @@ const char *gr_opt_what_name(unsigned what, char *buf, size_t len) {
   size_t n = 0;
   if (len)
     buf[0] = '\0';
-#define NAME_(bits, name)                                                                                             \
-  if ((what & (bits)) && n < len)                                                                                     \
+#define NAME_(bits, name)         \
+  if ((what & (bits)) && n < len) \
     n += (size_t)snprintf(buf + n, len - n, "%s%s", n ? "," : "", name);
   GR_WHATS(NAME_)
 #undef NAME_
@@ -302,7 +303,7 @@ static int parse_seconds(const char *v, unsigned *dst, unsigned long long bound,
 
 /* One parser per option, and the table. */
 typedef int (*parse_fn)(const char *value, gr_options_t *o);
-#define PARSER_(ID, field, kind, bound, ...)                                                                          \
+#define PARSER_(ID, field, kind, bound, ...) \
   static int p_##ID(const char *v, gr_options_t *o) { return parse_##kind(v, &o->field, bound, o); }
 GR_OPTIONS(PARSER_)
 #undef PARSER_
@@ -317,6 +318,13 @@ static const struct {
     GR_OPTIONS(ROW_)
 #undef ROW_
 };
+
+const char *gr_opt_default(const char *name) {
+  for (size_t i = 0; i < GR_ARRAY_LEN(g_table); i++)
+    if (!strcmp(g_table[i].name, name))
+      return g_table[i].def;
+  return NULL;
+}
 
 int gr_opt_check(const char *name, const char *value, const char **expected) {
   for (size_t i = 0; i < GR_ARRAY_LEN(g_table); i++)

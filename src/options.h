@@ -31,41 +31,41 @@
  * completions) tests/cli/test_names_docs.py checks against this list, as tests/cli/layout.c prints it.
  */
 #define GR_OPT_YESNO "1/0/yes/no/on/off"
-#define GR_OPTIONS(X)                                                                                                 \
-  X(SIGNAL, signal, signal, 0, "USR1", "USR1, USR2, RTMIN+n or off",                                                  \
-    ('s', "signal", GR_RUN_VALUE, NULL, "SIG", "release signal: USR1 (default), USR2, RTMIN+n, off"))                 \
-  X(ON_SIGNAL, on_signal, what, 0, "cached,orphaned", "a list of cached, orphaned, all, or sleep",                    \
-    ('w', "on-signal", GR_RUN_VALUE, NULL, "WHAT",                                                                    \
-     "what the signal releases: cached, orphaned, all\n(comma-separated; default cached,orphaned)"))                 \
-  X(OOM_RETRY, oom_retry, uint, 16, "1", "a number of retries from 0 to 16",                                          \
-    (0, "oom-retry", GR_RUN_VALUE, NULL, "N", "retries of an allocation that ran out of memory (0..16)"))            \
-  X(LOG, log, log, 0, NULL, "stderr or a file path (a relative one from the directory the program started in)",      \
-    ('l', "log", GR_RUN_VALUE, NULL, "PATH",                                                                          \
-     "release reports (JSON lines) appended to PATH\n(stderr or -: standard error; unset: no reports)"))             \
-  X(RUNDIR, rundir, dir, 0, NULL, "an absolute directory path",                                                       \
-    ('d', "rundir", GR_RUN_VALUE, NULL, "DIR",                                                                        \
-     "private directory of status files and sockets\n(absolute, yours, mode 0700)"))                                 \
-  X(LEAK_REPORT, leak_report, yesno, 0, "0", GR_OPT_YESNO,                                                            \
-    (0, "leak-report", GR_RUN_FLAG, "1", NULL, "blocks never freed, printed at exit"))                                \
-  X(BACKTRACE, backtrace, yesno, 0, "0", GR_OPT_YESNO,                                                                \
-    (0, "backtrace", GR_RUN_FLAG, "1", NULL, "a short backtrace per allocation for leak reports"))                    \
-  X(VERBOSE, verbose, level, 2, "0", "0, 1 or 2",                                                                     \
-    ('v', "verbose", GR_RUN_OPTIONAL, "1", "N",                                                                       \
-     "informational (1) or debugging (2) messages; N only\nwith \"=\" (run --verbose 2 CMD runs 2)"))                \
-  X(PEERS, peers, peers, 0, "ask,give", "a list of ask, give, sleep, or off",                                         \
-    (0, "peers", GR_RUN_VALUE, NULL, "WHAT",                                                                          \
-     "peer reclaim: ask,give (default), ask, give, sleep, off\n(ask: an out-of-memory asks the other gpureclaim "    \
-     "processes on\nthe same GPU for memory; give: answer them)"))                                                    \
-  X(PEER_TIMEOUT, peer_timeout_ms, seconds, 0, "2", "seconds from 0.001 to 60 (at most 3 decimals)",                  \
-    (0, "peer-timeout", GR_RUN_VALUE, NULL, "S", "bound of one peer reclaim, seconds (default 2)"))                   \
-  X(STATUS, status, yesno, 0, "1", GR_OPT_YESNO,                                                                      \
-    (0, "no-status", GR_RUN_FLAG, "0", NULL,                                                                          \
-     "no status file or control socket (the signal works;\nno peer reclaim either way)"))                            \
-  X(DISABLE, disable, yesno, 0, "0", GR_OPT_YESNO,                                                                    \
-    (0, "disable", GR_RUN_FLAG, "1", NULL, "load but interpose nothing"))                                             \
-  X(PYTHON, python, yesno, 0, "1", GR_OPT_YESNO, GR_RUN_NO)                                                           \
-  X(SLEEP, sleep, autobool, 0, "auto", "auto, 1/yes/on or 0/no/off", GR_RUN_NO)                                       \
-  X(WAKE_TIMEOUT, wake_timeout, uint, 86400, "10", "seconds from 0 to 86400", GR_RUN_NO)                              \
+#define GR_OPTIONS(X)                                                                                             \
+  X(SIGNAL, signal, signal, 0, "USR1", "USR1, USR2, RTMIN+n or off",                                              \
+    ('s', "signal", GR_RUN_VALUE, NULL, "SIG", "release signal: USR1 (default), USR2, RTMIN+n, off"))             \
+  X(ON_SIGNAL, on_signal, what, 0, "cached,orphaned", "a list of cached, orphaned, all, or sleep",                \
+    ('w', "on-signal", GR_RUN_VALUE, NULL, "WHAT",                                                                \
+     "what the signal releases: cached, orphaned, all\n(comma-separated; default cached,orphaned)"))              \
+  X(OOM_RETRY, oom_retry, uint, 16, "1", "a number of retries from 0 to 16",                                      \
+    (0, "oom-retry", GR_RUN_VALUE, NULL, "N", "retries of an allocation that ran out of memory (0..16)"))         \
+  X(LOG, log, log, 0, NULL, "stderr or a file path (a relative one from the directory the program started in)",   \
+    ('l', "log", GR_RUN_VALUE, NULL, "PATH",                                                                      \
+     "release reports (JSON lines) appended to PATH\n(stderr or -: standard error; unset: no reports)"))          \
+  X(RUNDIR, rundir, dir, 0, NULL, "an absolute directory path",                                                   \
+    ('d', "rundir", GR_RUN_VALUE, NULL, "DIR",                                                                    \
+     "private directory of status files and sockets\n(absolute, yours, mode 0700)"))                              \
+  X(LEAK_REPORT, leak_report, yesno, 0, "0", GR_OPT_YESNO,                                                        \
+    (0, "leak-report", GR_RUN_FLAG, "1", NULL, "blocks never freed, printed at exit"))                            \
+  X(BACKTRACE, backtrace, yesno, 0, "0", GR_OPT_YESNO,                                                            \
+    (0, "backtrace", GR_RUN_FLAG, "1", NULL, "a short backtrace per allocation for leak reports"))                \
+  X(VERBOSE, verbose, level, 2, "0", "0, 1 or 2",                                                                 \
+    ('v', "verbose", GR_RUN_OPTIONAL, "1", "N",                                                                   \
+     "informational (1) or debugging (2) messages; N only\nwith \"=\" (run --verbose 2 CMD runs 2)"))             \
+  X(PEERS, peers, peers, 0, "ask,give", "a list of ask, give, sleep, or off",                                     \
+    (0, "peers", GR_RUN_VALUE, NULL, "WHAT",                                                                      \
+     "peer reclaim: ask,give (default), ask, give, sleep, off\n(ask: an out-of-memory asks the other gpureclaim " \
+     "processes on\nthe same GPU for memory; give: answer them)"))                                                \
+  X(PEER_TIMEOUT, peer_timeout_ms, seconds, 0, "2", "seconds from 0.001 to 60 (at most 3 decimals)",              \
+    (0, "peer-timeout", GR_RUN_VALUE, NULL, "S", "bound of one peer reclaim, seconds (default 2)"))               \
+  X(STATUS, status, yesno, 0, "1", GR_OPT_YESNO,                                                                  \
+    (0, "no-status", GR_RUN_FLAG, "0", NULL,                                                                      \
+     "no status file or control socket (the signal works;\nno peer reclaim either way)"))                         \
+  X(DISABLE, disable, yesno, 0, "0", GR_OPT_YESNO,                                                                \
+    (0, "disable", GR_RUN_FLAG, "1", NULL, "load but interpose nothing"))                                         \
+  X(PYTHON, python, yesno, 0, "1", GR_OPT_YESNO, GR_RUN_NO)                                                       \
+  X(SLEEP, sleep, autobool, 0, "auto", "auto, 1/yes/on or 0/no/off", GR_RUN_NO)                                   \
+  X(WAKE_TIMEOUT, wake_timeout, uint, 86400, "10", "seconds from 0 to 86400", GR_RUN_NO)                          \
   X(SLEEP_IDLE, sleep_idle, uint, 30 * 86400, "0", "seconds from 0 (off) to 2592000", GR_RUN_NO)
 
 enum { GR_RUN_NONE, GR_RUN_VALUE, GR_RUN_FLAG, GR_RUN_OPTIONAL };
@@ -76,13 +76,13 @@ typedef char gr_opt_path_t[4096];
 #define GR_OPT_T_yesno bool
 #define GR_OPT_T_uint unsigned
 #define GR_OPT_T_level int
-#define GR_OPT_T_signal int     /* a signal number, 0 = off */
-#define GR_OPT_T_what unsigned  /* GPURECLAIM_CACHED | ... */
+#define GR_OPT_T_signal int    /* a signal number, 0 = off */
+#define GR_OPT_T_what unsigned /* GPURECLAIM_CACHED | ... */
 #define GR_OPT_T_log gr_opt_path_t
 #define GR_OPT_T_dir gr_opt_path_t
-#define GR_OPT_T_peers unsigned /* GR_PEERS_ASK | ... */
+#define GR_OPT_T_peers unsigned   /* GR_PEERS_ASK | ... */
 #define GR_OPT_T_seconds unsigned /* milliseconds */
-#define GR_OPT_T_autobool int    /* -1 auto, 0 off, 1 on */
+#define GR_OPT_T_autobool int     /* -1 auto, 0 off, 1 on */
 
 #define GR_OPT_MEMBER_(ID, field, kind, ...) GR_OPT_T_##kind field;
 typedef struct gr_options {
@@ -120,6 +120,9 @@ int gr_opt_parse_seconds_ms(const char *s, unsigned *out);
 int gr_opt_parse_uint(const char *s, unsigned long long max, unsigned long long *out);
 /* Whether a GPURECLAIM_LOG value names standard error ("stderr" in any case, or "-") rather than a file. */
 bool gr_opt_log_is_stderr(const char *s);
+/* The default of variable name as written in GR_OPTIONS ("cached,orphaned"); NULL: none, computed, or no such
+ * variable. */
+const char *gr_opt_default(const char *name);
 /* Parses value as variable name would be: 0, -EINVAL (malformed) or -ENOENT (no such variable); *expected is
  * what the variable takes, in words, as its warning says. */
 int gr_opt_check(const char *name, const char *value, const char **expected);

@@ -392,7 +392,7 @@ static jnode_t *release_one(const proc_t *p, const request_t *rq, const jnode_t 
   }
   *via = "signal";
   unsigned on_signal = 0;
-  const char *on = jstr(p->status, "on_signal", "cached,orphaned");
+  const char *on = jstr(p->status, "on_signal", gr_opt_default("GPURECLAIM_ON_SIGNAL"));
   if (!strcmp(on, "sleep")) { /* GPURECLAIM_ON_SIGNAL=sleep: its signal would put it to sleep, not release */
     *why = "its signal puts it to sleep (GPURECLAIM_ON_SIGNAL=sleep), a release needs its control socket";
     return NULL;

@@ -332,7 +332,10 @@ static int run_help(void) {
       continue;
     char opt[64], var[64];
     snprintf(opt, sizeof opt, "%c%c%c --%s%s%s%s", o->shortopt ? '-' : ' ', o->shortopt ? o->shortopt : ' ',
-             o->shortopt ? ',' : ' ', o->longopt, o->how == GR_RUN_VALUE ? " " : o->how == GR_RUN_OPTIONAL ? "[=" : "",
+             o->shortopt ? ',' : ' ', o->longopt,
+             o->how == GR_RUN_VALUE      ? " "
+             : o->how == GR_RUN_OPTIONAL ? "[="
+                                         : "",
              o->meta ? o->meta : "", o->how == GR_RUN_OPTIONAL ? "]" : "");
     snprintf(var, sizeof var, "%s%s%s", o->var, o->how == GR_RUN_FLAG ? "=" : "", o->how == GR_RUN_FLAG ? o->set : "");
     const char *line = o->help;

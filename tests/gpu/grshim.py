@@ -10,7 +10,7 @@ CACHED, ORPHANED, ALL = 0x1, 0x2, 0x4
 MAX_DEVICES = 16
 KINDS = {1: "device", 2: "pitch", 3: "managed", 4: "async", 5: "vmm", 6: "vmm_mapping", 7: "va", 8: "host"}
 STATES = {1: "live", 2: "orphan", 3: "released"}
-TRIGGERS = {1: "api", 2: "signal", 3: "oom", 4: "command", 5: "scope"}
+TRIGGERS = {1: "api", 2: "signal", 3: "oom", 4: "command", 5: "scope", 6: "peer", 7: "idle", 8: "call"}
 
 _u64 = ctypes.c_uint64
 

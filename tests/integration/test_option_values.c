@@ -55,7 +55,8 @@ static const char *const g_options[] = {"GPURECLAIM_DISABLE", "GPURECLAIM_SIGNAL
                                         "GPURECLAIM_OOM_RETRY", "GPURECLAIM_LOG", "GPURECLAIM_RUNDIR",
                                         "GPURECLAIM_LEAK_REPORT", "GPURECLAIM_BACKTRACE", "GPURECLAIM_PYTHON",
                                         "GPURECLAIM_STATUS", "GPURECLAIM_VERBOSE", "GPURECLAIM_PEERS",
-                                        "GPURECLAIM_PEER_TIMEOUT"};
+                                        "GPURECLAIM_PEER_TIMEOUT", "GPURECLAIM_SLEEP", "GPURECLAIM_WAKE_TIMEOUT",
+                                        "GPURECLAIM_SLEEP_IDLE"};
 
 static const char *const g_malformed[] = {"", "maybe", "2x", "-1", "99999999999999999999999", "1,", ",",
                                           "cached,,all", "RTMIN+999", "USR3", "SIG", "yes please", "\t",
@@ -99,6 +100,13 @@ static bool valid(const char *opt, const char *v) {
   }
   if (!strcmp(opt, "GPURECLAIM_VERBOSE"))
     return !strcmp(v, "0") || !strcmp(v, "1") || !strcmp(v, "2");
+  if (!strcmp(opt, "GPURECLAIM_WAKE_TIMEOUT") || !strcmp(opt, "GPURECLAIM_SLEEP_IDLE")) { /* whole seconds */
+    const char *d = v + strspn(v, "0");                                                   /* leading zeros */
+    return *v && strspn(v, "0123456789") == strlen(v) && strlen(d) < 9 &&
+           atol(d) <= (!strcmp(opt, "GPURECLAIM_SLEEP_IDLE") ? 30 * 86400 : 86400);
+  }
+  if (!strcmp(opt, "GPURECLAIM_SLEEP") && !strcasecmp(v, "auto"))
+    return true;
   for (size_t i = 0; i < sizeof bools / sizeof bools[0]; i++)
     if (!strcasecmp(v, bools[i]))
       return true;

@@ -65,17 +65,14 @@ Test(options, defaults_are_what_they_always_were) {
 
 Test(options, every_default_is_a_value_its_parser_takes) {
 #define DEF_(ID, field, kind, bound, def, ...) {"GPURECLAIM_" #ID, def},
-  static const struct {
-    const char *name, *def;
-  } defs[] = {GR_OPTIONS(DEF_)};
+  static const struct { const char *name, *def; } defs[] = {GR_OPTIONS(DEF_)};
 #undef DEF_
   size_t n = 0;
   for (size_t i = 0; i < sizeof defs / sizeof defs[0]; i++) {
     const char *expected;
     if (!defs[i].def)
       continue;
-    cr_assert_eq(gr_opt_check(defs[i].name, defs[i].def, &expected), 0, "%s's default %s", defs[i].name,
-                 defs[i].def);
+    cr_assert_eq(gr_opt_check(defs[i].name, defs[i].def, &expected), 0, "%s's default %s", defs[i].name, defs[i].def);
     n++;
   }
   cr_assert_geq(n, 14);
@@ -168,8 +165,8 @@ Test(options, a_malformed_value_is_warned_about_once_and_the_default_used) {
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     const char *err = reload_with(bad[i].name, bad[i].value), *expected = NULL;
     char want[256];
-    snprintf(want, sizeof want, "%s=\"%s\" is not valid (expected %s); using the default\n", bad[i].name,
-             bad[i].value, bad[i].expected);
+    snprintf(want, sizeof want, "%s=\"%s\" is not valid (expected %s); using the default\n", bad[i].name, bad[i].value,
+             bad[i].expected);
     cr_assert_not_null(strstr(err, want), "%s=%s: got\n%s\nwanted\n%s", bad[i].name, bad[i].value, err, want);
     cr_assert_null(strstr(strstr(err, want) + 1, bad[i].name), "warned more than once:\n%s", err);
     cr_assert_eq(gr_opt_check(bad[i].name, bad[i].value, &expected), -EINVAL);
@@ -182,6 +179,14 @@ Test(options, a_malformed_value_is_warned_about_once_and_the_default_used) {
   reload_with("GPURECLAIM_SLEEP", "maybe");
   cr_assert_eq(gr_opt()->sleep, -1);
   reload_with(NULL, NULL);
+}
+
+Test(options, defaults_as_written) {
+  cr_assert_str_eq(gr_opt_default("GPURECLAIM_ON_SIGNAL"), "cached,orphaned");
+  cr_assert_str_eq(gr_opt_default("GPURECLAIM_PEER_TIMEOUT"), "2");
+  cr_assert_null(gr_opt_default("GPURECLAIM_RUNDIR"), "computed");
+  cr_assert_null(gr_opt_default("GPURECLAIM_LOG"), "none");
+  cr_assert_null(gr_opt_default("GPURECLAIM_NO_SUCH"));
 }
 
 Test(options, unknown_variables_are_not_options) {
