@@ -2,6 +2,7 @@
 """What C cannot generate, checked against the lists C is made from (src/names.h, src/options.h), as
 tests/cli/layout.c prints them (`layout names`):
 
+- docs/PROTOCOL.md's lists of kinds, block and sleep states and triggers;
 - the name tables of python/gpureclaim/ and of the GPU tests (tests/gpu/: grshim.py's ctypes shim, the
   DEVICE_KINDS of the framework tests): the same numbers for the same names;
 - README.md's table of variables: one row per option, none for a variable that is not one, its default first;
@@ -85,6 +86,25 @@ class NamesTest(unittest.TestCase):
                     self.assertTrue(kinds and set(kinds) <= set(LISTS["kind"].values()), (name, kinds))
                     found += 1
         self.assertGreaterEqual(found, 3)
+
+    def test_protocol(self):
+        """docs/PROTOCOL.md's lists of the names a program reads: every kind, block state and sleep state, and
+        only triggers that exist."""
+        text = re.sub(r"\s+", " ", read("docs", "PROTOCOL.md"))
+
+        def words(start, end):
+            i = text.index(start) + len(start)
+            return set(re.findall(r"`([a-z_]+)`", text[i:text.index(end, i)]))
+
+        self.assertEqual(words("`kind` is one of", ";"), set(LISTS["kind"].values()))
+        self.assertEqual(words("`state` one of", "."), set(LISTS["state"].values()))
+        self.assertEqual(words("`sleep` (also in the `stats` answer): `state` is", ";"),
+                         set(LISTS["sleep_state"].values()))
+        releases = words("`trigger` is one of", "(")
+        sleeps = words("`trigger` is `api`,", ".") | {"api"}  # the sleep report's
+        self.assertGreaterEqual(len(releases), 6)
+        self.assertGreaterEqual(len(sleeps), 4)
+        self.assertLessEqual(releases | sleeps, set(LISTS["trigger"].values()))
 
 
 class OptionDocsTest(unittest.TestCase):
