@@ -533,7 +533,7 @@ class PeerTest(Base):
         # B is idle once a second passed without a CUDA call of its own: until then A's allocation fails (a
         # hang guard bounds the retries, no deadline decides).
         guard = time.monotonic() + 60
-        while self.timed_alloc(a, 128) != "ok":
+        while self.timed_alloc(a, 128, timeout=60.0) != "ok":  # A's own peer timeout: the sleep may take long
             self.assertLess(time.monotonic(), guard, "B never slept for A")
             time.sleep(0.2)
         ev = a.events("peer_reclaim")[-1]

@@ -64,5 +64,8 @@ void simck_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2), noret
   simck_check(strcmp((a), (b)) == 0, __FILE__, __LINE__, #a " equals " #b, " " __VA_ARGS__)
 #define cr_assert_str_neq(a, b, ...)                                                                          \
   simck_check(strcmp((a), (b)) != 0, __FILE__, __LINE__, #a " differs from " #b, " " __VA_ARGS__)
+#define cr_assert_str_empty(a, ...) simck_check(*(a) == '\0', __FILE__, __LINE__, #a " is empty", " " __VA_ARGS__)
+#define cr_assert_str_not_empty(a, ...)                                                                       \
+  simck_check(*(a) != '\0', __FILE__, __LINE__, #a " is not empty", " " __VA_ARGS__)
 
 #endif
