@@ -146,7 +146,7 @@ void gr_track_fill(gr_rec_t *r, unsigned kind, uint64_t key, uint64_t size, unsi
 }
 
 /* Inserts p and counts it: what gr_track_insert does, on the record as the slot holds it. */
-static inline void insert_pk(const gr_packed_t *p) {
+static GR_HOT_INLINE void insert_pk(const gr_packed_t *p) {
   unsigned ks = gr_kind_keyspace(gr_pk_kind(p));
   if (ks == GR_KS_ADDR || ks == GR_KS_HANDLE)
     key_reused(ks, p->key); /* a freed orphan's address (handle) is back: late frees of it are this one's */
@@ -532,7 +532,7 @@ out:
     gr_track_linger_check();
 }
 
-static inline void insert_ctx_pk(const gr_packed_t *p, uint64_t seq0) {
+static GR_HOT_INLINE void insert_ctx_pk(const gr_packed_t *p, uint64_t seq0) {
   gr_thread_rec_t *t = op_begin(seq0);
   bool slow = false;
   if (GR_UNLIKELY(seq_before_insert() != seq0 || (seq0 & 1))) {
