@@ -156,7 +156,7 @@ GR_HOT_INLINE bool gr_reg_current(uint16_t *ctx_id, uint8_t *device, CUcontext *
   return true;
 }
 
-bool gr_reg_stream(CUstream s, uint16_t *ctx_id, uint8_t *device) {
+GR_HOT_INLINE bool gr_reg_stream(CUstream s, uint16_t *ctx_id, uint8_t *device) {
   CUcontext ctx = NULL;
   if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
     return gr_reg_current(ctx_id, device, &ctx);

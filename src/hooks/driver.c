@@ -211,7 +211,7 @@ static CUresult b_mem_free(void *realp, uintptr_t ra, CUdeviceptr dptr) {
   FREE_BODY(GR_KS_ADDR, dptr, DEVICE_KINDS, real(dptr));
 }
 
-static void track_async(CUdeviceptr p, size_t size, CUmemoryPool pool, CUstream s, uintptr_t ra, unsigned api,
+static GR_HOT_INLINE void track_async(CUdeviceptr p, size_t size, CUmemoryPool pool, CUstream s, uintptr_t ra, unsigned api,
                         uint64_t seq0) {
   uint16_t cid = 0, pool_id;
   uint8_t dev = GR_DEVICE_NONE;
