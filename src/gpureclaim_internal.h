@@ -194,6 +194,8 @@ void gr_stats_alloc(const gr_rec_t *r);
 void gr_stats_free(const gr_rec_t *r);
 /* The same for a record as a slot holds it (the hot path: no unpacking for a device block). */
 void gr_stats_alloc_pk(const gr_packed_t *p);
+/* gr_stats_alloc_pk with p's kind, device (as packed) and size given, from values the caller holds. */
+void gr_stats_alloc_v(const gr_packed_t *p, unsigned kind, unsigned device, uint64_t size);
 void gr_stats_free_pk(const gr_packed_t *p);
 /* A block that left the table without a free: context destroyed (the driver freed it). */
 void gr_stats_ctx_destroyed(const gr_rec_t *r);

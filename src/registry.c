@@ -156,7 +156,7 @@ GR_HOT_INLINE bool gr_reg_current(uint16_t *ctx_id, uint8_t *device, CUcontext *
   return true;
 }
 
-bool gr_reg_stream(CUstream s, uint16_t *ctx_id, uint8_t *device) {
+GR_HOT_INLINE bool gr_reg_stream(CUstream s, uint16_t *ctx_id, uint8_t *device) {
   CUcontext ctx = NULL;
   if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
     return gr_reg_current(ctx_id, device, &ctx);
@@ -227,18 +227,22 @@ void gr_reg_pool_destroyed(CUmemoryPool pool) {
 }
 uint64_t gr_reg_pool_count(void) { return atomic_load_explicit(&g_pool.count, memory_order_relaxed); }
 
-uint16_t gr_reg_device_pool(int device) {
-  if (device < 0 || device >= GR_MAX_DEV)
-    return 0;
-  int id = atomic_load_explicit(&g_dev_pool[device], memory_order_relaxed);
-  if (GR_LIKELY(id))
-    return (uint16_t)id;
+GR_COLD static uint16_t device_pool_slow(int device) {
+  int id;
   CUmemoryPool pool = NULL;
   if (!gr_drv.cuDeviceGetMemPool || gr_drv.cuDeviceGetMemPool(&pool, device) != CUDA_SUCCESS || !pool)
     return 0;
   id = gr_reg_pool(pool, device, false);
   atomic_store_explicit(&g_dev_pool[device], id, memory_order_relaxed);
   return (uint16_t)id;
+}
+
+/* Inlined into the stream-ordered allocation hooks: one load once the device's pool is known. */
+GR_HOT_INLINE uint16_t gr_reg_device_pool(int device) {
+  if (device < 0 || device >= GR_MAX_DEV)
+    return 0;
+  int id = atomic_load_explicit(&g_dev_pool[device], memory_order_relaxed);
+  return GR_LIKELY(id) ? (uint16_t)id : device_pool_slow(device);
 }
 
 void gr_reg_device_set_pool(int device, CUmemoryPool pool) {

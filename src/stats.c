@@ -179,12 +179,16 @@ static inline bool dev_fast(unsigned kind, shard_t **sp) {
 }
 
 GR_HOT_INLINE void gr_stats_alloc_pk(const gr_packed_t *p) {
+  gr_stats_alloc_v(p, gr_pk_kind(p), gr_pk_device(p), gr_pk_size(p));
+}
+
+GR_HOT_INLINE void gr_stats_alloc_v(const gr_packed_t *p, unsigned kind, unsigned device, uint64_t size) {
   shard_t *s;
-  if (GR_LIKELY(dev_fast(gr_pk_kind(p), &s))) {
-    int d = dev_index((uint8_t)gr_pk_device(p));
+  if (GR_LIKELY(dev_fast(kind, &s))) {
+    int d = dev_index((uint8_t)device);
     atomic_store_explicit(&s->c[d][C_DEV_ALLOCS], atomic_load_explicit(&s->c[d][C_DEV_ALLOCS], memory_order_relaxed) + 1,
                           memory_order_relaxed);
-    int64_t v = atomic_load_explicit(&s->pending[d], memory_order_relaxed) + (int64_t)gr_pk_size(p);
+    int64_t v = atomic_load_explicit(&s->pending[d], memory_order_relaxed) + (int64_t)size;
     if (GR_LIKELY(v <= 0)) {
       atomic_store_explicit(&s->pending[d], v, memory_order_relaxed);
       return;

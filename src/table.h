@@ -274,6 +274,9 @@ int gr_table_init(void);
 int gr_table_insert(const gr_rec_t *r);
 /* The same with the record as a slot holds it (its state in ctl: LIVE or ORPHAN). */
 int gr_table_insert_pk(const gr_packed_t *p);
+/* The same with p's key space given (gr_kind_keyspace of its kind): on the hot path a constant the compiler
+ * folds, where one read from p after a fence would have to be decoded again. */
+int gr_table_insert_ks(const gr_packed_t *p, unsigned ks);
 
 /* Edits one record: called with a copy of the first record with this key space and key whose state is in
  * state_mask; returns true after changing rec's state, aux or scope to apply the change (atomically, against

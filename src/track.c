@@ -145,12 +145,14 @@ void gr_track_fill(gr_rec_t *r, unsigned kind, uint64_t key, uint64_t size, unsi
     r->scope = gr_scope_tag();
 }
 
-/* Inserts p and counts it: what gr_track_insert does, on the record as the slot holds it. */
-static inline void insert_pk(const gr_packed_t *p) {
-  unsigned ks = gr_kind_keyspace(gr_pk_kind(p));
+/* Inserts p and counts it: what gr_track_insert does, on the record as the slot holds it. kind, device and size:
+ * p's (device as packed), from the caller's registers: the fences of the insert make the compiler read p again
+ * after them, and the kind it decodes there would not fold to the hook's constant. */
+static GR_HOT_INLINE void insert_pk_v(const gr_packed_t *p, unsigned kind, unsigned device, uint64_t size) {
+  unsigned ks = gr_kind_keyspace(kind);
   if (ks == GR_KS_ADDR || ks == GR_KS_HANDLE)
     key_reused(ks, p->key); /* a freed orphan's address (handle) is back: late frees of it are this one's */
-  if (GR_UNLIKELY(gr_table_insert_pk(p) != 0)) {
+  if (GR_UNLIKELY(gr_table_insert_ks(p, ks) != 0)) {
     gr_warn_once(w_nomem, "no memory for the block table: new blocks are not tracked until memory frees up");
     gr_scope_unref((uint16_t)gr_pk_scope(p));
     return;
@@ -160,8 +162,10 @@ static inline void insert_pk(const gr_packed_t *p) {
     gr_pk_unpack(p, &r);
     gr_scope_note(&r);
   }
-  gr_stats_alloc_pk(p);
+  gr_stats_alloc_v(p, kind, device, size);
 }
+
+static GR_HOT_INLINE void insert_pk(const gr_packed_t *p) { insert_pk_v(p, gr_pk_kind(p), gr_pk_device(p), gr_pk_size(p)); }
 
 void gr_track_insert(gr_rec_t *r) {
   gr_packed_t p;
@@ -532,7 +536,8 @@ out:
     gr_track_linger_check();
 }
 
-static inline void insert_ctx_pk(const gr_packed_t *p, uint64_t seq0) {
+static GR_HOT_INLINE void insert_ctx_pk(const gr_packed_t *p, uint64_t seq0, unsigned kind, unsigned device,
+                                         uint64_t size) {
   gr_thread_rec_t *t = op_begin(seq0);
   bool slow = false;
   if (GR_UNLIKELY(seq_before_insert() != seq0 || (seq0 & 1))) {
@@ -542,7 +547,7 @@ static inline void insert_ctx_pk(const gr_packed_t *p, uint64_t seq0) {
     if (!precheck_slow(&r, &seq0))
       goto out;
   }
-  insert_pk(p);
+  insert_pk_v(p, kind, device, size);
   if (GR_UNLIKELY(seq_after_insert() != seq0) && gr_pk_ctx(p)) {
     gr_rec_t r;
     gr_pk_unpack(p, &r);
@@ -558,7 +563,7 @@ out:
 void gr_track_insert_ctx(gr_rec_t *r, uint64_t seq0) {
   gr_packed_t p;
   gr_pk_pack(r, &p);
-  insert_ctx_pk(&p, seq0);
+  insert_ctx_pk(&p, seq0, gr_pk_kind(&p), gr_pk_device(&p), gr_pk_size(&p));
 }
 
 GR_HOT_INLINE void gr_track_alloc(unsigned kind, uint64_t key, uint64_t size, unsigned driver_api, uintptr_t ra, unsigned ctx_id,
@@ -571,14 +576,15 @@ GR_HOT_INLINE void gr_track_alloc(unsigned kind, uint64_t key, uint64_t size, un
   }
   gr_site_t site = GR_UNLIKELY(gr_opt()->backtrace) ? gr_stack_capture(pc) : gr_site_at(pc);
   unsigned scope = kind != GPURECLAIM_KIND_VMM_MAPPING && kind != GPURECLAIM_KIND_VA ? gr_scope_tag() : 0;
+  uint64_t psize = size > GR_SIZE_MAX ? GR_SIZE_MAX : size;
   gr_packed_t p = {
       .ctl = gr_pk_meta(ctx_id, pool_id, scope, 0) | GR_ST_LIVE,
       .key = key,
-      .w1 = gr_pk_w1(size > GR_SIZE_MAX ? GR_SIZE_MAX : size, kind, device, api),
+      .w1 = gr_pk_w1(psize, kind, device, api),
       .w2 = site.bits,
       .w3 = gr_pk_w3(gr_tick_now_ms(), gr_core_tid()),
   };
-  insert_ctx_pk(&p, seq0);
+  insert_ctx_pk(&p, seq0, kind & 0xf, device & 0x7f, psize); /* as gr_pk_w1 packs them */
 }
 
 typedef struct {

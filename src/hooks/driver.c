@@ -99,7 +99,7 @@ static int async_device(CUmemoryPool pool, CUstream s) {
 /* ---- common tails ---- */
 
 /* seq0: gr_track_ctx_seq() read before the driver call (track.c: a destroy of the context may overlap). */
-static void track_in_current_ctx(unsigned kind, uint64_t key, uint64_t size, unsigned api, uintptr_t ra,
+static GR_HOT_INLINE void track_in_current_ctx(unsigned kind, uint64_t key, uint64_t size, unsigned api, uintptr_t ra,
                                  uint64_t seq0) {
   uint16_t cid = 0;
   uint8_t dev = GR_DEVICE_NONE;
@@ -211,7 +211,7 @@ static CUresult b_mem_free(void *realp, uintptr_t ra, CUdeviceptr dptr) {
   FREE_BODY(GR_KS_ADDR, dptr, DEVICE_KINDS, real(dptr));
 }
 
-static void track_async(CUdeviceptr p, size_t size, CUmemoryPool pool, CUstream s, uintptr_t ra, unsigned api,
+static GR_HOT_INLINE void track_async(CUdeviceptr p, size_t size, CUmemoryPool pool, CUstream s, uintptr_t ra, unsigned api,
                         uint64_t seq0) {
   uint16_t cid = 0, pool_id;
   uint8_t dev = GR_DEVICE_NONE;

@@ -12,11 +12,14 @@
 #include <unistd.h>
 
 static int hooked_insert(const gr_packed_t *r);
+static int hooked_insert_ks(const gr_packed_t *r, unsigned ks);
 static int hooked_visit(gr_visit_fn fn, void *arg);
 #define gr_table_insert_pk hooked_insert
+#define gr_table_insert_ks hooked_insert_ks /* the allocation's insert, with its key space given */
 #define gr_table_visit hooked_visit
 #include "../../src/track.c"
 #undef gr_table_insert_pk
+#undef gr_table_insert_ks
 #undef gr_table_visit
 
 #define CTX_A 5
@@ -46,6 +49,11 @@ static int hooked_insert(const gr_packed_t *r) {
     destroy_a();
   }
   return gr_table_insert_pk(r);
+}
+
+static int hooked_insert_ks(const gr_packed_t *r, unsigned ks) {
+  cr_assert_eq(ks, gr_kind_keyspace(gr_pk_kind(r)), "the key space given is not the record's");
+  return hooked_insert(r);
 }
 
 /* One-shot: before this thread looks for its own record to drop it (settle_slow), another thread in context B
