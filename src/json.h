@@ -21,7 +21,8 @@ void jb_free(jbuf_t *b);
 bool jb_failed(const jbuf_t *b);
 void jb_raw(jbuf_t *b, const char *s, size_t n);
 void jb_printf(jbuf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Structure: begin/end objects and arrays; keys; values with automatic commas. */
+/* Structure: begin/end objects and arrays; keys; values with automatic commas. jb_obj writes only the brace:
+ * where it is a value, put jb_key(b, key) before it (jb_key(b, NULL) in an array), which writes the comma. */
 void jb_obj(jbuf_t *b);
 void jb_obj_end(jbuf_t *b);
 void jb_arr(jbuf_t *b, const char *key);
