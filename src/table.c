@@ -671,7 +671,9 @@ int gr_table_insert(const gr_rec_t *r) {
   return gr_table_insert_pk(&p);
 }
 
-GR_HOT_INLINE int gr_table_insert_pk(const gr_packed_t *r) { return gr_table_insert_ks(r, gr_kind_keyspace(gr_pk_kind(r))); }
+GR_HOT_INLINE int gr_table_insert_pk(const gr_packed_t *r) {
+  return gr_table_insert_ks(r, gr_kind_keyspace(gr_pk_kind(r)));
+}
 
 GR_HOT_INLINE int gr_table_insert_ks(const gr_packed_t *r, unsigned ks) {
   uint64_t h = hash_key(ks, r->key);

@@ -165,7 +165,9 @@ static GR_HOT_INLINE void insert_pk_v(const gr_packed_t *p, unsigned kind, unsig
   gr_stats_alloc_v(p, kind, device, size);
 }
 
-static GR_HOT_INLINE void insert_pk(const gr_packed_t *p) { insert_pk_v(p, gr_pk_kind(p), gr_pk_device(p), gr_pk_size(p)); }
+static GR_HOT_INLINE void insert_pk(const gr_packed_t *p) {
+  insert_pk_v(p, gr_pk_kind(p), gr_pk_device(p), gr_pk_size(p));
+}
 
 void gr_track_insert(gr_rec_t *r) {
   gr_packed_t p;

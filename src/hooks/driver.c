@@ -100,7 +100,7 @@ static int async_device(CUmemoryPool pool, CUstream s) {
 
 /* seq0: gr_track_ctx_seq() read before the driver call (track.c: a destroy of the context may overlap). */
 static GR_HOT_INLINE void track_in_current_ctx(unsigned kind, uint64_t key, uint64_t size, unsigned api, uintptr_t ra,
-                                 uint64_t seq0) {
+                                               uint64_t seq0) {
   uint16_t cid = 0;
   uint8_t dev = GR_DEVICE_NONE;
   CUcontext ctx;
@@ -211,8 +211,8 @@ static CUresult b_mem_free(void *realp, uintptr_t ra, CUdeviceptr dptr) {
   FREE_BODY(GR_KS_ADDR, dptr, DEVICE_KINDS, real(dptr));
 }
 
-static GR_HOT_INLINE void track_async(CUdeviceptr p, size_t size, CUmemoryPool pool, CUstream s, uintptr_t ra, unsigned api,
-                        uint64_t seq0) {
+static GR_HOT_INLINE void track_async(CUdeviceptr p, size_t size, CUmemoryPool pool, CUstream s, uintptr_t ra,
+                                      unsigned api, uint64_t seq0) {
   uint16_t cid = 0, pool_id;
   uint8_t dev = GR_DEVICE_NONE;
   gr_reg_stream(s, &cid, &dev);
