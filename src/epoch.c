@@ -46,7 +46,7 @@
  * Fast paths
  *   enter, exit and count_live are inline (table.h); the functions here are their rare slow paths.
  */
-#include "table.h"
+#include "epoch.h"
 
 #include <linux/membarrier.h>
 #include <pthread.h>
