@@ -137,6 +137,11 @@ void *gr_hook_export_for(const char *exported_name);
 #define GR_MAX_CTX 4096
 #define GR_MAX_POOLS 4096
 #define GR_MAX_DEV 64
+/* What a block record's packed fields must hold (table.h, gr_packed_t). */
+_Static_assert(GR_MAX_CTX <= 1 << 12 && GR_MAX_POOLS <= 1 << 12, "context and pool ids fit 12 bits");
+_Static_assert(GR_MAX_DEV < GR_DEVICE_NONE, "device ordinals fit 7 bits, GR_DEVICE_NONE apart");
+_Static_assert(GPURECLAIM_KIND_HOST < 16, "kinds fit 4 bits");
+_Static_assert(GR_API_COUNT <= 32, "APIs fit 5 bits");
 
 /* Context -> id (1..4095), adding it; 0 when the registry is full. device: its ordinal, or -1 to look up. */
 uint16_t gr_reg_ctx(CUcontext ctx, int device);

@@ -32,6 +32,7 @@
 #include <sys/mman.h>
 
 #define NSLOTS 65536 /* slot 0 means "no scope" */
+_Static_assert(NSLOTS <= 1 << 16, "a scope slot fits a record's 16 bits (table.h)");
 #define MAX_NEST 32
 
 enum { S_FREE = 0, S_OPEN = 1, S_ENDED = 2, S_OPENING = 3 };

@@ -103,6 +103,19 @@ static inline uint64_t gr_pk_w1(uint64_t size, unsigned kind, unsigned device, u
 static inline uint64_t gr_pk_w3(uint64_t time_ms, uint32_t tid) {
   return ((time_ms & ((UINT64_C(1) << 40) - 1)) << GR_PK_TIME_SHIFT) | (tid & GR_PK_TID_MASK);
 }
+/* Each field's width, as the masks above write it: a value that outgrows its field must fail the build, not
+ * spill into its neighbour. (The ranges the fields must hold are asserted beside their limits:
+ * gpureclaim_internal.h, scope.c.) */
+_Static_assert(GR_ST_DELETED < 8, "a state fits ctl's low 3 bits");
+_Static_assert(GR_PK_CTX_SHIFT >= 3 && GR_PK_CTX_SHIFT + 12 <= GR_PK_POOL_SHIFT, "ctl: the 12-bit context id");
+_Static_assert(GR_PK_POOL_SHIFT + 12 <= GR_PK_SCOPE_SHIFT, "ctl: the 12-bit pool id");
+_Static_assert(GR_PK_SCOPE_SHIFT + 16 <= GR_PK_AUX_SHIFT, "ctl: the 16-bit scope slot");
+_Static_assert(GR_PK_AUX_SHIFT + 8 <= 64, "ctl: the 8-bit aux");
+_Static_assert(GR_SIZE_MAX == (UINT64_C(1) << 48) - 1, "w1: the size's 48 bits, then kind (4), device (7), api (5)");
+_Static_assert(48 + 4 + 7 + 5 == 64 && GR_DEVICE_NONE <= 0x7f, "w1: the fields fill the word, none-device fits");
+_Static_assert(GR_PK_TID_MASK == (UINT64_C(1) << 22) - 1 && GR_PK_TIME_SHIFT + 40 == 64,
+               "w3: time (40), tag (2), tid (22)");
+
 static inline unsigned gr_pk_state(const gr_packed_t *p) { return (unsigned)(p->ctl & 7); }
 static inline unsigned gr_pk_ctx(const gr_packed_t *p) { return (unsigned)(p->ctl >> GR_PK_CTX_SHIFT) & 0xfff; }
 static inline unsigned gr_pk_scope(const gr_packed_t *p) { return (unsigned)(p->ctl >> GR_PK_SCOPE_SHIFT) & 0xffff; }
