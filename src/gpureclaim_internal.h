@@ -172,6 +172,9 @@ void gr_reg_device_set_pool(int device, CUmemoryPool pool);
 void gr_reg_foreach_pool(void (*fn)(uint16_t id, CUmemoryPool pool, int device, void *arg), void *arg);
 /* Calls fn for every live context. */
 void gr_reg_foreach_ctx(void (*fn)(uint16_t id, CUcontext ctx, int device, void *arg), void *arg);
+/* A live context of this process on the device, for driver calls made on its behalf: its primary one when
+ * active, else any other; NULL when it has none there (or device < 0). */
+CUcontext gr_reg_ctx_on_device(int device);
 uint64_t gr_reg_ctx_count(void);
 uint64_t gr_reg_pool_count(void);
 

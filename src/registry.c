@@ -319,3 +319,29 @@ void gr_reg_atfork_child(void) {
   pthread_mutex_init(&g_lib_lock, NULL);
   gr_tls.last_ctx = NULL;
 }
+
+typedef struct {
+  int device;
+  CUcontext found;
+} ctx_find_t;
+
+static void ctx_find(uint16_t id, CUcontext ctx, int device, void *arg) {
+  (void)id;
+  ctx_find_t *f = arg;
+  if (!f->found && device == f->device)
+    f->found = ctx;
+}
+
+CUcontext gr_reg_ctx_on_device(int device) {
+  if (device < 0)
+    return NULL;
+  unsigned flags = 0;
+  int active = 0;
+  uint16_t id = gr_reg_primary_id(device);
+  if (id && gr_reg_ctx_alive(id) && gr_drv.cuDevicePrimaryCtxGetState &&
+      gr_drv.cuDevicePrimaryCtxGetState(device, &flags, &active) == CUDA_SUCCESS && active)
+    return gr_reg_ctx_handle(id);
+  ctx_find_t f = {device, NULL};
+  gr_reg_foreach_ctx(ctx_find, &f);
+  return f.found;
+}

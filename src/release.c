@@ -117,32 +117,6 @@ static uint64_t call_releasers(void) {
 
 /* ---- contexts for the driver calls a release makes ---- */
 
-typedef struct {
-  int device;
-  CUcontext found;
-} find_ctx_t;
-
-static void find_ctx(uint16_t id, CUcontext ctx, int device, void *arg) {
-  (void)id;
-  find_ctx_t *f = arg;
-  if (!f->found && device == f->device)
-    f->found = ctx;
-}
-
-static CUcontext ctx_for_device(int device) {
-  if (device < 0)
-    return NULL;
-  unsigned flags = 0;
-  int active = 0;
-  uint16_t id = gr_reg_primary_id(device);
-  if (id && gr_reg_ctx_alive(id) && gr_drv.cuDevicePrimaryCtxGetState &&
-      gr_drv.cuDevicePrimaryCtxGetState(device, &flags, &active) == CUDA_SUCCESS && active)
-    return gr_reg_ctx_handle(id);
-  find_ctx_t f = {device, NULL};
-  gr_reg_foreach_ctx(find_ctx, &f);
-  return f.found;
-}
-
 /* Makes ctx current for a while; returns whether it pushed (then pop()). */
 static bool push(CUcontext ctx) {
   CUcontext cur = NULL;
@@ -180,7 +154,7 @@ static void mem_info(gpureclaim_report_t *rep, bool after) {
   if (!gr_drv.cuDeviceGetCount || !gr_drv.cuMemGetInfo || gr_drv.cuDeviceGetCount(&count) != CUDA_SUCCESS)
     return;
   for (int d = 0; d < count && d < GPURECLAIM_MAX_DEVICES; d++) {
-    CUcontext ctx = ctx_for_device(d);
+    CUcontext ctx = gr_reg_ctx_on_device(d);
     if (!ctx)
       continue; /* gpureclaim has seen no context there: nothing of ours on that device */
     bool pushed = push(ctx);
@@ -232,7 +206,7 @@ static bool in_pass(const free_job_t *j, unsigned kind) {
 static CUresult driver_free(const gr_rec_t *r) {
   CUcontext ctx = gr_reg_ctx_alive(r->ctx_id) ? gr_reg_ctx_handle(r->ctx_id) : NULL;
   if (!ctx)
-    ctx = ctx_for_device(r->device == GR_DEVICE_NONE ? -1 : r->device);
+    ctx = gr_reg_ctx_on_device(r->device == GR_DEVICE_NONE ? -1 : r->device);
   bool pushed = push(ctx);
   CUresult rc = CUDA_ERROR_NOT_SUPPORTED;
   switch (r->kind) {
@@ -452,7 +426,7 @@ static void trim_pool(uint16_t id, CUmemoryPool pool, int device, void *arg) {
     return;
   if ((t->devmask && (device < 0 || device >= 64 || !((t->devmask >> device) & 1))) || (t->limited && !t->need))
     return;
-  bool pushed = push(ctx_for_device(device));
+  bool pushed = push(gr_reg_ctx_on_device(device));
   cuuint64_t before = 0, after = 0, used = 0, keep = 0;
   gr_drv.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &before);
   if (t->limited && gr_drv.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used) == CUDA_SUCCESS &&

@@ -48,31 +48,6 @@ bool gr_report_gpu_uuid(int d, char *buf, size_t len) {
   return true;
 }
 
-typedef struct {
-  int device;
-  CUcontext found;
-} ctx_find_t;
-
-static void ctx_find(uint16_t id, CUcontext ctx, int device, void *arg) {
-  (void)id;
-  ctx_find_t *f = arg;
-  if (!f->found && device == f->device)
-    f->found = ctx;
-}
-
-/* A context of this process on device d (its primary one when active), NULL when it has none there. */
-static CUcontext ctx_on(int d) {
-  unsigned flags = 0;
-  int active = 0;
-  uint16_t id = gr_reg_primary_id(d);
-  if (id && gr_reg_ctx_alive(id) && gr_drv.cuDevicePrimaryCtxGetState &&
-      gr_drv.cuDevicePrimaryCtxGetState(d, &flags, &active) == CUDA_SUCCESS && active)
-    return gr_reg_ctx_handle(id);
-  ctx_find_t f = {d, NULL};
-  gr_reg_foreach_ctx(ctx_find, &f);
-  return f.found;
-}
-
 /* "gpus": ordinal and UUID of each GPU; with memory, of those this process has a context on, with
  * cuMemGetInfo's figures (the whole device's: every process's memory and every context's own included), else
  * of every GPU it can see (none before cuInit). */
@@ -90,7 +65,7 @@ void gr_report_gpus_json(jbuf_t *b, bool memory) {
   memory = memory && !off;
   jb_arr(b, "gpus");
   for (int d = 0; d < count && d < GR_MAX_DEV; d++) {
-    CUcontext ctx = memory && atomic_load_explicit(&gr_core_state, memory_order_acquire) == 1 ? ctx_on(d) : NULL;
+    CUcontext ctx = memory && atomic_load_explicit(&gr_core_state, memory_order_acquire) == 1 ? gr_reg_ctx_on_device(d) : NULL;
     if (memory && !ctx)
       continue;
     char uuid[64];
