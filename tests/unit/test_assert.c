@@ -1,6 +1,6 @@
 /* The debug build's invariant checks (GR_ASSERT, GPURECLAIM_DEBUG=ON): a broken invariant aborts with a message
  * instead of going on with a corrupt state. track.c and scope.c are compiled in here with the checks on, whatever
- * the build, so that this test runs in every configuration. */
+ * the build (table.c in test_table_states.c), so that this test runs in every configuration. */
 #define GR_DEBUG 1
 #include "../../src/track.c"
 #include "../../src/scope.c"
@@ -45,3 +45,4 @@ Test(assert, a_scope_reference_taken_and_given_back_passes) {
   cr_assert_eq(gpureclaim_scope_end(id, 0), 0);
   cr_assert_eq(atomic_load(&g_slots[s].refs), 0);
 }
+
