@@ -96,6 +96,48 @@ static int async_device(CUmemoryPool pool, CUstream s) {
   return gr_reg_stream(s, &cid, &dev) && dev != GR_DEVICE_NONE ? dev : -1;
 }
 
+/* The retries of an allocation that ran out of memory, one per allocating body, out of line: only a failed
+ * allocation pays for them, and the hot bodies keep a small frame (a peer reclaim's state is over a kilobyte). */
+GR_COLD static CUresult retry_mem_alloc(PFN_cuMemAlloc_v3020 real, CUdeviceptr *dptr, size_t bytesize, CUresult rc) {
+  OOM_RETRY(rc, real(dptr, bytesize));
+  PEER_RETRY(rc, bytesize, -1, real(dptr, bytesize));
+  return rc;
+}
+
+GR_COLD static CUresult retry_mem_alloc_pitch(PFN_cuMemAllocPitch_v3020 real, CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes, CUresult rc) {
+  OOM_RETRY(rc, real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes));
+  PEER_RETRY(rc, (uint64_t)WidthInBytes * Height, -1, real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes));
+  return rc;
+}
+
+GR_COLD static CUresult retry_mem_alloc_managed(PFN_cuMemAllocManaged_v6000 real, CUdeviceptr *dptr, size_t bytesize, unsigned int flags, CUresult rc) {
+  OOM_RETRY(rc, real(dptr, bytesize, flags));
+  PEER_RETRY(rc, bytesize, -1, real(dptr, bytesize, flags));
+  return rc;
+}
+
+GR_COLD static CUresult retry_mem_alloc_async(PFN_cuMemAllocAsync_v11020 real, CUdeviceptr *dptr, size_t bytesize, CUstream hStream, CUresult rc) {
+  OOM_RETRY(rc, real(dptr, bytesize, hStream));
+  PEER_RETRY(rc, bytesize, async_device(NULL, hStream), real(dptr, bytesize, hStream));
+  return rc;
+}
+
+GR_COLD static CUresult retry_mem_alloc_from_pool(PFN_cuMemAllocFromPoolAsync_v11020 real, CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream, CUresult rc) {
+  OOM_RETRY(rc, real(dptr, bytesize, pool, hStream));
+  PEER_RETRY(rc, bytesize, async_device(pool, hStream), real(dptr, bytesize, pool, hStream));
+  return rc;
+}
+
+GR_COLD static CUresult retry_mem_create(PFN_cuMemCreate_v10020 real, CUmemGenericAllocationHandle *handle, size_t size,
+                                         const CUmemAllocationProp *prop, unsigned long long flags, CUresult rc) {
+  OOM_RETRY(rc, real(handle, size, prop, flags));
+  PEER_RETRY(rc, size,
+             prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE && prop->location.id >= 0 &&
+                     prop->location.id < GR_MAX_DEV ? prop->location.id : -1,
+             real(handle, size, prop, flags));
+  return rc;
+}
+
 /* ---- common tails ---- */
 
 /* seq0: gr_track_ctx_seq() read before the driver call (track.c: a destroy of the context may overlap). */
@@ -160,8 +202,8 @@ static CUresult b_mem_alloc(void *realp, uintptr_t ra, CUdeviceptr *dptr, size_t
   gr_tls.hook_depth++;
   uint64_t seq0 = gr_track_ctx_seq();
   CUresult rc = real(dptr, bytesize);
-  OOM_RETRY(rc, real(dptr, bytesize));
-  PEER_RETRY(rc, bytesize, -1, real(dptr, bytesize));
+  if (GR_UNLIKELY(rc == CUDA_ERROR_OUT_OF_MEMORY))
+    rc = retry_mem_alloc(real, dptr, bytesize, rc);
   if (rc == CUDA_SUCCESS)
     track_in_current_ctx(GPURECLAIM_KIND_DEVICE, *dptr, bytesize, GR_API_cuMemAlloc, ra, seq0);
   gr_tls.hook_depth--;
@@ -177,8 +219,8 @@ static CUresult b_mem_alloc_pitch(void *realp, uintptr_t ra, CUdeviceptr *dptr, 
   gr_tls.hook_depth++;
   uint64_t seq0 = gr_track_ctx_seq();
   CUresult rc = real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
-  OOM_RETRY(rc, real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes));
-  PEER_RETRY(rc, (uint64_t)WidthInBytes * Height, -1, real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes));
+  if (GR_UNLIKELY(rc == CUDA_ERROR_OUT_OF_MEMORY))
+    rc = retry_mem_alloc_pitch(real, dptr, pPitch, WidthInBytes, Height, ElementSizeBytes, rc);
   if (rc == CUDA_SUCCESS)
     track_in_current_ctx(GPURECLAIM_KIND_PITCH, *dptr, (uint64_t)*pPitch * Height, GR_API_cuMemAllocPitch, ra, seq0);
   gr_tls.hook_depth--;
@@ -194,8 +236,8 @@ static CUresult b_mem_alloc_managed(void *realp, uintptr_t ra, CUdeviceptr *dptr
   gr_tls.hook_depth++;
   uint64_t seq0 = gr_track_ctx_seq();
   CUresult rc = real(dptr, bytesize, flags);
-  OOM_RETRY(rc, real(dptr, bytesize, flags));
-  PEER_RETRY(rc, bytesize, -1, real(dptr, bytesize, flags));
+  if (GR_UNLIKELY(rc == CUDA_ERROR_OUT_OF_MEMORY))
+    rc = retry_mem_alloc_managed(real, dptr, bytesize, flags, rc);
   if (rc == CUDA_SUCCESS)
     track_in_current_ctx(GPURECLAIM_KIND_MANAGED, *dptr, bytesize, GR_API_cuMemAllocManaged, ra, seq0);
   gr_tls.hook_depth--;
@@ -236,8 +278,8 @@ static CUresult b_mem_alloc_async(void *realp, uintptr_t ra, CUdeviceptr *dptr, 
   gr_tls.hook_depth++;
   uint64_t seq0 = gr_track_ctx_seq();
   CUresult rc = real(dptr, bytesize, hStream);
-  OOM_RETRY(rc, real(dptr, bytesize, hStream));
-  PEER_RETRY(rc, bytesize, async_device(NULL, hStream), real(dptr, bytesize, hStream));
+  if (GR_UNLIKELY(rc == CUDA_ERROR_OUT_OF_MEMORY))
+    rc = retry_mem_alloc_async(real, dptr, bytesize, hStream, rc);
   if (rc == CUDA_SUCCESS)
     track_async(*dptr, bytesize, NULL, hStream, ra, GR_API_cuMemAllocAsync, seq0);
   gr_tls.hook_depth--;
@@ -253,8 +295,8 @@ static CUresult b_mem_alloc_from_pool(void *realp, uintptr_t ra, CUdeviceptr *dp
   gr_tls.hook_depth++;
   uint64_t seq0 = gr_track_ctx_seq();
   CUresult rc = real(dptr, bytesize, pool, hStream);
-  OOM_RETRY(rc, real(dptr, bytesize, pool, hStream));
-  PEER_RETRY(rc, bytesize, async_device(pool, hStream), real(dptr, bytesize, pool, hStream));
+  if (GR_UNLIKELY(rc == CUDA_ERROR_OUT_OF_MEMORY))
+    rc = retry_mem_alloc_from_pool(real, dptr, bytesize, pool, hStream, rc);
   if (rc == CUDA_SUCCESS)
     track_async(*dptr, bytesize, pool, hStream, ra, GR_API_cuMemAllocFromPoolAsync, seq0);
   gr_tls.hook_depth--;
@@ -401,11 +443,8 @@ static CUresult b_mem_create(void *realp, uintptr_t ra, CUmemGenericAllocationHa
     return real(handle, size, prop, flags);
   gr_tls.hook_depth++;
   CUresult rc = real(handle, size, prop, flags);
-  OOM_RETRY(rc, real(handle, size, prop, flags));
-  PEER_RETRY(rc, size,
-             prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE && prop->location.id >= 0 &&
-                     prop->location.id < GR_MAX_DEV ? prop->location.id : -1,
-             real(handle, size, prop, flags));
+  if (GR_UNLIKELY(rc == CUDA_ERROR_OUT_OF_MEMORY))
+    rc = retry_mem_create(real, handle, size, prop, flags, rc);
   if (rc == CUDA_SUCCESS) {
     gr_rec_t r;
     gr_track_fill(&r, GPURECLAIM_KIND_VMM, (uint64_t)*handle, size, GR_API_cuMemCreate, ra);
