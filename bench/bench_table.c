@@ -127,25 +127,31 @@ static double cpu_now(void) {
   return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
 }
 
-static gr_rec_t rec_for(uint64_t key) {
-  gr_rec_t r;
-  memset(&r, 0, sizeof r);
-  r.kind = 1;
-  r.state = GR_ST_LIVE;
-  r.size = 4096;
-  r.key = key;
-  return r;
+/* The record as an allocation hook hands it to the table: packed once (gr_packed_t), only the key changing from
+ * block to block, inserted and taken through the calls the hooks use (gr_table_insert_ks, gr_table_take_kind_pk).
+ * The mutex table, likewise, is given the key and size and stores them as they come. */
+static gr_packed_t rec_for(uint64_t key) {
+  gr_packed_t p = {.ctl = GR_ST_LIVE, .key = key, .w1 = gr_pk_w1(4096, 1, 0, 0)};
+  return p;
+}
+
+static void lf_insert(gr_packed_t *p, uint64_t key) {
+  p->key = key;
+  gr_table_insert_ks(p, GR_KS_ADDR);
+}
+
+static void lf_delete(uint64_t key) {
+  gr_table_take_kind_pk(GR_KS_ADDR, key, GR_STMASK(GR_ST_LIVE), ~0u, NULL);
 }
 
 static void *run(void *p) {
   arg_t *a = p;
-  gr_rec_t r = rec_for(0);
+  gr_packed_t r = rec_for(0);
   uint64_t i = a->first, end_fill = a->first + a->window;
   /* Fill the window before the clock starts: every timed pair is one delete and one insert. */
   for (; i < end_fill; i++) {
     if (a->lockfree) {
-      r.key = key_of(a->id, i);
-      gr_table_insert(&r);
+      lf_insert(&r, key_of(a->id, i));
     } else {
       lt_insert(key_of(a->id, i), 4096);
     }
@@ -158,9 +164,8 @@ static void *run(void *p) {
     for (int k = 0; k < 256; k++, i++, n++) {
       /* Free first, then allocate: with reuse, the address just freed is the one handed out again. */
       if (a->lockfree) {
-        gr_table_take(GR_KS_ADDR, key_of(a->id, i - a->window), GR_STMASK(GR_ST_LIVE), NULL);
-        r.key = key_of(a->id, i);
-        gr_table_insert(&r);
+        lf_delete(key_of(a->id, i - a->window));
+        lf_insert(&r, key_of(a->id, i));
       } else {
         lt_delete(key_of(a->id, i - a->window));
         lt_insert(key_of(a->id, i), 4096);
@@ -172,7 +177,7 @@ static void *run(void *p) {
   /* Leave the table as it was: only the held blocks. */
   for (uint64_t j = i - a->window; j < i; j++) {
     if (a->lockfree)
-      gr_table_take(GR_KS_ADDR, key_of(a->id, j), GR_STMASK(GR_ST_LIVE), NULL);
+      lf_delete(key_of(a->id, j));
     else
       lt_delete(key_of(a->id, j));
   }
@@ -283,10 +288,9 @@ int main(int argc, char **argv) {
 
   /* The held blocks; memory sampled while the tables grow. */
   double lf_peak = 0;
-  gr_rec_t r = rec_for(0);
+  gr_packed_t r = rec_for(0);
   for (long i = 0; i < held; i++) {
-    r.key = key_of(MAXT, (uint64_t)i);
-    gr_table_insert(&r);
+    lf_insert(&r, key_of(MAXT, (uint64_t)i));
     size_t pk = gr_table_bytes_peak(true); /* the insert may have mapped a new generation and unmapped the old */
     if (i + 1 >= 4096) {
       double per = (double)pk / (double)(i + 1);
@@ -294,7 +298,7 @@ int main(int argc, char **argv) {
         lf_peak = per;
     }
     if (with_mutex)
-      lt_insert(r.key, r.size);
+      lt_insert(r.key, gr_pk_size(&r));
   }
   series(secs, (unsigned)window, reps, false, with_mutex);
   series(secs, (unsigned)window, reps, true, with_mutex);
