@@ -118,8 +118,6 @@ int gr_hook_export_id(const void *fn);
 /* The libcuda function the exported hook id calls (resolved on first use), NULL if the driver lacks it. */
 void *gr_hook_export_real(int id);
 
-/* procaddr.c: wraps what cuGetProcAddress returns. Returns the pointer to hand to the caller. */
-void *gr_hook_procaddr_wrap(const char *symbol, void *real, int version, uint64_t flags);
 /* dlsym.c, deepbind.c: the overrides of dlsym and dlopen. */
 void *gr_dlsym_hook(void *handle, const char *symbol);
 void *gr_dlopen_hook(const char *file, int mode);
@@ -362,7 +360,6 @@ void gr_release_atfork_child(void);
  * last_gave_ms, the time of the last such give (CLOCK_REALTIME ms, 0 never): peers ask a recent giver last. */
 void gr_release_note_give(void);
 uint64_t gr_release_last_give_ms(void);
-uint64_t gr_release_count(void);
 
 /* worker.c: the thread that serves the signal and the control socket. */
 int gr_worker_start(void);

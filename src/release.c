@@ -589,7 +589,6 @@ int gr_release_run(unsigned what, int trigger, gpureclaim_report_t *out) {
   return 0;
 }
 
-uint64_t gr_release_count(void) { return atomic_load_explicit(&g_seq, memory_order_relaxed); }
 
 static int check_what(unsigned what) {
   if (what == 0 || (what & ~(GPURECLAIM_CACHED | GPURECLAIM_ORPHANED | GPURECLAIM_ALL)))

@@ -187,12 +187,6 @@ static void *wrap(const char *symbol, void *real, int version, uint64_t flags, g
   return fn == real && !gr_core_disabled() ? gr_gate_wrap(real) : fn;
 }
 
-void *gr_hook_procaddr_wrap(const char *symbol, void *real, int version, uint64_t flags) {
-  getproc_v2_t v2 = (getproc_v2_t)ex_getter(&g_ex_v2, "cuGetProcAddress_v2");
-  getproc_v1_t v1 = v2 ? NULL : (getproc_v1_t)ex_getter(&g_ex_v1, "cuGetProcAddress");
-  return v1 || v2 ? wrap(symbol, real, version, flags, v1, v2) : real;
-}
-
 /* dlsym of the getters themselves: our exported definitions when real is libcuda's function. */
 void *gr_hook_getproc_for(const char *symbol, void *real) {
   if (strcmp(symbol, "cuGetProcAddress") == 0)
