@@ -5,6 +5,8 @@
  * and a release never frees a block the program still uses. */
 #include "harness.h"
 
+#include "../common/threads.h"
+
 #include <criterion/criterion.h>
 #include <pthread.h>
 #include <string.h>
@@ -162,8 +164,8 @@ static void *destroy_a(void *arg) {
 static void destroy_a_elsewhere(void *arg) {
   (void)arg;
   pthread_t t;
-  cr_assert_eq(pthread_create(&t, NULL, destroy_a, NULL), 0);
-  pthread_join(t, NULL);
+  t = gr_thread_start(destroy_a, NULL);
+  gr_thread_join(t);
 }
 
 Test(interleavings, a_block_allocated_as_its_context_is_destroyed_leaves_no_record) {
