@@ -163,9 +163,7 @@ static void *destroy_a(void *arg) {
 /* A's destroy runs on another thread after the driver handed out a block of A and before gpureclaim records it. */
 static void destroy_a_elsewhere(void *arg) {
   (void)arg;
-  pthread_t t;
-  t = gr_thread_start(destroy_a, NULL);
-  gr_thread_join(t);
+  gr_thread_run(destroy_a, NULL);
 }
 
 Test(interleavings, a_block_allocated_as_its_context_is_destroyed_leaves_no_record) {

@@ -196,13 +196,10 @@ Test(release, free_now_frees_only_its_own_scope) {
   /* The scope frees two blocks; the driver hands both addresses out again at once, to other threads: one to a
    * block of no scope, one to a block of another scope, which ends and leaves it an orphan. */
   CUdeviceptr unscoped[2] = {0, 0}, orphan[2] = {0, 1};
-  pthread_t t;
   OK(cuMemFree(mine[0]));
-  t = gr_thread_start(alloc_256k_elsewhere, unscoped);
-  gr_thread_join(t);
+  gr_thread_run(alloc_256k_elsewhere, unscoped);
   OK(cuMemFree(mine[1]));
-  t = gr_thread_start(alloc_256k_elsewhere, orphan);
-  gr_thread_join(t);
+  gr_thread_run(alloc_256k_elsewhere, orphan);
   cr_assert_eq(unscoped[0], mine[0], "the simulator handed the scope's freed address out again");
   cr_assert_eq(orphan[0], mine[1]);
   uint64_t live = h_sim(-1, NULL).live_bytes;
@@ -345,9 +342,7 @@ static void *end_and_reopen_its_slot(void *arg) {
 Test(release, a_reused_scope_slot_does_not_adopt_another_threads_blocks) {
   reuse_t r = {.ended = gpureclaim_scope_begin()};
   cr_assert_neq(r.ended, 0);
-  pthread_t t;
-  t = gr_thread_start(end_and_reopen_its_slot, &r);
-  gr_thread_join(t);
+  gr_thread_run(end_and_reopen_its_slot, &r);
   cr_assert_neq(r.reopened, 0, "the slot is open again, for another scope");
   cr_assert_neq(r.reopened, r.ended);
   cr_assert_eq(gpureclaim_scope_current(), 0, "this thread's scope ended; the slot's new scope is not this thread's");

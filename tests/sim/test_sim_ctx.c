@@ -259,9 +259,7 @@ Test(sim_ctx, current_context_is_per_thread) {
   OK(cuInit(0));
   CUcontext c;
   OK(cuCtxCreate(&c, NULL, 0, 0));
-  pthread_t t;
-  t = gr_thread_start(other_thread, c);
-  gr_thread_join(t);
+  gr_thread_run(other_thread, c);
   CUcontext cur;
   OK(cuCtxGetCurrent(&cur));
   cr_assert_eq(cur, c, "another thread's push does not change ours");

@@ -159,9 +159,7 @@ static void *thread_alloc(void *arg) {
 Test(sim_runtime, a_new_thread_gets_the_primary_context) {
   void *mine, *theirs = NULL, *res;
   RT_OK(cudaMalloc(&mine, 4096));
-  pthread_t t;
-  t = gr_thread_start(thread_alloc, &theirs);
-  res = gr_thread_join(t);
+  res = gr_thread_run(thread_alloc, &theirs);
   cr_assert_eq((cudaError_t)(uintptr_t)res, cudaSuccess);
   cr_assert_eq(sim_block((uint64_t)(uintptr_t)theirs, SIMCUDA_DEVICE).ctx,
                sim_block((uint64_t)(uintptr_t)mine, SIMCUDA_DEVICE).ctx);
@@ -192,10 +190,8 @@ Test(sim_runtime, sticky_last_error) {
   RT_OK(cudaMalloc(&p, 4096)); /* a success does not clear it */
   RT_ERR(cudaPeekAtLastError(), cudaErrorMemoryAllocation);
   RT_ERR(cudaPeekAtLastError(), cudaErrorMemoryAllocation);
-  pthread_t t;
   void *res;
-  t = gr_thread_start(peek_other_thread, NULL);
-  res = gr_thread_join(t);
+  res = gr_thread_run(peek_other_thread, NULL);
   cr_assert_eq((cudaError_t)(uintptr_t)res, cudaSuccess, "the last error is per thread");
   RT_ERR(cudaGetLastError(), cudaErrorMemoryAllocation);
   RT_OK(cudaGetLastError()); /* read and reset */

@@ -170,11 +170,8 @@ Test(scope_end, an_address_reused_outside_the_scope_is_not_orphaned) {
   free_block(a);
   free_block(b);
   other_t plain = {.key = a}, scoped = {.key = b, .scoped = true};
-  pthread_t t;
-  t = gr_thread_start(alloc_elsewhere, &plain);
-  gr_thread_join(t);
-  t = gr_thread_start(alloc_elsewhere, &scoped);
-  gr_thread_join(t);
+  gr_thread_run(alloc_elsewhere, &plain);
+  gr_thread_run(alloc_elsewhere, &scoped);
   cr_assert_neq(scoped.scope, 0);
   cr_assert_eq(gpureclaim_scope_end(s, 0), 0);
   uint64_t id = UINT64_MAX;
@@ -302,9 +299,7 @@ Test(scope_end, without_memory_for_its_list_an_end_scans_the_table) {
   cr_assert(g_slots[slot_of(s)].overflow, "the list could not grow");
   free_block(k[0]);
   other_t plain = {.key = k[0]};
-  pthread_t t;
-  t = gr_thread_start(alloc_elsewhere, &plain);
-  gr_thread_join(t);
+  gr_thread_run(alloc_elsewhere, &plain);
   cr_assert_eq(gpureclaim_scope_end(s, 0), 0);
   for (int i = 1; i < 300; i++)
     cr_assert_eq(state_of(k[i], NULL), GR_ST_ORPHAN, "block %d", i);
