@@ -360,13 +360,8 @@ Test(release, a_reused_scope_slot_does_not_adopt_another_threads_blocks) {
   cr_assert(h_table_matches_sim("after the free"));
 }
 
-/* A stand-in for a framework allocator: a library whose file name says it is PyTorch's. */
-typedef CUresult (*fw_alloc_t)(CUdeviceptr *, size_t);
-
 Test(release, framework_blocks_are_never_orphans) {
-  void *fw = dlopen("libc10_cuda_standin.so", RTLD_NOW | RTLD_LOCAL);
-  cr_assert_not_null(fw, "%s", dlerror());
-  fw_alloc_t fw_alloc = (fw_alloc_t)dlsym(fw, "standin_alloc");
+  h_fw_alloc_t fw_alloc = h_framework_alloc();
   uint64_t s = gpureclaim_scope_begin();
   CUdeviceptr mine, theirs;
   OK(cuMemAlloc(&mine, 1 * MiB));
