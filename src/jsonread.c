@@ -171,8 +171,7 @@ static bool value(P *p, jnode_t *out) {
         jnode_t kid;
         if (!value(p, &kid) || !push(out, &kid, key)) {
           free(key);
-          if (!p->err)
-            jfree(&kid);
+          jfree(&kid); /* a value that failed half-way holds what it had read so far */
           return fail(p, "bad member");
         }
         ws(p);

@@ -17,6 +17,9 @@ import tempfile
 import time
 import unittest
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from control import read_all  # noqa: E402
+
 CMD = os.environ["GR_CMD"]
 HOLD = os.environ["GR_HOLD"]
 MiB = 1024 * 1024
@@ -48,17 +51,6 @@ def stop_and_wait(pid):
         time.sleep(0.01)
     raise AssertionError("process %d did not stop" % pid)
 
-
-def read_all(s):
-    """Everything the server sends until it closes, then closes s."""
-    data = b""
-    while True:
-        chunk = s.recv(65536)
-        if not chunk:
-            break
-        data += chunk
-    s.close()
-    return data
 
 
 class Held:

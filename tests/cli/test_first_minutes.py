@@ -13,11 +13,14 @@ import pty
 import select
 import shutil
 import signal
-import socket
 import subprocess
+import sys
 import tempfile
 import time
 import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import control  # noqa: E402
 
 CMD = os.environ["GR_CMD"]
 HOLD = os.environ["GR_HOLD"]
@@ -87,17 +90,7 @@ class FirstMinutes(unittest.TestCase):
     def served_all_before(self, h):
         """Returns once h's worker answered a ping made now: it serves clients in turn, so every request made
         before has been dealt with. (No deadline decides.)"""
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(120)  # a hang guard
-        s.connect(self.status(h)["socket"])
-        s.sendall(b"ping\n")
-        data = b""
-        while True:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-        s.close()
+        data = control.request(self.status(h)["socket"], b"ping\n", 120)  # 120 s: a hang guard
         self.assertTrue(json.loads(data)["ok"])
 
     # ---- --help and bad options ----

@@ -8,6 +8,8 @@
 #include "failalloc.h"
 #include "harness.h"
 
+#include "../common/threads.h"
+
 #include <criterion/criterion.h>
 #include <dlfcn.h>
 #include <errno.h>
@@ -150,9 +152,7 @@ Test(enomem, a_thread_whose_every_allocation_fails_still_allocates_and_is_tracke
   CUdeviceptr p[2] = {0, 0};
   atomic_store(&g_one_thread, 1);
   arm(ALL_KINDS);
-  pthread_t t;
-  cr_assert_eq(pthread_create(&t, NULL, alloc_in_new_thread, p), 0);
-  cr_assert_eq(pthread_join(t, NULL), 0);
+  gr_thread_run(alloc_in_new_thread, p);
   long failed = disarm();
   cr_assert_neq(p[0], 0, "a CUDA call failed in the thread");
   cr_assert_gt(failed, 0, "nothing the library allocated for the new thread failed");

@@ -80,6 +80,11 @@ size_t h_count(int kind);
 /* The block gpureclaim tracks at address (any kind); false if none. */
 bool h_find(uint64_t address, gpureclaim_block_t *out);
 
+/* A stand-in for a framework allocator: standin_alloc of libc10_cuda_standin.so, a library whose file name says
+ * it is PyTorch's (its blocks must never become orphans). Fails the test when it cannot be loaded. */
+typedef CUresult (*h_fw_alloc_t)(CUdeviceptr *, size_t);
+h_fw_alloc_t h_framework_alloc(void);
+
 /* Runs every entry point of api through a life cycle, checking the table against the simulator after every
  * step. Returns the number of checks made; fails the Criterion test on a mismatch. */
 int h_scenario(const drv_api_t *api);

@@ -3,6 +3,9 @@
  * dependent; before the context gate each test failed in most runs. */
 #include "harness.h"
 
+#include "../common/rng.h"
+#include "../common/threads.h"
+
 #include <criterion/criterion.h>
 #include <pthread.h>
 #include <sched.h>
@@ -50,7 +53,7 @@ Test(ctx_race, a_context_destroyed_during_a_release) {
   OK(cuCtxPopCurrent(NULL));
   gpureclaim_report_t rep = {.size = sizeof rep};
   pthread_t t;
-  cr_assert_eq(pthread_create(&t, NULL, release_orphans, &rep), 0);
+  t = gr_thread_start(release_orphans, &rep);
   /* Read before the release may begin: read after, on a loaded machine the release could have freed them all
    * already, and the wait below never ended (seen once: the test hung until ctest's timeout). */
   uint64_t start = h_sim(-1, a).live_blocks;
@@ -62,7 +65,7 @@ Test(ctx_race, a_context_destroyed_during_a_release) {
   static CUdeviceptr mine[N];
   for (size_t i = 0; i < N; i++)
     OK(cuMemAlloc(&mine[i], 4096));
-  pthread_join(t, NULL);
+  gr_thread_join(t);
   cr_assert_eq(h_sim(-1, b).live_blocks, N, "the release freed none of B's blocks");
   cr_assert_eq(rep.failed_blocks, 0);
   cr_assert_eq(h_grs(-1).orphan_blocks, 0, "A's orphans were freed or went with A");
@@ -78,10 +81,10 @@ Test(ctx_race, a_context_destroyed_during_a_release) {
 static pthread_barrier_t g_bar;
 
 static void *retain_primary(void *arg) {
-  (void)arg;
+  int n = *(const int *)arg; /* how long to wait after the barrier: random, so the race goes either way */
   CUcontext c;
   pthread_barrier_wait(&g_bar);
-  for (volatile int i = 0, n = rand() % 100000; i < n; i++)
+  for (volatile int i = 0; i < n; i++)
     ;
   OK(cuDevicePrimaryCtxRetain(&c, 0));
   return NULL;
@@ -91,7 +94,7 @@ static void *retain_primary(void *arg) {
  * creates it again. Whichever comes first, gpureclaim's records must match the driver's blocks afterwards. */
 Test(ctx_race, a_retain_racing_the_final_primary_release, .timeout = 120) {
   OK(cuInit(0));
-  srand(7);
+  uint64_t s = gr_rng_stream(7);
   for (int it = 0; it < 60; it++) {
     CUcontext c;
     OK(cuDevicePrimaryCtxRetain(&c, 0));
@@ -99,10 +102,11 @@ Test(ctx_race, a_retain_racing_the_final_primary_release, .timeout = 120) {
     orphans(1024, 4096);
     cr_assert_eq(pthread_barrier_init(&g_bar, NULL, 2), 0);
     pthread_t t;
-    cr_assert_eq(pthread_create(&t, NULL, retain_primary, NULL), 0);
+    int wait = (int)gr_rng_below(&s, 100000);
+    t = gr_thread_start(retain_primary, &wait);
     pthread_barrier_wait(&g_bar);
     OK(cuDevicePrimaryCtxRelease(0));
-    pthread_join(t, NULL);
+    gr_thread_join(t);
     pthread_barrier_destroy(&g_bar);
     cr_assert(h_table_matches_sim("after the race"), "iteration %d", it);
     cr_assert_eq(h_grs(-1).orphan_blocks, h_sim(-1, NULL).live_blocks, "iteration %d", it);
@@ -142,12 +146,12 @@ Test(ctx_race, allocations_racing_a_successful_destroy_leave_no_records, .timeou
     OK(cuCtxPopCurrent(NULL));
     pthread_t t[THREADS];
     for (int i = 0; i < THREADS; i++)
-      cr_assert_eq(pthread_create(&t[i], NULL, alloc_until_gone, &a), 0);
+      t[i] = gr_thread_start(alloc_until_gone, &a);
     while (atomic_load(&a.started) < THREADS)
       sched_yield();
     OK(cuCtxDestroy(a.ctx));
     for (int i = 0; i < THREADS; i++)
-      pthread_join(t[i], NULL);
+      gr_thread_join(t[i]);
     cr_assert_eq(h_sim(-1, NULL).live_blocks, 0, "round %d: the driver freed the context's blocks", round);
     cr_assert_eq(h_grs(-1).live_blocks, 0, "round %d: no record outlived its block", round);
   }

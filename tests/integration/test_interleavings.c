@@ -5,6 +5,8 @@
  * and a release never frees a block the program still uses. */
 #include "harness.h"
 
+#include "../common/threads.h"
+
 #include <criterion/criterion.h>
 #include <pthread.h>
 #include <string.h>
@@ -161,9 +163,7 @@ static void *destroy_a(void *arg) {
 /* A's destroy runs on another thread after the driver handed out a block of A and before gpureclaim records it. */
 static void destroy_a_elsewhere(void *arg) {
   (void)arg;
-  pthread_t t;
-  cr_assert_eq(pthread_create(&t, NULL, destroy_a, NULL), 0);
-  pthread_join(t, NULL);
+  gr_thread_run(destroy_a, NULL);
 }
 
 Test(interleavings, a_block_allocated_as_its_context_is_destroyed_leaves_no_record) {

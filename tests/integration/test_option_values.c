@@ -1,5 +1,7 @@
 /* Every GPURECLAIM_* option given random and malformed values: the program runs on, tracking as before, and a
  * malformed value gets one clear warning naming the variable and the value. */
+#include "../common/rng.h"
+
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -143,13 +145,13 @@ Test(options, malformed_values, .timeout = 300) {
 }
 
 Test(options, random_values, .timeout = 300) {
-  srand(20261122);
+  uint64_t s = gr_rng_stream(0);
   char v[6000];
   for (int round = 0; round < 6; round++)
     for (size_t o = 0; o < sizeof g_options / sizeof g_options[0]; o++) {
-      size_t n = (size_t)(round == 5 ? 5000 : rand() % 24);
+      size_t n = (size_t)(round == 5 ? 5000 : gr_rng_below(&s, 24));
       for (size_t i = 0; i < n; i++)
-        v[i] = (char)(32 + rand() % 95);
+        v[i] = (char)(32 + gr_rng_below(&s, 95));
       v[n] = '\0';
       check(g_options[o], v);
     }

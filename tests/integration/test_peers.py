@@ -16,6 +16,9 @@ import tempfile
 import time
 import unittest
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import control  # noqa: E402
+
 PROG = os.environ["PEER_PROG"]
 EXAMPLES = os.environ["GR_EXAMPLES"]
 MiB = 1024 * 1024
@@ -474,17 +477,7 @@ class PeerTest(Base):
 
     def request(self, pr, line, timeout=60):
         """One control-socket request; returns the answer's last line, parsed (a sleep sends progress lines)."""
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(timeout)  # a hang guard
-        s.connect(os.path.join(self.rundir, "%d.sock" % pr.pid))
-        s.sendall((line + "\n").encode())
-        data = b""
-        while True:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-        s.close()
+        data = control.request(os.path.join(self.rundir, "%d.sock" % pr.pid), (line + "\n").encode(), timeout)
         return json.loads(data.decode().strip().splitlines()[-1])
 
     def test_a_sleeping_peer_gives_nothing_and_stays_intact(self):

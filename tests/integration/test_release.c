@@ -1,6 +1,8 @@
 /* The release engine against the simulator: what a release gives back, and what it must never touch. */
 #include "harness.h"
 
+#include "../common/threads.h"
+
 #include <criterion/criterion.h>
 #include <stddef.h>
 #include <dlfcn.h>
@@ -194,13 +196,10 @@ Test(release, free_now_frees_only_its_own_scope) {
   /* The scope frees two blocks; the driver hands both addresses out again at once, to other threads: one to a
    * block of no scope, one to a block of another scope, which ends and leaves it an orphan. */
   CUdeviceptr unscoped[2] = {0, 0}, orphan[2] = {0, 1};
-  pthread_t t;
   OK(cuMemFree(mine[0]));
-  cr_assert_eq(pthread_create(&t, NULL, alloc_256k_elsewhere, unscoped), 0);
-  pthread_join(t, NULL);
+  gr_thread_run(alloc_256k_elsewhere, unscoped);
   OK(cuMemFree(mine[1]));
-  cr_assert_eq(pthread_create(&t, NULL, alloc_256k_elsewhere, orphan), 0);
-  pthread_join(t, NULL);
+  gr_thread_run(alloc_256k_elsewhere, orphan);
   cr_assert_eq(unscoped[0], mine[0], "the simulator handed the scope's freed address out again");
   cr_assert_eq(orphan[0], mine[1]);
   uint64_t live = h_sim(-1, NULL).live_bytes;
@@ -343,9 +342,7 @@ static void *end_and_reopen_its_slot(void *arg) {
 Test(release, a_reused_scope_slot_does_not_adopt_another_threads_blocks) {
   reuse_t r = {.ended = gpureclaim_scope_begin()};
   cr_assert_neq(r.ended, 0);
-  pthread_t t;
-  cr_assert_eq(pthread_create(&t, NULL, end_and_reopen_its_slot, &r), 0);
-  pthread_join(t, NULL);
+  gr_thread_run(end_and_reopen_its_slot, &r);
   cr_assert_neq(r.reopened, 0, "the slot is open again, for another scope");
   cr_assert_neq(r.reopened, r.ended);
   cr_assert_eq(gpureclaim_scope_current(), 0, "this thread's scope ended; the slot's new scope is not this thread's");
@@ -363,13 +360,8 @@ Test(release, a_reused_scope_slot_does_not_adopt_another_threads_blocks) {
   cr_assert(h_table_matches_sim("after the free"));
 }
 
-/* A stand-in for a framework allocator: a library whose file name says it is PyTorch's. */
-typedef CUresult (*fw_alloc_t)(CUdeviceptr *, size_t);
-
 Test(release, framework_blocks_are_never_orphans) {
-  void *fw = dlopen("libc10_cuda_standin.so", RTLD_NOW | RTLD_LOCAL);
-  cr_assert_not_null(fw, "%s", dlerror());
-  fw_alloc_t fw_alloc = (fw_alloc_t)dlsym(fw, "standin_alloc");
+  h_fw_alloc_t fw_alloc = h_framework_alloc();
   uint64_t s = gpureclaim_scope_begin();
   CUdeviceptr mine, theirs;
   OK(cuMemAlloc(&mine, 1 * MiB));
@@ -433,11 +425,11 @@ Test(release, a_release_racing_a_free_frees_once, .timeout = 120) {
     cr_assert_eq(gpureclaim_scope_end(s, 0), 0);
     uint64_t calls = simcuda_calls("cuMemFree_v2");
     pthread_t th;
-    pthread_create(&th, NULL, free_racer, &r);
+    th = gr_thread_start(free_racer, &r);
     atomic_store(&r.go, 1);
     gpureclaim_report_t rep = {.size = sizeof rep};
     cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &rep), 0);
-    pthread_join(th, NULL);
+    gr_thread_join(th);
     cr_assert_eq(r.rc, CUDA_SUCCESS, "iteration %d: the program's free failed (%d)", i, r.rc);
     cr_assert_eq(simcuda_calls("cuMemFree_v2") - calls, 1, "iteration %d: freed twice", i);
     cr_assert_eq(rep.failed_blocks, 0);
@@ -586,9 +578,9 @@ Test(release, concurrent_requests_coalesce) {
   cr_assert_gt(gpureclaim_register_releaser("gate", gate_releaser, NULL), 0);
   pthread_t th[NREQ];
   for (int i = 0; i < NREQ; i++)
-    pthread_create(&th[i], NULL, release_thread, (void *)(intptr_t)i);
+    th[i] = gr_thread_start(release_thread, (void *)(intptr_t)i);
   for (int i = 0; i < NREQ; i++)
-    pthread_join(th[i], NULL);
+    gr_thread_join(th[i]);
   uint64_t n = h_grs(-1).releases;
   cr_assert_geq(n, 1);
   cr_assert_leq(n, 3, "16 concurrent requests ran %llu releases", (unsigned long long)n);

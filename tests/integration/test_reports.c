@@ -2,6 +2,8 @@
  * control socket. JSON is checked by parsing it back with python3's json module. */
 #include "harness.h"
 
+#include "../common/threads.h"
+
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <linux/capability.h>
@@ -208,13 +210,13 @@ static void *read_whole(void *arg) {
 /* Runs writers a and b at once while r reads the file they write, until both are done. */
 static void race(reader_t *r, void *(*a)(void *), void *(*b)(void *)) {
   pthread_t ta, tb, rd;
-  cr_assert_eq(pthread_create(&rd, NULL, read_whole, r), 0);
-  cr_assert_eq(pthread_create(&ta, NULL, a, NULL), 0);
-  cr_assert_eq(pthread_create(&tb, NULL, b, NULL), 0);
-  pthread_join(ta, NULL);
-  pthread_join(tb, NULL);
+  rd = gr_thread_start(read_whole, r);
+  ta = gr_thread_start(a, NULL);
+  tb = gr_thread_start(b, NULL);
+  gr_thread_join(ta);
+  gr_thread_join(tb);
   atomic_store(&r->stop, true);
-  pthread_join(rd, NULL);
+  gr_thread_join(rd);
 }
 
 /* Files in dir whose name starts with prefix (temporary files left behind). */

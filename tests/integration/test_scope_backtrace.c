@@ -4,7 +4,6 @@
 #include "harness.h"
 
 #include <criterion/criterion.h>
-#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,17 +15,6 @@
 static void init(void) { (void)h_cuda_start(0); }
 
 TestSuite(scope_backtrace, .init = init);
-
-/* A stand-in for a framework allocator: a library whose file name says it is PyTorch's. */
-typedef CUresult (*fw_alloc_t)(CUdeviceptr *, size_t);
-
-static fw_alloc_t framework(void) {
-  void *fw = dlopen("libc10_cuda_standin.so", RTLD_NOW | RTLD_LOCAL);
-  cr_assert_not_null(fw, "%s", dlerror());
-  fw_alloc_t fn = (fw_alloc_t)dlsym(fw, "standin_alloc");
-  cr_assert_not_null(fn);
-  return fn;
-}
 
 /* The text leak report of this process now. */
 static char *leak_report(void) {
@@ -56,7 +44,7 @@ Test(scope_backtrace, backtraces_are_on) {
 }
 
 Test(scope_backtrace, framework_blocks_are_never_orphans) {
-  fw_alloc_t fw_alloc = framework();
+  h_fw_alloc_t fw_alloc = h_framework_alloc();
   uint64_t s = gpureclaim_scope_begin();
   cr_assert_neq(s, 0);
   CUdeviceptr mine, theirs;
@@ -80,7 +68,7 @@ Test(scope_backtrace, framework_blocks_are_never_orphans) {
 }
 
 Test(scope_backtrace, free_now_leaves_framework_blocks) {
-  fw_alloc_t fw_alloc = framework();
+  h_fw_alloc_t fw_alloc = h_framework_alloc();
   uint64_t s = gpureclaim_scope_begin();
   CUdeviceptr mine, theirs;
   OK(cuMemAlloc(&mine, 1 * MiB));

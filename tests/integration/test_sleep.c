@@ -6,6 +6,8 @@
  */
 #include "harness.h"
 
+#include "../common/threads.h"
+
 #include <criterion/criterion.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -233,7 +235,7 @@ Test(sleep, refused_while_a_thread_is_stuck_in_a_call) {
   RT_OK(cudaMalloc(&p, 4096));
   cr_assert_eq(simcuda_on_return("cuMemsetD8_v2", stall, NULL), 0);
   pthread_t th;
-  pthread_create(&th, NULL, stuck, p);
+  th = gr_thread_start(stuck, p);
   pthread_mutex_lock(&g_mu);
   while (!g_inside)
     pthread_cond_wait(&g_cv, &g_mu);
@@ -246,7 +248,7 @@ Test(sleep, refused_while_a_thread_is_stuck_in_a_call) {
   g_go = 1;
   pthread_cond_broadcast(&g_cv);
   pthread_mutex_unlock(&g_mu);
-  pthread_join(th, NULL);
+  gr_thread_join(th);
   RT_OK(cudaMemset(p, 2, 4096));
   sleep_ok(); /* once the call returned, the sleep works */
   RT_OK(cudaMemset(p, 3, 4096));
@@ -279,8 +281,8 @@ Test(sleep, races_with_calls_and_releases) {
   RT_OK(cudaSetDevice(0));
   void *live = hold(&pat);
   pthread_t a, b;
-  pthread_create(&a, NULL, worker_calls, live);
-  pthread_create(&b, NULL, worker_releases, NULL);
+  a = gr_thread_start(worker_calls, live);
+  b = gr_thread_start(worker_releases, NULL);
   int slept = 0;
   for (int i = 0; i < 40; i++) {
     gpureclaim_sleep_report_t r = {.size = sizeof r};
@@ -294,8 +296,8 @@ Test(sleep, races_with_calls_and_releases) {
   }
   atomic_store(&g_stop, 1);
   void *ra, *rb;
-  pthread_join(a, &ra);
-  pthread_join(b, &rb);
+  ra = gr_thread_join(a);
+  rb = gr_thread_join(b);
   cr_assert_null(ra, "a memcpy failed");
   cr_assert_null(rb, "a release failed");
   cr_assert_gt(slept, 0, "some of the sleeps happened");

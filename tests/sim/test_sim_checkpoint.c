@@ -5,6 +5,8 @@
 #define _GNU_SOURCE
 #include "sim_test_util.h"
 
+#include "../common/threads.h"
+
 #include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
@@ -108,13 +110,13 @@ Test(sim_checkpoint, lock_holds_other_threads) {
   CUcontext c = sim_primary(0);
   OK(cuCheckpointProcessLock(getpid(), NULL));
   pthread_t th;
-  pthread_create(&th, NULL, other_thread, c);
+  th = gr_thread_start(other_thread, c);
   nanosleep(&(struct timespec){0, 100 * 1000 * 1000}, NULL);
   cr_assert_eq(atomic_load(&g_done), 0, "another thread's call waits while locked");
   CUdeviceptr p;
   OK(cuMemAlloc(&p, 4096)); /* the locking thread itself goes on */
   OK(cuCheckpointProcessUnlock(getpid(), NULL));
-  pthread_join(th, NULL);
+  gr_thread_join(th);
   cr_assert_eq(atomic_load(&g_done), 1);
 }
 
@@ -140,7 +142,7 @@ Test(sim_checkpoint, lock_waits_for_calls_in_flight) {
   CUcontext c = sim_primary(0);
   cr_assert_eq(simcuda_on_return("cuMemAlloc_v2", stall, NULL), 0);
   pthread_t th;
-  pthread_create(&th, NULL, stuck_thread, c);
+  th = gr_thread_start(stuck_thread, c);
   pthread_mutex_lock(&g_mu);
   while (!g_inside) pthread_cond_wait(&g_cv, &g_mu);
   pthread_mutex_unlock(&g_mu);
@@ -151,7 +153,7 @@ Test(sim_checkpoint, lock_waits_for_calls_in_flight) {
   g_release = 1;
   pthread_cond_broadcast(&g_cv);
   pthread_mutex_unlock(&g_mu);
-  pthread_join(th, NULL);
+  gr_thread_join(th);
   OK(cuCheckpointProcessLock(getpid(), &la));
   OK(cuCheckpointProcessUnlock(getpid(), NULL));
 }

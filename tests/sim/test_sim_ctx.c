@@ -2,6 +2,8 @@
 #define _GNU_SOURCE
 #include "sim_test_util.h"
 
+#include "../common/threads.h"
+
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -257,9 +259,7 @@ Test(sim_ctx, current_context_is_per_thread) {
   OK(cuInit(0));
   CUcontext c;
   OK(cuCtxCreate(&c, NULL, 0, 0));
-  pthread_t t;
-  cr_assert_eq(pthread_create(&t, NULL, other_thread, c), 0);
-  pthread_join(t, NULL);
+  gr_thread_run(other_thread, c);
   CUcontext cur;
   OK(cuCtxGetCurrent(&cur));
   cr_assert_eq(cur, c, "another thread's push does not change ours");
@@ -291,11 +291,11 @@ Test(sim_ctx, destroyed_while_current_elsewhere) {
   pthread_barrier_init(&bar, NULL, 2);
   struct two_ctx t = {.c = c, .bar = &bar};
   pthread_t th;
-  cr_assert_eq(pthread_create(&th, NULL, hold_current, &t), 0);
+  th = gr_thread_start(hold_current, &t);
   pthread_barrier_wait(&bar);
   OK(cuCtxDestroy(c));
   pthread_barrier_wait(&bar);
-  pthread_join(th, NULL);
+  gr_thread_join(th);
   pthread_barrier_destroy(&bar);
   cr_assert_eq(t.after, CUDA_ERROR_CONTEXT_IS_DESTROYED);
 }

@@ -2,6 +2,9 @@
 #define _GNU_SOURCE
 #include "sim_test_util.h"
 
+#include "../common/rng.h"
+#include "../common/threads.h"
+
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -419,9 +422,10 @@ static void *churn(void *arg) {
   CUcontext ctx = arg;
   cr_assert_eq(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
   CUdeviceptr live[16] = {0};
-  unsigned seed = (unsigned)(uintptr_t)&live;
+  static _Atomic uint64_t streams;
+  uint64_t seed = gr_rng_stream(atomic_fetch_add(&streams, 1));
   for (int i = 0; i < ROUNDS; i++) {
-    int k = (int)(rand_r(&seed) % 16);
+    int k = (int)gr_rng_below(&seed, 16);
     if (live[k]) {
       unsigned char tag = 0;
       cr_assert_eq(cuMemcpyDtoH(&tag, live[k], 1), CUDA_SUCCESS);
@@ -429,7 +433,7 @@ static void *churn(void *arg) {
       cr_assert_eq(cuMemFree(live[k]), CUDA_SUCCESS);
       live[k] = 0;
     } else {
-      size_t bytes = 512u << (rand_r(&seed) % 12);
+      size_t bytes = 512u << gr_rng_below(&seed, 12);
       cr_assert_eq(cuMemAlloc(&live[k], bytes), CUDA_SUCCESS);
       cr_assert_eq(cuMemsetD8(live[k], (unsigned char)(live[k] >> 9), bytes), CUDA_SUCCESS);
     }
@@ -442,8 +446,8 @@ static void *churn(void *arg) {
 Test(sim_driver, threads_share_the_driver) {
   CUcontext ctx = sim_primary(0);
   pthread_t t[NTHREADS];
-  for (int i = 0; i < NTHREADS; i++) cr_assert_eq(pthread_create(&t[i], NULL, churn, ctx), 0);
-  for (int i = 0; i < NTHREADS; i++) pthread_join(t[i], NULL);
+  for (int i = 0; i < NTHREADS; i++) t[i] = gr_thread_start(churn, ctx);
+  for (int i = 0; i < NTHREADS; i++) gr_thread_join(t[i]);
   simcuda_stats_t s = sim_stats(-1, NULL);
   cr_assert_eq(s.live_blocks, 0);
   cr_assert_eq(s.used_bytes, 0);
@@ -466,8 +470,8 @@ Test(sim_driver, call_counts_are_exact_across_threads) {
   uint64_t before = simcuda_calls("cuCtxGetCurrent");
   for (int wave = 0; wave < 3; wave++) { /* later waves reuse the blocks of exited threads */
     pthread_t t[NTHREADS];
-    for (int i = 0; i < NTHREADS; i++) cr_assert_eq(pthread_create(&t[i], NULL, count_calls, NULL), 0);
-    for (int i = 0; i < NTHREADS; i++) pthread_join(t[i], NULL);
+    for (int i = 0; i < NTHREADS; i++) t[i] = gr_thread_start(count_calls, NULL);
+    for (int i = 0; i < NTHREADS; i++) gr_thread_join(t[i]);
     cr_assert_eq(simcuda_calls("cuCtxGetCurrent"), before + (uint64_t)(wave + 1) * NTHREADS * COUNT_CALLS);
   }
   count_calls(NULL);

@@ -3,6 +3,8 @@
 #define _GNU_SOURCE
 #include "sim_test_util.h"
 
+#include "../common/threads.h"
+
 #include <cuda_runtime_api.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -157,9 +159,7 @@ static void *thread_alloc(void *arg) {
 Test(sim_runtime, a_new_thread_gets_the_primary_context) {
   void *mine, *theirs = NULL, *res;
   RT_OK(cudaMalloc(&mine, 4096));
-  pthread_t t;
-  cr_assert_eq(pthread_create(&t, NULL, thread_alloc, &theirs), 0);
-  pthread_join(t, &res);
+  res = gr_thread_run(thread_alloc, &theirs);
   cr_assert_eq((cudaError_t)(uintptr_t)res, cudaSuccess);
   cr_assert_eq(sim_block((uint64_t)(uintptr_t)theirs, SIMCUDA_DEVICE).ctx,
                sim_block((uint64_t)(uintptr_t)mine, SIMCUDA_DEVICE).ctx);
@@ -190,10 +190,8 @@ Test(sim_runtime, sticky_last_error) {
   RT_OK(cudaMalloc(&p, 4096)); /* a success does not clear it */
   RT_ERR(cudaPeekAtLastError(), cudaErrorMemoryAllocation);
   RT_ERR(cudaPeekAtLastError(), cudaErrorMemoryAllocation);
-  pthread_t t;
   void *res;
-  cr_assert_eq(pthread_create(&t, NULL, peek_other_thread, NULL), 0);
-  pthread_join(t, &res);
+  res = gr_thread_run(peek_other_thread, NULL);
   cr_assert_eq((cudaError_t)(uintptr_t)res, cudaSuccess, "the last error is per thread");
   RT_ERR(cudaGetLastError(), cudaErrorMemoryAllocation);
   RT_OK(cudaGetLastError()); /* read and reset */

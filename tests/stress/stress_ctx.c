@@ -28,9 +28,9 @@ static void *worker(void *arg) {
   if (cuCtxSetCurrent(r->ctx) != CUDA_SUCCESS)
     return NULL;
   CUdeviceptr d[16] = {0};
-  uint64_t seed = tc_seed((uint64_t)(uintptr_t)&d);
+  uint64_t seed = gr_rng_stream((uint64_t)(uintptr_t)&d);
   for (int n = 0; n < 100000; n++) {
-    tc_rng(&seed);
+    gr_rng(&seed);
     unsigned i = (unsigned)(seed % 16);
     if (n == 32)
       atomic_fetch_add(&r->started, 1);
@@ -94,8 +94,8 @@ int main(int argc, char **argv) {
     _Atomic int stop = 0;
     pthread_t th[64], rel;
     for (int i = 0; i < threads; i++)
-      th[i] = tc_thread(worker, &r);
-    rel = tc_thread(releaser, &stop);
+      th[i] = gr_thread_start(worker, &r);
+    rel = gr_thread_start(releaser, &stop);
     while (atomic_load(&r.started) < threads)
       sched_yield();
     /* Every other round the driver refuses first: the records must all stay, then all go. */
@@ -109,9 +109,9 @@ int main(int argc, char **argv) {
       CHECK(rc == CUDA_SUCCESS, "destroy returned %d", (int)rc);
     }
     for (int i = 0; i < threads; i++)
-      pthread_join(th[i], NULL);
+      gr_thread_join(th[i]);
     atomic_store(&stop, 1);
-    pthread_join(rel, NULL);
+    gr_thread_join(rel);
     CHECK(sim_blocks(NULL) == 0, "round %d: the simulator holds %llu blocks", round,
           (unsigned long long)sim_blocks(NULL));
     if (tracked_blocks())

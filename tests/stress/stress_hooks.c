@@ -21,12 +21,12 @@ static _Atomic int g_stop;
 static _Atomic uint64_t g_ops, g_iterations;
 
 static void *worker(void *arg) {
-  uint64_t seed = tc_seed((uint64_t)(uintptr_t)arg);
+  uint64_t seed = gr_rng_stream((uint64_t)(uintptr_t)arg);
   cuCtxSetCurrent(g_ctx);
   CUdeviceptr d[32] = {0};
   void *h[8] = {0};
   while (!atomic_load(&g_stop)) {
-    tc_rng(&seed);
+    gr_rng(&seed);
     unsigned i = (unsigned)(seed % 32), k = (unsigned)((seed >> 8) % 8);
     switch ((seed >> 16) % 4) {
     case 0:
@@ -111,13 +111,13 @@ int main(int argc, char **argv) {
         "init");
   pthread_t th[64], ob;
   for (int i = 0; i < n; i++)
-    th[i] = tc_thread(worker, (void *)(uintptr_t)(i + 1));
-  ob = tc_thread(observer, NULL);
+    th[i] = gr_thread_start(worker, (void *)(uintptr_t)(i + 1));
+  ob = gr_thread_start(observer, NULL);
   nanosleep(&(struct timespec){(time_t)secs, (long)((secs - (double)(time_t)secs) * 1e9)}, NULL);
   atomic_store(&g_stop, 1);
   for (int i = 0; i < n; i++)
-    pthread_join(th[i], NULL);
-  pthread_join(ob, NULL);
+    gr_thread_join(th[i]);
+  gr_thread_join(ob);
   set_t *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
   gpureclaim_foreach_block(from_gr, a);
   simcuda_foreach_block(from_sim, b);

@@ -50,12 +50,12 @@ static void free_at(uint64_t key) {
 
 static void *worker(void *arg) {
   unsigned w = (unsigned)(uintptr_t)arg;
-  uint64_t seed = tc_seed(w);
+  uint64_t seed = gr_rng_stream(w);
   uint64_t base = UINT64_C(0x500000000000) + (uint64_t)w * 0x100000000;
   held_t held[POOL];
   memset(held, 0, sizeof held);
   while (!atomic_load_explicit(&g_stop, memory_order_relaxed)) {
-    bool scoped = tc_rng(&seed) & 1;
+    bool scoped = gr_rng(&seed) & 1;
     uint64_t s = 0;
     if (scoped) {
       s = gpureclaim_scope_begin();
@@ -63,7 +63,7 @@ static void *worker(void *arg) {
       atomic_store_explicit(&g_open[w], s, memory_order_release);
     }
     for (int op = 0; op < 64; op++) {
-      unsigned k = (unsigned)(tc_rng(&seed) % POOL);
+      unsigned k = (unsigned)(gr_rng(&seed) % POOL);
       if (held[k].held) {
         free_at(base + k * 0x1000);
         held[k].held = false;
@@ -108,14 +108,14 @@ static void *worker(void *arg) {
 
 static void *ender(void *arg) {
   (void)arg;
-  uint64_t seed = tc_seed(MAX_WORKERS);
+  uint64_t seed = gr_rng_stream(MAX_WORKERS);
   while (!atomic_load_explicit(&g_stop, memory_order_relaxed)) {
-    uint64_t s = atomic_load_explicit(&g_open[tc_rng(&seed) % g_workers], memory_order_acquire);
+    uint64_t s = atomic_load_explicit(&g_open[gr_rng(&seed) % g_workers], memory_order_acquire);
     if (s) {
       int rc = gpureclaim_scope_end(s, 0);
       CHECK(rc == 0 || rc == -ENOENT, "scope_end %d", rc);
     }
-    for (volatile int i = 0; i < (int)(tc_rng(&seed) % 2000); i++)
+    for (volatile int i = 0; i < (int)(gr_rng(&seed) % 2000); i++)
       ;
   }
   return NULL;
@@ -129,8 +129,8 @@ int main(int argc, char **argv) {
   atomic_store(&gr_core_state, 1); /* as once CUDA started: ends act on the table */
   pthread_t t[MAX_WORKERS + 1];
   for (unsigned i = 0; i < g_workers; i++)
-    t[i] = tc_thread(worker, (void *)(uintptr_t)i);
-  t[g_workers] = tc_thread(ender, NULL);
+    t[i] = gr_thread_start(worker, (void *)(uintptr_t)i);
+  t[g_workers] = gr_thread_start(ender, NULL);
   struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
   nanosleep(&ts, NULL);
   /* Until the ender has won at least once (ctest's timeout guards a hang). */
@@ -139,7 +139,7 @@ int main(int argc, char **argv) {
     nanosleep(&tick, NULL);
   atomic_store(&g_stop, 1);
   for (unsigned i = 0; i <= g_workers; i++)
-    pthread_join(t[i], NULL);
+    gr_thread_join(t[i]);
   CHECK(gr_table_check() == 0, "table invariants");
   gpureclaim_stats_t st = {.size = sizeof st};
   CHECK(gr_stats_get(-1, &st) == 0 && st.live_blocks == 0 && st.orphan_blocks == 0, "every block freed");

@@ -26,11 +26,11 @@ static CUcontext g_ctx;
 static _Atomic int g_stop;
 
 static void *worker(void *arg) {
-  uint64_t seed = tc_seed((uint64_t)(uintptr_t)arg);
+  uint64_t seed = gr_rng_stream((uint64_t)(uintptr_t)arg);
   cuCtxSetCurrent(g_ctx);
   CUdeviceptr live[64] = {0};
   while (!atomic_load(&g_stop)) {
-    tc_rng(&seed);
+    gr_rng(&seed);
     unsigned i = (unsigned)(seed % 64);
     if (live[i]) {
       CUresult rc = (seed >> 8) & 1 ? cuMemFree(live[i]) : cuMemFreeAsync(live[i], NULL);
@@ -86,7 +86,7 @@ int main(int argc, char **argv) {
   CHECK(cuDevicePrimaryCtxRetain(&g_ctx, dev) == CUDA_SUCCESS && cuCtxSetCurrent(g_ctx) == CUDA_SUCCESS, "ctx");
   pthread_t th[64];
   for (int i = 0; i < nthreads; i++)
-    th[i] = tc_thread(worker, (void *)(uintptr_t)(i + 1));
+    th[i] = gr_thread_start(worker, (void *)(uintptr_t)(i + 1));
   pid_t parent = getpid(), child = fork();
   if (child == 0) {
     for (int i = 0; i < nsignals; i++)
@@ -110,7 +110,7 @@ int main(int argc, char **argv) {
   CHECK(s.releases > 0, "no release after %d signals", nsignals);
   atomic_store(&g_stop, 1);
   for (int i = 0; i < nthreads; i++)
-    pthread_join(th[i], NULL);
+    gr_thread_join(th[i]);
   /* One more release for the orphans left since the last signal, then the table must equal the driver. */
   gpureclaim_report_t r = {.size = sizeof r};
   CHECK(gpureclaim_release(GPURECLAIM_ORPHANED | GPURECLAIM_CACHED, &r) == 0, "final release");

@@ -59,9 +59,9 @@ static bool to_orphan(gr_rec_t *r, void *arg) {
 
 static void *worker(void *arg) {
   worker_t *w = arg;
-  uint64_t seed = tc_seed(w->id);
+  uint64_t seed = gr_rng_stream(w->id);
   while (!atomic_load_explicit(&g_stop, memory_order_relaxed)) {
-    uint64_t x = tc_rng(&seed);
+    uint64_t x = gr_rng(&seed);
     unsigned k = (unsigned)(x % KEYS_PER_WORKER);
     uint64_t key = worker_key(w->id, k);
     switch ((x >> 32) % 8) {
@@ -192,10 +192,10 @@ int main(int argc, char **argv) {
   pthread_t ith, cth;
   for (unsigned i = 0; i < nthreads; i++) {
     ws[i].id = i;
-    th[i] = tc_thread(worker, &ws[i]);
+    th[i] = gr_thread_start(worker, &ws[i]);
   }
-  ith = tc_thread(iterator, &it);
-  cth = tc_thread(compactor, &compactions);
+  ith = gr_thread_start(iterator, &it);
+  cth = gr_thread_start(compactor, &compactions);
   /* At least `seconds`, and until the iterator and the compactor have each run twice during the churn: on a
    * loaded machine they may get no time slice for a while. They must all the same within MAX_SECONDS. */
   enum { MIN_PASSES = 2, MAX_SECONDS = 120 };
@@ -207,9 +207,9 @@ int main(int argc, char **argv) {
   }
   atomic_store(&g_stop, 1);
   for (unsigned i = 0; i < nthreads; i++)
-    pthread_join(th[i], NULL);
-  pthread_join(ith, NULL);
-  pthread_join(cth, NULL);
+    gr_thread_join(th[i]);
+  gr_thread_join(ith);
+  gr_thread_join(cth);
 
   /* The table equals the models: every modelled key present, nothing else in the workers' ranges. */
   uint64_t expected = STABLE, ops = 0;

@@ -10,6 +10,8 @@
  * until one takes the same slot. */
 #include "gpureclaim_internal.h"
 
+#include "../common/threads.h"
+
 #include <criterion/criterion.h>
 #include <errno.h>
 
@@ -168,11 +170,8 @@ Test(scope_end, an_address_reused_outside_the_scope_is_not_orphaned) {
   free_block(a);
   free_block(b);
   other_t plain = {.key = a}, scoped = {.key = b, .scoped = true};
-  pthread_t t;
-  cr_assert_eq(pthread_create(&t, NULL, alloc_elsewhere, &plain), 0);
-  pthread_join(t, NULL);
-  cr_assert_eq(pthread_create(&t, NULL, alloc_elsewhere, &scoped), 0);
-  pthread_join(t, NULL);
+  gr_thread_run(alloc_elsewhere, &plain);
+  gr_thread_run(alloc_elsewhere, &scoped);
   cr_assert_neq(scoped.scope, 0);
   cr_assert_eq(gpureclaim_scope_end(s, 0), 0);
   uint64_t id = UINT64_MAX;
@@ -244,7 +243,7 @@ static void *scoped_thread(void *arg) {
 Test(scope_end, a_scope_ended_from_another_thread) {
   owner_t o = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
   pthread_t t;
-  cr_assert_eq(pthread_create(&t, NULL, scoped_thread, &o), 0);
+  t = gr_thread_start(scoped_thread, &o);
   pthread_mutex_lock(&o.mu);
   while (o.phase != 1)
     pthread_cond_wait(&o.cv, &o.mu);
@@ -252,7 +251,7 @@ Test(scope_end, a_scope_ended_from_another_thread) {
   o.phase = 2;
   pthread_cond_broadcast(&o.cv);
   pthread_mutex_unlock(&o.mu);
-  pthread_join(t, NULL);
+  gr_thread_join(t);
   uint64_t id = UINT64_MAX;
   for (int i = 0; i < 10; i++)
     cr_assert_eq(state_of(o.keys[i], NULL), GR_ST_ORPHAN, "block %d", i);
@@ -300,9 +299,7 @@ Test(scope_end, without_memory_for_its_list_an_end_scans_the_table) {
   cr_assert(g_slots[slot_of(s)].overflow, "the list could not grow");
   free_block(k[0]);
   other_t plain = {.key = k[0]};
-  pthread_t t;
-  cr_assert_eq(pthread_create(&t, NULL, alloc_elsewhere, &plain), 0);
-  pthread_join(t, NULL);
+  gr_thread_run(alloc_elsewhere, &plain);
   cr_assert_eq(gpureclaim_scope_end(s, 0), 0);
   for (int i = 1; i < 300; i++)
     cr_assert_eq(state_of(k[i], NULL), GR_ST_ORPHAN, "block %d", i);
