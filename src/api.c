@@ -3,7 +3,12 @@
  * (a scope's end included: it may release at once) are in release.c, the other scope functions in scope.c,
  * files in report/.
  */
-#include "gpureclaim_internal.h"
+#include "registry.h"
+#include "stats.h"
+#include "stacks.h"
+#include "scope.h"
+#include "state.h"
+#include "report/report.h"
 
 #include <errno.h>
 #include <string.h>
@@ -19,34 +24,6 @@ GPURECLAIM_API int gpureclaim_stats(int device, gpureclaim_stats_t *out) {
   if (gr_core_disabled())
     return -ENOTSUP;
   return gr_stats_get(device, out);
-}
-
-void gr_block_from_rec(const gr_rec_t *r, gpureclaim_block_t *b) {
-  memset(b, 0, sizeof *b);
-  b->size = sizeof *b;
-  b->address = r->key;
-  b->bytes = r->size;
-  b->kind = r->kind;
-  b->state = r->state == GR_ST_ORPHAN ? GPURECLAIM_BLOCK_ORPHAN
-             : r->state == GR_ST_RELEASED ? GPURECLAIM_BLOCK_RELEASED
-                                          : GPURECLAIM_BLOCK_LIVE;
-  b->device = r->device == GR_DEVICE_NONE ? -1 : r->device;
-  b->thread_id = r->tid;
-  b->context = gr_reg_ctx_handle(r->ctx_id);
-  b->pool = gr_reg_pool_handle(r->pool_id);
-  b->scope = r->kind == GPURECLAIM_KIND_VMM_MAPPING || r->kind == GPURECLAIM_KIND_VA ? 0 : gr_scope_id(r->scope);
-  b->alloc_time_ms = r->time_ms;
-  b->api = gr_api_name(r->api);
-  if (r->kind == GPURECLAIM_KIND_VMM_MAPPING) {
-    b->handle = r->map_handle;
-    b->library = "?";
-  } else {
-    uintptr_t pc = gr_site_pc(r->site);
-    gr_lib_t lib = gr_reg_library(pc);
-    b->caller = (const void *)pc;
-    b->library = lib.name;
-    b->owner = lib.owner;
-  }
 }
 
 typedef struct {

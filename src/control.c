@@ -9,9 +9,14 @@
  * MSG_NOSIGNAL: the worker blocks every signal, but a SIGPIPE left pending on it for a client that went away
  * serves nothing.
  */
-#include "gpureclaim_internal.h"
+#include "control.h"
+#include "release.h"
+#include "sig.h"
+#include "peer.h"
+#include "sleep.h"
 #include "report/report.h"
 #include "json.h"
+#include "options.h"
 
 #include <errno.h>
 #include <poll.h>

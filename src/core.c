@@ -10,10 +10,21 @@
  * Then gr_core_start_slow() maps the table, installs the signal handler, starts the worker thread and writes
  * the status file. After fork() the child starts over: empty table, no worker, no files, until it uses CUDA.
  */
-#include "gpureclaim_internal.h"
+#include "real.h"
+#include "registry.h"
+#include "stats.h"
+#include "track.h"
+#include "scope.h"
+#include "release.h"
+#include "worker.h"
+#include "sig.h"
+#include "peer.h"
+#include "sleep.h"
+#include "control.h"
 #include "core.h"
 #include "gate.h"
 #include "report/report.h"
+#include "options.h"
 
 #include <dlfcn.h>
 #include <link.h>

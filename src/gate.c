@@ -10,8 +10,10 @@
  * are in use, further entry points are handed out ungated (warned about once; calls through them are not seen).
  * GPURECLAIM_SLEEP=0 installs none; auto installs them when the driver has the checkpoint API.
  */
-#include "gpureclaim_internal.h"
+#include "export.h"
+#include "real.h"
 #include "gate.h"
+#include "options.h"
 
 #include <pthread.h>
 

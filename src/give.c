@@ -4,10 +4,14 @@
  * deadline. The release engine gives what it can, cheapest first (gr_release_give, trigger `peer`); an idle
  * process that opted in may then sleep (GPURECLAIM_PEERS sleep). Format: docs/PROTOCOL.md.
  */
-#include "gpureclaim_internal.h"
+#include "real.h"
+#include "release.h"
+#include "peer.h"
+#include "sleep.h"
 #include "report/report.h"
 #include "gate.h"
 #include "json.h"
+#include "options.h"
 
 #include <stdio.h>
 #include <string.h>

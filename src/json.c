@@ -1,6 +1,7 @@
 /* json.c -- see json.h. */
 #include "json.h"
-#include "gpureclaim_internal.h"
+#include "state.h"
+
 #include "outfile.h"
 
 #include <errno.h>

@@ -7,7 +7,8 @@
  * directory right under site-packages or dist-packages). Never by a word anywhere in the path: a virtual
  * environment at /opt/torch/.venv holds CuPy and JAX too.
  */
-#include "gpureclaim_internal.h"
+#include "owner.h"
+#include "state.h"
 
 #include <string.h>
 

@@ -16,11 +16,16 @@
  * its own worker still answers peers meanwhile, but gives no framework cache then (that needs the GIL, which
  * the asking thread may hold), and its status file says it is handling an out-of-memory, so peers skip it.
  */
-#include "gpureclaim_internal.h"
+#include "peer.h"
+#include "registry.h"
+#include "stats.h"
+#include "release.h"
 #include "report/report.h"
 #include "json.h"
 #include "gate.h"
 #include "jsonread.h"
+#include "options.h"
+#include "state.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -5,7 +5,9 @@
  * its own overrides). libc's versions are reached with dlvsym, which gpureclaim does not override: dlvsym
  * with a version never matches gpureclaim's unversioned definitions.
  */
-#include "gpureclaim_internal.h"
+#include "real.h"
+#include "export.h"
+#include "state.h"
 
 #include <dlfcn.h>
 #include <gnu/libc-version.h>

@@ -7,7 +7,10 @@
  * old blocks were dropped at the destroy). Lookups are lock-free; inserts take one CAS.
  * The library cache is used by reports and scope ends only (never inside an allocation) and takes a mutex.
  */
-#include "gpureclaim_internal.h"
+#include "registry.h"
+#include "owner.h"
+#include "real.h"
+#include "state.h"
 
 #include <dlfcn.h>
 #include <link.h>

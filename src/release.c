@@ -19,9 +19,17 @@
  * release covering everything they asked for. A waiter that holds Python's GIL gives it up while it waits,
  * since the running release may need it for step 1.
  */
-#include "gpureclaim_internal.h"
+#include "release.h"
+#include "real.h"
+#include "registry.h"
+#include "stats.h"
+#include "track.h"
+#include "scope.h"
+#include "releasers/python.h"
 #include "report/report.h"
 #include "gate.h"
+#include "options.h"
+#include "state.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -23,7 +23,11 @@
  * scope is marked and its end falls back to a scan of the whole table: a key whose record may still be the
  * scope's is never dropped.
  */
-#include "gpureclaim_internal.h"
+#include "scope.h"
+#include "registry.h"
+#include "stats.h"
+#include "stacks.h"
+#include "state.h"
 
 #include <errno.h>
 #include <sched.h>

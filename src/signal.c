@@ -17,7 +17,8 @@
  * So the handler compares the process's pid with the installer's and, in any other process, puts back the
  * action that was there before gpureclaim and lets the signal take it (the default: the child ends).
  */
-#include "gpureclaim_internal.h"
+#include "sig.h"
+#include "options.h"
 
 #include <errno.h>
 #include <signal.h>

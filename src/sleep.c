@@ -25,16 +25,24 @@
  * States: AWAKE -> ENTERING (steps 1-5; calls pass until step 4) -> ASLEEP -> WAKING -> AWAKE. A refused sleep
  * goes back to AWAKE, a wake without room back to ASLEEP.
  */
-#include "gpureclaim_internal.h"
+#include "sleep.h"
+#include "real.h"
+#include "registry.h"
+#include "stats.h"
+#include "release.h"
+#include "peer.h"
 #include "report/report.h"
 #include "gate.h"
 #include "json.h"
+#include "options.h"
+#include "state.h"
 
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

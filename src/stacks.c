@@ -8,7 +8,8 @@
  * is a debugging mode; the depot takes a mutex, which is fine at that cost. Frames inside gpureclaim, and
  * inside the CUDA runtime when a runtime call is being attributed, are dropped.
  */
-#include "gpureclaim_internal.h"
+#include "stacks.h"
+#include "state.h"
 
 #include <execinfo.h>
 #include <link.h>

@@ -20,8 +20,11 @@
  *   thread and device. A process that uses a second device also keeps a process total for its overall peak
  *   (with one device, that device's peak is the process's).
  */
-#include "gpureclaim_internal.h"
+#include "stats.h"
+#include "real.h"
+#include "registry.h"
 #include "gate.h"
+#include "state.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -47,6 +50,7 @@ typedef struct dev_atomics {
   _Atomic uint64_t live_bytes /* committed */, peak, orphan_blocks, orphan_bytes, ctxd_blocks, ctxd_bytes, ctxd_host;
 } __attribute__((aligned(64))) dev_atomics_t;
 
+_Atomic uint64_t gr_untracked_routes; /* stats.h */
 static dev_atomics_t g_dev[NDEV];
 static shard_t g_exited; /* counts of threads that exited */
 static _Atomic int g_used_devices_mask_set;

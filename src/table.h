@@ -105,7 +105,7 @@ static inline uint64_t gr_pk_w3(uint64_t time_ms, uint32_t tid) {
 }
 /* Each field's width, as the masks above write it: a value that outgrows its field must fail the build, not
  * spill into its neighbour. (The ranges the fields must hold are asserted beside their limits:
- * gpureclaim_internal.h, scope.c.) */
+ * registry.h, scope.c.) */
 _Static_assert(GR_ST_DELETED < 8, "a state fits ctl's low 3 bits");
 _Static_assert(GR_PK_CTX_SHIFT >= 3 && GR_PK_CTX_SHIFT + 12 <= GR_PK_POOL_SHIFT, "ctl: the 12-bit context id");
 _Static_assert(GR_PK_POOL_SHIFT + 12 <= GR_PK_SCOPE_SHIFT, "ctl: the 12-bit pool id");

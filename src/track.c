@@ -28,8 +28,15 @@
  * that the marking missed has dropped its record, the destroy's watch stays raised ("Lingering" below), so
  * that an allocation that gets the same address meanwhile takes the stale record out first.
  */
-#include "gpureclaim_internal.h"
+#include "track.h"
+#include "real.h"
+#include "stats.h"
+#include "stacks.h"
+#include "scope.h"
 #include "tick.h"
+#include "names.h"
+#include "options.h"
+#include "state.h"
 
 #include <errno.h>
 #include <pthread.h>

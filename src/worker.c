@@ -8,9 +8,16 @@
  * tick while the process allocates (tick.c). It starts with CUDA (core.c), blocks every signal, and ends when
  * the process forks (the child starts its own when it uses CUDA) or exits.
  */
-#include "gpureclaim_internal.h"
+#include "worker.h"
+#include "release.h"
+#include "sig.h"
+#include "peer.h"
+#include "sleep.h"
+#include "control.h"
 #include "report/report.h"
 #include "tick.h"
+#include "options.h"
+#include "state.h"
 
 #include <poll.h>
 #include <pthread.h>

@@ -9,7 +9,10 @@
  * would have, and then points the GOT entries of dlsym, dlopen and the hooked driver names in every object the
  * load brought in at gpureclaim's definitions. Other relocations are left alone.
  */
-#include "gpureclaim_internal.h"
+#include "export.h"
+#include "real.h"
+#include "hooks/hooks.h"
+#include "state.h"
 
 #include <dlfcn.h>
 #include <elf.h>

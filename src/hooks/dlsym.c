@@ -7,8 +7,12 @@
  * scope, then the caller's own local scope. A per-thread guard makes re-entry (a malloc interposer that calls
  * dlsym from inside libc's dlsym) go straight to libc.
  */
-#include "gpureclaim_internal.h"
+#include "export.h"
+#include "real.h"
+#include "hooks/hooks.h"
+#include "stats.h"
 #include "gate.h"
+#include "state.h"
 
 #include <dlfcn.h>
 #include <link.h>

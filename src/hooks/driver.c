@@ -11,10 +11,19 @@
  * result, except for the out-of-memory retry (GPURECLAIM_OOM_RETRY) and a late free of a block a release
  * already freed (gpureclaim.h, scopes).
  */
-#include "gpureclaim_internal.h"
+#include "export.h"
+#include "real.h"
+#include "hooks/hooks.h"
+#include "registry.h"
+#include "stats.h"
+#include "track.h"
+#include "release.h"
+#include "peer.h"
+#include "sleep.h"
 #include "core.h"
 #include "hooklist.h"
 #include "gate.h"
+#include "options.h"
 
 #include <cudaTypedefs.h>
 #include <string.h>

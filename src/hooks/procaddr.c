@@ -11,16 +11,19 @@
  * or a version newer than this build's headers (CUDA_VERSION) whose function differs from the one at the
  * variant's first version, is handed out unwrapped (never substituted) and counted in untracked_routes.
  */
-#include "gpureclaim_internal.h"
+#include "export.h"
+#include "real.h"
+#include "hooks/hooks.h"
+#include "stats.h"
 
 #include "gate.h"
+#include "state.h"
 
 #include <cudaTypedefs.h>
 #include <string.h>
 
 #undef cuGetProcAddress
 
-_Atomic uint64_t gr_untracked_routes;
 
 static _Atomic(void *) g_ex_v1, g_ex_v2; /* libcuda's exported cuGetProcAddress / _v2 */
 static _Atomic(void *) g_pa_v1, g_pa_v2; /* what the driver returned when asked for "cuGetProcAddress" */

@@ -10,7 +10,10 @@
  * (Python extensions load libcudart with RTLD_LOCAL, out of RTLD_NEXT's reach), then after gpureclaim in the
  * global scope. The answer is cached per call site.
  */
-#include "gpureclaim_internal.h"
+#include "export.h"
+#include "real.h"
+#include "names.h"
+#include "state.h"
 
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>

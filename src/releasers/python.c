@@ -18,7 +18,9 @@
  * total_bytes) before minus after. gpureclaim declares the few C API functions it calls itself and finds
  * them with dlsym: it does not link against libpython.
  */
-#include "gpureclaim_internal.h"
+#include "releasers/python.h"
+#include "real.h"
+#include "options.h"
 
 #include <dlfcn.h>
 #include <pthread.h>

@@ -3,7 +3,9 @@
  * GPURECLAIM_LOG when set (or stderr when asked), and a release's one line for people (GPURECLAIM_VERBOSE=1).
  * Formats: docs/PROTOCOL.md. Nothing here runs inside an allocation.
  */
-#include "gpureclaim_internal.h"
+#include "names.h"
+#include "options.h"
+
 #include "json.h"
 #include "outfile.h"
 #include "report/report.h"

@@ -3,7 +3,8 @@
  * program names ("-": standard output or error). A regular file is replaced through a temporary name, so a
  * reader never sees half a file; a device, FIFO or link is written into (outfile.c).
  */
-#include "gpureclaim_internal.h"
+#include "state.h"
+
 #include "json.h"
 #include "outfile.h"
 #include "report/report.h"

@@ -2,10 +2,12 @@
  * gpus.c -- the GPUs as reports show them: ordinal, UUID as nvidia-smi writes it, and the driver's memory
  * figures. Asleep, the driver is not asked: what was read before is shown.
  */
-#include "gpureclaim_internal.h"
+#include "real.h"
+#include "registry.h"
 #include "gate.h"
 #include "json.h"
 #include "report/report.h"
+#include "state.h"
 
 #include <pthread.h>
 #include <stdio.h>

@@ -2,9 +2,11 @@
  * leaks.c -- the leak report: the blocks still in the table, grouped by allocating stack (one call site
  * without backtraces), largest first, as text like LeakSanitizer's or as JSON (docs/PROTOCOL.md).
  */
-#include "gpureclaim_internal.h"
+#include "registry.h"
+#include "stacks.h"
 #include "json.h"
 #include "report/report.h"
+#include "state.h"
 
 #include <dlfcn.h>
 #include <errno.h>

@@ -64,4 +64,9 @@ uint64_t gr_report_framework_releasable(int device);
 int gr_report_leaks(struct jbuf *b, bool json);
 int gr_report_leaks_fd(int fd, bool json);
 
+/* snapshot.c: the public view of a record (gpureclaim_block_t), its library resolved now (gpureclaim_blocks,
+ * snapshots). */
+struct gr_rec;
+void gr_block_from_rec(const struct gr_rec *r, gpureclaim_block_t *b);
+
 #endif /* GPURECLAIM_REPORT_H */

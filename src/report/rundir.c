@@ -3,7 +3,8 @@
  * created with mode 0700; one that exists with other owners or wider permissions is refused with one warning
  * (the rule is gr_dir_is_private, common.c, which the command applies too).
  */
-#include "gpureclaim_internal.h"
+#include "options.h"
+
 #include "report/report.h"
 
 #include <errno.h>

@@ -3,14 +3,49 @@
  * gpureclaim_snapshot(): the counters, per device, the pools, the GPUs, the framework caches, and with a
  * snapshot every block of the table. Format: docs/PROTOCOL.md.
  */
-#include "gpureclaim_internal.h"
+#include "real.h"
+#include "registry.h"
+#include "stats.h"
+#include "scope.h"
+#include "stacks.h"
+#include "releasers/python.h"
 #include "gate.h"
 #include "json.h"
 #include "report/report.h"
+#include "state.h"
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
+
+void gr_block_from_rec(const gr_rec_t *r, gpureclaim_block_t *b) {
+  memset(b, 0, sizeof *b);
+  b->size = sizeof *b;
+  b->address = r->key;
+  b->bytes = r->size;
+  b->kind = r->kind;
+  b->state = r->state == GR_ST_ORPHAN ? GPURECLAIM_BLOCK_ORPHAN
+             : r->state == GR_ST_RELEASED ? GPURECLAIM_BLOCK_RELEASED
+                                          : GPURECLAIM_BLOCK_LIVE;
+  b->device = r->device == GR_DEVICE_NONE ? -1 : r->device;
+  b->thread_id = r->tid;
+  b->context = gr_reg_ctx_handle(r->ctx_id);
+  b->pool = gr_reg_pool_handle(r->pool_id);
+  b->scope = r->kind == GPURECLAIM_KIND_VMM_MAPPING || r->kind == GPURECLAIM_KIND_VA ? 0 : gr_scope_id(r->scope);
+  b->alloc_time_ms = r->time_ms;
+  b->api = gr_api_name(r->api);
+  if (r->kind == GPURECLAIM_KIND_VMM_MAPPING) {
+    b->handle = r->map_handle;
+    b->library = "?";
+  } else {
+    uintptr_t pc = gr_site_pc(r->site);
+    gr_lib_t lib = gr_reg_library(pc);
+    b->caller = (const void *)pc;
+    b->library = lib.name;
+    b->owner = lib.owner;
+  }
+}
 
 static void stats_fields(jbuf_t *b, const gpureclaim_stats_t *s) {
 #define F(name) jb_u64(b, #name, s->name)

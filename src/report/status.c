@@ -4,10 +4,12 @@
  * renamed into place: a reader never sees half a file, and whatever else is at the path in the private
  * directory (a link, a FIFO) is replaced, never written through. Nothing here runs inside an allocation.
  */
-#include "gpureclaim_internal.h"
+#include "sig.h"
 #include "json.h"
 #include "outfile.h"
 #include "report/report.h"
+#include "options.h"
+#include "state.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,0 +1,65 @@
+/* registry.h -- contexts, devices, pools and libraries by id (registry.c). Internal. */
+#ifndef GR_REGISTRY_H
+#define GR_REGISTRY_H
+
+#include "names.h"
+#include "table.h"
+
+#include <cuda.h>
+
+#define GR_MAX_CTX 4096
+#define GR_MAX_POOLS 4096
+#define GR_MAX_DEV 64
+/* What a block record's packed fields must hold (table.h, gr_packed_t). */
+_Static_assert(GR_MAX_CTX <= 1 << 12 && GR_MAX_POOLS <= 1 << 12, "context and pool ids fit 12 bits");
+_Static_assert(GR_MAX_DEV < GR_DEVICE_NONE, "device ordinals fit 7 bits, GR_DEVICE_NONE apart");
+_Static_assert(GPURECLAIM_KIND_HOST < 16, "kinds fit 4 bits");
+_Static_assert(GR_API_COUNT <= 32, "APIs fit 5 bits");
+
+/* Context -> id (1..4095), adding it; 0 when the registry is full. device: its ordinal, or -1 to look up. */
+uint16_t gr_reg_ctx(CUcontext ctx, int device);
+/* Context -> id without adding it; 0 if unknown. */
+uint16_t gr_reg_ctx_find(CUcontext ctx);
+/* The primary context of a device, as cuDevicePrimaryCtxRetain returned it. */
+void gr_reg_primary(int device, CUcontext ctx);
+uint16_t gr_reg_primary_id(int device);
+/* The device's primary context was reset or finally released: forget cached pools. */
+void gr_reg_device_reset(int device);
+CUcontext gr_reg_ctx_handle(uint16_t id);
+int gr_reg_ctx_device(uint16_t id); /* -1 unknown */
+bool gr_reg_ctx_alive(uint16_t id);
+void gr_reg_ctx_destroyed(uint16_t id);
+/* The calling thread's current context id and device (cached per thread). Returns false without one. */
+bool gr_reg_current(uint16_t *ctx_id, uint8_t *device, CUcontext *ctx);
+/* Context id and device of a stream (0 and special handles: the current context). */
+bool gr_reg_stream(CUstream s, uint16_t *ctx_id, uint8_t *device);
+
+uint16_t gr_reg_pool(CUmemoryPool pool, int device, bool is_default);
+CUmemoryPool gr_reg_pool_handle(uint16_t id);
+int gr_reg_pool_device(uint16_t id);
+void gr_reg_pool_destroyed(CUmemoryPool pool);
+/* The device's current pool (cuDeviceGetMemPool, cached; cuDeviceSetMemPool and cuMemSetMemPool update it). */
+uint16_t gr_reg_device_pool(int device);
+void gr_reg_device_set_pool(int device, CUmemoryPool pool);
+/* Calls fn for every live pool. */
+void gr_reg_foreach_pool(void (*fn)(uint16_t id, CUmemoryPool pool, int device, void *arg), void *arg);
+/* Calls fn for every live context. */
+void gr_reg_foreach_ctx(void (*fn)(uint16_t id, CUcontext ctx, int device, void *arg), void *arg);
+/* A live context of this process on the device, for driver calls made on its behalf: its primary one when
+ * active, else any other; NULL when it has none there (or device < 0). */
+CUcontext gr_reg_ctx_on_device(int device);
+uint64_t gr_reg_ctx_count(void);
+uint64_t gr_reg_pool_count(void);
+
+/* Library of a code address: file name (basename; "?" unknown) and owner (gr_owner_of). Cached; slow path
+ * only (reports, scope ends). */
+typedef struct gr_lib {
+  const char *name;
+  const char *path;
+  const char *owner;
+} gr_lib_t;
+gr_lib_t gr_reg_library(uintptr_t pc);
+
+void gr_reg_atfork_child(void);
+
+#endif /* GR_REGISTRY_H */

@@ -1,0 +1,39 @@
+/* sleep.h -- sleep and wake (sleep.c). Internal. */
+#ifndef GR_SLEEP_H
+#define GR_SLEEP_H
+
+#include "gpureclaim.h"
+
+#include <cuda.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+struct jbuf;
+
+/* sleep.c: sleep and wake (gpureclaim_sleep). timeout_ms: how long the lock waits for calls in flight. */
+int gr_sleep_run(int trigger, unsigned timeout_ms, gpureclaim_sleep_report_t *out);
+/* The same, telling progress (may be NULL) as it goes: phase "release", "moving" (done 0 of total), "moved". */
+typedef void (*gr_sleep_progress_fn)(const char *phase, uint64_t done, uint64_t total, void *arg);
+int gr_sleep_run_progress(int trigger, unsigned timeout_ms, gpureclaim_sleep_report_t *out,
+                          gr_sleep_progress_fn progress, void *arg);
+/* Wakes the process (trigger: gpureclaim_trigger_t). 0, -ENOMEM (no room in time), -EIO (restore refused). */
+int gr_sleep_wake(int trigger);
+int gr_sleep_state_now(uint64_t *host_bytes);
+/* The slow path of the gates (gate.h, gr_gate_set_slow): a call while the process sleeps wakes it. */
+CUresult gr_sleep_gate_slow(void);
+/* "sleep": {state, host_bytes, ...} for the status file and the stats answer. */
+void gr_sleep_json(struct jbuf *b);
+void gr_sleep_report_json(struct jbuf *b, const gpureclaim_sleep_report_t *r);
+/* The worker's tick: the idle watch (GPURECLAIM_SLEEP_IDLE). Returns the poll timeout it wants, in ms. */
+/* Whether no thread made a CUDA call gpureclaim sees for a second or more (the idle probe armed and untouched):
+ * a peer short of memory after every cache may then ask this process to sleep (GPURECLAIM_PEERS sleep). */
+bool gr_sleep_idle_for_peer(void);
+int gr_sleep_idle_tick(void);
+void gr_sleep_atfork_child(void);
+/* IPC (hooks/driver.c): exported = 1 once memory was exported (cuIpcGetMemHandle); opened +1/-1 per handle of
+ * another process's memory opened and closed. A sleep is refused while either says memory is shared. */
+void gr_sleep_note_ipc(int exported, int opened);
+/* A stream capture began (begin) or ended on stream s (ptsz: through a per-thread-default-stream variant). */
+void gr_sleep_note_capture(CUstream s, bool ptsz, bool begin);
+
+#endif /* GR_SLEEP_H */
