@@ -49,6 +49,25 @@ for line in sys.stdin:
 """
 
 
+def wait_stopped(pid):
+    """Until every thread of pid is stopped: kill(SIGSTOP) returns before a busy process's threads have stopped,
+    and a thread still running could take a request meant to find the process stopped. (A hang guard only.)"""
+    t0 = time.monotonic()
+    while True:
+        states = []
+        for tid in os.listdir("/proc/%d/task" % pid):
+            try:
+                with open("/proc/%d/task/%s/stat" % (pid, tid)) as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except OSError:
+                pass
+        if states and all(st in ("T", "t") for st in states):
+            return
+        if time.monotonic() - t0 > 30:
+            raise AssertionError("process %d did not stop: thread states %s" % (pid, states))
+        time.sleep(0.001)
+
+
 class Proc:
     """A peer_prog process (or any line-driven one), with its own GPURECLAIM_LOG."""
 
@@ -346,6 +365,7 @@ class PeerTest(Base):
         a = Proc(self, "a", {"GPURECLAIM_PEER_TIMEOUT": "1"})
         os.kill(b.p.pid, signal.SIGSTOP)
         try:
+            wait_stopped(b.p.pid)
             t0 = time.monotonic()
             a.p.stdin.write("alloc 128 alloc\n")
             a.p.stdin.flush()
