@@ -1358,18 +1358,6 @@ static CUresult impl_device_uuid(CUuuid *uuid, CUdevice dev) {
   return CUDA_SUCCESS;
 }
 
-SIM_API cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
-  ENTER(cuDeviceGetUuid);
-  LEAVE(cuDeviceGetUuid, impl_device_uuid(uuid, dev));
-}
-
-/* Declared by CUDA 12's headers only; the same call (MIG instances aside, which the simulator has none of). */
-SIM_API cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev);
-SIM_API cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) {
-  ENTER(cuDeviceGetUuid_v2);
-  LEAVE(cuDeviceGetUuid_v2, impl_device_uuid(uuid, dev));
-}
-
 static CUresult impl_total_mem(uint64_t *bytes, CUdevice dev) {
   if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
   if (!bytes) return CUDA_ERROR_INVALID_VALUE;
@@ -1460,16 +1448,6 @@ static CUresult impl_primary_release(CUdevice dev) {
   return r;
 }
 
-SIM_API cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
-  ENTER(cuDevicePrimaryCtxRelease_v2);
-  LEAVE(cuDevicePrimaryCtxRelease_v2, impl_primary_release(dev));
-}
-
-SIM_API cuDevicePrimaryCtxRelease(CUdevice dev) {
-  ENTER(cuDevicePrimaryCtxRelease);
-  LEAVE(cuDevicePrimaryCtxRelease, impl_primary_release(dev));
-}
-
 static CUresult impl_primary_reset(CUdevice dev) {
   if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
   if (!dev_ok(dev)) return CUDA_ERROR_INVALID_DEVICE;
@@ -1478,16 +1456,6 @@ static CUresult impl_primary_reset(CUdevice dev) {
   ctx_teardown_locked(&g.dev[dev].primary);
   UNLOCK();
   return CUDA_SUCCESS;
-}
-
-SIM_API cuDevicePrimaryCtxReset_v2(CUdevice dev) {
-  ENTER(cuDevicePrimaryCtxReset_v2);
-  LEAVE(cuDevicePrimaryCtxReset_v2, impl_primary_reset(dev));
-}
-
-SIM_API cuDevicePrimaryCtxReset(CUdevice dev) {
-  ENTER(cuDevicePrimaryCtxReset);
-  LEAVE(cuDevicePrimaryCtxReset, impl_primary_reset(dev));
 }
 
 SIM_API cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active) {
@@ -1529,16 +1497,6 @@ static CUresult impl_ctx_create(CUcontext *pctx, unsigned flags, CUdevice dev) {
   return CUDA_SUCCESS;
 }
 
-SIM_API cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev) {
-  ENTER(cuCtxCreate);
-  LEAVE(cuCtxCreate, impl_ctx_create(pctx, flags, dev));
-}
-
-SIM_API cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
-  ENTER(cuCtxCreate_v2);
-  LEAVE(cuCtxCreate_v2, impl_ctx_create(pctx, flags, dev));
-}
-
 SIM_API cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams, unsigned int flags,
                        CUdevice dev) {
   ENTER(cuCtxCreate_v3);
@@ -1567,16 +1525,6 @@ static CUresult impl_ctx_destroy(CUcontext h) {
   return CUDA_SUCCESS;
 }
 
-SIM_API cuCtxDestroy_v2(CUcontext ctx) {
-  ENTER(cuCtxDestroy_v2);
-  LEAVE(cuCtxDestroy_v2, impl_ctx_destroy(ctx));
-}
-
-SIM_API cuCtxDestroy(CUcontext ctx) {
-  ENTER(cuCtxDestroy);
-  LEAVE(cuCtxDestroy, impl_ctx_destroy(ctx));
-}
-
 static CUresult impl_ctx_push(CUcontext h) {
   if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
   if (!h) return CUDA_ERROR_INVALID_VALUE;
@@ -1589,32 +1537,12 @@ static CUresult impl_ctx_push(CUcontext h) {
   return CUDA_SUCCESS;
 }
 
-SIM_API cuCtxPushCurrent_v2(CUcontext ctx) {
-  ENTER(cuCtxPushCurrent_v2);
-  LEAVE(cuCtxPushCurrent_v2, impl_ctx_push(ctx));
-}
-
-SIM_API cuCtxPushCurrent(CUcontext ctx) {
-  ENTER(cuCtxPushCurrent);
-  LEAVE(cuCtxPushCurrent, impl_ctx_push(ctx));
-}
-
 static CUresult impl_ctx_pop(CUcontext *pctx) {
   if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
   if (t_ctx.n == 0) return CUDA_ERROR_INVALID_CONTEXT;
   struct CUctx_st *c = t_ctx.s[--t_ctx.n];
   if (pctx) *pctx = c;
   return CUDA_SUCCESS;
-}
-
-SIM_API cuCtxPopCurrent_v2(CUcontext *pctx) {
-  ENTER(cuCtxPopCurrent_v2);
-  LEAVE(cuCtxPopCurrent_v2, impl_ctx_pop(pctx));
-}
-
-SIM_API cuCtxPopCurrent(CUcontext *pctx) {
-  ENTER(cuCtxPopCurrent);
-  LEAVE(cuCtxPopCurrent, impl_ctx_pop(pctx));
 }
 
 SIM_API cuCtxGetCurrent(CUcontext *pctx) {
@@ -1928,44 +1856,14 @@ static CUresult impl_copy(int dir, uint64_t dst, uint64_t src, uint64_t n) {
   return r;
 }
 
-SIM_API cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount) {
-  ENTER(cuMemcpyHtoD_v2);
-  LEAVE(cuMemcpyHtoD_v2, impl_copy(CP_HTOD, dstDevice, (uint64_t)(uintptr_t)srcHost, ByteCount));
-}
-
-SIM_API cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount) {
-  ENTER(cuMemcpyHtoD_v2_ptds);
-  LEAVE(cuMemcpyHtoD_v2_ptds, impl_copy(CP_HTOD, dstDevice, (uint64_t)(uintptr_t)srcHost, ByteCount));
-}
-
 SIM_API cuMemcpyHtoD(CUdeviceptr_v1 dstDevice, const void *srcHost, unsigned int ByteCount) {
   ENTER(cuMemcpyHtoD);
   LEAVE(cuMemcpyHtoD, inited() ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_NOT_INITIALIZED);
 }
 
-SIM_API cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
-  ENTER(cuMemcpyDtoH_v2);
-  LEAVE(cuMemcpyDtoH_v2, impl_copy(CP_DTOH, (uint64_t)(uintptr_t)dstHost, srcDevice, ByteCount));
-}
-
-SIM_API cuMemcpyDtoH_v2_ptds(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
-  ENTER(cuMemcpyDtoH_v2_ptds);
-  LEAVE(cuMemcpyDtoH_v2_ptds, impl_copy(CP_DTOH, (uint64_t)(uintptr_t)dstHost, srcDevice, ByteCount));
-}
-
 SIM_API cuMemcpyDtoH(void *dstHost, CUdeviceptr_v1 srcDevice, unsigned int ByteCount) {
   ENTER(cuMemcpyDtoH);
   LEAVE(cuMemcpyDtoH, inited() ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_NOT_INITIALIZED);
-}
-
-SIM_API cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount) {
-  ENTER(cuMemcpyDtoD_v2);
-  LEAVE(cuMemcpyDtoD_v2, impl_copy(CP_DTOD, dstDevice, srcDevice, ByteCount));
-}
-
-SIM_API cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount) {
-  ENTER(cuMemcpyDtoD_v2_ptds);
-  LEAVE(cuMemcpyDtoD_v2_ptds, impl_copy(CP_DTOD, dstDevice, srcDevice, ByteCount));
 }
 
 SIM_API cuMemcpyDtoD(CUdeviceptr_v1 dstDevice, CUdeviceptr_v1 srcDevice, unsigned int ByteCount) {
@@ -1984,16 +1882,6 @@ static CUresult impl_memset(uint64_t dst, unsigned char v, uint64_t n) {
   }
   UNLOCK();
   return r;
-}
-
-SIM_API cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N) {
-  ENTER(cuMemsetD8_v2);
-  LEAVE(cuMemsetD8_v2, impl_memset(dstDevice, uc, N));
-}
-
-SIM_API cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, size_t N) {
-  ENTER(cuMemsetD8_v2_ptds);
-  LEAVE(cuMemsetD8_v2_ptds, impl_memset(dstDevice, uc, N));
 }
 
 SIM_API cuMemsetD8(CUdeviceptr_v1 dstDevice, unsigned char uc, unsigned int N) {
@@ -2052,16 +1940,6 @@ static CUresult impl_stream_destroy(CUstream h) {
   return s ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
-SIM_API cuStreamDestroy_v2(CUstream hStream) {
-  ENTER(cuStreamDestroy_v2);
-  LEAVE(cuStreamDestroy_v2, impl_stream_destroy(hStream));
-}
-
-SIM_API cuStreamDestroy(CUstream hStream) {
-  ENTER(cuStreamDestroy);
-  LEAVE(cuStreamDestroy, impl_stream_destroy(hStream));
-}
-
 static CUresult impl_stream_sync(CUstream h, int per_thread) {
   if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
   LOCK();
@@ -2100,28 +1978,10 @@ static CUresult impl_stream_get_ctx(CUstream h, CUcontext *pctx) {
   return r;
 }
 
-SIM_API cuStreamGetCtx(CUstream hStream, CUcontext *pctx) {
-  ENTER(cuStreamGetCtx);
-  LEAVE(cuStreamGetCtx, impl_stream_get_ctx(hStream, pctx));
-}
-
-SIM_API cuStreamGetCtx_ptsz(CUstream hStream, CUcontext *pctx) {
-  ENTER(cuStreamGetCtx_ptsz);
-  LEAVE(cuStreamGetCtx_ptsz, impl_stream_get_ctx(hStream, pctx));
-}
-
-SIM_API cuStreamGetCtx_v2(CUstream hStream, CUcontext *pCtx, CUgreenCtx *pGreenCtx) {
-  ENTER(cuStreamGetCtx_v2);
-  CUresult r = impl_stream_get_ctx(hStream, pCtx);
-  if (r == CUDA_SUCCESS && pGreenCtx) *pGreenCtx = NULL; /* no green contexts in the simulator */
-  LEAVE(cuStreamGetCtx_v2, r);
-}
-
-SIM_API cuStreamGetCtx_v2_ptsz(CUstream hStream, CUcontext *pCtx, CUgreenCtx *pGreenCtx) {
-  ENTER(cuStreamGetCtx_v2_ptsz);
-  CUresult r = impl_stream_get_ctx(hStream, pCtx);
-  if (r == CUDA_SUCCESS && pGreenCtx) *pGreenCtx = NULL;
-  LEAVE(cuStreamGetCtx_v2_ptsz, r);
+static CUresult impl_stream_get_ctx_v2(CUstream h, CUcontext *pctx, CUgreenCtx *pgreen) {
+  CUresult r = impl_stream_get_ctx(h, pctx);
+  if (r == CUDA_SUCCESS && pgreen) *pgreen = NULL; /* no green contexts in the simulator */
+  return r;
 }
 
 /* ---- stream-ordered allocation */
@@ -2675,24 +2535,6 @@ static CUresult impl_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
   return r;
 }
 
-SIM_API cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
-                       unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
-                       unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra) {
-  ENTER(cuLaunchKernel);
-  (void)sharedMemBytes;
-  LEAVE(cuLaunchKernel, impl_launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, hStream,
-                                    kernelParams, extra));
-}
-
-SIM_API cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
-                            unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
-                            unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra) {
-  ENTER(cuLaunchKernel_ptsz);
-  (void)sharedMemBytes;
-  LEAVE(cuLaunchKernel_ptsz, impl_launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
-                                         hStream, kernelParams, extra));
-}
-
 /* ---- IPC: a handle names a live device block of this process (its pid and address). Opening one needs another
  * process's memory, which the simulator does not share between processes: it refuses, as the driver refuses a
  * process opening its own handle. */
@@ -2723,18 +2565,6 @@ static CUresult impl_ipc_open(CUdeviceptr *pdptr, CUipcMemHandle h) {
   memcpy(w, h.reserved, sizeof w);
   if (!pdptr || w[0] != SIM_IPC_MAGIC) return CUDA_ERROR_INVALID_VALUE;
   return w[1] == (uint64_t)getpid() ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_NOT_SUPPORTED;
-}
-
-SIM_API cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags) {
-  ENTER(cuIpcOpenMemHandle);
-  (void)Flags;
-  LEAVE(cuIpcOpenMemHandle, impl_ipc_open(pdptr, handle));
-}
-
-SIM_API cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags) {
-  ENTER(cuIpcOpenMemHandle_v2);
-  (void)Flags;
-  LEAVE(cuIpcOpenMemHandle_v2, impl_ipc_open(pdptr, handle));
 }
 
 SIM_API cuIpcCloseMemHandle(CUdeviceptr dptr) {
@@ -2782,41 +2612,71 @@ static CUresult impl_is_capturing(CUstream h, CUstreamCaptureStatus *st) {
   return r;
 }
 
-SIM_API cuStreamBeginCapture_v2(CUstream h, CUstreamCaptureMode mode) {
-  ENTER(cuStreamBeginCapture_v2);
-  (void)mode;
-  LEAVE(cuStreamBeginCapture_v2, impl_capture(h, 1, NULL));
-}
-SIM_API cuStreamBeginCapture_v2_ptsz(CUstream h, CUstreamCaptureMode mode);
-SIM_API cuStreamBeginCapture_v2_ptsz(CUstream h, CUstreamCaptureMode mode) {
-  ENTER(cuStreamBeginCapture_v2_ptsz);
-  (void)mode;
-  LEAVE(cuStreamBeginCapture_v2_ptsz, impl_capture(h, 1, NULL));
-}
-SIM_API cuStreamEndCapture(CUstream h, CUgraph *graph) {
-  ENTER(cuStreamEndCapture);
-  LEAVE(cuStreamEndCapture, impl_capture(h, 0, graph));
-}
-SIM_API cuStreamEndCapture_ptsz(CUstream h, CUgraph *graph);
-SIM_API cuStreamEndCapture_ptsz(CUstream h, CUgraph *graph) {
-  ENTER(cuStreamEndCapture_ptsz);
-  LEAVE(cuStreamEndCapture_ptsz, impl_capture(h, 0, graph));
-}
-SIM_API cuStreamIsCapturing(CUstream h, CUstreamCaptureStatus *st) {
-  ENTER(cuStreamIsCapturing);
-  LEAVE(cuStreamIsCapturing, impl_is_capturing(h, st));
-}
-SIM_API cuStreamIsCapturing_ptsz(CUstream h, CUstreamCaptureStatus *st);
-SIM_API cuStreamIsCapturing_ptsz(CUstream h, CUstreamCaptureStatus *st) {
-  ENTER(cuStreamIsCapturing_ptsz);
-  LEAVE(cuStreamIsCapturing_ptsz, impl_is_capturing(h, st));
-}
 SIM_API cuGraphDestroy(CUgraph graph) {
   ENTER(cuGraphDestroy);
   if (!graph) LEAVE(cuGraphDestroy, CUDA_ERROR_INVALID_VALUE);
   free(graph);
   LEAVE(cuGraphDestroy, CUDA_SUCCESS);
 }
+
+/* ---- entry points written once for several ABI variants. The driver exports a function per ABI (cuCtxDestroy
+ * and cuCtxDestroy_v2, cuMemcpyHtoD_v2 and cuMemcpyHtoD_v2_ptds ...) and where the simulator does the same work
+ * for each, the wrappers are generated from these lists instead of written out twice. Each generated function is
+ * still its own exported symbol, declared and checked against cuda.h's prototype, counted and injectable under
+ * its own name (ENTER/LEAVE), exactly as a written one; only its source is shared. All return CUresult, as every
+ * driver entry point does. Variants that do different work (32-bit sizes, an extra argument) stay written out
+ * above, next to their implementation. */
+
+/* SIM_SAME_ABI: X(name, variant, impl, (params), (args)) defines name and variant, both with these parameters and
+ * both returning impl args. */
+#define SIM_SAME_ABI(X)                                                                                       \
+  /* cuDeviceGetUuid_v2 is declared by CUDA 12's headers only; MIG instances aside (none here), the same call */ \
+  X(cuDeviceGetUuid, cuDeviceGetUuid_v2, impl_device_uuid, (CUuuid * uuid, CUdevice dev), (uuid, dev))         \
+  X(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2, impl_primary_release, (CUdevice dev), (dev))     \
+  X(cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2, impl_primary_reset, (CUdevice dev), (dev))           \
+  X(cuCtxCreate, cuCtxCreate_v2, impl_ctx_create, (CUcontext * pctx, unsigned int flags, CUdevice dev),       \
+    (pctx, flags, dev))                                                                                       \
+  X(cuCtxDestroy, cuCtxDestroy_v2, impl_ctx_destroy, (CUcontext ctx), (ctx))                                  \
+  X(cuCtxPushCurrent, cuCtxPushCurrent_v2, impl_ctx_push, (CUcontext ctx), (ctx))                             \
+  X(cuCtxPopCurrent, cuCtxPopCurrent_v2, impl_ctx_pop, (CUcontext * pctx), (pctx))                            \
+  X(cuMemcpyHtoD_v2, cuMemcpyHtoD_v2_ptds, impl_copy, (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount), \
+    (CP_HTOD, dstDevice, (uint64_t)(uintptr_t)srcHost, ByteCount))                                            \
+  X(cuMemcpyDtoH_v2, cuMemcpyDtoH_v2_ptds, impl_copy, (void *dstHost, CUdeviceptr srcDevice, size_t ByteCount), \
+    (CP_DTOH, (uint64_t)(uintptr_t)dstHost, srcDevice, ByteCount))                                            \
+  X(cuMemcpyDtoD_v2, cuMemcpyDtoD_v2_ptds, impl_copy,                                                         \
+    (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount), (CP_DTOD, dstDevice, srcDevice, ByteCount)) \
+  X(cuMemsetD8_v2, cuMemsetD8_v2_ptds, impl_memset, (CUdeviceptr dstDevice, unsigned char uc, size_t N),      \
+    (dstDevice, uc, N))                                                                                       \
+  X(cuStreamDestroy, cuStreamDestroy_v2, impl_stream_destroy, (CUstream hStream), (hStream))                  \
+  X(cuStreamGetCtx, cuStreamGetCtx_ptsz, impl_stream_get_ctx, (CUstream hStream, CUcontext * pctx), (hStream, pctx)) \
+  X(cuStreamGetCtx_v2, cuStreamGetCtx_v2_ptsz, impl_stream_get_ctx_v2,                                        \
+    (CUstream hStream, CUcontext * pCtx, CUgreenCtx * pGreenCtx), (hStream, pCtx, pGreenCtx))                 \
+  X(cuLaunchKernel, cuLaunchKernel_ptsz, impl_launch,                                                         \
+    (CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, \
+     unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,           \
+     void **kernelParams, void **extra),                                                                      \
+    (f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, hStream, kernelParams, extra))         \
+  X(cuIpcOpenMemHandle, cuIpcOpenMemHandle_v2, impl_ipc_open,                                                 \
+    (CUdeviceptr * pdptr, CUipcMemHandle handle, unsigned int Flags), (pdptr, handle))                        \
+  X(cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz, impl_capture, (CUstream h, CUstreamCaptureMode mode), \
+    (h, 1, NULL))                                                                                             \
+  X(cuStreamEndCapture, cuStreamEndCapture_ptsz, impl_capture, (CUstream h, CUgraph * graph), (h, 0, graph))  \
+  X(cuStreamIsCapturing, cuStreamIsCapturing_ptsz, impl_is_capturing, (CUstream h, CUstreamCaptureStatus * st), \
+    (h, st))
+
+/* One exported entry point returning `call`; declared first, for the few cuda.h leaves undeclared (the _ptsz
+ * capture calls, cuDeviceGetUuid_v2) and so that each one is checked against a prototype. */
+#define SIM_WRAPPER(name, params, call)                                                                       \
+  SIM_API name params;                                                                                        \
+  SIM_API name params {                                                                                       \
+    ENTER(name);                                                                                              \
+    LEAVE(name, call);                                                                                        \
+  }
+#define SIM_DEF_SAME_ABI(name, variant, impl, params, args)                                                   \
+  SIM_WRAPPER(name, params, impl args)                                                                        \
+  SIM_WRAPPER(variant, params, impl args)
+SIM_SAME_ABI(SIM_DEF_SAME_ABI)
+#undef SIM_DEF_SAME_ABI
 
 /* ---- checkpoint (cuCheckpointProcess*): the simulator checkpoints its own process only (pid == getpid()).
  * Lock: RUNNING -> LOCKED once every other thread is out of the driver (CUDA_ERROR_NOT_READY, and RUNNING
