@@ -1957,16 +1957,6 @@ static CUresult impl_stream_sync(CUstream h, int per_thread) {
   return r;
 }
 
-SIM_API cuStreamSynchronize(CUstream hStream) {
-  ENTER(cuStreamSynchronize);
-  LEAVE(cuStreamSynchronize, impl_stream_sync(hStream, 0));
-}
-
-SIM_API cuStreamSynchronize_ptsz(CUstream hStream) {
-  ENTER(cuStreamSynchronize_ptsz);
-  LEAVE(cuStreamSynchronize_ptsz, impl_stream_sync(hStream, 1));
-}
-
 static CUresult impl_stream_get_ctx(CUstream h, CUcontext *pctx) {
   if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
   if (!pctx) return CUDA_ERROR_INVALID_VALUE;
@@ -2003,26 +1993,6 @@ static CUresult impl_alloc_async(CUdeviceptr *dptr, uint64_t bytes, CUmemoryPool
   return r;
 }
 
-SIM_API cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
-  ENTER(cuMemAllocAsync);
-  LEAVE(cuMemAllocAsync, impl_alloc_async(dptr, bytesize, NULL, 0, hStream, 0));
-}
-
-SIM_API cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
-  ENTER(cuMemAllocAsync_ptsz);
-  LEAVE(cuMemAllocAsync_ptsz, impl_alloc_async(dptr, bytesize, NULL, 0, hStream, 1));
-}
-
-SIM_API cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
-  ENTER(cuMemAllocFromPoolAsync);
-  LEAVE(cuMemAllocFromPoolAsync, impl_alloc_async(dptr, bytesize, pool, 1, hStream, 0));
-}
-
-SIM_API cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
-  ENTER(cuMemAllocFromPoolAsync_ptsz);
-  LEAVE(cuMemAllocFromPoolAsync_ptsz, impl_alloc_async(dptr, bytesize, pool, 1, hStream, 1));
-}
-
 static CUresult impl_free_async(CUdeviceptr dptr, CUstream h, int per_thread) {
   if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
   if (!dptr) return CUDA_ERROR_INVALID_VALUE;
@@ -2037,16 +2007,6 @@ static CUresult impl_free_async(CUdeviceptr dptr, CUstream h, int per_thread) {
   }
   UNLOCK();
   return r;
-}
-
-SIM_API cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
-  ENTER(cuMemFreeAsync);
-  LEAVE(cuMemFreeAsync, impl_free_async(dptr, hStream, 0));
-}
-
-SIM_API cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
-  ENTER(cuMemFreeAsync_ptsz);
-  LEAVE(cuMemFreeAsync_ptsz, impl_free_async(dptr, hStream, 1));
 }
 
 /* ---- memory pools */
@@ -2677,6 +2637,24 @@ SIM_API cuGraphDestroy(CUgraph graph) {
   SIM_WRAPPER(variant, params, impl args)
 SIM_SAME_ABI(SIM_DEF_SAME_ABI)
 #undef SIM_DEF_SAME_ABI
+
+/* SIM_PER_THREAD: X(name, impl, (params), (args)) defines name, returning impl(args..., 0), and name_ptsz, returning
+ * impl(args..., 1): the last argument of impl says whether stream 0 is the per-thread default stream. */
+#define SIM_PER_THREAD(X)                                                                                     \
+  X(cuStreamSynchronize, impl_stream_sync, (CUstream hStream), (hStream))                                     \
+  X(cuMemAllocAsync, impl_alloc_async, (CUdeviceptr * dptr, size_t bytesize, CUstream hStream),               \
+    (dptr, bytesize, NULL, 0, hStream))                                                                       \
+  X(cuMemAllocFromPoolAsync, impl_alloc_async,                                                                \
+    (CUdeviceptr * dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream), (dptr, bytesize, pool, 1, hStream)) \
+  X(cuMemFreeAsync, impl_free_async, (CUdeviceptr dptr, CUstream hStream), (dptr, hStream))
+
+#define SIM_LEGACY_STREAM(...) (__VA_ARGS__, 0)
+#define SIM_PER_THREAD_STREAM(...) (__VA_ARGS__, 1)
+#define SIM_DEF_PER_THREAD(name, impl, params, args)                                                          \
+  SIM_WRAPPER(name, params, impl SIM_LEGACY_STREAM args)                                                      \
+  SIM_WRAPPER(name##_ptsz, params, impl SIM_PER_THREAD_STREAM args)
+SIM_PER_THREAD(SIM_DEF_PER_THREAD)
+#undef SIM_DEF_PER_THREAD
 
 /* ---- checkpoint (cuCheckpointProcess*): the simulator checkpoints its own process only (pid == getpid()).
  * Lock: RUNNING -> LOCKED once every other thread is out of the driver (CUDA_ERROR_NOT_READY, and RUNNING
