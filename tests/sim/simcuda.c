@@ -1647,12 +1647,6 @@ SIM_API cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
   LEAVE(cuMemAlloc_v2, impl_alloc(dptr, bytesize, SIMCUDA_DEVICE));
 }
 
-/* The 32-bit ABIs cannot carry the 64-bit addresses the simulator hands out. */
-SIM_API cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize) {
-  ENTER(cuMemAlloc);
-  LEAVE(cuMemAlloc, inited() ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_NOT_INITIALIZED);
-}
-
 SIM_API cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
                            unsigned int ElementSizeBytes) {
   ENTER(cuMemAllocPitch_v2);
@@ -1669,12 +1663,6 @@ SIM_API cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInByte
     *pPitch = (size_t)pitch;
   }
   LEAVE(cuMemAllocPitch_v2, r);
-}
-
-SIM_API cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsigned int WidthInBytes, unsigned int Height,
-                        unsigned int ElementSizeBytes) {
-  ENTER(cuMemAllocPitch);
-  LEAVE(cuMemAllocPitch, inited() ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_NOT_INITIALIZED);
 }
 
 SIM_API cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
@@ -1710,11 +1698,6 @@ static CUresult impl_free(CUdeviceptr dptr) {
 SIM_API cuMemFree_v2(CUdeviceptr dptr) {
   ENTER(cuMemFree_v2);
   LEAVE(cuMemFree_v2, impl_free(dptr));
-}
-
-SIM_API cuMemFree(CUdeviceptr_v1 dptr) {
-  ENTER(cuMemFree);
-  LEAVE(cuMemFree, inited() ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_NOT_INITIALIZED);
 }
 
 static CUresult impl_mem_info(uint64_t *fr, uint64_t *total) {
@@ -1781,11 +1764,6 @@ SIM_API cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr d
     if (psize) *psize = (size_t)size;
   }
   LEAVE(cuMemGetAddressRange_v2, r);
-}
-
-SIM_API cuMemGetAddressRange(CUdeviceptr_v1 *pbase, unsigned int *psize, CUdeviceptr_v1 dptr) {
-  ENTER(cuMemGetAddressRange);
-  LEAVE(cuMemGetAddressRange, inited() ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_NOT_INITIALIZED);
 }
 
 /* ---- pinned host memory */
@@ -1856,21 +1834,6 @@ static CUresult impl_copy(int dir, uint64_t dst, uint64_t src, uint64_t n) {
   return r;
 }
 
-SIM_API cuMemcpyHtoD(CUdeviceptr_v1 dstDevice, const void *srcHost, unsigned int ByteCount) {
-  ENTER(cuMemcpyHtoD);
-  LEAVE(cuMemcpyHtoD, inited() ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_NOT_INITIALIZED);
-}
-
-SIM_API cuMemcpyDtoH(void *dstHost, CUdeviceptr_v1 srcDevice, unsigned int ByteCount) {
-  ENTER(cuMemcpyDtoH);
-  LEAVE(cuMemcpyDtoH, inited() ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_NOT_INITIALIZED);
-}
-
-SIM_API cuMemcpyDtoD(CUdeviceptr_v1 dstDevice, CUdeviceptr_v1 srcDevice, unsigned int ByteCount) {
-  ENTER(cuMemcpyDtoD);
-  LEAVE(cuMemcpyDtoD, inited() ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_NOT_INITIALIZED);
-}
-
 static CUresult impl_memset(uint64_t dst, unsigned char v, uint64_t n) {
   if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
   LOCK();
@@ -1882,11 +1845,6 @@ static CUresult impl_memset(uint64_t dst, unsigned char v, uint64_t n) {
   }
   UNLOCK();
   return r;
-}
-
-SIM_API cuMemsetD8(CUdeviceptr_v1 dstDevice, unsigned char uc, unsigned int N) {
-  ENTER(cuMemsetD8);
-  LEAVE(cuMemsetD8, inited() ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_NOT_INITIALIZED);
 }
 
 /* ---- streams */
@@ -2584,8 +2542,9 @@ SIM_API cuGraphDestroy(CUgraph graph) {
  * for each, the wrappers are generated from these lists instead of written out twice. Each generated function is
  * still its own exported symbol, declared and checked against cuda.h's prototype, counted and injectable under
  * its own name (ENTER/LEAVE), exactly as a written one; only its source is shared. All return CUresult, as every
- * driver entry point does. Variants that do different work (32-bit sizes, an extra argument) stay written out
- * above, next to their implementation. */
+ * driver entry point does. Variants that do different work (cuMemGetInfo's 32-bit saturation, cuCtxCreate_v3's
+ * check of its affinity array, cuGetProcAddress_v2's status ...) stay written out above, next to their
+ * implementation. */
 
 /* SIM_SAME_ABI: X(name, variant, impl, (params), (args)) defines name and variant, both with these parameters and
  * both returning impl args. */
@@ -2655,6 +2614,25 @@ SIM_SAME_ABI(SIM_DEF_SAME_ABI)
   SIM_WRAPPER(name##_ptsz, params, impl SIM_PER_THREAD_STREAM args)
 SIM_PER_THREAD(SIM_DEF_PER_THREAD)
 #undef SIM_DEF_PER_THREAD
+
+/* SIM_ABI_32: X(name, (params)) defines the 32-bit ABI (CUdeviceptr_v1, unsigned int sizes) of a call whose _v2 is
+ * written above: those cannot carry the 64-bit addresses the simulator hands out, so each answers
+ * CUDA_ERROR_NOT_SUPPORTED once the driver is initialised. */
+#define SIM_ABI_32(X)                                                                                         \
+  X(cuMemAlloc, (CUdeviceptr_v1 * dptr, unsigned int bytesize))                                              \
+  X(cuMemAllocPitch, (CUdeviceptr_v1 * dptr, unsigned int *pPitch, unsigned int WidthInBytes, unsigned int Height, \
+                      unsigned int ElementSizeBytes))                                                         \
+  X(cuMemFree, (CUdeviceptr_v1 dptr))                                                                         \
+  X(cuMemGetAddressRange, (CUdeviceptr_v1 * pbase, unsigned int *psize, CUdeviceptr_v1 dptr))                 \
+  X(cuMemcpyHtoD, (CUdeviceptr_v1 dstDevice, const void *srcHost, unsigned int ByteCount))                    \
+  X(cuMemcpyDtoH, (void *dstHost, CUdeviceptr_v1 srcDevice, unsigned int ByteCount))                          \
+  X(cuMemcpyDtoD, (CUdeviceptr_v1 dstDevice, CUdeviceptr_v1 srcDevice, unsigned int ByteCount))               \
+  X(cuMemsetD8, (CUdeviceptr_v1 dstDevice, unsigned char uc, unsigned int N))
+
+#define SIM_DEF_ABI_32(name, params)                                                                          \
+  SIM_WRAPPER(name, params, inited() ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_NOT_INITIALIZED)
+SIM_ABI_32(SIM_DEF_ABI_32)
+#undef SIM_DEF_ABI_32
 
 /* ---- checkpoint (cuCheckpointProcess*): the simulator checkpoints its own process only (pid == getpid()).
  * Lock: RUNNING -> LOCKED once every other thread is out of the driver (CUDA_ERROR_NOT_READY, and RUNNING
