@@ -5,7 +5,9 @@
  *  - every exported entry point is a thin wrapper: count the call, apply an injected fault, call a static
  *    implementation, trace the result. Internal code only ever calls the static implementations, never an
  *    exported name, because gpureclaim preloads definitions of the same names and a real libcuda never
- *    binds to those (the library is also linked with -Bsymbolic-functions);
+ *    binds to those (the library is also linked with -Bsymbolic-functions). Where several ABI variants of a call
+ *    (cuCtxDestroy and cuCtxDestroy_v2, the _ptsz and _ptds ones, the 32-bit ones) do the same work, their wrappers
+ *    are generated from the lists SIM_SAME_ABI, SIM_PER_THREAD and SIM_ABI_32, after the implementations;
  *  - one mutex serialises the state, as the real driver does;
  *  - device memory of each device is carved from one MAP_NORESERVE arena placed at a fixed hint address, so
  *    the same call sequence yields the same addresses in two processes. Chunks are rounded to size classes
