@@ -5,7 +5,9 @@
  *  - every exported entry point is a thin wrapper: count the call, apply an injected fault, call a static
  *    implementation, trace the result. Internal code only ever calls the static implementations, never an
  *    exported name, because gpureclaim preloads definitions of the same names and a real libcuda never
- *    binds to those (the library is also linked with -Bsymbolic-functions);
+ *    binds to those (the library is also linked with -Bsymbolic-functions). Where several ABI variants of a call
+ *    (cuCtxDestroy and cuCtxDestroy_v2, the _ptsz and _ptds ones, the 32-bit ones) do the same work, their wrappers
+ *    are generated from the lists SIM_SAME_ABI, SIM_PER_THREAD and SIM_ABI_32, after the implementations;
  *  - one mutex serialises the state, as the real driver does;
  *  - device memory of each device is carved from one MAP_NORESERVE arena placed at a fixed hint address, so
  *    the same call sequence yields the same addresses in two processes. Chunks are rounded to size classes
@@ -1358,18 +1360,6 @@ static CUresult impl_device_uuid(CUuuid *uuid, CUdevice dev) {
   return CUDA_SUCCESS;
 }
 
-SIM_API cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
-  ENTER(cuDeviceGetUuid);
-  LEAVE(cuDeviceGetUuid, impl_device_uuid(uuid, dev));
-}
-
-/* Declared by CUDA 12's headers only; the same call (MIG instances aside, which the simulator has none of). */
-SIM_API cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev);
-SIM_API cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) {
-  ENTER(cuDeviceGetUuid_v2);
-  LEAVE(cuDeviceGetUuid_v2, impl_device_uuid(uuid, dev));
-}
-
 static CUresult impl_total_mem(uint64_t *bytes, CUdevice dev) {
   if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
   if (!bytes) return CUDA_ERROR_INVALID_VALUE;
@@ -1460,16 +1450,6 @@ static CUresult impl_primary_release(CUdevice dev) {
   return r;
 }
 
-SIM_API cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
-  ENTER(cuDevicePrimaryCtxRelease_v2);
-  LEAVE(cuDevicePrimaryCtxRelease_v2, impl_primary_release(dev));
-}
-
-SIM_API cuDevicePrimaryCtxRelease(CUdevice dev) {
-  ENTER(cuDevicePrimaryCtxRelease);
-  LEAVE(cuDevicePrimaryCtxRelease, impl_primary_release(dev));
-}
-
 static CUresult impl_primary_reset(CUdevice dev) {
   if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
   if (!dev_ok(dev)) return CUDA_ERROR_INVALID_DEVICE;
@@ -1478,16 +1458,6 @@ static CUresult impl_primary_reset(CUdevice dev) {
   ctx_teardown_locked(&g.dev[dev].primary);
   UNLOCK();
   return CUDA_SUCCESS;
-}
-
-SIM_API cuDevicePrimaryCtxReset_v2(CUdevice dev) {
-  ENTER(cuDevicePrimaryCtxReset_v2);
-  LEAVE(cuDevicePrimaryCtxReset_v2, impl_primary_reset(dev));
-}
-
-SIM_API cuDevicePrimaryCtxReset(CUdevice dev) {
-  ENTER(cuDevicePrimaryCtxReset);
-  LEAVE(cuDevicePrimaryCtxReset, impl_primary_reset(dev));
 }
 
 SIM_API cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active) {
@@ -1529,16 +1499,6 @@ static CUresult impl_ctx_create(CUcontext *pctx, unsigned flags, CUdevice dev) {
   return CUDA_SUCCESS;
 }
 
-SIM_API cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev) {
-  ENTER(cuCtxCreate);
-  LEAVE(cuCtxCreate, impl_ctx_create(pctx, flags, dev));
-}
-
-SIM_API cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
-  ENTER(cuCtxCreate_v2);
-  LEAVE(cuCtxCreate_v2, impl_ctx_create(pctx, flags, dev));
-}
-
 SIM_API cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams, unsigned int flags,
                        CUdevice dev) {
   ENTER(cuCtxCreate_v3);
@@ -1567,16 +1527,6 @@ static CUresult impl_ctx_destroy(CUcontext h) {
   return CUDA_SUCCESS;
 }
 
-SIM_API cuCtxDestroy_v2(CUcontext ctx) {
-  ENTER(cuCtxDestroy_v2);
-  LEAVE(cuCtxDestroy_v2, impl_ctx_destroy(ctx));
-}
-
-SIM_API cuCtxDestroy(CUcontext ctx) {
-  ENTER(cuCtxDestroy);
-  LEAVE(cuCtxDestroy, impl_ctx_destroy(ctx));
-}
-
 static CUresult impl_ctx_push(CUcontext h) {
   if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
   if (!h) return CUDA_ERROR_INVALID_VALUE;
@@ -1589,32 +1539,12 @@ static CUresult impl_ctx_push(CUcontext h) {
   return CUDA_SUCCESS;
 }
 
-SIM_API cuCtxPushCurrent_v2(CUcontext ctx) {
-  ENTER(cuCtxPushCurrent_v2);
-  LEAVE(cuCtxPushCurrent_v2, impl_ctx_push(ctx));
-}
-
-SIM_API cuCtxPushCurrent(CUcontext ctx) {
-  ENTER(cuCtxPushCurrent);
-  LEAVE(cuCtxPushCurrent, impl_ctx_push(ctx));
-}
-
 static CUresult impl_ctx_pop(CUcontext *pctx) {
   if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
   if (t_ctx.n == 0) return CUDA_ERROR_INVALID_CONTEXT;
   struct CUctx_st *c = t_ctx.s[--t_ctx.n];
   if (pctx) *pctx = c;
   return CUDA_SUCCESS;
-}
-
-SIM_API cuCtxPopCurrent_v2(CUcontext *pctx) {
-  ENTER(cuCtxPopCurrent_v2);
-  LEAVE(cuCtxPopCurrent_v2, impl_ctx_pop(pctx));
-}
-
-SIM_API cuCtxPopCurrent(CUcontext *pctx) {
-  ENTER(cuCtxPopCurrent);
-  LEAVE(cuCtxPopCurrent, impl_ctx_pop(pctx));
 }
 
 SIM_API cuCtxGetCurrent(CUcontext *pctx) {
@@ -1719,12 +1649,6 @@ SIM_API cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
   LEAVE(cuMemAlloc_v2, impl_alloc(dptr, bytesize, SIMCUDA_DEVICE));
 }
 
-/* The 32-bit ABIs cannot carry the 64-bit addresses the simulator hands out. */
-SIM_API cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize) {
-  ENTER(cuMemAlloc);
-  LEAVE(cuMemAlloc, inited() ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_NOT_INITIALIZED);
-}
-
 SIM_API cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
                            unsigned int ElementSizeBytes) {
   ENTER(cuMemAllocPitch_v2);
@@ -1741,12 +1665,6 @@ SIM_API cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInByte
     *pPitch = (size_t)pitch;
   }
   LEAVE(cuMemAllocPitch_v2, r);
-}
-
-SIM_API cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsigned int WidthInBytes, unsigned int Height,
-                        unsigned int ElementSizeBytes) {
-  ENTER(cuMemAllocPitch);
-  LEAVE(cuMemAllocPitch, inited() ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_NOT_INITIALIZED);
 }
 
 SIM_API cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
@@ -1782,11 +1700,6 @@ static CUresult impl_free(CUdeviceptr dptr) {
 SIM_API cuMemFree_v2(CUdeviceptr dptr) {
   ENTER(cuMemFree_v2);
   LEAVE(cuMemFree_v2, impl_free(dptr));
-}
-
-SIM_API cuMemFree(CUdeviceptr_v1 dptr) {
-  ENTER(cuMemFree);
-  LEAVE(cuMemFree, inited() ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_NOT_INITIALIZED);
 }
 
 static CUresult impl_mem_info(uint64_t *fr, uint64_t *total) {
@@ -1853,11 +1766,6 @@ SIM_API cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr d
     if (psize) *psize = (size_t)size;
   }
   LEAVE(cuMemGetAddressRange_v2, r);
-}
-
-SIM_API cuMemGetAddressRange(CUdeviceptr_v1 *pbase, unsigned int *psize, CUdeviceptr_v1 dptr) {
-  ENTER(cuMemGetAddressRange);
-  LEAVE(cuMemGetAddressRange, inited() ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_NOT_INITIALIZED);
 }
 
 /* ---- pinned host memory */
@@ -1928,51 +1836,6 @@ static CUresult impl_copy(int dir, uint64_t dst, uint64_t src, uint64_t n) {
   return r;
 }
 
-SIM_API cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount) {
-  ENTER(cuMemcpyHtoD_v2);
-  LEAVE(cuMemcpyHtoD_v2, impl_copy(CP_HTOD, dstDevice, (uint64_t)(uintptr_t)srcHost, ByteCount));
-}
-
-SIM_API cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount) {
-  ENTER(cuMemcpyHtoD_v2_ptds);
-  LEAVE(cuMemcpyHtoD_v2_ptds, impl_copy(CP_HTOD, dstDevice, (uint64_t)(uintptr_t)srcHost, ByteCount));
-}
-
-SIM_API cuMemcpyHtoD(CUdeviceptr_v1 dstDevice, const void *srcHost, unsigned int ByteCount) {
-  ENTER(cuMemcpyHtoD);
-  LEAVE(cuMemcpyHtoD, inited() ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_NOT_INITIALIZED);
-}
-
-SIM_API cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
-  ENTER(cuMemcpyDtoH_v2);
-  LEAVE(cuMemcpyDtoH_v2, impl_copy(CP_DTOH, (uint64_t)(uintptr_t)dstHost, srcDevice, ByteCount));
-}
-
-SIM_API cuMemcpyDtoH_v2_ptds(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
-  ENTER(cuMemcpyDtoH_v2_ptds);
-  LEAVE(cuMemcpyDtoH_v2_ptds, impl_copy(CP_DTOH, (uint64_t)(uintptr_t)dstHost, srcDevice, ByteCount));
-}
-
-SIM_API cuMemcpyDtoH(void *dstHost, CUdeviceptr_v1 srcDevice, unsigned int ByteCount) {
-  ENTER(cuMemcpyDtoH);
-  LEAVE(cuMemcpyDtoH, inited() ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_NOT_INITIALIZED);
-}
-
-SIM_API cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount) {
-  ENTER(cuMemcpyDtoD_v2);
-  LEAVE(cuMemcpyDtoD_v2, impl_copy(CP_DTOD, dstDevice, srcDevice, ByteCount));
-}
-
-SIM_API cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount) {
-  ENTER(cuMemcpyDtoD_v2_ptds);
-  LEAVE(cuMemcpyDtoD_v2_ptds, impl_copy(CP_DTOD, dstDevice, srcDevice, ByteCount));
-}
-
-SIM_API cuMemcpyDtoD(CUdeviceptr_v1 dstDevice, CUdeviceptr_v1 srcDevice, unsigned int ByteCount) {
-  ENTER(cuMemcpyDtoD);
-  LEAVE(cuMemcpyDtoD, inited() ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_NOT_INITIALIZED);
-}
-
 static CUresult impl_memset(uint64_t dst, unsigned char v, uint64_t n) {
   if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
   LOCK();
@@ -1984,21 +1847,6 @@ static CUresult impl_memset(uint64_t dst, unsigned char v, uint64_t n) {
   }
   UNLOCK();
   return r;
-}
-
-SIM_API cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N) {
-  ENTER(cuMemsetD8_v2);
-  LEAVE(cuMemsetD8_v2, impl_memset(dstDevice, uc, N));
-}
-
-SIM_API cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, size_t N) {
-  ENTER(cuMemsetD8_v2_ptds);
-  LEAVE(cuMemsetD8_v2_ptds, impl_memset(dstDevice, uc, N));
-}
-
-SIM_API cuMemsetD8(CUdeviceptr_v1 dstDevice, unsigned char uc, unsigned int N) {
-  ENTER(cuMemsetD8);
-  LEAVE(cuMemsetD8, inited() ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_NOT_INITIALIZED);
 }
 
 /* ---- streams */
@@ -2052,16 +1900,6 @@ static CUresult impl_stream_destroy(CUstream h) {
   return s ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
-SIM_API cuStreamDestroy_v2(CUstream hStream) {
-  ENTER(cuStreamDestroy_v2);
-  LEAVE(cuStreamDestroy_v2, impl_stream_destroy(hStream));
-}
-
-SIM_API cuStreamDestroy(CUstream hStream) {
-  ENTER(cuStreamDestroy);
-  LEAVE(cuStreamDestroy, impl_stream_destroy(hStream));
-}
-
 static CUresult impl_stream_sync(CUstream h, int per_thread) {
   if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
   LOCK();
@@ -2079,16 +1917,6 @@ static CUresult impl_stream_sync(CUstream h, int per_thread) {
   return r;
 }
 
-SIM_API cuStreamSynchronize(CUstream hStream) {
-  ENTER(cuStreamSynchronize);
-  LEAVE(cuStreamSynchronize, impl_stream_sync(hStream, 0));
-}
-
-SIM_API cuStreamSynchronize_ptsz(CUstream hStream) {
-  ENTER(cuStreamSynchronize_ptsz);
-  LEAVE(cuStreamSynchronize_ptsz, impl_stream_sync(hStream, 1));
-}
-
 static CUresult impl_stream_get_ctx(CUstream h, CUcontext *pctx) {
   if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
   if (!pctx) return CUDA_ERROR_INVALID_VALUE;
@@ -2100,28 +1928,10 @@ static CUresult impl_stream_get_ctx(CUstream h, CUcontext *pctx) {
   return r;
 }
 
-SIM_API cuStreamGetCtx(CUstream hStream, CUcontext *pctx) {
-  ENTER(cuStreamGetCtx);
-  LEAVE(cuStreamGetCtx, impl_stream_get_ctx(hStream, pctx));
-}
-
-SIM_API cuStreamGetCtx_ptsz(CUstream hStream, CUcontext *pctx) {
-  ENTER(cuStreamGetCtx_ptsz);
-  LEAVE(cuStreamGetCtx_ptsz, impl_stream_get_ctx(hStream, pctx));
-}
-
-SIM_API cuStreamGetCtx_v2(CUstream hStream, CUcontext *pCtx, CUgreenCtx *pGreenCtx) {
-  ENTER(cuStreamGetCtx_v2);
-  CUresult r = impl_stream_get_ctx(hStream, pCtx);
-  if (r == CUDA_SUCCESS && pGreenCtx) *pGreenCtx = NULL; /* no green contexts in the simulator */
-  LEAVE(cuStreamGetCtx_v2, r);
-}
-
-SIM_API cuStreamGetCtx_v2_ptsz(CUstream hStream, CUcontext *pCtx, CUgreenCtx *pGreenCtx) {
-  ENTER(cuStreamGetCtx_v2_ptsz);
-  CUresult r = impl_stream_get_ctx(hStream, pCtx);
-  if (r == CUDA_SUCCESS && pGreenCtx) *pGreenCtx = NULL;
-  LEAVE(cuStreamGetCtx_v2_ptsz, r);
+static CUresult impl_stream_get_ctx_v2(CUstream h, CUcontext *pctx, CUgreenCtx *pgreen) {
+  CUresult r = impl_stream_get_ctx(h, pctx);
+  if (r == CUDA_SUCCESS && pgreen) *pgreen = NULL; /* no green contexts in the simulator */
+  return r;
 }
 
 /* ---- stream-ordered allocation */
@@ -2143,26 +1953,6 @@ static CUresult impl_alloc_async(CUdeviceptr *dptr, uint64_t bytes, CUmemoryPool
   return r;
 }
 
-SIM_API cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
-  ENTER(cuMemAllocAsync);
-  LEAVE(cuMemAllocAsync, impl_alloc_async(dptr, bytesize, NULL, 0, hStream, 0));
-}
-
-SIM_API cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
-  ENTER(cuMemAllocAsync_ptsz);
-  LEAVE(cuMemAllocAsync_ptsz, impl_alloc_async(dptr, bytesize, NULL, 0, hStream, 1));
-}
-
-SIM_API cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
-  ENTER(cuMemAllocFromPoolAsync);
-  LEAVE(cuMemAllocFromPoolAsync, impl_alloc_async(dptr, bytesize, pool, 1, hStream, 0));
-}
-
-SIM_API cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
-  ENTER(cuMemAllocFromPoolAsync_ptsz);
-  LEAVE(cuMemAllocFromPoolAsync_ptsz, impl_alloc_async(dptr, bytesize, pool, 1, hStream, 1));
-}
-
 static CUresult impl_free_async(CUdeviceptr dptr, CUstream h, int per_thread) {
   if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
   if (!dptr) return CUDA_ERROR_INVALID_VALUE;
@@ -2177,16 +1967,6 @@ static CUresult impl_free_async(CUdeviceptr dptr, CUstream h, int per_thread) {
   }
   UNLOCK();
   return r;
-}
-
-SIM_API cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
-  ENTER(cuMemFreeAsync);
-  LEAVE(cuMemFreeAsync, impl_free_async(dptr, hStream, 0));
-}
-
-SIM_API cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
-  ENTER(cuMemFreeAsync_ptsz);
-  LEAVE(cuMemFreeAsync_ptsz, impl_free_async(dptr, hStream, 1));
 }
 
 /* ---- memory pools */
@@ -2675,24 +2455,6 @@ static CUresult impl_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
   return r;
 }
 
-SIM_API cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
-                       unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
-                       unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra) {
-  ENTER(cuLaunchKernel);
-  (void)sharedMemBytes;
-  LEAVE(cuLaunchKernel, impl_launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, hStream,
-                                    kernelParams, extra));
-}
-
-SIM_API cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
-                            unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
-                            unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra) {
-  ENTER(cuLaunchKernel_ptsz);
-  (void)sharedMemBytes;
-  LEAVE(cuLaunchKernel_ptsz, impl_launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
-                                         hStream, kernelParams, extra));
-}
-
 /* ---- IPC: a handle names a live device block of this process (its pid and address). Opening one needs another
  * process's memory, which the simulator does not share between processes: it refuses, as the driver refuses a
  * process opening its own handle. */
@@ -2723,18 +2485,6 @@ static CUresult impl_ipc_open(CUdeviceptr *pdptr, CUipcMemHandle h) {
   memcpy(w, h.reserved, sizeof w);
   if (!pdptr || w[0] != SIM_IPC_MAGIC) return CUDA_ERROR_INVALID_VALUE;
   return w[1] == (uint64_t)getpid() ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_NOT_SUPPORTED;
-}
-
-SIM_API cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags) {
-  ENTER(cuIpcOpenMemHandle);
-  (void)Flags;
-  LEAVE(cuIpcOpenMemHandle, impl_ipc_open(pdptr, handle));
-}
-
-SIM_API cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags) {
-  ENTER(cuIpcOpenMemHandle_v2);
-  (void)Flags;
-  LEAVE(cuIpcOpenMemHandle_v2, impl_ipc_open(pdptr, handle));
 }
 
 SIM_API cuIpcCloseMemHandle(CUdeviceptr dptr) {
@@ -2782,41 +2532,109 @@ static CUresult impl_is_capturing(CUstream h, CUstreamCaptureStatus *st) {
   return r;
 }
 
-SIM_API cuStreamBeginCapture_v2(CUstream h, CUstreamCaptureMode mode) {
-  ENTER(cuStreamBeginCapture_v2);
-  (void)mode;
-  LEAVE(cuStreamBeginCapture_v2, impl_capture(h, 1, NULL));
-}
-SIM_API cuStreamBeginCapture_v2_ptsz(CUstream h, CUstreamCaptureMode mode);
-SIM_API cuStreamBeginCapture_v2_ptsz(CUstream h, CUstreamCaptureMode mode) {
-  ENTER(cuStreamBeginCapture_v2_ptsz);
-  (void)mode;
-  LEAVE(cuStreamBeginCapture_v2_ptsz, impl_capture(h, 1, NULL));
-}
-SIM_API cuStreamEndCapture(CUstream h, CUgraph *graph) {
-  ENTER(cuStreamEndCapture);
-  LEAVE(cuStreamEndCapture, impl_capture(h, 0, graph));
-}
-SIM_API cuStreamEndCapture_ptsz(CUstream h, CUgraph *graph);
-SIM_API cuStreamEndCapture_ptsz(CUstream h, CUgraph *graph) {
-  ENTER(cuStreamEndCapture_ptsz);
-  LEAVE(cuStreamEndCapture_ptsz, impl_capture(h, 0, graph));
-}
-SIM_API cuStreamIsCapturing(CUstream h, CUstreamCaptureStatus *st) {
-  ENTER(cuStreamIsCapturing);
-  LEAVE(cuStreamIsCapturing, impl_is_capturing(h, st));
-}
-SIM_API cuStreamIsCapturing_ptsz(CUstream h, CUstreamCaptureStatus *st);
-SIM_API cuStreamIsCapturing_ptsz(CUstream h, CUstreamCaptureStatus *st) {
-  ENTER(cuStreamIsCapturing_ptsz);
-  LEAVE(cuStreamIsCapturing_ptsz, impl_is_capturing(h, st));
-}
 SIM_API cuGraphDestroy(CUgraph graph) {
   ENTER(cuGraphDestroy);
   if (!graph) LEAVE(cuGraphDestroy, CUDA_ERROR_INVALID_VALUE);
   free(graph);
   LEAVE(cuGraphDestroy, CUDA_SUCCESS);
 }
+
+/* ---- entry points written once for several ABI variants. The driver exports a function per ABI (cuCtxDestroy
+ * and cuCtxDestroy_v2, cuMemcpyHtoD_v2 and cuMemcpyHtoD_v2_ptds ...) and where the simulator does the same work
+ * for each, the wrappers are generated from these lists instead of written out twice. Each generated function is
+ * still its own exported symbol, declared and checked against cuda.h's prototype, counted and injectable under
+ * its own name (ENTER/LEAVE), exactly as a written one; only its source is shared. All return CUresult, as every
+ * driver entry point does. Variants that do different work (cuMemGetInfo's 32-bit saturation, cuCtxCreate_v3's
+ * check of its affinity array, cuGetProcAddress_v2's status ...) stay written out above, next to their
+ * implementation. */
+
+/* SIM_SAME_ABI: X(name, variant, impl, (params), (args)) defines name and variant, both with these parameters and
+ * both returning impl args. */
+#define SIM_SAME_ABI(X)                                                                                       \
+  /* cuDeviceGetUuid_v2 is declared by CUDA 12's headers only; MIG instances aside (none here), the same call */ \
+  X(cuDeviceGetUuid, cuDeviceGetUuid_v2, impl_device_uuid, (CUuuid * uuid, CUdevice dev), (uuid, dev))         \
+  X(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2, impl_primary_release, (CUdevice dev), (dev))     \
+  X(cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2, impl_primary_reset, (CUdevice dev), (dev))           \
+  X(cuCtxCreate, cuCtxCreate_v2, impl_ctx_create, (CUcontext * pctx, unsigned int flags, CUdevice dev),       \
+    (pctx, flags, dev))                                                                                       \
+  X(cuCtxDestroy, cuCtxDestroy_v2, impl_ctx_destroy, (CUcontext ctx), (ctx))                                  \
+  X(cuCtxPushCurrent, cuCtxPushCurrent_v2, impl_ctx_push, (CUcontext ctx), (ctx))                             \
+  X(cuCtxPopCurrent, cuCtxPopCurrent_v2, impl_ctx_pop, (CUcontext * pctx), (pctx))                            \
+  X(cuMemcpyHtoD_v2, cuMemcpyHtoD_v2_ptds, impl_copy, (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount), \
+    (CP_HTOD, dstDevice, (uint64_t)(uintptr_t)srcHost, ByteCount))                                            \
+  X(cuMemcpyDtoH_v2, cuMemcpyDtoH_v2_ptds, impl_copy, (void *dstHost, CUdeviceptr srcDevice, size_t ByteCount), \
+    (CP_DTOH, (uint64_t)(uintptr_t)dstHost, srcDevice, ByteCount))                                            \
+  X(cuMemcpyDtoD_v2, cuMemcpyDtoD_v2_ptds, impl_copy,                                                         \
+    (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount), (CP_DTOD, dstDevice, srcDevice, ByteCount)) \
+  X(cuMemsetD8_v2, cuMemsetD8_v2_ptds, impl_memset, (CUdeviceptr dstDevice, unsigned char uc, size_t N),      \
+    (dstDevice, uc, N))                                                                                       \
+  X(cuStreamDestroy, cuStreamDestroy_v2, impl_stream_destroy, (CUstream hStream), (hStream))                  \
+  X(cuStreamGetCtx, cuStreamGetCtx_ptsz, impl_stream_get_ctx, (CUstream hStream, CUcontext * pctx), (hStream, pctx)) \
+  X(cuStreamGetCtx_v2, cuStreamGetCtx_v2_ptsz, impl_stream_get_ctx_v2,                                        \
+    (CUstream hStream, CUcontext * pCtx, CUgreenCtx * pGreenCtx), (hStream, pCtx, pGreenCtx))                 \
+  X(cuLaunchKernel, cuLaunchKernel_ptsz, impl_launch,                                                         \
+    (CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, \
+     unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,           \
+     void **kernelParams, void **extra),                                                                      \
+    (f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, hStream, kernelParams, extra))         \
+  X(cuIpcOpenMemHandle, cuIpcOpenMemHandle_v2, impl_ipc_open,                                                 \
+    (CUdeviceptr * pdptr, CUipcMemHandle handle, unsigned int Flags), (pdptr, handle))                        \
+  X(cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz, impl_capture, (CUstream h, CUstreamCaptureMode mode), \
+    (h, 1, NULL))                                                                                             \
+  X(cuStreamEndCapture, cuStreamEndCapture_ptsz, impl_capture, (CUstream h, CUgraph * graph), (h, 0, graph))  \
+  X(cuStreamIsCapturing, cuStreamIsCapturing_ptsz, impl_is_capturing, (CUstream h, CUstreamCaptureStatus * st), \
+    (h, st))
+
+/* One exported entry point returning `call`; declared first, for the few cuda.h leaves undeclared (the _ptsz
+ * capture calls, cuDeviceGetUuid_v2) and so that each one is checked against a prototype. */
+#define SIM_WRAPPER(name, params, call)                                                                       \
+  SIM_API name params;                                                                                        \
+  SIM_API name params {                                                                                       \
+    ENTER(name);                                                                                              \
+    LEAVE(name, call);                                                                                        \
+  }
+#define SIM_DEF_SAME_ABI(name, variant, impl, params, args)                                                   \
+  SIM_WRAPPER(name, params, impl args)                                                                        \
+  SIM_WRAPPER(variant, params, impl args)
+SIM_SAME_ABI(SIM_DEF_SAME_ABI)
+#undef SIM_DEF_SAME_ABI
+
+/* SIM_PER_THREAD: X(name, impl, (params), (args)) defines name, returning impl(args..., 0), and name_ptsz, returning
+ * impl(args..., 1): the last argument of impl says whether stream 0 is the per-thread default stream. */
+#define SIM_PER_THREAD(X)                                                                                     \
+  X(cuStreamSynchronize, impl_stream_sync, (CUstream hStream), (hStream))                                     \
+  X(cuMemAllocAsync, impl_alloc_async, (CUdeviceptr * dptr, size_t bytesize, CUstream hStream),               \
+    (dptr, bytesize, NULL, 0, hStream))                                                                       \
+  X(cuMemAllocFromPoolAsync, impl_alloc_async,                                                                \
+    (CUdeviceptr * dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream), (dptr, bytesize, pool, 1, hStream)) \
+  X(cuMemFreeAsync, impl_free_async, (CUdeviceptr dptr, CUstream hStream), (dptr, hStream))
+
+#define SIM_LEGACY_STREAM(...) (__VA_ARGS__, 0)
+#define SIM_PER_THREAD_STREAM(...) (__VA_ARGS__, 1)
+#define SIM_DEF_PER_THREAD(name, impl, params, args)                                                          \
+  SIM_WRAPPER(name, params, impl SIM_LEGACY_STREAM args)                                                      \
+  SIM_WRAPPER(name##_ptsz, params, impl SIM_PER_THREAD_STREAM args)
+SIM_PER_THREAD(SIM_DEF_PER_THREAD)
+#undef SIM_DEF_PER_THREAD
+
+/* SIM_ABI_32: X(name, (params)) defines the 32-bit ABI (CUdeviceptr_v1, unsigned int sizes) of a call whose _v2 is
+ * written above: those cannot carry the 64-bit addresses the simulator hands out, so each answers
+ * CUDA_ERROR_NOT_SUPPORTED once the driver is initialised. */
+#define SIM_ABI_32(X)                                                                                         \
+  X(cuMemAlloc, (CUdeviceptr_v1 * dptr, unsigned int bytesize))                                              \
+  X(cuMemAllocPitch, (CUdeviceptr_v1 * dptr, unsigned int *pPitch, unsigned int WidthInBytes, unsigned int Height, \
+                      unsigned int ElementSizeBytes))                                                         \
+  X(cuMemFree, (CUdeviceptr_v1 dptr))                                                                         \
+  X(cuMemGetAddressRange, (CUdeviceptr_v1 * pbase, unsigned int *psize, CUdeviceptr_v1 dptr))                 \
+  X(cuMemcpyHtoD, (CUdeviceptr_v1 dstDevice, const void *srcHost, unsigned int ByteCount))                    \
+  X(cuMemcpyDtoH, (void *dstHost, CUdeviceptr_v1 srcDevice, unsigned int ByteCount))                          \
+  X(cuMemcpyDtoD, (CUdeviceptr_v1 dstDevice, CUdeviceptr_v1 srcDevice, unsigned int ByteCount))               \
+  X(cuMemsetD8, (CUdeviceptr_v1 dstDevice, unsigned char uc, unsigned int N))
+
+#define SIM_DEF_ABI_32(name, params)                                                                          \
+  SIM_WRAPPER(name, params, inited() ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_NOT_INITIALIZED)
+SIM_ABI_32(SIM_DEF_ABI_32)
+#undef SIM_DEF_ABI_32
 
 /* ---- checkpoint (cuCheckpointProcess*): the simulator checkpoints its own process only (pid == getpid()).
  * Lock: RUNNING -> LOCKED once every other thread is out of the driver (CUDA_ERROR_NOT_READY, and RUNNING

@@ -293,6 +293,14 @@ static cudaError_t rt_ctx(void) {
   return map_err(D.ctxSetCurrent(ctx));
 }
 
+/* Returns from the calling runtime function what a call that is one driver call answers: rt_ctx's error, or else
+ * the driver call's result as a runtime error (call is evaluated only once the context is there). */
+#define RT_RETURN_DRIVER(call)                                                                                \
+  do {                                                                                                        \
+    cudaError_t rt_e_ = rt_ctx();                                                                             \
+    return ret(rt_e_ != cudaSuccess ? rt_e_ : map_err(call));                                                 \
+  } while (0)
+
 static int current_device(void) {
   CUcontext cur = NULL;
   CUdevice dev;
@@ -347,9 +355,7 @@ RT_API cudaMallocPitch(void **devPtr, size_t *pitch, size_t width, size_t height
 }
 
 RT_API cudaMemGetInfo(size_t *free, size_t *total) {
-  cudaError_t e = rt_ctx();
-  if (e != cudaSuccess) return ret(e);
-  return ret(map_err(D.memGetInfo(free, total)));
+  RT_RETURN_DRIVER(D.memGetInfo(free, total));
 }
 
 /* ---------------------------------------------------------------------------------------- host memory */
@@ -379,9 +385,7 @@ RT_API cudaFreeHost(void *ptr) {
 /* ------------------------------------------------------------------------------------------- streams */
 
 static cudaError_t stream_create(cudaStream_t *pStream, unsigned int flags) {
-  cudaError_t e = rt_ctx();
-  if (e != cudaSuccess) return ret(e);
-  return ret(map_err(D.streamCreate(pStream, flags)));
+  RT_RETURN_DRIVER(D.streamCreate(pStream, flags));
 }
 
 RT_API cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags) { return stream_create(pStream, flags); }
@@ -389,27 +393,19 @@ RT_API cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags) { re
 RT_API cudaStreamCreate(cudaStream_t *pStream) { return stream_create(pStream, cudaStreamDefault); }
 
 RT_API cudaStreamDestroy(cudaStream_t stream) {
-  cudaError_t e = rt_ctx();
-  if (e != cudaSuccess) return ret(e);
-  return ret(map_err(D.streamDestroy(stream)));
+  RT_RETURN_DRIVER(D.streamDestroy(stream));
 }
 
 RT_API cudaStreamSynchronize(cudaStream_t stream) {
-  cudaError_t e = rt_ctx();
-  if (e != cudaSuccess) return ret(e);
-  return ret(map_err(D.streamSynchronize(stream)));
+  RT_RETURN_DRIVER(D.streamSynchronize(stream));
 }
 
 RT_API cudaStreamSynchronize_ptsz(cudaStream_t stream) {
-  cudaError_t e = rt_ctx();
-  if (e != cudaSuccess) return ret(e);
-  return ret(map_err(D.streamSynchronize_ptsz(stream)));
+  RT_RETURN_DRIVER(D.streamSynchronize_ptsz(stream));
 }
 
 RT_API cudaDeviceSynchronize(void) {
-  cudaError_t e = rt_ctx();
-  if (e != cudaSuccess) return ret(e);
-  return ret(map_err(D.ctxSynchronize(NULL)));
+  RT_RETURN_DRIVER(D.ctxSynchronize(NULL));
 }
 
 /* -------------------------------------------------------------------------------- stream-ordered memory */
@@ -433,9 +429,7 @@ RT_API cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStream) {
 }
 
 static cudaError_t free_async(PFN_cuMemFreeAsync_v11020 fn, void *devPtr, cudaStream_t s) {
-  cudaError_t e = rt_ctx();
-  if (e != cudaSuccess) return ret(e);
-  return ret(map_err(fn((CUdeviceptr)(uintptr_t)devPtr, s)));
+  RT_RETURN_DRIVER(fn((CUdeviceptr)(uintptr_t)devPtr, s));
 }
 
 RT_API cudaFreeAsync(void *devPtr, cudaStream_t hStream) { return free_async(D.memFreeAsync, devPtr, hStream); }

@@ -100,3 +100,44 @@ Test(sim_symbols, every_exported_driver_name_is_an_entry_point) {
                  k_expected[i]);
   }
 }
+
+/* The driver's name for the function an exported variant is: cuMemcpyHtoD_v2_ptds -> cuMemcpyHtoD. */
+static void base_name(const char *sym, char *out, size_t n) {
+  snprintf(out, n, "%s", sym);
+  for (;;) {
+    size_t len = strlen(out);
+    char *u = strrchr(out, '_');
+    if (!u) return;
+    if (strcmp(u, "_ptsz") == 0 || strcmp(u, "_ptds") == 0 ||
+        (u[1] == 'v' && u[2] >= '0' && u[2] <= '9' && u + 3 == out + len))
+      *u = 0;
+    else
+      return;
+  }
+}
+
+Test(sim_symbols, cuGetProcAddress_hands_out_every_exported_driver_function) {
+  /* Each exported variant is some (base name, version, flags) answer of cuGetProcAddress: a table row that lost its
+   * variant, or points at another one, leaves a variant no query reaches. */
+  static const int versions[] = {2000,  2020,  3020,  4000,  4010,  6000,  7000,  9020,  10000, 10010,
+                                 10020, 11000, 11020, 11030, 11040, 12000, 12050, 12080, 13000, 13010};
+  int checked = 0;
+  for (size_t i = 0; i < NEXPECTED; i++) {
+    if (strncmp(k_expected[i], "cu", 2) != 0) continue;
+    void *want = sim_dlsym(k_expected[i]);
+    cr_assert_not_null(want, "%s is not exported", k_expected[i]);
+    char base[128];
+    base_name(k_expected[i], base, sizeof base);
+    int found = 0;
+    for (size_t v = 0; v < sizeof versions / sizeof versions[0] && !found; v++)
+      for (uint64_t fl = 0; fl <= CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM && !found;
+           fl += CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) {
+        void *fn = NULL;
+        CUdriverProcAddressQueryResult st;
+        if (cuGetProcAddress(base, &fn, versions[v], fl, &st) == CUDA_SUCCESS && fn == want) found = 1;
+      }
+    cr_assert(found, "no cuGetProcAddress(\"%s\", version, flags) answers %s", base, k_expected[i]);
+    checked++;
+  }
+  cr_assert_geq(checked, 100, "only %d driver names checked", checked);
+}
