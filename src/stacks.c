@@ -58,6 +58,11 @@ gr_site_t gr_stack_capture(uintptr_t pc) {
     dl_iterate_phdr(find_self, NULL);
   uintptr_t f[GR_STACK_MAX];
   int k = 0, i = 0;
+  /* Under a sanitizer backtrace() is its interceptor, whose frame comes before gpureclaim's: it goes too. */
+  while (i < n && !((uintptr_t)raw[i] >= g_self_lo && (uintptr_t)raw[i] < g_self_hi))
+    i++;
+  if (i == n)
+    i = 0;
   while (i < n && (uintptr_t)raw[i] >= g_self_lo && (uintptr_t)raw[i] < g_self_hi)
     i++;
   if (gr_tls.rt_depth) { /* start at the runtime call's caller */

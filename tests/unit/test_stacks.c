@@ -54,6 +54,8 @@ static __attribute__((noinline)) void *capture_twice(void *arg) {
   capture_t *c = arg;
   void *raw[64];
   int n = backtrace(raw, 64), i = 0;
+  while (i < n && !in_self((uintptr_t)raw[i])) /* a sanitizer's backtrace interceptor */
+    i++;
   while (i < n && in_self((uintptr_t)raw[i]))
     i++;
   for (c->nouter = 0; i < n && c->nouter < GR_STACK_MAX; i++)
