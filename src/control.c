@@ -238,7 +238,7 @@ static void answer(int fd, const char *line, int pid) {
 /* Reads the request line, one deadline for the whole of it (a client sending a byte now and then gets no more
  * time than a silent one). Returns 1 with the line (without its newline; a line the client ended by closing
  * counts), 0 when nothing complete came in time or the client left mid-line, -1 when it is longer than
- * cap - 1 bytes. */
+ * cap - 2 bytes (the newline takes a byte of line too). */
 static int read_line(int fd, char *line, size_t cap, size_t *len, const struct timespec *deadline) {
   size_t n = 0;
   for (;;) {
@@ -313,7 +313,7 @@ void gr_control_serve_one(void) {
   struct timespec deadline;
   clock_gettime(CLOCK_MONOTONIC, &deadline);
   deadline.tv_sec += 1;
-  char line[256];
+  char line[257]; /* 255 bytes, the newline read after them, and the terminating NUL */
   size_t n = 0;
   int got = read_line(fd, line, sizeof line, &n, &deadline);
   if (got < 0) {
