@@ -20,9 +20,9 @@ void gr_release_atfork_child(void);
 void gr_release_note_give(void);
 uint64_t gr_release_last_give_ms(void);
 
-/* release.c: a peer's request: gives up to want bytes on the devices in devmask (bit per ordinal), cheapest
+/* A peer's request: gives up to want bytes on the devices in devmask (bit per ordinal), cheapest
  * first, within GPURECLAIM_ON_SIGNAL; framework caches only when framework_ok. Fills rep (trigger peer). */
 void gr_release_give(uint64_t want, uint64_t devmask, int asker, bool framework_ok, const struct timespec *deadline,
-                 gpureclaim_report_t *rep);
+                     gpureclaim_report_t *rep);
 
 #endif /* GR_RELEASE_H */

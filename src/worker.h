@@ -2,7 +2,6 @@
 #ifndef GR_WORKER_H
 #define GR_WORKER_H
 
-/* worker.c: the thread that serves the signal and the control socket. */
 int gr_worker_start(void);
 void gr_worker_stop(void);
 void gr_worker_atfork_child(void);
