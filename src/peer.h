@@ -19,7 +19,7 @@ void gr_peer_serve_give(const char *args, int pid, struct jbuf *b);
 bool gr_peer_busy(void);
 /* Whether GPURECLAIM_PEERS names this role (GR_PEERS_ASK, _GIVE, _SLEEP) and status files are on. */
 bool gr_peer_on(unsigned bit);
-/* The asking side, called by the hooks after their own retry failed (driver.c, PEER_RETRY). */
+/* The asking side, called by the hooks after their own retry failed (driver.c, RETRIES). */
 #define GR_PEER_MAX 16 /* peers asked in one peer reclaim, at most */
 typedef struct gr_peer_result {
   int pid;

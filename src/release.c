@@ -597,7 +597,6 @@ int gr_release_run(unsigned what, int trigger, gpureclaim_report_t *out) {
   return 0;
 }
 
-
 static int check_what(unsigned what) {
   if (what == 0 || (what & ~(GPURECLAIM_CACHED | GPURECLAIM_ORPHANED | GPURECLAIM_ALL)))
     return -EINVAL;

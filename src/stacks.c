@@ -50,6 +50,9 @@ static int find_self(struct dl_phdr_info *info, size_t size, void *arg) {
   return 0;
 }
 
+/* Whether a frame's address is in gpureclaim's own code (find_self must have run). */
+static bool in_self(const void *frame) { return (uintptr_t)frame >= g_self_lo && (uintptr_t)frame < g_self_hi; }
+
 gr_site_t gr_stack_capture(uintptr_t pc) {
   void *raw[GR_STACK_MAX + 12];
   int n = backtrace(raw, (int)GR_ARRAY_LEN(raw));
@@ -59,11 +62,11 @@ gr_site_t gr_stack_capture(uintptr_t pc) {
   uintptr_t f[GR_STACK_MAX];
   int k = 0, i = 0;
   /* Under a sanitizer backtrace() is its interceptor, whose frame comes before gpureclaim's: it goes too. */
-  while (i < n && !((uintptr_t)raw[i] >= g_self_lo && (uintptr_t)raw[i] < g_self_hi))
+  while (i < n && !in_self(raw[i]))
     i++;
   if (i == n)
     i = 0;
-  while (i < n && (uintptr_t)raw[i] >= g_self_lo && (uintptr_t)raw[i] < g_self_hi)
+  while (i < n && in_self(raw[i]))
     i++;
   if (gr_tls.rt_depth) { /* start at the runtime call's caller */
     int j = i;

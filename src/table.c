@@ -85,6 +85,7 @@
  * the old one on its next operation). Shrinking lags by the changes between two checks (SHRINK_EVERY).
  */
 #include "table.h"
+#include "common.h" /* GR_ASSERT */
 
 #include <errno.h>
 #include <stdatomic.h>
@@ -184,12 +185,6 @@ static const uint8_t k_moves[8] = {
                          GR_STMASK(GR_ST_LIVE) | GR_STMASK(GR_ST_ORPHAN),
     [GR_ST_RECLAIMED] = GR_STMASK(GR_ST_RECLAIMED) | GR_STMASK(GR_ST_DELETED),
 };
-#ifdef GR_DEBUG
-void gr_assert_fail(const char *what, const char *file, int line) __attribute__((noreturn, cold));
-#define TABLE_ASSERT(c) (__builtin_expect(!!(c), 1) ? (void)0 : gr_assert_fail(#c, __FILE__, __LINE__))
-#else
-#define TABLE_ASSERT(c) ((void)0)
-#endif
 static inline bool legal_move(unsigned from, unsigned to) { return (k_moves[from & 7] >> (to & 7)) & 1; }
 static inline uint64_t fwd_ctl(uint32_t src, uint32_t dst, uint64_t j) {
   return F_MOVED | F_FWD | ((uint64_t)(src & SGEN_MASK) << FWD_SRC_SHIFT) |
@@ -706,7 +701,7 @@ GR_HOT_INLINE int gr_table_insert_ks(const gr_packed_t *r, unsigned ks) {
   uint64_t h = hash_key(ks, r->key);
   uint64_t w1 = r->w1, w3 = r->w3, meta = r->ctl;
   unsigned state = gr_pk_state(r);
-  TABLE_ASSERT(state == GR_ST_LIVE || state == GR_ST_ORPHAN); /* a record enters the table owned */
+  GR_ASSERT(state == GR_ST_LIVE || state == GR_ST_ORPHAN); /* a record enters the table owned */
   int rc = 0;
   unsigned full_rounds = 0;
   /* With asymmetric barriers (epoch.c) a record is claimed and published by one CAS; without, by two. */
@@ -801,7 +796,7 @@ int gr_table_update(unsigned ks, uint64_t key, unsigned state_mask, gr_edit_fn f
     gr_rec_t want = cur;
     if (!fn(&want, arg))
       break;
-    TABLE_ASSERT(legal_move(cur.state, want.state));
+    GR_ASSERT(legal_move(cur.state, want.state));
     uint64_t nc = ctl_with(meta_of(&want), want.state, ctl_sgen(c)) | (c & F_PENDING);
     slot_t *s = &g->slots[i];
     if (atomic_compare_exchange_strong_explicit(&s->ctl, &c, nc, memory_order_acq_rel, memory_order_relaxed)) {
@@ -888,7 +883,7 @@ GR_HOT_INLINE int gr_table_take_kind_pk(unsigned ks, uint64_t key, unsigned stat
     }
     if (!tag_ok(w3, c) || k2 != key || rec_ks(w1) != ks)
       continue; /* still being written (not there yet), or another key */
-    TABLE_ASSERT(st_present(ctl_state(c))); /* a take finds a present record, never a free slot */
+    GR_ASSERT(st_present(ctl_state(c))); /* a take finds a present record, never a free slot */
     if (!((kind_mask >> ((w1 >> 48) & 0xf)) & 1))
       break; /* the first match is of another kind: declined, as update() with edit_take declines */
     /* The CAS names the occupant (slot generation) whose payload was read. */
@@ -973,7 +968,7 @@ int gr_table_cas(gr_ref_t *ref, gr_rec_t *expect, const gr_rec_t *desired) {
     want.state = desired->state;
     want.scope = desired->scope;
     want.aux = desired->aux;
-    TABLE_ASSERT(legal_move(cur.state, want.state));
+    GR_ASSERT(legal_move(cur.state, want.state));
     uint64_t nc = ctl_with(meta_of(&want), want.state, ctl_sgen(c));
     if (atomic_compare_exchange_strong_explicit(&s->ctl, &c, nc, memory_order_acq_rel, memory_order_relaxed)) {
       if (want.state == GR_ST_DELETED)

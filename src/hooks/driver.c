@@ -66,23 +66,20 @@ static inline void *pa_real(int id) { return atomic_load_explicit(&gr_pa_real[id
   ((1u << GPURECLAIM_KIND_DEVICE) | (1u << GPURECLAIM_KIND_PITCH) | (1u << GPURECLAIM_KIND_MANAGED) |     \
    (1u << GPURECLAIM_KIND_ASYNC))
 
-/* Retries an allocation that ran out of memory after releasing what is safe from this thread. */
-#define OOM_RETRY(rc, call)                                                                                \
+/* What a body does when its allocation ran out of memory (in its cold retry_ function below): first retries
+ * after releasing what is safe from this thread (GPURECLAIM_OOM_RETRY times at most); then, if it still failed,
+ * asks the other gpureclaim processes on the same GPU (peer.c) and retries once more: after a peer reclaim, or
+ * when another thread or process ran one on this GPU while this one waited for it. device: the ordinal the
+ * allocation is on (-1: the current context's). */
+#define RETRIES(rc, bytes, device, call)                                                                   \
   do {                                                                                                     \
     for (unsigned attempt_ = 0; (rc) == CUDA_ERROR_OUT_OF_MEMORY && attempt_ < gr_opt()->oom_retry;        \
          attempt_++) {                                                                                     \
-      if (gr_release_for_oom() == 0)                                                                           \
+      if (gr_release_for_oom() == 0)                                                                       \
         break;                                                                                             \
       (rc) = (call);                                                                                       \
       gr_stats_oom_retry((rc) == CUDA_SUCCESS);                                                            \
     }                                                                                                      \
-  } while (0)
-
-/* Then, if it still failed, asks the other gpureclaim processes on the same GPU (peer.c) and retries once
- * more: after a peer reclaim, or when another thread or process ran one on this GPU while this one waited for
- * it. device: the ordinal the allocation is on (-1: the current context's). */
-#define PEER_RETRY(rc, bytes, device, call)                                                                \
-  do {                                                                                                     \
     gr_peer_op_t op_;                                                                                      \
     if ((rc) == CUDA_ERROR_OUT_OF_MEMORY && gr_peer_begin(&op_, (bytes), (device))) {                     \
       if (op_.waited)                                                                                      \
@@ -105,45 +102,49 @@ static int async_device(CUmemoryPool pool, CUstream s) {
   return gr_reg_stream(s, &cid, &dev) && dev != GR_DEVICE_NONE ? dev : -1;
 }
 
-/* The retries of an allocation that ran out of memory, one per allocating body, out of line: only a failed
- * allocation pays for them, and the hot bodies keep a small frame (a peer reclaim's state is over a kilobyte). */
+/* RETRIES, one function per allocating body, out of line: only a failed allocation pays for them, and the hot
+ * bodies keep a small frame (a peer reclaim's state is over a kilobyte). */
 GR_COLD static CUresult retry_mem_alloc(PFN_cuMemAlloc_v3020 real, CUdeviceptr *dptr, size_t bytesize, CUresult rc) {
-  OOM_RETRY(rc, real(dptr, bytesize));
-  PEER_RETRY(rc, bytesize, -1, real(dptr, bytesize));
+  RETRIES(rc, bytesize, -1, real(dptr, bytesize));
   return rc;
 }
 
-GR_COLD static CUresult retry_mem_alloc_pitch(PFN_cuMemAllocPitch_v3020 real, CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes, CUresult rc) {
-  OOM_RETRY(rc, real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes));
-  PEER_RETRY(rc, (uint64_t)WidthInBytes * Height, -1, real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes));
+GR_COLD static CUresult retry_mem_alloc_pitch(PFN_cuMemAllocPitch_v3020 real, CUdeviceptr *dptr, size_t *pPitch,
+                                              size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes,
+                                              CUresult rc) {
+  RETRIES(rc, (uint64_t)WidthInBytes * Height, -1, real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes));
   return rc;
 }
 
-GR_COLD static CUresult retry_mem_alloc_managed(PFN_cuMemAllocManaged_v6000 real, CUdeviceptr *dptr, size_t bytesize, unsigned int flags, CUresult rc) {
-  OOM_RETRY(rc, real(dptr, bytesize, flags));
-  PEER_RETRY(rc, bytesize, -1, real(dptr, bytesize, flags));
+GR_COLD static CUresult retry_mem_alloc_managed(PFN_cuMemAllocManaged_v6000 real, CUdeviceptr *dptr, size_t bytesize,
+                                                unsigned int flags, CUresult rc) {
+  RETRIES(rc, bytesize, -1, real(dptr, bytesize, flags));
   return rc;
 }
 
-GR_COLD static CUresult retry_mem_alloc_async(PFN_cuMemAllocAsync_v11020 real, CUdeviceptr *dptr, size_t bytesize, CUstream hStream, CUresult rc) {
-  OOM_RETRY(rc, real(dptr, bytesize, hStream));
-  PEER_RETRY(rc, bytesize, async_device(NULL, hStream), real(dptr, bytesize, hStream));
+GR_COLD static CUresult retry_mem_alloc_async(PFN_cuMemAllocAsync_v11020 real, CUdeviceptr *dptr, size_t bytesize,
+                                              CUstream hStream, CUresult rc) {
+  RETRIES(rc, bytesize, async_device(NULL, hStream), real(dptr, bytesize, hStream));
   return rc;
 }
 
-GR_COLD static CUresult retry_mem_alloc_from_pool(PFN_cuMemAllocFromPoolAsync_v11020 real, CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream, CUresult rc) {
-  OOM_RETRY(rc, real(dptr, bytesize, pool, hStream));
-  PEER_RETRY(rc, bytesize, async_device(pool, hStream), real(dptr, bytesize, pool, hStream));
+GR_COLD static CUresult retry_mem_alloc_from_pool(PFN_cuMemAllocFromPoolAsync_v11020 real, CUdeviceptr *dptr,
+                                                  size_t bytesize, CUmemoryPool pool, CUstream hStream, CUresult rc) {
+  RETRIES(rc, bytesize, async_device(pool, hStream), real(dptr, bytesize, pool, hStream));
   return rc;
+}
+
+/* The device ordinal a VMM allocation's properties name, -1 for none (host memory, or out of range). */
+static int prop_device(const CUmemAllocationProp *prop) {
+  return prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE && prop->location.id >= 0 &&
+                 prop->location.id < GR_MAX_DEV
+             ? prop->location.id
+             : -1;
 }
 
 GR_COLD static CUresult retry_mem_create(PFN_cuMemCreate_v10020 real, CUmemGenericAllocationHandle *handle, size_t size,
                                          const CUmemAllocationProp *prop, unsigned long long flags, CUresult rc) {
-  OOM_RETRY(rc, real(handle, size, prop, flags));
-  PEER_RETRY(rc, size,
-             prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE && prop->location.id >= 0 &&
-                     prop->location.id < GR_MAX_DEV ? prop->location.id : -1,
-             real(handle, size, prop, flags));
+  RETRIES(rc, size, prop_device(prop), real(handle, size, prop, flags));
   return rc;
 }
 
@@ -457,9 +458,9 @@ static CUresult b_mem_create(void *realp, uintptr_t ra, CUmemGenericAllocationHa
   if (rc == CUDA_SUCCESS) {
     gr_rec_t r;
     gr_track_fill(&r, GPURECLAIM_KIND_VMM, (uint64_t)*handle, size, GR_API_cuMemCreate, ra);
-    if (prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE && prop->location.id >= 0 &&
-        prop->location.id < GR_MAX_DEV)
-      r.device = (uint8_t)prop->location.id;
+    int d = prop_device(prop);
+    if (d >= 0)
+      r.device = (uint8_t)d;
     gr_track_insert(&r);
   }
   gr_tls.hook_depth--;

@@ -67,7 +67,8 @@ void gr_report_gpus_json(jbuf_t *b, bool memory) {
   memory = memory && !off;
   jb_arr(b, "gpus");
   for (int d = 0; d < count && d < GR_MAX_DEV; d++) {
-    CUcontext ctx = memory && atomic_load_explicit(&gr_core_state, memory_order_acquire) == 1 ? gr_reg_ctx_on_device(d) : NULL;
+    CUcontext ctx =
+        memory && atomic_load_explicit(&gr_core_state, memory_order_acquire) == 1 ? gr_reg_ctx_on_device(d) : NULL;
     if (memory && !ctx)
       continue;
     char uuid[64];
