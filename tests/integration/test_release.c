@@ -437,6 +437,86 @@ Test(release, a_release_racing_a_free_frees_once, .timeout = 120) {
   cr_assert(h_table_matches_sim("after the races"));
 }
 
+/* A free by the thread that allocated the block (its owner: the table takes the record with a plain store while
+ * no other thread writes it) or by another thread, racing a release on a third thread that claims the block as
+ * an orphan: the block is freed once, by one of them, and the program's free succeeds either way. */
+typedef struct {
+  _Atomic int seq, done; /* commands given, commands done */
+  int cmd;               /* 1: allocate a block in a scope that ends (an orphan), 2: free it, 3: stop */
+  CUdeviceptr p;
+  CUresult rc;
+} owner_t;
+
+static void *owner_thread(void *arg) {
+  owner_t *o = arg;
+  cuCtxSetCurrent(g_ctx);
+  for (int seen = 0;; seen++) {
+    while (atomic_load(&o->seq) == seen)
+      ;
+    if (o->cmd == 3)
+      return NULL;
+    if (o->cmd == 1) {
+      uint64_t s = gpureclaim_scope_begin();
+      o->rc = cuMemAlloc(&o->p, 4096);
+      if (gpureclaim_scope_end(s, 0) != 0)
+        o->rc = CUDA_ERROR_UNKNOWN;
+    } else {
+      o->rc = cuMemFree(o->p);
+    }
+    atomic_fetch_add(&o->done, 1);
+  }
+}
+
+/* Has the owner's thread run cmd, and waits until it has. */
+static void owner_run(owner_t *o, int cmd) {
+  int d = atomic_load(&o->done);
+  o->cmd = cmd;
+  atomic_fetch_add(&o->seq, 1);
+  while (cmd != 3 && atomic_load(&o->done) == d)
+    ;
+}
+
+static void *release_orphans_once(void *arg) { return (void *)(intptr_t)gpureclaim_release(GPURECLAIM_ORPHANED, arg); }
+
+Test(release, frees_by_the_owner_or_another_thread_racing_a_release_free_once, .timeout = 120) {
+  owner_t o = {0};
+  pthread_t owner = gr_thread_start(owner_thread, &o);
+  unsigned released[2] = {0}, freed[2] = {0}; /* [0] the owner frees, [1] another thread: who freed the block */
+  /* At least 300 rounds, and on until the release and the free each won against both kinds of free. */
+  for (int i = 0; i < 300 || !(released[0] && released[1] && freed[0] && freed[1]); i++) {
+    cr_assert_lt(i, 100000, "the release and the frees never overlapped: released %u/%u, freed %u/%u", released[0],
+                 released[1], freed[0], freed[1]);
+    owner_run(&o, 1);
+    cr_assert_eq(o.rc, CUDA_SUCCESS, "iteration %d: the allocation", i);
+    uint64_t calls = simcuda_calls("cuMemFree_v2");
+    gpureclaim_report_t rep = {.size = sizeof rep};
+    pthread_t rel = gr_thread_start(release_orphans_once, &rep);
+    int other = i % 2;
+    CUresult rc;
+    if (!other) {
+      owner_run(&o, 2);
+      rc = o.rc;
+    } else {
+      rc = cuMemFree(o.p); /* this thread, not the block's */
+    }
+    cr_assert_eq((intptr_t)gr_thread_join(rel), 0, "iteration %d: the release failed", i);
+    cr_assert_eq(rc, CUDA_SUCCESS, "iteration %d: the program's free failed (%d)", i, rc);
+    cr_assert_eq(simcuda_calls("cuMemFree_v2") - calls, 1, "iteration %d: freed %llu times", i,
+                 (unsigned long long)(simcuda_calls("cuMemFree_v2") - calls));
+    cr_assert_eq(rep.failed_blocks, 0);
+    cr_assert_leq(rep.orphaned_blocks, 1);
+    released[other] += rep.orphaned_blocks == 1;
+    freed[other] += rep.orphaned_blocks == 0;
+  }
+  owner_run(&o, 3);
+  gr_thread_join(owner);
+  fprintf(stderr,
+          "the release freed the block %u times against the owner's free, %u against another thread's; "
+          "the program's free won %u and %u times\n",
+          released[0], released[1], freed[0], freed[1]);
+  cr_assert(h_table_matches_sim("after the races"));
+}
+
 Test(release, all_frees_every_tracked_block_and_context_scoped_all) {
   CUdeviceptr a, b2;
   void *h;
