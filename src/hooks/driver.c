@@ -167,7 +167,10 @@ GR_COLD static void restore_pk(const gr_packed_t *p, uint64_t seq0) {
   gr_track_restore_ctx(&r, seq0);
 }
 
-/* A free: untrack first (CUDA reuses addresses), call the driver, put the record back if it refused. */
+/* A free: untrack first (CUDA reuses addresses), call the driver, put the record back if it refused, unless it
+ * answered CUDA_ERROR_INVALID_VALUE: the driver has no such block, so the record was of a block already gone (two
+ * threads freed one pointer at once, and the other free, finding no record, reached the driver first); put back,
+ * it would outlive its block, and a release could later free the address for whoever has it then. */
 #define FREE_BODY(ks, key, kinds, call)                                                                    \
   do {                                                                                                     \
     gr_packed_t rec_;                                                                                      \
@@ -179,8 +182,8 @@ GR_COLD static void restore_pk(const gr_packed_t *p, uint64_t seq0) {
     CUresult rc_ = (call);                                                                                 \
     gr_tls.hook_depth--;                                                                                   \
     if (taken_ > 0) {                                                                                      \
-      if (GR_LIKELY(rc_ == CUDA_SUCCESS))                                                                  \
-        gr_track_freed_pk(&rec_);                                                                          \
+      if (GR_LIKELY(rc_ == CUDA_SUCCESS) || rc_ == CUDA_ERROR_INVALID_VALUE)                               \
+        gr_track_freed_pk(&rec_); /* INVALID_VALUE: the driver has no such block (see above) */            \
       else                                                                                                 \
         restore_pk(&rec_, seq0_);                                                                          \
     }                                                                                                      \

@@ -517,6 +517,44 @@ Test(release, frees_by_the_owner_or_another_thread_racing_a_release_free_once, .
   cr_assert(h_table_matches_sim("after the races"));
 }
 
+/* The program frees one block from two threads at once, one of them the thread that allocated it: exactly one
+ * free succeeds, the other gets the driver's CUDA_ERROR_INVALID_VALUE (both reach the driver), and no record
+ * is left for the freed block. */
+typedef struct {
+  _Atomic int go;
+  CUdeviceptr p;
+  CUresult rc;
+} dfree_t;
+
+static void *double_freer(void *arg) {
+  dfree_t *d = arg;
+  cuCtxSetCurrent(g_ctx);
+  while (!atomic_load(&d->go))
+    ;
+  d->rc = cuMemFree(d->p);
+  return NULL;
+}
+
+Test(release, a_double_free_from_two_threads_at_once_frees_once, .timeout = 120) {
+  for (int i = 0; i < 2000; i++) {
+    dfree_t d = {0};
+    OK(cuMemAlloc(&d.p, 4096));
+    uint64_t calls = simcuda_calls("cuMemFree_v2");
+    pthread_t th = gr_thread_start(double_freer, &d);
+    atomic_store(&d.go, 1);
+    CUresult mine = cuMemFree(d.p); /* the owner's free */
+    gr_thread_join(th);
+    cr_assert((mine == CUDA_SUCCESS && d.rc == CUDA_ERROR_INVALID_VALUE) ||
+                  (mine == CUDA_ERROR_INVALID_VALUE && d.rc == CUDA_SUCCESS),
+              "iteration %d: the owner's free %d, the other thread's %d", i, mine, d.rc);
+    cr_assert_eq(simcuda_calls("cuMemFree_v2") - calls, 2, "iteration %d: both reach the driver", i);
+    cr_assert_eq(h_count(0), 0,
+                 "iteration %d: a record is left for the freed block (the owner's free %d, the other thread's %d)", i,
+                 mine, d.rc);
+  }
+  cr_assert(h_table_matches_sim("after the double frees"));
+}
+
 Test(release, all_frees_every_tracked_block_and_context_scoped_all) {
   CUdeviceptr a, b2;
   void *h;
