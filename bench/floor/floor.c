@@ -9,7 +9,10 @@
  * fence, as gpureclaim's table does with membarrier), per-thread counters (allocations, frees, live bytes,
  * plain stores), no clock read and no context (resolved later, were this real). With FLOOR_CTX=1 in the
  * environment it also calls the driver's cuCtxGetCurrent and reads CLOCK_MONOTONIC_COARSE per allocation and
- * keeps both: the floor of a tracker that resolves the context and the time on the hot path.
+ * keeps both: the floor of a tracker that resolves the context and the time on the hot path. FLOOR_CAS=1 makes the
+ * delete a plain store (what gpureclaim's owner takes do), FLOOR_CAS=0 the insert too (what an owner's insert of
+ * the address it freed last does): the floor of one compare-and-swap per pair, and of none. Both are only
+ * measurements of a single thread's loop (no other thread writes the table), never a tracker to use.
  *
  * Routes: the four entry points bench_hooks times, by exported name and through cuGetProcAddress (a dlsym
  * override hands out a wrapper of cuGetProcAddress_v2, which wraps what it returns for those four names).
@@ -58,6 +61,7 @@ static TLS thr_t t_rec;
 static _Atomic uint32_t g_next_tid = 1;
 static _Atomic uint64_t g_epoch = 1;
 static bool g_ctx_mode;
+static int g_cas = 2; /* compare-and-swaps per pair: 2, or 1 (plain delete), or 0 (plain insert too) */
 
 typedef CUresult (*alloc_t)(CUdeviceptr *, size_t);
 typedef CUresult (*free_t)(CUdeviceptr);
@@ -86,6 +90,9 @@ __attribute__((constructor)) static void floor_init(void) {
   real_curctx = (curctx_t)real_dlsym(RTLD_NEXT, "cuCtxGetCurrent");
   const char *e = getenv("FLOOR_CTX");
   g_ctx_mode = e && *e == '1';
+  e = getenv("FLOOR_CAS");
+  if (e && (*e == '0' || *e == '1'))
+    g_cas = *e - '0';
 }
 
 static inline thr_t *me(void) {
@@ -120,8 +127,11 @@ static inline void track(CUdeviceptr p, size_t size, uintptr_t site) {
   for (uint64_t i = home(p), n = 0; n < CAP; n++, i = (i + 1) & (CAP - 1)) {
     slot_t *s = &g_slots[i];
     uint64_t k = atomic_load_explicit(&s->key, memory_order_relaxed);
-    if (k > TOMB || !atomic_compare_exchange_strong_explicit(&s->key, &k, p, memory_order_acq_rel,
-                                                             memory_order_relaxed))
+    if (k > TOMB)
+      continue;
+    if (g_cas == 0)
+      atomic_store_explicit(&s->key, p, memory_order_release);
+    else if (!atomic_compare_exchange_strong_explicit(&s->key, &k, p, memory_order_acq_rel, memory_order_relaxed))
       continue;
     s->size = size;
     s->site = site;
@@ -144,7 +154,9 @@ static inline void untrack(CUdeviceptr p) {
       break; /* never seen: the driver's business */
     if (k != p)
       continue;
-    if (atomic_compare_exchange_strong_explicit(&s->key, &k, TOMB, memory_order_acq_rel, memory_order_relaxed)) {
+    if (g_cas < 2 ? (atomic_store_explicit(&s->key, TOMB, memory_order_release), true)
+                  : atomic_compare_exchange_strong_explicit(&s->key, &k, TOMB, memory_order_acq_rel,
+                                                            memory_order_relaxed)) {
       bump(&t->frees);
       atomic_store_explicit(&t->live_bytes,
                             atomic_load_explicit(&t->live_bytes, memory_order_relaxed) - (int64_t)s->size,
