@@ -10,9 +10,9 @@
  * plain stores), no clock read and no context (resolved later, were this real). With FLOOR_CTX=1 in the
  * environment it also calls the driver's cuCtxGetCurrent and reads CLOCK_MONOTONIC_COARSE per allocation and
  * keeps both: the floor of a tracker that resolves the context and the time on the hot path. FLOOR_CAS=1 makes the
- * delete a plain store (what gpureclaim's owner takes do), FLOOR_CAS=0 the insert too (what an owner's insert of
- * the address it freed last does): the floor of one compare-and-swap per pair, and of none. Both are only
- * measurements of a single thread's loop (no other thread writes the table), never a tracker to use.
+ * delete a plain store, FLOOR_CAS=0 the insert too: the floor of a tracker that needs one compare-and-swap per
+ * pair, and none (bench/README.md, "Owner takes"). Both are only measurements of a single thread's loop (no other
+ * thread writes the table), never a tracker to use.
  *
  * Routes: the four entry points bench_hooks times, by exported name and through cuGetProcAddress (a dlsym
  * override hands out a wrapper of cuGetProcAddress_v2, which wraps what it returns for those four names).
