@@ -108,6 +108,7 @@ int gr_real_resolve_drv(void) {
   R(cuMemPoolTrimTo, "cuMemPoolTrimTo");
   R(cuMemPoolGetAttribute, "cuMemPoolGetAttribute");
   R(cuMemFree, "cuMemFree_v2");
+  R(cuMemGetAddressRange, "cuMemGetAddressRange_v2");
   R(cuMemFreeHost, "cuMemFreeHost");
   R(cuMemRelease, "cuMemRelease");
   R(cuMemGetAllocationPropertiesFromHandle, "cuMemGetAllocationPropertiesFromHandle");

@@ -38,6 +38,7 @@ typedef struct gr_drv {
   CUresult (*cuMemPoolTrimTo)(CUmemoryPool, size_t);
   CUresult (*cuMemPoolGetAttribute)(CUmemoryPool, CUmemPool_attribute, void *);
   CUresult (*cuMemFree)(CUdeviceptr);
+  CUresult (*cuMemGetAddressRange)(CUdeviceptr *, size_t *, CUdeviceptr);
   CUresult (*cuMemFreeHost)(void *);
   CUresult (*cuMemRelease)(CUmemGenericAllocationHandle);
   CUresult (*cuMemGetAllocationPropertiesFromHandle)(CUmemAllocationProp *, CUmemGenericAllocationHandle);

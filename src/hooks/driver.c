@@ -167,10 +167,30 @@ GR_COLD static void restore_pk(const gr_packed_t *p, uint64_t seq0) {
   gr_track_restore_ctx(&r, seq0);
 }
 
+/* Whether a tracked block whose free the driver answered with CUDA_ERROR_INVALID_VALUE is gone: that answer means
+ * "no such block" (two threads freed one pointer at once, and the other free, finding no record, reached the
+ * driver first), unless the driver still has a block of device memory based at that address, which it refused
+ * to free for another reason. Put back when gone, the record would outlive its block, and a release could later
+ * free the address for whoever has it then. Device memory is asked (cuMemGetAddressRange, in the current
+ * context); other kinds, or no answer, are taken at the driver's word. */
+GR_COLD static bool free_found_nothing(const gr_packed_t *p) {
+  if (!((DEVICE_KINDS >> gr_pk_kind(p)) & 1) || !gr_drv.cuMemGetAddressRange)
+    return true;
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  return gr_drv.cuMemGetAddressRange(&base, &size, (CUdeviceptr)p->key) != CUDA_SUCCESS || base != p->key;
+}
+
+/* The same for a VMM handle whose cuMemRelease got CUDA_ERROR_INVALID_VALUE: gone unless the driver still knows
+ * it. */
+GR_COLD static bool handle_gone(CUmemGenericAllocationHandle h) {
+  CUmemAllocationProp prop;
+  return !gr_drv.cuMemGetAllocationPropertiesFromHandle ||
+         gr_drv.cuMemGetAllocationPropertiesFromHandle(&prop, h) != CUDA_SUCCESS;
+}
+
 /* A free: untrack first (CUDA reuses addresses), call the driver, put the record back if it refused, unless it
- * answered CUDA_ERROR_INVALID_VALUE: the driver has no such block, so the record was of a block already gone (two
- * threads freed one pointer at once, and the other free, finding no record, reached the driver first); put back,
- * it would outlive its block, and a release could later free the address for whoever has it then. */
+ * found no such block (free_found_nothing). */
 #define FREE_BODY(ks, key, kinds, call)                                                                    \
   do {                                                                                                     \
     gr_packed_t rec_;                                                                                      \
@@ -182,8 +202,8 @@ GR_COLD static void restore_pk(const gr_packed_t *p, uint64_t seq0) {
     CUresult rc_ = (call);                                                                                 \
     gr_tls.hook_depth--;                                                                                   \
     if (taken_ > 0) {                                                                                      \
-      if (GR_LIKELY(rc_ == CUDA_SUCCESS) || rc_ == CUDA_ERROR_INVALID_VALUE)                               \
-        gr_track_freed_pk(&rec_); /* INVALID_VALUE: the driver has no such block (see above) */            \
+      if (GR_LIKELY(rc_ == CUDA_SUCCESS) || (rc_ == CUDA_ERROR_INVALID_VALUE && free_found_nothing(&rec_)))  \
+        gr_track_freed_pk(&rec_);                                                                          \
       else                                                                                                 \
         restore_pk(&rec_, seq0_);                                                                          \
     }                                                                                                      \
@@ -482,7 +502,7 @@ static CUresult b_mem_release(void *realp, uintptr_t ra, CUmemGenericAllocationH
     return CUDA_SUCCESS; /* a late free of memory a release freed: must not reach the driver */
   CUresult rc = real(handle);
   if (known)
-    gr_track_vmm_release_end(&before, rc == CUDA_SUCCESS);
+    gr_track_vmm_release_end(&before, rc == CUDA_SUCCESS || (rc == CUDA_ERROR_INVALID_VALUE && handle_gone(handle)));
   return rc;
 }
 

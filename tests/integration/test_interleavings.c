@@ -215,3 +215,67 @@ Test(interleavings, a_double_free_of_an_address_reused_during_a_release_reaches_
   cr_assert_eq(h_grs(-1).late_frees, late);
   cr_assert(h_table_matches_sim("after the frees"));
 }
+
+/* ---- a free answered "no such block" ---- */
+
+/* Another thread's free of the same pointer reaches the driver while this thread's free is in it (as when two
+ * threads free one pointer at once and the other one, finding no record, gets to the driver first). */
+static void free_it_too(void *arg) { OK(cuMemFree(*(CUdeviceptr *)arg)); }
+
+Test(interleavings, a_free_the_driver_found_no_block_for_does_not_put_the_record_back) {
+  CUdeviceptr p = orphan_in_a(1 * MiB); /* an orphan: a stale record of it is what a release would free */
+  uint64_t untracked = h_grs(-1).untracked_frees;
+  cr_assert_eq(simcuda_inject("cuMemFree_v2", CUDA_ERROR_INVALID_VALUE, 1), 0); /* this thread's call does nothing */
+  cr_assert_eq(simcuda_on_return("cuMemFree_v2", free_it_too, &p), 0);
+  cr_assert_eq(cuMemFree(p), CUDA_ERROR_INVALID_VALUE);
+  cr_assert_eq(h_grs(-1).untracked_frees, untracked + 1, "the other free found no record (the step this test places)");
+  cr_assert_eq(h_count(0), 0, "no record is left for the freed block");
+  cr_assert(h_table_matches_sim("after the double free"));
+  CUdeviceptr q = alloc_in_b(1 * MiB); /* the driver hands the address out again */
+  cr_assert_eq(q, p, "the address came back (the step this test places)");
+  gpureclaim_report_t rep = {.size = sizeof rep};
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &rep), 0);
+  cr_assert_eq(rep.orphaned_blocks, 0, "no orphan record of the freed block");
+  cr_assert_eq(h_sim(-1, g_b).live_blocks, 1, "B's block at the address is alive");
+  OK(cuMemFree(q));
+}
+
+/* The driver refuses with the same code a block it still has: the record stays. */
+Test(interleavings, a_free_refused_with_invalid_value_of_a_block_the_driver_has_keeps_it_tracked) {
+  CUdeviceptr p;
+  OK(cuMemAlloc(&p, 1 * MiB));
+  cr_assert_eq(simcuda_inject("cuMemFree_v2", CUDA_ERROR_INVALID_VALUE, 1), 0);
+  cr_assert_eq(cuMemFree(p), CUDA_ERROR_INVALID_VALUE);
+  cr_assert_eq(h_count(0), 1, "the block is still tracked");
+  cr_assert(h_table_matches_sim("after the refused free"));
+  OK(cuMemFree(p));
+  cr_assert(h_table_matches_sim("after the free"));
+}
+
+static void release_it_too(void *arg) { OK(cuMemRelease(*(CUmemGenericAllocationHandle *)arg)); }
+
+/* The same for a VMM handle released twice at once. */
+Test(interleavings, a_release_of_a_handle_the_driver_no_longer_knows_does_not_put_the_record_back) {
+  CUmemAllocationProp prop;
+  memset(&prop, 0, sizeof prop);
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  size_t gran;
+  OK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  CUmemGenericAllocationHandle h;
+  OK(cuMemCreate(&h, gran, &prop, 0));
+  cr_assert_eq(h_count(GPURECLAIM_KIND_VMM), 1);
+  cr_assert_eq(simcuda_inject("cuMemRelease", CUDA_ERROR_INVALID_VALUE, 1), 0);
+  cr_assert_eq(simcuda_on_return("cuMemRelease", release_it_too, &h), 0);
+  cr_assert_eq(cuMemRelease(h), CUDA_ERROR_INVALID_VALUE);
+  cr_assert_eq(h_count(GPURECLAIM_KIND_VMM), 0, "no record is left for the released handle");
+  cr_assert(h_table_matches_sim("after the double release"));
+  /* And one the driver still has stays tracked. */
+  OK(cuMemCreate(&h, gran, &prop, 0));
+  cr_assert_eq(simcuda_inject("cuMemRelease", CUDA_ERROR_INVALID_VALUE, 1), 0);
+  cr_assert_eq(cuMemRelease(h), CUDA_ERROR_INVALID_VALUE);
+  cr_assert_eq(h_count(GPURECLAIM_KIND_VMM), 1, "the refused release keeps the handle tracked");
+  OK(cuMemRelease(h));
+  cr_assert(h_table_matches_sim("after the release"));
+}
