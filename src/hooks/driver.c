@@ -161,24 +161,22 @@ static GR_HOT_INLINE void track_in_current_ctx(unsigned kind, uint64_t key, uint
   gr_track_alloc(kind, key, size, api, ra, cid, dev, 0, seq0);
 }
 
-GR_COLD static void restore_pk(const gr_packed_t *p, uint64_t seq0) {
-  gr_rec_t r;
-  gr_pk_unpack(p, &r);
-  gr_track_restore_ctx(&r, seq0);
-}
 
-/* Whether a tracked block whose free the driver answered with CUDA_ERROR_INVALID_VALUE is gone: that answer means
- * "no such block" (two threads freed one pointer at once, and the other free, finding no record, reached the
- * driver first), unless the driver still has a block of device memory based at that address, which it refused
- * to free for another reason. Put back when gone, the record would outlive its block, and a release could later
- * free the address for whoever has it then. Device memory is asked (cuMemGetAddressRange, in the current
- * context); other kinds, or no answer, are taken at the driver's word. */
+
+/* Whether a tracked block whose free the driver answered with CUDA_ERROR_INVALID_VALUE is gone: for device memory
+ * that answer means "no such block" (two threads freed one pointer at once, and the other free, finding no
+ * record, reached the driver first), unless the driver still has a block based at that address, which it refused
+ * to free for another reason (asked with cuMemGetAddressRange, in the current context; no answer counts as gone).
+ * Put back when gone, the record would outlive its block, and a release could later free the address for whoever
+ * has it then. Other kinds keep their record: the driver also answers INVALID_VALUE for a reservation that is
+ * still mapped or freed with another size (cuMemAddressFree), and has no cheap question for host memory. */
 GR_COLD static bool free_found_nothing(const gr_packed_t *p) {
-  if (!((DEVICE_KINDS >> gr_pk_kind(p)) & 1) || !gr_drv.cuMemGetAddressRange)
-    return true;
+  if (!((DEVICE_KINDS >> gr_pk_kind(p)) & 1))
+    return false;
   CUdeviceptr base = 0;
   size_t size = 0;
-  return gr_drv.cuMemGetAddressRange(&base, &size, (CUdeviceptr)p->key) != CUDA_SUCCESS || base != p->key;
+  return !gr_drv.cuMemGetAddressRange ||
+         gr_drv.cuMemGetAddressRange(&base, &size, (CUdeviceptr)p->key) != CUDA_SUCCESS || base != p->key;
 }
 
 /* The same for a VMM handle whose cuMemRelease got CUDA_ERROR_INVALID_VALUE: gone unless the driver still knows
@@ -189,8 +187,20 @@ GR_COLD static bool handle_gone(CUmemGenericAllocationHandle h) {
          gr_drv.cuMemGetAllocationPropertiesFromHandle(&prop, h) != CUDA_SUCCESS;
 }
 
-/* A free: untrack first (CUDA reuses addresses), call the driver, put the record back if it refused, unless it
- * found no such block (free_found_nothing). */
+/* A free the driver refused (rc): the record goes back, unless the driver found no such block; a destroy of the
+ * block's context that overlapped decides first (gr_track_restore_ctx: the block is then counted as the destroy's). */
+GR_COLD static void refused_pk(const gr_packed_t *p, uint64_t seq0, CUresult rc) {
+  gr_rec_t r;
+  gr_pk_unpack(p, &r);
+  bool overlapped = r.aux == GR_AUX_DETACHING || gr_track_ctx_seq() != seq0 || (seq0 & 1);
+  if (rc == CUDA_ERROR_INVALID_VALUE && !overlapped && free_found_nothing(p))
+    gr_track_freed(&r);
+  else
+    gr_track_restore_ctx(&r, seq0);
+}
+
+/* A free: untrack first (CUDA reuses addresses), call the driver, and on a refusal put the record back unless the
+ * block is gone (refused_pk). */
 #define FREE_BODY(ks, key, kinds, call)                                                                    \
   do {                                                                                                     \
     gr_packed_t rec_;                                                                                      \
@@ -202,10 +212,10 @@ GR_COLD static bool handle_gone(CUmemGenericAllocationHandle h) {
     CUresult rc_ = (call);                                                                                 \
     gr_tls.hook_depth--;                                                                                   \
     if (taken_ > 0) {                                                                                      \
-      if (GR_LIKELY(rc_ == CUDA_SUCCESS) || (rc_ == CUDA_ERROR_INVALID_VALUE && free_found_nothing(&rec_)))  \
+      if (GR_LIKELY(rc_ == CUDA_SUCCESS))                                                                  \
         gr_track_freed_pk(&rec_);                                                                          \
       else                                                                                                 \
-        restore_pk(&rec_, seq0_);                                                                          \
+        refused_pk(&rec_, seq0_, rc_);                                                                     \
     }                                                                                                      \
     return rc_;                                                                                            \
   } while (0)

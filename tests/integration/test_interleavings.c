@@ -279,3 +279,22 @@ Test(interleavings, a_release_of_a_handle_the_driver_no_longer_knows_does_not_pu
   OK(cuMemRelease(h));
   cr_assert(h_table_matches_sim("after the release"));
 }
+
+/* The driver answers CUDA_ERROR_INVALID_VALUE for a reservation that still exists (freed with another size, or
+ * still mapped): its record stays. */
+Test(interleavings, a_refused_cumemaddressfree_keeps_its_reservation) {
+  CUmemAllocationProp prop;
+  memset(&prop, 0, sizeof prop);
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  size_t gran;
+  OK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  CUdeviceptr va;
+  OK(cuMemAddressReserve(&va, 2 * gran, 0, 0, 0));
+  cr_assert_eq(cuMemAddressFree(va, gran), CUDA_ERROR_INVALID_VALUE, "the driver's answer to a wrong size");
+  cr_assert_eq(h_count(GPURECLAIM_KIND_VA), 1, "the reservation is still tracked");
+  cr_assert(h_table_matches_sim("after the refused free"));
+  OK(cuMemAddressFree(va, 2 * gran));
+  cr_assert_eq(h_count(GPURECLAIM_KIND_VA), 0);
+}
