@@ -54,6 +54,17 @@ static CUdeviceptr alloc_in_b(size_t size) {
   return p;
 }
 
+/* Properties of pinned memory on device 0, and its allocation granularity. */
+static size_t device0_prop(CUmemAllocationProp *prop) {
+  memset(prop, 0, sizeof *prop);
+  prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop->location.id = 0;
+  size_t gran;
+  OK(cuMemGetAllocationGranularity(&gran, prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  return gran;
+}
+
 /* ---- rollbacks: the driver refuses, every record stays ---- */
 
 Test(interleavings, a_refused_cuctxdestroy_puts_every_record_back) {
@@ -99,12 +110,7 @@ Test(interleavings, a_refused_primary_reset_puts_every_record_back) {
 
 Test(interleavings, a_refused_cumemunmap_keeps_its_mapping) {
   CUmemAllocationProp prop;
-  memset(&prop, 0, sizeof prop);
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = 0;
-  size_t gran;
-  OK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  size_t gran = device0_prop(&prop);
   CUdeviceptr va;
   CUmemGenericAllocationHandle h;
   OK(cuMemAddressReserve(&va, 2 * gran, 0, 0, 0));
@@ -257,12 +263,7 @@ static void release_it_too(void *arg) { OK(cuMemRelease(*(CUmemGenericAllocation
 /* The same for a VMM handle released twice at once. */
 Test(interleavings, a_release_of_a_handle_the_driver_no_longer_knows_does_not_put_the_record_back) {
   CUmemAllocationProp prop;
-  memset(&prop, 0, sizeof prop);
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = 0;
-  size_t gran;
-  OK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  size_t gran = device0_prop(&prop);
   CUmemGenericAllocationHandle h;
   OK(cuMemCreate(&h, gran, &prop, 0));
   cr_assert_eq(h_count(GPURECLAIM_KIND_VMM), 1);
@@ -284,12 +285,7 @@ Test(interleavings, a_release_of_a_handle_the_driver_no_longer_knows_does_not_pu
  * still mapped): its record stays. */
 Test(interleavings, a_refused_cumemaddressfree_keeps_its_reservation) {
   CUmemAllocationProp prop;
-  memset(&prop, 0, sizeof prop);
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = 0;
-  size_t gran;
-  OK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  size_t gran = device0_prop(&prop);
   CUdeviceptr va;
   OK(cuMemAddressReserve(&va, 2 * gran, 0, 0, 0));
   cr_assert_eq(cuMemAddressFree(va, gran), CUDA_ERROR_INVALID_VALUE, "the driver's answer to a wrong size");
