@@ -24,6 +24,8 @@
  * freed; a thread that exits gives its record back for the next new thread. */
 /* Room for stats.c's per-thread counters in each thread record (stats.c checks that they fit). */
 #define GR_THREAD_STATS_BYTES 8192
+/* Room for table.c's log of the thread's young records (table.c checks that it fits). */
+#define GR_THREAD_YOUNG_BYTES 704
 
 typedef struct gr_thread_rec {
   _Atomic uint64_t announce;  /* 0 outside a critical section, epoch << 1 | 1 inside */
@@ -40,6 +42,10 @@ typedef struct gr_thread_rec {
   /* stats.c's counters of this thread (its shard_t), written by the owner only; folded into the totals of
    * exited threads and zeroed when the thread exits (gr_epoch_on_exit). One record per thread for both. */
   _Alignas(64) unsigned char stats[GR_THREAD_STATS_BYTES];
+  /* table.c's log of records this thread inserted and has not freed yet (gr_table_insert_young): written by the
+   * owner, or by a thread draining it into the table (table.c says how they take turns). It stays with the
+   * record when its thread exits: its records are still live, found by the next drain. */
+  _Alignas(64) unsigned char young[GR_THREAD_YOUNG_BYTES];
 } __attribute__((aligned(64))) gr_thread_rec_t;
 
 extern GR_TLS_IE gr_thread_rec_t *gr_epoch_t_rec;

@@ -88,6 +88,8 @@
 #include "common.h" /* GR_ASSERT */
 
 #include <errno.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -687,6 +689,183 @@ static bool settle(gen_t *t, uint64_t i, uint32_t sg) {
   }
 }
 
+/* ---- young records: a per-thread log in front of the table ----
+ * Most blocks are freed by the thread that allocated them, soon. An allocation's record therefore goes into a
+ * log of YOUNG_CAP records in its thread's record (gr_table_insert_young), with plain stores, and a free by the
+ * same thread takes it from there: no compare-and-swap, no epoch section. A full log moves into the table.
+ *
+ * Everyone else sees the logs through a drain (gr_table_drain): gr_table_visit drains first, and a take or a
+ * lookup of an address that finds nothing in the table drains and looks again (a block freed by another
+ * thread while young, or a free of an address never tracked). Owner and drainer take turns on a log:
+ *   owner:   op = 1; [fence]; if drain is raised: op = 0 and use the table instead; else read or write the
+ *            log; op = 0 (release).
+ *   drainer: (one at a time, g_drain_mu) drain = 1; gr_epoch_heavy_barrier(); wait until op == 0 (acquire);
+ *            move the log's records into the table; n = 0; drain = 0 (release).
+ * With asymmetric barriers (epoch.c) the owner's fence is a compiler fence and the drainer's barrier is
+ * membarrier: either the owner's op = 1 is visible to the drainer, which then waits for the op to end, or the
+ * owner's load sees drain raised. Without them both sides use sequentially consistent operations. An owner
+ * never waits and a drainer waits only for log operations, which never wait: no cycle. A drainer that is an
+ * owner itself moves its own log directly (it is outside any log operation when it drains).
+ * A reader that drains sees every record whose insert returned before the drain began; a record inserted
+ * meanwhile is one the reader may or may not see, as with an insert into the table that races a visit. The
+ * context-destroy protocol (track.c) relies on exactly that: its visit drains after the destroy's barrier, so
+ * an allocation whose record the drain missed sees the destroy's sequence change after its insert. */
+
+#define YOUNG_CAP 16
+
+typedef struct young {
+  _Atomic uint32_t op;    /* 1 while the owner is inside a log operation */
+  _Atomic uint32_t drain; /* raised by a drainer */
+  _Atomic uint32_t n;     /* records in rec[] */
+  uint32_t pad;
+  gr_packed_t rec[YOUNG_CAP];
+} young_t;
+
+_Static_assert(sizeof(young_t) <= GR_THREAD_YOUNG_BYTES, "epoch.h: GR_THREAD_YOUNG_BYTES");
+
+static pthread_mutex_t g_drain_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static inline young_t *young_of(gr_thread_rec_t *r) { return (young_t *)(void *)r->young; }
+
+/* Begins a log operation of the owner: false when a drainer holds the log (then use the table). */
+static inline bool young_enter(young_t *y) {
+  if (__builtin_expect(atomic_load_explicit(&gr_epoch_asym, memory_order_relaxed) != 0, 1)) {
+    atomic_store_explicit(&y->op, 1, memory_order_relaxed);
+    atomic_signal_fence(memory_order_seq_cst); /* the drainer's membarrier supplies the hardware fence */
+    if (GR_TABLE_UNLIKELY(atomic_load_explicit(&y->drain, memory_order_acquire) != 0)) {
+      atomic_store_explicit(&y->op, 0, memory_order_release);
+      return false;
+    }
+    return true;
+  }
+  atomic_exchange_explicit(&y->op, 1, memory_order_seq_cst);
+  if (atomic_load_explicit(&y->drain, memory_order_seq_cst) != 0) {
+    atomic_store_explicit(&y->op, 0, memory_order_release);
+    return false;
+  }
+  return true;
+}
+
+static inline void young_exit(young_t *y) { atomic_store_explicit(&y->op, 0, memory_order_release); }
+
+/* Moves y's records into the table, oldest first (by its owner inside a log operation, or by a drainer that
+ * holds it). A record the table has no memory for stays in the log. Returns the number moved. */
+static size_t young_move(young_t *y) {
+  uint32_t n = atomic_load_explicit(&y->n, memory_order_relaxed), i = 0;
+  while (i < n && gr_table_insert_ks(&y->rec[i], GR_KS_ADDR) == 0)
+    i++;
+  if (i > 0 && i < n)
+    memmove(&y->rec[0], &y->rec[i], (n - i) * sizeof y->rec[0]);
+  /* Release: a reader that sees the smaller count (gr_table_drain's first look) sees the records in the table. */
+  atomic_store_explicit(&y->n, n - i, memory_order_release);
+  return i;
+}
+
+int gr_table_insert_young(const gr_packed_t *p) {
+  gr_thread_rec_t *me = gr_epoch_t_rec;
+  if (GR_TABLE_UNLIKELY(!me))
+    return gr_table_insert_ks(p, GR_KS_ADDR);
+  young_t *y = young_of(me);
+  if (GR_TABLE_UNLIKELY(!young_enter(y)))
+    return gr_table_insert_ks(p, GR_KS_ADDR);
+  uint32_t n = atomic_load_explicit(&y->n, memory_order_relaxed);
+  if (GR_TABLE_UNLIKELY(n == YOUNG_CAP)) {
+    young_move(y);
+    n = atomic_load_explicit(&y->n, memory_order_relaxed);
+    if (n == YOUNG_CAP) { /* the table has no room: as a direct insert would fail */
+      young_exit(y);
+      return gr_table_insert_ks(p, GR_KS_ADDR);
+    }
+  }
+  y->rec[n] = *p;
+  atomic_store_explicit(&y->n, n + 1, memory_order_relaxed);
+  young_exit(y);
+  return 0;
+}
+
+/* A take (take != 0) or lookup of key in the calling thread's own log: 0 with the record, -ENOENT when the log
+ * has no record for key whose state and kind the masks accept. */
+static GR_HOT_INLINE int young_find(uint64_t key, unsigned state_mask, unsigned kind_mask, bool take,
+                                    gr_packed_t *out) {
+  gr_thread_rec_t *me = gr_epoch_t_rec;
+  if (GR_TABLE_UNLIKELY(!me))
+    return -ENOENT;
+  young_t *y = young_of(me);
+  if (atomic_load_explicit(&y->n, memory_order_relaxed) == 0 || !young_enter(y))
+    return -ENOENT;
+  int rc = -ENOENT;
+  uint32_t n = atomic_load_explicit(&y->n, memory_order_relaxed);
+  for (uint32_t i = n; i-- > 0;) {
+    gr_packed_t *q = &y->rec[i];
+    if (q->key != key)
+      continue;
+    if (((state_mask >> gr_pk_state(q)) & 1) && ((kind_mask >> gr_pk_kind(q)) & 1)) {
+      if (out)
+        *out = *q;
+      if (take) {
+        *q = y->rec[n - 1];
+        atomic_store_explicit(&y->n, n - 1, memory_order_relaxed);
+      }
+      rc = 0;
+    }
+    break; /* the newest record of key decides, as the first match in the table does */
+  }
+  young_exit(y);
+  return rc;
+}
+
+size_t gr_table_drain(void) {
+  gr_thread_rec_t *self = gr_epoch_t_rec, *first = gr_epoch_first();
+  bool any = false;
+  for (gr_thread_rec_t *r = first; r && !any; r = r->next)
+    any = atomic_load_explicit(&young_of(r)->n, memory_order_acquire) != 0;
+  if (!any)
+    return 0;
+  int old;
+  (void)pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old); /* never leave g_drain_mu locked */
+  pthread_mutex_lock(&g_drain_mu);
+  size_t moved = 0;
+  bool raised = false;
+  for (gr_thread_rec_t *r = first; r; r = r->next) {
+    young_t *y = young_of(r);
+    if (r != self && atomic_load_explicit(&y->n, memory_order_relaxed) != 0) {
+      atomic_store_explicit(&y->drain, 1, memory_order_seq_cst);
+      raised = true;
+    }
+  }
+  if (raised)
+    gr_epoch_heavy_barrier();
+  for (gr_thread_rec_t *r = first; r; r = r->next) {
+    young_t *y = young_of(r);
+    if (r == self) {
+      moved += young_move(y);
+      continue;
+    }
+    if (atomic_load_explicit(&y->drain, memory_order_relaxed) == 0)
+      continue;
+    for (unsigned spins = 0; atomic_load_explicit(&y->op, memory_order_seq_cst) != 0; spins++)
+      if (spins > 64)
+        sched_yield();
+    atomic_thread_fence(memory_order_acquire);
+    moved += young_move(y);
+    atomic_store_explicit(&y->drain, 0, memory_order_release);
+  }
+  pthread_mutex_unlock(&g_drain_mu);
+  (void)pthread_setcancelstate(old, NULL);
+  return moved;
+}
+
+/* In the child after fork(): the table is emptied, and so are the logs (their owners may be gone mid-operation). */
+static void young_atfork_child(void) {
+  for (gr_thread_rec_t *r = gr_epoch_first(); r; r = r->next) {
+    young_t *y = young_of(r);
+    atomic_store_explicit(&y->op, 0, memory_order_relaxed);
+    atomic_store_explicit(&y->drain, 0, memory_order_relaxed);
+    atomic_store_explicit(&y->n, 0, memory_order_relaxed);
+  }
+  pthread_mutex_init(&g_drain_mu, NULL);
+}
+
 int gr_table_insert(const gr_rec_t *r) {
   gr_packed_t p;
   gr_pk_pack(r, &p);
@@ -853,7 +1032,22 @@ int gr_table_take_kind(unsigned ks, uint64_t key, unsigned state_mask, unsigned 
   return rc;
 }
 
+static int take_kind_pk(unsigned ks, uint64_t key, unsigned state_mask, unsigned kind_mask, gr_packed_t *out);
+
 GR_HOT_INLINE int gr_table_take_kind_pk(unsigned ks, uint64_t key, unsigned state_mask, unsigned kind_mask, gr_packed_t *out) {
+  if (ks == GR_KS_ADDR && young_find(key, state_mask, kind_mask, true, out) == 0)
+    return 0;
+  int rc = take_kind_pk(ks, key, state_mask, kind_mask, out);
+  if (GR_TABLE_UNLIKELY(rc != 0) && ks == GR_KS_ADDR) {
+    /* Young in another thread's log, or in the own one while a drainer held it: once the drain returns, it is
+     * in the table (moved by this drain or by the one that held the log). */
+    gr_table_drain();
+    rc = take_kind_pk(ks, key, state_mask, kind_mask, out);
+  }
+  return rc;
+}
+
+static GR_HOT_INLINE int take_kind_pk(unsigned ks, uint64_t key, unsigned state_mask, unsigned kind_mask, gr_packed_t *out) {
   int rc = -ENOENT;
   gr_epoch_enter();
   gen_t *g = load_root();
@@ -917,7 +1111,26 @@ int gr_table_take(unsigned ks, uint64_t key, unsigned state_mask, gr_rec_t *out)
   return gr_table_take_kind(ks, key, state_mask, ~0u, out);
 }
 
+static int lookup(unsigned ks, uint64_t key, unsigned state_mask, gr_rec_t *out);
+
 int gr_table_lookup(unsigned ks, uint64_t key, unsigned state_mask, gr_rec_t *out) {
+  if (ks == GR_KS_ADDR) {
+    gr_packed_t p;
+    if (young_find(key, state_mask, ~0u, false, &p) == 0) {
+      if (out)
+        gr_pk_unpack(&p, out);
+      return 0;
+    }
+  }
+  int rc = lookup(ks, key, state_mask, out);
+  if (rc != 0 && ks == GR_KS_ADDR) {
+    gr_table_drain(); /* as a take that found nothing */
+    rc = lookup(ks, key, state_mask, out);
+  }
+  return rc;
+}
+
+static int lookup(unsigned ks, uint64_t key, unsigned state_mask, gr_rec_t *out) {
   gr_epoch_enter();
   gen_t *g;
   uint64_t i, c;
@@ -980,6 +1193,10 @@ int gr_table_cas(gr_ref_t *ref, gr_rec_t *expect, const gr_rec_t *desired) {
 
 int gr_table_visit(gr_visit_fn fn, void *arg) {
   int rc = 0;
+  /* Every record whose insert returned before now is in the table, not in a log (the barrier first: a log's
+   * count written before the visit began is then seen). */
+  gr_epoch_heavy_barrier();
+  gr_table_drain();
   gr_epoch_enter();
   gen_t *g = load_root();
   if (g && atomic_load_explicit(&g->next, memory_order_acquire)) {
@@ -1077,6 +1294,7 @@ int gr_table_check(void) {
 }
 
 void gr_table_atfork_child(void) {
+  young_atfork_child();
   /* Other threads are gone and cannot be inside the table: drop everything. */
   gen_t *g = load_root();
   atomic_store_explicit(&g_root, NULL, memory_order_seq_cst);

@@ -168,6 +168,13 @@ int gr_table_insert_pk(const gr_packed_t *p);
 /* The same with p's key space given (gr_kind_keyspace of its kind): on the hot path a constant the compiler
  * folds, where one read from p after a fence would have to be decoded again. */
 int gr_table_insert_ks(const gr_packed_t *p, unsigned ks);
+/* Inserts an address record (GR_KS_ADDR, state LIVE or ORPHAN) that is likely to be freed soon by the thread
+ * that allocated it: into the thread's log of young records, touching no shared word. A take by the same
+ * thread finds it there; every other reader first drains the logs into the table (gr_table_visit, and a take
+ * or lookup that found nothing). 0, or -ENOMEM as gr_table_insert_ks. */
+int gr_table_insert_young(const gr_packed_t *p);
+/* Moves every thread's young records into the table (gr_table_visit does it first). Returns the number moved. */
+size_t gr_table_drain(void);
 
 /* Edits one record: called with a copy of the first record with this key space and key whose state is in
  * state_mask; returns true after changing rec's state, aux or scope to apply the change (atomically, against
@@ -182,7 +189,9 @@ int gr_table_take(unsigned ks, uint64_t key, unsigned state_mask, gr_rec_t *out)
 int gr_table_take_kind(unsigned ks, uint64_t key, unsigned state_mask, unsigned kind_mask, gr_rec_t *out);
 /* The same, the record given as the slot held it (ctl: its state before the take and its metadata). */
 int gr_table_take_kind_pk(unsigned ks, uint64_t key, unsigned state_mask, unsigned kind_mask, gr_packed_t *out);
-/* Copies the first record with that key whose state is in state_mask. 0 or -ENOENT. */
+/* Copies the first record with that key whose state is in state_mask. 0 or -ENOENT. Takes and lookups of an
+ * address look in the logs of young records too (the caller's own first; the others by draining them when the
+ * table has no match). */
 int gr_table_lookup(unsigned ks, uint64_t key, unsigned state_mask, gr_rec_t *out);
 
 /* Iteration. fn sees a consistent copy of every record present when the iteration started and still present

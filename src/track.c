@@ -155,11 +155,14 @@ void gr_track_fill(gr_rec_t *r, unsigned kind, uint64_t key, uint64_t size, unsi
 /* Inserts p and counts it: what gr_track_insert does, on the record as the slot holds it. kind, device and size:
  * p's (device as packed), from the caller's registers: the fences of the insert make the compiler read p again
  * after them, and the kind it decodes there would not fold to the hook's constant. */
-static GR_HOT_INLINE void insert_pk_v(const gr_packed_t *p, unsigned kind, unsigned device, uint64_t size) {
+static GR_HOT_INLINE void insert_pk_v(const gr_packed_t *p, unsigned kind, unsigned device, uint64_t size,
+                                       bool young) {
   unsigned ks = gr_kind_keyspace(kind);
   if (ks == GR_KS_ADDR || ks == GR_KS_HANDLE)
     key_reused(ks, p->key); /* a freed orphan's address (handle) is back: late frees of it are this one's */
-  if (GR_UNLIKELY(gr_table_insert_ks(p, ks) != 0)) {
+  /* A new block's record goes to its thread's log of young records (table.h), unless a scope lists it. */
+  int rc = young && ks == GR_KS_ADDR && !gr_pk_scope(p) ? gr_table_insert_young(p) : gr_table_insert_ks(p, ks);
+  if (GR_UNLIKELY(rc != 0)) {
     gr_warn_once(w_nomem, "no memory for the block table: new blocks are not tracked until memory frees up");
     gr_scope_unref((uint16_t)gr_pk_scope(p));
     return;
@@ -173,7 +176,7 @@ static GR_HOT_INLINE void insert_pk_v(const gr_packed_t *p, unsigned kind, unsig
 }
 
 static GR_HOT_INLINE void insert_pk(const gr_packed_t *p) {
-  insert_pk_v(p, gr_pk_kind(p), gr_pk_device(p), gr_pk_size(p));
+  insert_pk_v(p, gr_pk_kind(p), gr_pk_device(p), gr_pk_size(p), false);
 }
 
 void gr_track_insert(gr_rec_t *r) {
@@ -556,7 +559,7 @@ static GR_HOT_INLINE void insert_ctx_pk(const gr_packed_t *p, uint64_t seq0, uns
     if (!precheck_slow(&r, &seq0))
       goto out;
   }
-  insert_pk_v(p, kind, device, size);
+  insert_pk_v(p, kind, device, size, true);
   if (GR_UNLIKELY(seq_after_insert() != seq0) && gr_pk_ctx(p)) {
     gr_rec_t r;
     gr_pk_unpack(p, &r);

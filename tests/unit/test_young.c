@@ -1,0 +1,215 @@
+/* table.c's log of young records (gr_table_insert_young): a record put there is taken back by its own thread
+ * without touching the table, and every other reader finds it all the same, through a drain. Each test checks
+ * that the record really went to the log (the table's record count, gr_epoch_live_sum, did not move) before it
+ * checks what a reader sees. */
+#include "table.h"
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static gr_packed_t young_rec(uint64_t key, unsigned kind) {
+  gr_rec_t r;
+  memset(&r, 0, sizeof r);
+  r.key = key;
+  r.size = 4096;
+  r.kind = (uint8_t)kind;
+  r.state = GR_ST_LIVE;
+  r.device = 1;
+  r.site.bits = 0x1234;
+  r.time_ms = 42;
+  r.tid = 7;
+  r.ctx_id = 3;
+  gr_packed_t p;
+  gr_pk_pack(&r, &p);
+  return p;
+}
+
+static uint64_t addr(uint64_t i) { return UINT64_C(0x300000000000) + i * 512; }
+
+#define LIVE_MASK (GR_STMASK(GR_ST_LIVE) | GR_STMASK(GR_ST_ORPHAN))
+#define KIND_DEVICE 1 /* GPURECLAIM_KIND_DEVICE */
+#define KIND_HOST 4   /* GPURECLAIM_KIND_HOST */
+
+static int take(uint64_t key, gr_packed_t *out) { return gr_table_take_kind_pk(GR_KS_ADDR, key, LIVE_MASK, ~0u, out); }
+
+static void init(void) {
+  cr_assert_eq(gr_table_init(), 0);
+  cr_assert_not_null(gr_epoch_self(), "no thread record: nothing would go to a log");
+}
+
+TestSuite(young, .init = init);
+
+Test(young, a_record_is_taken_back_by_its_thread_without_reaching_the_table) {
+  gr_packed_t p = young_rec(addr(1), KIND_DEVICE), out;
+  cr_assert_eq(gr_table_insert_young(&p), 0);
+  cr_assert_eq(gr_epoch_live_sum(), 0, "the record went to the table, not to the thread's log");
+  gr_rec_t seen;
+  cr_assert_eq(gr_table_lookup(GR_KS_ADDR, addr(1), LIVE_MASK, &seen), 0, "a lookup does not find a young record");
+  cr_assert_eq(seen.size, 4096);
+  cr_assert_eq(take(addr(1), &out), 0);
+  cr_assert_eq(out.key, p.key);
+  cr_assert_eq(out.w1, p.w1);
+  cr_assert_eq(out.w2, p.w2);
+  cr_assert_eq(gr_pk_state(&out), GR_ST_LIVE);
+  cr_assert_eq(gr_pk_ctx(&out), 3);
+  cr_assert_eq(take(addr(1), &out), -ENOENT, "a record taken from the log is still there");
+  cr_assert_eq(gr_epoch_live_sum(), 0);
+}
+
+Test(young, the_newest_records_stay_in_the_log_and_a_full_log_moves_into_the_table) {
+  for (uint64_t i = 0; i < 17; i++) {
+    gr_packed_t p = young_rec(addr(i), KIND_DEVICE);
+    cr_assert_eq(gr_table_insert_young(&p), 0);
+  }
+  cr_assert_eq(gr_epoch_live_sum(), 16, "the 17th insert should have moved the 16 before it into the table");
+  gr_packed_t out;
+  for (uint64_t i = 17; i-- > 0;)
+    cr_assert_eq(take(addr(i), &out), 0, "record %llu lost", (unsigned long long)i);
+  cr_assert_eq(gr_epoch_live_sum(), 0);
+}
+
+Test(young, a_take_of_another_kind_leaves_the_record) {
+  gr_packed_t p = young_rec(addr(2), KIND_DEVICE), out;
+  cr_assert_eq(gr_table_insert_young(&p), 0);
+  cr_assert_eq(gr_table_take_kind_pk(GR_KS_ADDR, addr(2), LIVE_MASK, 1u << KIND_HOST, &out), -ENOENT,
+               "a free of another kind took the record");
+  cr_assert_eq(gr_table_take_kind_pk(GR_KS_ADDR, addr(2), LIVE_MASK, 1u << KIND_DEVICE, &out), 0);
+}
+
+/* Another thread holds young records while the test thread reads. */
+static pthread_barrier_t g_bar;
+static uint64_t g_first, g_count;
+static _Atomic int g_after_rc = 99;
+
+static void *holder(void *arg) {
+  bool exit_early = arg != NULL;
+  cr_assert_not_null(gr_epoch_self());
+  for (uint64_t i = 0; i < g_count; i++) {
+    gr_packed_t p = young_rec(addr(g_first + i), KIND_DEVICE);
+    cr_assert_eq(gr_table_insert_young(&p), 0);
+  }
+  cr_assert_eq(gr_epoch_live_sum(), 0, "the holder's records went to the table");
+  if (exit_early)
+    return NULL;
+  pthread_barrier_wait(&g_bar); /* inserted */
+  pthread_barrier_wait(&g_bar); /* the test thread has read */
+  gr_packed_t out;
+  atomic_store(&g_after_rc, take(addr(g_first), &out));
+  return NULL;
+}
+
+Test(young, another_threads_free_finds_a_young_record) {
+  g_first = 100, g_count = 1;
+  pthread_t t;
+  pthread_barrier_init(&g_bar, NULL, 2);
+  cr_assert_eq(pthread_create(&t, NULL, holder, NULL), 0);
+  pthread_barrier_wait(&g_bar);
+  gr_packed_t out;
+  cr_assert_eq(take(addr(100), &out), 0, "a free by another thread missed a young record");
+  pthread_barrier_wait(&g_bar);
+  pthread_join(t, NULL);
+  cr_assert_eq(atomic_load(&g_after_rc), -ENOENT, "the record was taken twice: once from the log, once drained");
+  pthread_barrier_destroy(&g_bar);
+}
+
+static int count(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
+  (void)ref;
+  if (r->state == GR_ST_LIVE)
+    ++*(int *)arg;
+  return 0;
+}
+
+Test(young, a_visit_sees_the_young_records_of_every_thread) {
+  g_first = 200, g_count = 3;
+  pthread_t t;
+  pthread_barrier_init(&g_bar, NULL, 2);
+  cr_assert_eq(pthread_create(&t, NULL, holder, NULL), 0);
+  pthread_barrier_wait(&g_bar);
+  gr_packed_t mine = young_rec(addr(300), KIND_DEVICE);
+  cr_assert_eq(gr_table_insert_young(&mine), 0);
+  int n = 0;
+  gr_table_visit(count, &n);
+  cr_assert_eq(n, 4, "a visit saw %d of the 4 young records (3 of another thread, 1 of its own)", n);
+  cr_assert_eq(gr_epoch_live_sum(), 4, "the visit did not drain the logs into the table");
+  pthread_barrier_wait(&g_bar);
+  pthread_join(t, NULL);
+  cr_assert_eq(atomic_load(&g_after_rc), 0, "the drained record is gone for its own thread");
+  pthread_barrier_destroy(&g_bar);
+}
+
+Test(young, the_young_records_of_a_thread_that_exited_are_still_found) {
+  g_first = 400, g_count = 2;
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, holder, (void *)1), 0);
+  pthread_join(t, NULL);
+  gr_rec_t r;
+  cr_assert_eq(gr_table_lookup(GR_KS_ADDR, addr(401), LIVE_MASK, &r), 0, "an exited thread's young record is lost");
+  gr_packed_t out;
+  cr_assert_eq(take(addr(400), &out), 0);
+}
+
+Test(young, a_forked_child_starts_with_empty_logs) {
+  gr_packed_t p = young_rec(addr(500), KIND_DEVICE);
+  cr_assert_eq(gr_table_insert_young(&p), 0);
+  pid_t pid = fork();
+  cr_assert_neq(pid, -1);
+  if (pid == 0) {
+    gr_table_atfork_child();
+    int rc = gr_table_init() == 0 && gr_table_lookup(GR_KS_ADDR, addr(500), LIVE_MASK, NULL) == -ENOENT ? 0 : 1;
+    _exit(rc);
+  }
+  int st;
+  cr_assert_eq(waitpid(pid, &st, 0), pid);
+  cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child still had the parent's young record");
+  cr_assert_eq(gr_table_lookup(GR_KS_ADDR, addr(500), LIVE_MASK, NULL), 0, "the parent lost its young record");
+}
+
+/* The owner allocates and frees while another thread drains and visits: every free finds its record (in the
+ * log, or drained into the table), and none is found twice. Run under ThreadSanitizer too. */
+#define RACE_N 20000
+static _Atomic int g_stop, g_missed;
+
+static void *owner(void *arg) {
+  (void)arg;
+  cr_assert_not_null(gr_epoch_self());
+  gr_packed_t out;
+  for (uint64_t i = 0; i < RACE_N; i++) {
+    gr_packed_t p = young_rec(addr(1000 + i), KIND_DEVICE);
+    if (gr_table_insert_young(&p) != 0)
+      atomic_fetch_add(&g_missed, 1);
+    if (i % 5 == 4) /* some live a while: freed after the next ones */
+      for (uint64_t j = i - 4; j <= i; j++)
+        if (take(addr(1000 + j), &out) != 0 || out.key != addr(1000 + j))
+          atomic_fetch_add(&g_missed, 1);
+  }
+  atomic_store(&g_stop, 1);
+  return NULL;
+}
+
+static void *drainer(void *arg) {
+  (void)arg;
+  while (!atomic_load(&g_stop)) {
+    gr_table_drain();
+    int n = 0;
+    gr_table_visit(count, &n);
+  }
+  return NULL;
+}
+
+Test(young, drains_racing_the_owner_lose_nothing, .timeout = 120) {
+  pthread_t a, b;
+  cr_assert_eq(pthread_create(&a, NULL, owner, NULL), 0);
+  cr_assert_eq(pthread_create(&b, NULL, drainer, NULL), 0);
+  pthread_join(a, NULL);
+  pthread_join(b, NULL);
+  cr_assert_eq(atomic_load(&g_missed), 0, "%d frees missed their record", atomic_load(&g_missed));
+  cr_assert_eq(gr_epoch_live_sum(), 0, "records left in the table");
+  gr_packed_t out;
+  for (uint64_t i = 0; i < RACE_N; i++)
+    cr_assert_eq(take(addr(1000 + i), &out), -ENOENT, "record %llu found twice", (unsigned long long)i);
+}
