@@ -132,7 +132,9 @@ static int by_key(const void *a, const void *b) {
 /* Whether a record under k may still be a block of slot s (present in any state, carrying s). */
 static bool still_tagged(uint16_t s, const tagged_t *k) {
   gr_rec_t r;
-  return (gr_table_lookup(k->ks, k->key, GR_STMASK(GR_ST_LIVE) | GR_STMASK(GR_ST_ORPHAN) | GR_STMASK(GR_ST_RELEASED),
+  /* GR_NOT_YOUNG: a scoped block's record never goes to a log of young records (track.c). */
+  return (gr_table_lookup(k->ks, k->key,
+                          GR_STMASK(GR_ST_LIVE) | GR_STMASK(GR_ST_ORPHAN) | GR_STMASK(GR_ST_RELEASED) | GR_NOT_YOUNG,
                           &r) == 0 &&
           r.scope == s) ||
          (gr_table_lookup(k->ks, k->key, GR_STMASK(GR_ST_RECLAIMING), &r) == 0 && r.scope == s);

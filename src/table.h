@@ -30,6 +30,9 @@ enum {
 /* aux of an address record whose context's destroy is in the driver (track.c). */
 #define GR_AUX_DETACHING 1
 #define GR_STMASK(s) (1u << (s))
+/* In a state mask: the record sought cannot be young (a scoped block's, a stale one's): look in the table only,
+ * never in a log of young records, and never drain them (gr_table_insert_young). */
+#define GR_NOT_YOUNG (1u << 31)
 #define GR_PRESENT_MASK                                                                                    \
   (GR_STMASK(GR_ST_LIVE) | GR_STMASK(GR_ST_ORPHAN) | GR_STMASK(GR_ST_RELEASED) |                          \
    GR_STMASK(GR_ST_RECLAIMING) | GR_STMASK(GR_ST_RECLAIMED))
@@ -190,8 +193,9 @@ int gr_table_take_kind(unsigned ks, uint64_t key, unsigned state_mask, unsigned 
 /* The same, the record given as the slot held it (ctl: its state before the take and its metadata). */
 int gr_table_take_kind_pk(unsigned ks, uint64_t key, unsigned state_mask, unsigned kind_mask, gr_packed_t *out);
 /* Copies the first record with that key whose state is in state_mask. 0 or -ENOENT. Takes and lookups of an
- * address look in the logs of young records too (the caller's own first; the others by draining them when the
- * table has no match). */
+ * address whose state mask admits LIVE or ORPHAN (and not GR_NOT_YOUNG) look in the logs of young records too:
+ * the caller's own first, the others by draining them when the table has no match. update() looks in the table
+ * only: its callers' records come from a visit (which drained the logs) or are scoped (never young). */
 int gr_table_lookup(unsigned ks, uint64_t key, unsigned state_mask, gr_rec_t *out);
 
 /* Iteration. fn sees a consistent copy of every record present when the iteration started and still present

@@ -86,8 +86,12 @@ void gr_track_tombstone_gone(unsigned ks) {
  * their driver call, and the allocation follows that call (the driver handed out what it freed), so it sees
  * them. */
 GR_COLD static void key_reused_slow(unsigned ks, uint64_t key) {
+  /* GR_NOT_YOUNG: this runs on every allocation while tombstones exist, and must not drain the logs of young
+   * records each time. Tombstones, RECLAIMING and DETACHING records are never young (a release and a destroy
+   * drain the logs before they claim or mark); a stale live record still in a log (a block freed where no hook
+   * saw it) is left as it would be were the watch down. */
   const unsigned stale = GR_STMASK(GR_ST_RECLAIMED) | GR_STMASK(GR_ST_RECLAIMING) | GR_STMASK(GR_ST_LIVE) |
-                         GR_STMASK(GR_ST_ORPHAN);
+                         GR_STMASK(GR_ST_ORPHAN) | GR_NOT_YOUNG;
   gr_track_linger_check();
   gr_rec_t r;
   for (int n = 0; n < 8 && gr_table_take(ks, key, stale, &r) == 0; n++) {

@@ -142,6 +142,26 @@ Test(young, a_visit_sees_the_young_records_of_every_thread) {
   pthread_barrier_destroy(&g_bar);
 }
 
+/* A free's checks for tombstones (RECLAIMING, RECLAIMED) and the allocation's check for stale records
+ * (GR_NOT_YOUNG), which run on every allocation while tombstones exist, must not drain the logs each time. */
+Test(young, lookups_that_cannot_find_a_young_record_leave_the_logs_alone) {
+  g_first = 350, g_count = 2;
+  pthread_t t;
+  pthread_barrier_init(&g_bar, NULL, 2);
+  cr_assert_eq(pthread_create(&t, NULL, holder, NULL), 0);
+  pthread_barrier_wait(&g_bar);
+  cr_assert_eq(gr_table_lookup(GR_KS_ADDR, addr(999), GR_STMASK(GR_ST_RECLAIMING), NULL), -ENOENT);
+  cr_assert_eq(gr_table_take(GR_KS_ADDR, addr(999), GR_STMASK(GR_ST_RECLAIMED), NULL), -ENOENT);
+  cr_assert_eq(gr_table_take(GR_KS_ADDR, addr(351), GR_STMASK(GR_ST_LIVE) | GR_NOT_YOUNG, NULL), -ENOENT,
+               "a table-only take found a young record");
+  cr_assert_eq(gr_epoch_live_sum(), 0, "a lookup that cannot find a young record drained the logs");
+  cr_assert_eq(gr_table_lookup(GR_KS_ADDR, addr(999), GR_STMASK(GR_ST_LIVE), NULL), -ENOENT);
+  cr_assert_eq(gr_epoch_live_sum(), 2, "a lookup of a live record that found nothing did not drain the logs");
+  pthread_barrier_wait(&g_bar);
+  pthread_join(t, NULL);
+  pthread_barrier_destroy(&g_bar);
+}
+
 Test(young, the_young_records_of_a_thread_that_exited_are_still_found) {
   g_first = 400, g_count = 2;
   pthread_t t;
