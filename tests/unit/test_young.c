@@ -117,6 +117,39 @@ Test(young, another_threads_free_finds_a_young_record) {
   pthread_barrier_destroy(&g_bar);
 }
 
+/* A producer whose young blocks a consumer frees would make every free drain (an asymmetric barrier each):
+ * after one such drain, the producer's next inserts go straight to the table. */
+static _Atomic int64_t g_live_after;
+
+static void *producer(void *arg) {
+  (void)arg;
+  cr_assert_not_null(gr_epoch_self());
+  gr_packed_t p = young_rec(addr(600), KIND_DEVICE);
+  cr_assert_eq(gr_table_insert_young(&p), 0);
+  cr_assert_eq(gr_epoch_live_sum(), 0);
+  pthread_barrier_wait(&g_bar); /* inserted */
+  pthread_barrier_wait(&g_bar); /* the consumer took it */
+  gr_packed_t q = young_rec(addr(601), KIND_DEVICE);
+  cr_assert_eq(gr_table_insert_young(&q), 0);
+  atomic_store(&g_live_after, gr_epoch_live_sum());
+  return NULL;
+}
+
+Test(young, a_thread_whose_young_block_another_thread_freed_inserts_into_the_table_for_a_while) {
+  pthread_t t;
+  pthread_barrier_init(&g_bar, NULL, 2);
+  cr_assert_eq(pthread_create(&t, NULL, producer, NULL), 0);
+  pthread_barrier_wait(&g_bar);
+  gr_packed_t out;
+  cr_assert_eq(take(addr(600), &out), 0);
+  pthread_barrier_wait(&g_bar);
+  pthread_join(t, NULL);
+  cr_assert_eq(atomic_load(&g_live_after), 1, "the producer's next record went to its log again (%lld in the table)",
+               (long long)atomic_load(&g_live_after));
+  cr_assert_eq(take(addr(601), &out), 0);
+  pthread_barrier_destroy(&g_bar);
+}
+
 static int count(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
   (void)ref;
   if (r->state == GR_ST_LIVE)
