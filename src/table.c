@@ -821,7 +821,8 @@ static GR_HOT_INLINE int young_find(uint64_t key, unsigned state_mask, unsigned 
       if (out)
         *out = *q;
       if (take) {
-        *q = y->rec[n - 1];
+        if (i != n - 1) /* the newest (the usual case) just leaves */
+          *q = y->rec[n - 1];
         atomic_store_explicit(&y->n, n - 1, memory_order_relaxed);
       }
       rc = 0;
