@@ -158,68 +158,7 @@ static inline void bump(_Atomic uint64_t *c) {
 }
 static inline uint64_t home(uint64_t key) { return (key * UINT64_C(0x9E3779B97F4A7C15)) >> (64 - BITS); }
 
-static inline void track(CUdeviceptr p, size_t size, uintptr_t site) {
-  thr_t *t = me();
-  uint64_t meta = t->tid;
-  if (__builtin_expect(g_ctx_mode, 0)) {
-    void *ctx = NULL;
-    struct timespec ts;
-    real_curctx(&ctx);
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    meta |= ((uint64_t)(uintptr_t)ctx ^ (uint64_t)ts.tv_nsec) << 22;
-  }
-  enter(t);
-  for (uint64_t i = home(p), n = 0; n < CAP; n++, i = (i + 1) & (CAP - 1)) {
-    slot_t *s = &g_slots[i];
-    uint64_t k = atomic_load_explicit(&s->key, memory_order_relaxed);
-    if (k > TOMB)
-      continue;
-    if (g_cas == 0)
-      atomic_store_explicit(&s->key, p, memory_order_release);
-    else if (!atomic_compare_exchange_strong_explicit(&s->key, &k, p, memory_order_acq_rel, memory_order_relaxed))
-      continue;
-    s->size = size;
-    s->site = site;
-    s->meta = meta;
-    break;
-  }
-  leave(t);
-  bump(&t->allocs);
-  atomic_store_explicit(&t->live_bytes, atomic_load_explicit(&t->live_bytes, memory_order_relaxed) + (int64_t)size,
-                        memory_order_relaxed);
-}
-
-static inline void untrack(CUdeviceptr p) {
-  thr_t *t = me();
-  enter(t);
-  for (uint64_t i = home(p), n = 0; n < CAP; n++, i = (i + 1) & (CAP - 1)) {
-    slot_t *s = &g_slots[i];
-    uint64_t k = atomic_load_explicit(&s->key, memory_order_acquire);
-    if (k == 0)
-      break; /* never seen: the driver's business */
-    if (k != p)
-      continue;
-    if (g_cas < 2 ? (atomic_store_explicit(&s->key, TOMB, memory_order_release), true)
-                  : atomic_compare_exchange_strong_explicit(&s->key, &k, TOMB, memory_order_acq_rel,
-                                                            memory_order_relaxed)) {
-      bump(&t->frees);
-      atomic_store_explicit(&t->live_bytes,
-                            atomic_load_explicit(&t->live_bytes, memory_order_relaxed) - (int64_t)s->size,
-                            memory_order_relaxed);
-    }
-    break;
-  }
-  leave(t);
-}
-
-#define SITE ((uintptr_t)__builtin_return_address(0))
-
-/* ---- FLOOR_DUTIES and FLOOR_RING ---- */
-
-#define SIZE_MASK ((UINT64_C(1) << 48) - 1)
-#define W1(n, dev) ((uint64_t)(n) | UINT64_C(1) << 48 | (uint64_t)(dev) << 52 | UINT64_C(1) << 59)
-#define W1_DEV(w1) ((unsigned)((w1) >> 52) & (NDEV - 1))
-
+/* One compare-and-swap claims a free slot (a plain store with FLOOR_CAS=0); the payload follows. */
 static inline bool slot_insert(uint64_t key, uint64_t w1, uint64_t site, uint64_t w3) {
   for (uint64_t i = home(key), n = 0; n < CAP; n++, i = (i + 1) & (CAP - 1)) {
     slot_t *s = &g_slots[i];
@@ -238,6 +177,7 @@ static inline bool slot_insert(uint64_t key, uint64_t w1, uint64_t site, uint64_
   return false;
 }
 
+/* Finds key and deletes it with one compare-and-swap (a plain store with FLOOR_CAS below 2); *w1: its second word. */
 static inline bool slot_take(uint64_t key, uint64_t *w1) {
   for (uint64_t i = home(key), n = 0; n < CAP; n++, i = (i + 1) & (CAP - 1)) {
     slot_t *s = &g_slots[i];
@@ -255,6 +195,44 @@ static inline bool slot_take(uint64_t key, uint64_t *w1) {
   }
   return false;
 }
+
+static inline void track(CUdeviceptr p, size_t size, uintptr_t site) {
+  thr_t *t = me();
+  uint64_t meta = t->tid;
+  if (__builtin_expect(g_ctx_mode, 0)) {
+    void *ctx = NULL;
+    struct timespec ts;
+    real_curctx(&ctx);
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    meta |= ((uint64_t)(uintptr_t)ctx ^ (uint64_t)ts.tv_nsec) << 22;
+  }
+  enter(t);
+  slot_insert(p, size, site, meta);
+  leave(t);
+  bump(&t->allocs);
+  atomic_store_explicit(&t->live_bytes, atomic_load_explicit(&t->live_bytes, memory_order_relaxed) + (int64_t)size,
+                        memory_order_relaxed);
+}
+
+static inline void untrack(CUdeviceptr p) {
+  thr_t *t = me();
+  uint64_t size;
+  enter(t);
+  if (slot_take(p, &size)) {
+    bump(&t->frees);
+    atomic_store_explicit(&t->live_bytes, atomic_load_explicit(&t->live_bytes, memory_order_relaxed) - (int64_t)size,
+                          memory_order_relaxed);
+  }
+  leave(t);
+}
+
+#define SITE ((uintptr_t)__builtin_return_address(0))
+
+/* ---- FLOOR_DUTIES and FLOOR_RING ---- */
+
+#define SIZE_MASK ((UINT64_C(1) << 48) - 1)
+#define W1(n, dev) ((uint64_t)(n) | UINT64_C(1) << 48 | (uint64_t)(dev) << 52 | UINT64_C(1) << 59)
+#define W1_DEV(w1) ((unsigned)((w1) >> 52) & (NDEV - 1))
 
 /* A context the thread's cache does not hold: a new id, marked alive (a registry would look it up). */
 __attribute__((noinline, cold)) static void ctx_slow(duty_t *d, void *ctx) {
