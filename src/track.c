@@ -85,13 +85,21 @@ void gr_track_tombstone_gone(unsigned ks) {
  * load of each counter unless tombstones exist or a release or destroy runs. Those set their counter before
  * their driver call, and the allocation follows that call (the driver handed out what it freed), so it sees
  * them. */
+static _Atomic uint64_t g_linger;
+
 GR_COLD static void key_reused_slow(unsigned ks, uint64_t key) {
   /* GR_NOT_YOUNG: this runs on every allocation while tombstones exist, and must not drain the logs of young
    * records each time. Tombstones, RECLAIMING and DETACHING records are never young (a release and a destroy
    * drain the logs before they claim or mark); a stale live record still in a log (a block freed where no hook
-   * saw it) is left as it would be were the watch down. */
+   * saw it) is left as it would be were the watch down. Except while a destroy runs or lingers: a record its
+   * marking missed ("Lingering" below) is young, in its allocating thread's log until that thread drops it,
+   * and must leave before this block's record goes in, or a free of this block that drains the logs may take
+   * the stale record and leave this one for freed memory. The sequence first (acquire): a commit stores
+   * g_linger before it makes the sequence even. Destroys are rare; a drain sets the owners' cool-down. */
+  bool destroying = (atomic_load_explicit(&gr_track_seq, memory_order_acquire) & 1) ||
+                    atomic_load_explicit(&g_linger, memory_order_acquire) != 0;
   const unsigned stale = GR_STMASK(GR_ST_RECLAIMED) | GR_STMASK(GR_ST_RECLAIMING) | GR_STMASK(GR_ST_LIVE) |
-                         GR_STMASK(GR_ST_ORPHAN) | GR_NOT_YOUNG;
+                         GR_STMASK(GR_ST_ORPHAN) | (destroying ? 0u : GR_NOT_YOUNG);
   gr_track_linger_check();
   gr_rec_t r;
   for (int n = 0; n < 8 && gr_table_take(ks, key, stale, &r) == 0; n++) {
@@ -373,8 +381,8 @@ static _Atomic uint16_t g_running;
 /* A destroy's end, for threads that wait for the destroy of their own context. */
 static pthread_mutex_t g_end_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_end_cv = PTHREAD_COND_INITIALIZER;
-/* The sequence number of the last destroy whose watch outlives its commit (see "Lingering"); 0 for none. */
-static _Atomic uint64_t g_linger;
+/* g_linger (declared above key_reused_slow): the sequence number of the last destroy whose watch outlives its
+ * commit (see "Lingering"); 0 for none. */
 
 GR_COLD static uint64_t wait_end(uint64_t s) {
   int old;

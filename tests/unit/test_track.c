@@ -92,7 +92,60 @@ static void *other_ctx_thread(void *arg) {
   return NULL;
 }
 
+/* One-shot, for a_block_reused_..._freed_by_a_third_thread: before the stale record's thread looks for it
+ * (settle_slow), a thread of context B that registered before it (so its log drains after the stale one's)
+ * gets X from the driver and tracks it, and a third thread frees X (a consumer: its free drains the logs). */
+static int g_b_allocates_c_frees;
+static pthread_mutex_t g_b_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_b_cv = PTHREAD_COND_INITIALIZER;
+static int g_b_step = -1; /* 0: registered, 1: allocate now, 2: allocated, 3: exit */
+
+static void b_step_set(int v) {
+  pthread_mutex_lock(&g_b_mu);
+  g_b_step = v;
+  pthread_cond_broadcast(&g_b_cv);
+  pthread_mutex_unlock(&g_b_mu);
+}
+
+static void b_step_wait(int v) {
+  pthread_mutex_lock(&g_b_mu);
+  while (g_b_step != v)
+    pthread_cond_wait(&g_b_cv, &g_b_mu);
+  pthread_mutex_unlock(&g_b_mu);
+}
+
+static void *b_thread(void *arg) {
+  (void)arg;
+  cr_assert_not_null(gr_epoch_self());
+  b_step_set(0);
+  b_step_wait(1);
+  gr_rec_t r;
+  gr_track_fill(&r, GPURECLAIM_KIND_DEVICE, X, 1 << 20, 0, (uintptr_t)0x5678);
+  r.ctx_id = CTX_B;
+  r.device = 1;
+  gr_track_insert_ctx(&r, gr_track_ctx_seq()); /* cuMemAlloc in B returned X */
+  b_step_set(2);
+  b_step_wait(3); /* alive while the third thread frees X: its log is not handed to that thread */
+  return NULL;
+}
+
+static void *c_thread(void *arg) {
+  (void)arg;
+  gr_rec_t taken;
+  if (gr_track_take(GR_KS_ADDR, X, ~0u, &taken) == 1) /* cuMemFree(X), B's block */
+    gr_track_freed(&taken);
+  return NULL;
+}
+
 static int hooked_visit(gr_visit_fn fn, void *arg) {
+  if (fn == drop_mine && g_b_allocates_c_frees) {
+    g_b_allocates_c_frees = 0;
+    b_step_set(1);
+    b_step_wait(2);
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, c_thread, NULL), 0);
+    cr_assert_eq(pthread_join(t, NULL), 0);
+  }
   if (fn == drop_mine && g_other_ctx_reuses_x) {
     g_other_ctx_reuses_x = 0;
     pthread_t t;
@@ -153,6 +206,34 @@ Test(track, a_block_reused_in_another_context_before_the_stale_record_is_dropped
   g_other_ctx_reuses_x = 1;
   gr_track_insert_ctx(&r, seq0);
   cr_assert(g_other_ctx_done, "the other context's allocation did not run: the stale record was not looked for");
+  gr_rec_t left;
+  cr_assert_not(records_at_x(&left), "a record (ctx %u) stayed for X, which is freed", left.ctx_id);
+}
+
+/* The same, with the stale record in its thread's log of young records when B's allocation looks for it, and
+ * X freed by a third thread (which drains the logs, the stale record first). B's allocation must take the stale
+ * record out, as it would from the table: else the third thread's free may take the stale record and leave B's
+ * for freed memory. */
+static void *stale_thread(void *arg) {
+  (void)arg;
+  gr_rec_t r;
+  fill(&r, CTX_A);
+  uint64_t seq0 = gr_track_ctx_seq(); /* read before the driver call that returned X */
+  g_destroy_before_insert = 1;
+  g_b_allocates_c_frees = 1;
+  gr_track_insert_ctx(&r, seq0);
+  return NULL;
+}
+
+Test(track, a_young_stale_record_is_taken_out_by_another_contexts_allocation_of_its_address) {
+  pthread_t b, a;
+  cr_assert_eq(pthread_create(&b, NULL, b_thread, NULL), 0);
+  b_step_wait(0);
+  cr_assert_eq(pthread_create(&a, NULL, stale_thread, NULL), 0); /* registers after B: drained before B */
+  cr_assert_eq(pthread_join(a, NULL), 0);
+  cr_assert_eq(g_b_step, 2, "B's allocation did not run: the stale record was not looked for");
+  b_step_set(3);
+  cr_assert_eq(pthread_join(b, NULL), 0);
   gr_rec_t left;
   cr_assert_not(records_at_x(&left), "a record (ctx %u) stayed for X, which is freed", left.ctx_id);
 }
