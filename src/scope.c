@@ -75,7 +75,6 @@ static _Atomic uint32_t g_cursor;
 
 static GR_TLS uint64_t t_stack[MAX_NEST]; /* ids, not slots: an ended scope's slot may be open again, for
                                            * another scope of another thread */
-static GR_TLS unsigned t_depth;
 
 static inline bool is_open(uint16_t s, uint64_t id) {
   return atomic_load_explicit(&g_slots[s].state, memory_order_acquire) == S_OPEN &&
@@ -105,11 +104,11 @@ static inline uint16_t slot_of(uint64_t id) { return (uint16_t)(id & 0xffff); }
 /* Innermost scope of this thread that is still open (its slot open under its id), dropping ended ones from the
  * top. Returns its id, or 0. */
 static uint64_t innermost(void) {
-  while (t_depth) {
-    uint64_t id = t_stack[t_depth - 1];
+  while (gr_tls.scope_depth) {
+    uint64_t id = t_stack[gr_tls.scope_depth - 1];
     if (is_open(slot_of(id), id))
       return id;
-    t_depth--;
+    gr_tls.scope_depth--;
   }
   return 0;
 }
@@ -187,8 +186,8 @@ static void note(uint16_t s, unsigned ks, uint64_t key) {
   unlock_slot(sl);
 }
 
-uint16_t gr_scope_tag(void) {
-  if (GR_LIKELY(t_depth == 0))
+uint16_t gr_scope_tag_slow(void) {
+  if (gr_tls.scope_depth == 0)
     return 0;
   uint64_t id = innermost();
   uint16_t s = slot_of(id);
@@ -227,7 +226,7 @@ static bool map_slots(void) {
 GPURECLAIM_API uint64_t gpureclaim_scope_begin(void) {
   if (gr_core_disabled() || !map_slots())
     return 0;
-  if (t_depth == MAX_NEST) {
+  if (gr_tls.scope_depth == MAX_NEST) {
     gr_warn_once(w_deep, "scopes nested deeper than %d on one thread; gpureclaim_scope_begin() returns 0", MAX_NEST);
     return 0;
   }
@@ -255,7 +254,7 @@ GPURECLAIM_API uint64_t gpureclaim_scope_begin(void) {
     /* Open only now, with the new id in place: a thread still holding an earlier scope's id for this slot
      * sees it open only together with the new id, so never as its own. */
     atomic_store_explicit(&g_slots[s].state, S_OPEN, memory_order_release);
-    t_stack[t_depth++] = id;
+    t_stack[gr_tls.scope_depth++] = id;
     return id;
   }
   gr_warn_once(w_full, "65,535 scopes hold live blocks at once; gpureclaim_scope_begin() returns 0");
@@ -344,10 +343,10 @@ int gr_scope_end(uint64_t scope, gr_scope_ended_t *out) {
     return -ENOENT; /* ended concurrently */
   atomic_store_explicit(&g_slots[s].state, S_ENDED, memory_order_release);
   /* Leave this thread's stack if it is there (another thread's stack drops it lazily). */
-  for (unsigned i = t_depth; i-- > 0;)
+  for (unsigned i = gr_tls.scope_depth; i-- > 0;)
     if (t_stack[i] == scope) {
-      memmove(&t_stack[i], &t_stack[i + 1], (t_depth - i - 1) * sizeof t_stack[0]);
-      t_depth--;
+      memmove(&t_stack[i], &t_stack[i + 1], (gr_tls.scope_depth - i - 1) * sizeof t_stack[0]);
+      gr_tls.scope_depth--;
       break;
     }
   /* Take the list and close it: what is tagged from now on raced with the end and stays live. */
@@ -389,5 +388,5 @@ void gr_scope_atfork_child(void) {
         free(p[s].keys);
     munmap(p, NSLOTS * sizeof(scope_slot_t));
   }
-  t_depth = 0;
+  gr_tls.scope_depth = 0;
 }

@@ -2,10 +2,13 @@
 #ifndef GR_SCOPE_H
 #define GR_SCOPE_H
 
+#include "state.h"
 #include "table.h"
 
-/* Scope slot (1..65535) of the calling thread's innermost open scope, 0 for none; takes a reference. */
-uint16_t gr_scope_tag(void);
+/* Scope slot (1..65535) of the calling thread's innermost open scope, 0 for none; takes a reference. Inline:
+ * every allocation asks, and a thread with no open scope (the usual case) needs one load to answer. */
+uint16_t gr_scope_tag_slow(void);
+static inline uint16_t gr_scope_tag(void) { return GR_LIKELY(gr_tls.scope_depth == 0) ? 0 : gr_scope_tag_slow(); }
 /* Lists record r, just inserted into the table with a scope, for that scope's end. */
 void gr_scope_note(const gr_rec_t *r);
 /* Drops the reference a record of scope slot s held. */

@@ -30,6 +30,7 @@ typedef struct gr_tls {
   CUcontext last_ctx;  /* one-entry cache: context -> registry id, device */
   uint16_t last_ctx_id;
   uint8_t last_device;
+  unsigned scope_depth; /* scope.c: scopes this thread has open (gr_scope_tag's fast path reads it inline) */
 } gr_tls_t;
 extern GR_TLS gr_tls_t gr_tls;
 
