@@ -104,18 +104,29 @@ static void *holder(void *arg) {
   return NULL;
 }
 
-Test(young, another_threads_free_finds_a_young_record) {
-  g_first = 100, g_count = 1;
+/* Starts fn on a thread of its own and waits until it has inserted (its first barrier). */
+static pthread_t start(void *(*fn)(void *)) {
   pthread_t t;
   pthread_barrier_init(&g_bar, NULL, 2);
-  cr_assert_eq(pthread_create(&t, NULL, holder, NULL), 0);
+  cr_assert_eq(pthread_create(&t, NULL, fn, NULL), 0);
   pthread_barrier_wait(&g_bar);
-  gr_packed_t out;
-  cr_assert_eq(take(addr(100), &out), 0, "a free by another thread missed a young record");
+  return t;
+}
+
+/* Lets a thread from start() go on past its second barrier, and waits for its end. */
+static void finish(pthread_t t) {
   pthread_barrier_wait(&g_bar);
   pthread_join(t, NULL);
-  cr_assert_eq(atomic_load(&g_after_rc), -ENOENT, "the record was taken twice: once from the log, once drained");
   pthread_barrier_destroy(&g_bar);
+}
+
+Test(young, another_threads_free_finds_a_young_record) {
+  g_first = 100, g_count = 1;
+  pthread_t t = start(holder);
+  gr_packed_t out;
+  cr_assert_eq(take(addr(100), &out), 0, "a free by another thread missed a young record");
+  finish(t);
+  cr_assert_eq(atomic_load(&g_after_rc), -ENOENT, "the record was taken twice: once from the log, once drained");
 }
 
 /* A producer whose young blocks a consumer frees would make every free drain (an asymmetric barrier each):
@@ -137,18 +148,13 @@ static void *producer(void *arg) {
 }
 
 Test(young, a_thread_whose_young_block_another_thread_freed_inserts_into_the_table_for_a_while) {
-  pthread_t t;
-  pthread_barrier_init(&g_bar, NULL, 2);
-  cr_assert_eq(pthread_create(&t, NULL, producer, NULL), 0);
-  pthread_barrier_wait(&g_bar);
+  pthread_t t = start(producer);
   gr_packed_t out;
   cr_assert_eq(take(addr(600), &out), 0);
-  pthread_barrier_wait(&g_bar);
-  pthread_join(t, NULL);
+  finish(t);
   cr_assert_eq(atomic_load(&g_live_after), 1, "the producer's next record went to its log again (%lld in the table)",
                (long long)atomic_load(&g_live_after));
   cr_assert_eq(take(addr(601), &out), 0);
-  pthread_barrier_destroy(&g_bar);
 }
 
 static int count(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
@@ -160,30 +166,22 @@ static int count(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
 
 Test(young, a_visit_sees_the_young_records_of_every_thread) {
   g_first = 200, g_count = 3;
-  pthread_t t;
-  pthread_barrier_init(&g_bar, NULL, 2);
-  cr_assert_eq(pthread_create(&t, NULL, holder, NULL), 0);
-  pthread_barrier_wait(&g_bar);
+  pthread_t t = start(holder);
   gr_packed_t mine = young_rec(addr(300), KIND_DEVICE);
   cr_assert_eq(gr_table_insert_young(&mine), 0);
   int n = 0;
   gr_table_visit(count, &n);
   cr_assert_eq(n, 4, "a visit saw %d of the 4 young records (3 of another thread, 1 of its own)", n);
   cr_assert_eq(gr_epoch_live_sum(), 4, "the visit did not drain the logs into the table");
-  pthread_barrier_wait(&g_bar);
-  pthread_join(t, NULL);
+  finish(t);
   cr_assert_eq(atomic_load(&g_after_rc), 0, "the drained record is gone for its own thread");
-  pthread_barrier_destroy(&g_bar);
 }
 
 /* A free's checks for tombstones (RECLAIMING, RECLAIMED) and the allocation's check for stale records
  * (GR_NOT_YOUNG), which run on every allocation while tombstones exist, must not drain the logs each time. */
 Test(young, lookups_that_cannot_find_a_young_record_leave_the_logs_alone) {
   g_first = 350, g_count = 2;
-  pthread_t t;
-  pthread_barrier_init(&g_bar, NULL, 2);
-  cr_assert_eq(pthread_create(&t, NULL, holder, NULL), 0);
-  pthread_barrier_wait(&g_bar);
+  pthread_t t = start(holder);
   cr_assert_eq(gr_table_lookup(GR_KS_ADDR, addr(999), GR_STMASK(GR_ST_RECLAIMING), NULL), -ENOENT);
   cr_assert_eq(gr_table_take(GR_KS_ADDR, addr(999), GR_STMASK(GR_ST_RECLAIMED), NULL), -ENOENT);
   cr_assert_eq(gr_table_take(GR_KS_ADDR, addr(351), GR_STMASK(GR_ST_LIVE) | GR_NOT_YOUNG, NULL), -ENOENT,
@@ -191,9 +189,7 @@ Test(young, lookups_that_cannot_find_a_young_record_leave_the_logs_alone) {
   cr_assert_eq(gr_epoch_live_sum(), 0, "a lookup that cannot find a young record drained the logs");
   cr_assert_eq(gr_table_lookup(GR_KS_ADDR, addr(999), GR_STMASK(GR_ST_LIVE), NULL), -ENOENT);
   cr_assert_eq(gr_epoch_live_sum(), 2, "a lookup of a live record that found nothing did not drain the logs");
-  pthread_barrier_wait(&g_bar);
-  pthread_join(t, NULL);
-  pthread_barrier_destroy(&g_bar);
+  finish(t);
 }
 
 Test(young, the_young_records_of_a_thread_that_exited_are_still_found) {
