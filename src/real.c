@@ -96,6 +96,7 @@ int gr_real_resolve_drv(void) {
   R(cuCtxPushCurrent, "cuCtxPushCurrent_v2");
   R(cuCtxPopCurrent, "cuCtxPopCurrent_v2");
   R(cuCtxSynchronize, "cuCtxSynchronize");
+  R(cuCtxGetApiVersion, "cuCtxGetApiVersion");
   R(cuStreamGetCtx, "cuStreamGetCtx");
   R(cuDeviceGetCount, "cuDeviceGetCount");
   R(cuDeviceGet, "cuDeviceGet");

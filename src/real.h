@@ -26,6 +26,7 @@ typedef struct gr_drv {
   CUresult (*cuCtxPushCurrent)(CUcontext);
   CUresult (*cuCtxPopCurrent)(CUcontext *);
   CUresult (*cuCtxSynchronize)(void);
+  CUresult (*cuCtxGetApiVersion)(CUcontext, unsigned *);
   CUresult (*cuStreamGetCtx)(CUstream, CUcontext *);
   CUresult (*cuDeviceGetCount)(int *);
   CUresult (*cuDeviceGet)(CUdevice *, int);

@@ -34,6 +34,8 @@ typedef struct reg {
 static reg_t g_ctx, g_pool;
 static _Atomic(void *) g_primary[GR_MAX_DEV];   /* CUcontext */
 static _Atomic int g_dev_pool[GR_MAX_DEV];      /* pool id + 0; 0 unknown */
+static _Atomic uint32_t g_ctx_gen;               /* moves on every context destroy and device reset */
+static _Atomic bool g_cur_unseen;                /* a context switch gpureclaim did not see was found */
 
 static inline size_t reg_home(const void *h) {
   uint64_t x = (uint64_t)(uintptr_t)h * UINT64_C(0x9E3779B97F4A7C15);
@@ -128,22 +130,46 @@ int gr_reg_ctx_device(uint16_t id) { return reg_device(&g_ctx, id); }
 bool gr_reg_ctx_alive(uint16_t id) { return id && atomic_load_explicit(&g_ctx.alive[id - 1], memory_order_acquire); }
 void gr_reg_ctx_destroyed(uint16_t id) {
   reg_dead(&g_ctx, id);
+  atomic_fetch_add_explicit(&g_ctx_gen, 1, memory_order_release);
   if (gr_tls.last_ctx_id == id)
     gr_tls.last_ctx = NULL;
 }
 uint64_t gr_reg_ctx_count(void) { return atomic_load_explicit(&g_ctx.count, memory_order_relaxed); }
 
-GR_HOT_INLINE bool gr_reg_current(uint16_t *ctx_id, uint8_t *device, CUcontext *out) {
+/* ---- the calling thread's current context ----
+ *
+ * An allocation needs the context it was made in. Asking the driver (cuCtxGetCurrent) on every allocation costs
+ * a call; instead each thread keeps the answer (gr_tls.last_ctx, its id and device) and trusts it until:
+ *   - the thread makes a call that may change its current context, through any route gpureclaim hooks
+ *     (cuCtxSetCurrent, cuCtxPushCurrent, cuCtxPopCurrent, cuCtxCreate, cuCtxDestroy, cuCtxDetach,
+ *     cuGLCtxCreate, cuVDPAUCtxCreate, the primary context's release and reset: hooks/driver.c), or gpureclaim
+ *     pushes or pops one itself: gr_reg_switched();
+ *   - any thread destroys a context or resets a device (g_ctx_gen moves: a handle may come back for another
+ *     context on another device);
+ *   - every CUR_SAMPLE-th allocation on the thread, which asks the driver all the same. If the answer differs
+ *     from what the thread kept, the program switched contexts by a route gpureclaim does not see: gpureclaim
+ *     says so once and asks the driver on every allocation from then on (the block in hand gets the driver's
+ *     answer; up to CUR_SAMPLE - 1 blocks before it may carry the previous context). */
+#define CUR_SAMPLE 64
+
+GR_COLD static bool current_slow(uint16_t *ctx_id, uint8_t *device, CUcontext *out) {
   CUcontext ctx = NULL;
+  uint32_t gen = atomic_load_explicit(&g_ctx_gen, memory_order_acquire);
+  bool kept = gr_tls.cur_known && gr_tls.cur_gen == gen;
+  gr_tls.cur_known = 0;
   if (!gr_drv.cuCtxGetCurrent || gr_drv.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
     return false;
   *out = ctx;
-  if (GR_LIKELY(ctx == gr_tls.last_ctx && gr_reg_ctx_alive(gr_tls.last_ctx_id))) {
-    *ctx_id = gr_tls.last_ctx_id;
-    *device = gr_tls.last_device;
-    return true;
-  }
-  uint16_t id = reg_find(&g_ctx, ctx);
+  if (GR_UNLIKELY(kept && ctx != gr_tls.last_ctx) &&
+      !atomic_exchange_explicit(&g_cur_unseen, true, memory_order_relaxed))
+    gr_warn("the current context changed by a route gpureclaim does not intercept (%p -> %p); gpureclaim asks "
+            "the driver for it on every allocation from now on",
+            (void *)gr_tls.last_ctx, (void *)ctx);
+  uint16_t id = 0;
+  if (ctx == gr_tls.last_ctx && gr_reg_ctx_alive(gr_tls.last_ctx_id))
+    id = gr_tls.last_ctx_id;
+  else
+    id = reg_find(&g_ctx, ctx);
   if (!id || !gr_reg_ctx_alive(id) || reg_device(&g_ctx, id) < 0) {
     CUdevice dev = -1;
     if (gr_drv.cuCtxGetDevice)
@@ -156,7 +182,21 @@ GR_HOT_INLINE bool gr_reg_current(uint16_t *ctx_id, uint8_t *device, CUcontext *
   gr_tls.last_ctx = ctx;
   gr_tls.last_ctx_id = id;
   gr_tls.last_device = *device;
+  gr_tls.cur_gen = gen;
+  gr_tls.cur_sample = CUR_SAMPLE;
+  gr_tls.cur_known = id && !atomic_load_explicit(&g_cur_unseen, memory_order_relaxed);
   return true;
+}
+
+GR_HOT_INLINE bool gr_reg_current(uint16_t *ctx_id, uint8_t *device, CUcontext *out) {
+  if (GR_LIKELY(gr_tls.cur_known) && GR_LIKELY(--gr_tls.cur_sample != 0) &&
+      GR_LIKELY(gr_tls.cur_gen == atomic_load_explicit(&g_ctx_gen, memory_order_relaxed))) {
+    *out = gr_tls.last_ctx;
+    *ctx_id = gr_tls.last_ctx_id;
+    *device = gr_tls.last_device;
+    return true;
+  }
+  return current_slow(ctx_id, device, out);
 }
 
 GR_HOT_INLINE bool gr_reg_stream(CUstream s, uint16_t *ctx_id, uint8_t *device) {
@@ -203,6 +243,7 @@ void gr_reg_device_reset(int device) {
   uint16_t id = gr_reg_primary_id(device);
   if (id)
     gr_reg_ctx_destroyed(id);
+  atomic_fetch_add_explicit(&g_ctx_gen, 1, memory_order_release);
   atomic_store_explicit(&g_dev_pool[device], 0, memory_order_relaxed);
 }
 
@@ -321,6 +362,8 @@ void gr_reg_atfork_child(void) {
   memset(g_dev_pool, 0, sizeof g_dev_pool);
   pthread_mutex_init(&g_lib_lock, NULL);
   gr_tls.last_ctx = NULL;
+  gr_tls.cur_known = 0;
+  atomic_store_explicit(&g_cur_unseen, false, memory_order_relaxed);
 }
 
 typedef struct {

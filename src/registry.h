@@ -3,6 +3,7 @@
 #define GR_REGISTRY_H
 
 #include "names.h"
+#include "state.h"
 #include "table.h"
 
 #include <cuda.h>
@@ -29,8 +30,12 @@ CUcontext gr_reg_ctx_handle(uint16_t id);
 int gr_reg_ctx_device(uint16_t id); /* -1 unknown */
 bool gr_reg_ctx_alive(uint16_t id);
 void gr_reg_ctx_destroyed(uint16_t id);
-/* The calling thread's current context id and device (cached per thread). Returns false without one. */
+/* The calling thread's current context id and device (cached per thread: registry.c says when the cache is
+ * trusted). Returns false without one. */
 bool gr_reg_current(uint16_t *ctx_id, uint8_t *device, CUcontext *ctx);
+/* The calling thread's current context may have changed (it switched, pushed, popped, created or destroyed
+ * one, or gpureclaim did for it): its next allocation asks the driver. */
+static inline void gr_reg_switched(void) { gr_tls.cur_known = 0; }
 /* Context id and device of a stream (0 and special handles: the current context). */
 bool gr_reg_stream(CUstream s, uint16_t *ctx_id, uint8_t *device);
 

@@ -132,6 +132,7 @@ static bool push(CUcontext ctx) {
     return false;
   if (gr_drv.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == ctx)
     return false;
+  gr_reg_switched(); /* the thread's cached current context (registry.c) is not trusted inside the window */
   return gr_drv.cuCtxPushCurrent(ctx) == CUDA_SUCCESS;
 }
 static void pop(bool pushed) {

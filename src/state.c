@@ -29,6 +29,7 @@ void gr_core_set_start_time_ms(uint64_t ms) { g_start_realtime_ms = ms; }
 void gr_core_tls_atfork_child(void) {
   gr_tls.tid = 0;
   gr_tls.last_ctx = NULL;
+  gr_tls.cur_known = 0;
   gr_tls.hook_depth = 0;
   gr_tls.rt_depth = 0;
 }

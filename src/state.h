@@ -30,6 +30,9 @@ typedef struct gr_tls {
   CUcontext last_ctx;  /* one-entry cache: context -> registry id, device */
   uint16_t last_ctx_id;
   uint8_t last_device;
+  uint8_t cur_known;   /* registry.c: last_ctx is the thread's current context (no switch seen since asked) */
+  uint8_t cur_sample;  /* registry.c: allocations until the driver is asked all the same */
+  uint32_t cur_gen;    /* registry.c: the context generation cur_known holds for */
   unsigned scope_depth; /* scope.c: scopes this thread has open (gr_scope_tag's fast path reads it inline) */
 } gr_tls_t;
 extern GR_TLS gr_tls_t gr_tls;

@@ -11,6 +11,8 @@
  * result, except for the out-of-memory retry (GPURECLAIM_OOM_RETRY) and a late free of a block a release
  * already freed (gpureclaim.h, scopes).
  */
+/* cuCtxDetach is deprecated in cuda.h, and this file defines it (an interposer wraps what programs still call). */
+#define CUDA_ENABLE_DEPRECATED 1
 #include "export.h"
 #include "real.h"
 #include "hooks/hooks.h"
@@ -31,6 +33,8 @@
 /* cuda.h maps these names to later versions; this file defines each version under its own name. */
 #undef cuCtxCreate
 #undef cuCtxDestroy
+#undef cuCtxPushCurrent
+#undef cuCtxPopCurrent
 #undef cuDevicePrimaryCtxRelease
 #undef cuDevicePrimaryCtxReset
 #undef cuIpcOpenMemHandle
@@ -700,7 +704,9 @@ static CUresult b_primary_retain(void *realp, uintptr_t ra, CUcontext *pctx, CUd
   return rc;
 }
 
+/* A context was made (and pushed current on this thread, as the driver does for a new context). */
 static void created(CUresult rc, CUcontext *pctx, CUdevice dev) {
+  gr_reg_switched();
   if (rc == CUDA_SUCCESS && pctx && gr_core_active())
     gr_reg_ctx(*pctx, dev);
 }
@@ -731,6 +737,83 @@ static CUresult b_ctx_create_v4(void *realp, uintptr_t ra, CUcontext *pctx, CUct
   return rc;
 }
 
+/* cuGLCtxCreate_v2 and cuVDPAUCtxCreate_v2 (cudaGL.h, cudaVDPAU.h: the same for both versions) make a context as
+ * cuCtxCreate does, bound to graphics. */
+typedef CUresult(CUDAAPI *gr_pfn_vdpau_ctx_create)(CUcontext *, unsigned int, CUdevice, uint32_t, void *);
+
+static CUresult b_vdpau_ctx_create(void *realp, uintptr_t ra, CUcontext *pctx, unsigned int flags, CUdevice dev,
+                                   uint32_t vdp, void *vdp_proc) {
+  (void)ra;
+  NEED_REAL(realp);
+  CUresult rc = ((gr_pfn_vdpau_ctx_create)realp)(pctx, flags, dev, vdp, vdp_proc);
+  created(rc, pctx, dev);
+  return rc;
+}
+
+/* The calls that change the calling thread's current context and nothing else gpureclaim keeps: the thread's
+ * cached answer goes (registry.c), whatever the driver answered. */
+static CUresult b_ctx_set(void *realp, uintptr_t ra, CUcontext ctx) {
+  (void)ra;
+  NEED_REAL(realp);
+  CUresult rc = ((PFN_cuCtxSetCurrent_v4000)realp)(ctx);
+  gr_reg_switched();
+  return rc;
+}
+
+static CUresult b_ctx_push(void *realp, uintptr_t ra, CUcontext ctx) {
+  (void)ra;
+  NEED_REAL(realp);
+  CUresult rc = ((PFN_cuCtxPushCurrent_v4000)realp)(ctx);
+  gr_reg_switched();
+  return rc;
+}
+
+static CUresult b_ctx_pop(void *realp, uintptr_t ra, CUcontext *pctx) {
+  (void)ra;
+  NEED_REAL(realp);
+  CUresult rc = ((PFN_cuCtxPopCurrent_v4000)realp)(pctx);
+  gr_reg_switched();
+  return rc;
+}
+
+/* Whether a context the driver knew is gone: it no longer answers a question about itself. */
+static bool ctx_gone(CUcontext ctx) {
+  unsigned version = 0;
+  return gr_drv.cuCtxGetApiVersion && gr_drv.cuCtxGetApiVersion(ctx, &version) != CUDA_SUCCESS;
+}
+
+/* cuCtxDetach (deprecated) takes one off the context's usage count (cuCtxAttach's) and destroys it, with its
+ * memory, when that reaches 0; the driver does not say which happened, so this is a destroy that may not happen,
+ * as the last primary release is (b_primary_release): begun before, marked and committed once the context is
+ * known to be gone. */
+static CUresult b_ctx_detach(void *realp, uintptr_t ra, CUcontext ctx) {
+  (void)ra;
+  NEED_REAL(realp);
+  PFN_cuCtxDetach_v2000 real = (PFN_cuCtxDetach_v2000)realp;
+  if (!ctx || !gr_core_active()) {
+    CUresult rc = real(ctx);
+    gr_reg_switched();
+    return rc;
+  }
+  gr_track_gate_enter();
+  uint16_t id = gr_reg_ctx_find(ctx);
+  gr_detached_t d = {0};
+  if (id)
+    gr_track_ctx_begin(id, &d);
+  CUresult rc = real(ctx);
+  gr_reg_switched();
+  bool gone = rc == CUDA_SUCCESS && ctx_gone(ctx);
+  if (id) {
+    if (gone)
+      gr_track_ctx_mark(&d);
+    gr_track_ctx_commit(&d, gone);
+    if (gone)
+      gr_reg_ctx_destroyed(id);
+  }
+  gr_track_gate_exit();
+  return rc;
+}
+
 /* Destroying a context frees its memory. Its records are marked detaching before the driver call and leave the
  * table after it, or lose the mark if the driver refused; a free or an allocation of their addresses meanwhile
  * is told apart from them (track.c). */
@@ -738,14 +821,18 @@ static CUresult b_ctx_destroy(void *realp, uintptr_t ra, CUcontext ctx) {
   (void)ra;
   NEED_REAL(realp);
   PFN_cuCtxDestroy_v4000 real = (PFN_cuCtxDestroy_v4000)realp;
-  if (!ctx || !gr_core_active())
-    return real(ctx);
+  if (!ctx || !gr_core_active()) {
+    CUresult rc = real(ctx);
+    gr_reg_switched(); /* a context current to the calling thread is popped */
+    return rc;
+  }
   gr_track_gate_enter(); /* not while a release holds claimed blocks of it */
   uint16_t id = gr_reg_ctx_find(ctx);
   gr_detached_t d = {0};
   if (id)
     gr_track_ctx_detach(id, &d);
   CUresult rc = real(ctx);
+  gr_reg_switched();
   if (id) {
     gr_track_ctx_commit(&d, rc == CUDA_SUCCESS);
     if (rc == CUDA_SUCCESS)
@@ -759,14 +846,18 @@ static CUresult b_primary_reset(void *realp, uintptr_t ra, CUdevice dev) {
   (void)ra;
   NEED_REAL(realp);
   PFN_cuDevicePrimaryCtxReset_v11000 real = (PFN_cuDevicePrimaryCtxReset_v11000)realp;
-  if (!gr_core_active())
-    return real(dev);
+  if (!gr_core_active()) {
+    CUresult rc = real(dev);
+    gr_reg_switched();
+    return rc;
+  }
   gr_track_gate_enter();
   uint16_t id = gr_reg_primary_id(dev);
   gr_detached_t d = {0};
   if (id)
     gr_track_ctx_detach(id, &d);
   CUresult rc = real(dev);
+  gr_reg_switched();
   if (id)
     gr_track_ctx_commit(&d, rc == CUDA_SUCCESS);
   if (rc == CUDA_SUCCESS)
@@ -783,14 +874,18 @@ static CUresult b_primary_release(void *realp, uintptr_t ra, CUdevice dev) {
   (void)ra;
   NEED_REAL(realp);
   PFN_cuDevicePrimaryCtxRelease_v11000 real = (PFN_cuDevicePrimaryCtxRelease_v11000)realp;
-  if (!gr_core_active())
-    return real(dev);
+  if (!gr_core_active()) {
+    CUresult rc = real(dev);
+    gr_reg_switched();
+    return rc;
+  }
   gr_track_gate_enter();
   uint16_t id = gr_reg_primary_id(dev);
   gr_detached_t d = {0};
   if (id)
     gr_track_ctx_begin(id, &d);
   CUresult rc = real(dev);
+  gr_reg_switched();
   unsigned flags = 0;
   int active = 1;
   bool gone = rc == CUDA_SUCCESS && gr_drv.cuDevicePrimaryCtxGetState &&

@@ -83,6 +83,20 @@
     (pctx, ctxCreateParams, flags, dev))                                                                     \
   X(cuCtxDestroy, "cuCtxDestroy", 2000, 0, b_ctx_destroy, (CUcontext ctx), (ctx))                            \
   X(cuCtxDestroy_v2, "cuCtxDestroy", 4000, 0, b_ctx_destroy, (CUcontext ctx), (ctx))                         \
+  X(cuCtxSetCurrent, "cuCtxSetCurrent", 4000, 0, b_ctx_set, (CUcontext ctx), (ctx))                        \
+  X(cuCtxPushCurrent, "cuCtxPushCurrent", 2000, 0, b_ctx_push, (CUcontext ctx), (ctx))                       \
+  X(cuCtxPushCurrent_v2, "cuCtxPushCurrent", 4000, 0, b_ctx_push, (CUcontext ctx), (ctx))                    \
+  X(cuCtxPopCurrent, "cuCtxPopCurrent", 2000, 0, b_ctx_pop, (CUcontext * pctx), (pctx))                      \
+  X(cuCtxPopCurrent_v2, "cuCtxPopCurrent", 4000, 0, b_ctx_pop, (CUcontext * pctx), (pctx))                   \
+  X(cuCtxDetach, "cuCtxDetach", 2000, 0, b_ctx_detach, (CUcontext ctx), (ctx))                               \
+  X(cuGLCtxCreate, "cuGLCtxCreate", 2000, 0, b_ctx_create, (CUcontext * pctx, unsigned int flags, CUdevice dev), \
+    (pctx, flags, dev))                                                                                      \
+  X(cuGLCtxCreate_v2, "cuGLCtxCreate", 3020, 0, b_ctx_create, (CUcontext * pctx, unsigned int flags, CUdevice dev), \
+    (pctx, flags, dev))                                                                                      \
+  X(cuVDPAUCtxCreate, "cuVDPAUCtxCreate", 3010, 0, b_vdpau_ctx_create,                                       \
+    (CUcontext * pctx, unsigned int flags, CUdevice dev, uint32_t vdp, void *vdp_proc), (pctx, flags, dev, vdp, vdp_proc)) \
+  X(cuVDPAUCtxCreate_v2, "cuVDPAUCtxCreate", 3020, 0, b_vdpau_ctx_create,                                    \
+    (CUcontext * pctx, unsigned int flags, CUdevice dev, uint32_t vdp, void *vdp_proc), (pctx, flags, dev, vdp, vdp_proc)) \
   X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", 7000, 0, b_primary_release, (CUdevice dev), (dev)) \
   X(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000, 0, b_primary_release, (CUdevice dev), \
     (dev))                                                                                                   \

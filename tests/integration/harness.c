@@ -34,6 +34,11 @@ void h_fill_dlsym(drv_api_t *a, void *h) {
   D(cuCtxCreate_v4, "cuCtxCreate_v4");
   D(cuCtxDestroy, "cuCtxDestroy_v2");
   D(cuCtxPopCurrent, "cuCtxPopCurrent_v2");
+  D(cuCtxPushCurrent, "cuCtxPushCurrent_v2");
+  D(cuCtxAttach, "cuCtxAttach");
+  D(cuCtxDetach, "cuCtxDetach");
+  D(cuGLCtxCreate, "cuGLCtxCreate_v2");
+  D(cuVDPAUCtxCreate, "cuVDPAUCtxCreate_v2");
   D(cuCtxSynchronize, "cuCtxSynchronize");
   D(cuStreamCreate, "cuStreamCreate");
   D(cuStreamDestroy, "cuStreamDestroy_v2");
@@ -96,6 +101,11 @@ void h_fill_procaddr(drv_api_t *a, void *h) {
   P(cuCtxCreate_v4, "cuCtxCreate", 12050, 0);
   P(cuCtxDestroy, "cuCtxDestroy", V, 0);
   P(cuCtxPopCurrent, "cuCtxPopCurrent", V, 0);
+  P(cuCtxPushCurrent, "cuCtxPushCurrent", V, 0);
+  P(cuCtxAttach, "cuCtxAttach", V, 0);
+  P(cuCtxDetach, "cuCtxDetach", 2000, 0); /* as the runtime asks */
+  P(cuGLCtxCreate, "cuGLCtxCreate", 3020, 0);
+  P(cuVDPAUCtxCreate, "cuVDPAUCtxCreate", 3020, 0);
   P(cuCtxSynchronize, "cuCtxSynchronize", 12000, 0);
   P(cuStreamCreate, "cuStreamCreate", V, 0);
   P(cuStreamDestroy, "cuStreamDestroy", V, 0);
@@ -286,6 +296,31 @@ bool h_find(uint64_t address, gpureclaim_block_t *out) {
     checks++;                                                                                              \
   } while (0)
 
+/* Allocates in the current context through api (cuMemAlloc, and cuMemAllocAsync on the default stream, the second
+ * one after the first: the cached path) and asserts both blocks are recorded in want, on device; frees them.
+ * after: the call that made want current, for the message. Returns the checks made. */
+static int expect_current(const drv_api_t *api, CUcontext want, int device, const char *after) {
+  CUcontext cur = NULL;
+  OK(api->cuCtxGetCurrent(&cur));
+  cr_assert_eq(cur, want, "%s: after %s the driver has another context current than the test expects", api->route,
+               after);
+  CUdeviceptr d, a;
+  OK(api->cuMemAlloc(&d, 4096));
+  OK(api->cuMemAllocAsync(&a, 8192, NULL));
+  const CUdeviceptr made[2] = {d, a};
+  for (int i = 0; i < 2; i++) {
+    gpureclaim_block_t b;
+    cr_assert(h_find(made[i], &b), "%s: a block made after %s is not tracked", api->route, after);
+    cr_assert_eq(b.context, (void *)want, "%s: a block made after %s is recorded in context %p, the driver's is %p",
+                 api->route, after, b.context, (void *)want);
+    cr_assert_eq(b.device, device, "%s: a block made after %s is recorded on device %d, not %d", api->route, after,
+                 b.device, device);
+  }
+  OK(api->cuMemFree(d));
+  OK(api->cuMemFreeAsync(a, NULL));
+  return 2;
+}
+
 int h_scenario(const drv_api_t *api) {
   int checks = 0;
   CUdevice dev;
@@ -424,6 +459,45 @@ int h_scenario(const drv_api_t *api) {
   cr_assert_eq(gpureclaim_stats(-1, &st1), 0);
   cr_assert_eq(st1.ctx_destroyed_blocks - st0.ctx_destroyed_blocks, 3);
   cr_assert_eq(st1.ctx_destroyed_bytes - st0.ctx_destroyed_bytes, 9000);
+
+  /* Context switches, on two devices: after each call that changes the current context, by this route, blocks
+   * are recorded in the context the driver made them in (gpureclaim keeps each thread's current context and
+   * must see every such call: registry.c). */
+  CUcontext q1, q, g, v, v2;
+  OK(api->cuDevicePrimaryCtxRetain(&q1, 1));
+  OK(api->cuCtxSetCurrent(primary));
+  checks += expect_current(api, primary, 0, "cuCtxSetCurrent");
+  OK(api->cuCtxSetCurrent(q1));
+  checks += expect_current(api, q1, 1, "cuCtxSetCurrent");
+  OK(api->cuCtxPushCurrent(primary));
+  checks += expect_current(api, primary, 0, "cuCtxPushCurrent");
+  OK(api->cuCtxPopCurrent(&popped));
+  cr_assert_eq(popped, primary);
+  checks += expect_current(api, q1, 1, "cuCtxPopCurrent");
+  OK(api->cuCtxCreate_v2(&q, 0, 0));
+  checks += expect_current(api, q, 0, "cuCtxCreate");
+  OK(api->cuCtxDestroy(q));
+  checks += expect_current(api, q1, 1, "cuCtxDestroy of the current context");
+  OK(api->cuGLCtxCreate(&g, 0, 0));
+  checks += expect_current(api, g, 0, "cuGLCtxCreate");
+  OK(api->cuCtxDestroy(g));
+  OK(api->cuVDPAUCtxCreate(&v, 0, 0, 0, NULL));
+  checks += expect_current(api, v, 0, "cuVDPAUCtxCreate");
+  OK(api->cuCtxAttach(&v2, 0));
+  cr_assert_eq(v2, v);
+  CUdeviceptr kept;
+  OK(api->cuMemAlloc(&kept, 5000));
+  OK(api->cuCtxDetach(v)); /* usage 2 -> 1: the context stays, current */
+  checks += expect_current(api, v, 0, "a cuCtxDetach that left the context");
+  cr_assert(h_find(kept, &b), "%s: a cuCtxDetach that left the context dropped its block", api->route);
+  OK(api->cuCtxDetach(v)); /* 1 -> 0: destroyed with its memory, and popped */
+  cr_assert(!h_find(kept, &b), "%s: the context's last cuCtxDetach left its block in the table", api->route);
+  checks += expect_current(api, q1, 1, "the last cuCtxDetach");
+  OK(api->cuCtxSynchronize()); /* the stream-ordered frees on device 1 run */
+  OK(api->cuCtxSetCurrent(primary));
+  OK(api->cuCtxSynchronize());
+  CHECK("context switches");
+  OK(api->cuDevicePrimaryCtxRelease(1));
 
   /* The primary context: a reset frees its memory, so does the final release. */
   OK(api->cuCtxSetCurrent(primary));

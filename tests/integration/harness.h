@@ -11,6 +11,7 @@
 #include <cuda.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* Every driver function a scenario uses, filled by one route. */
 typedef struct drv_api {
@@ -27,6 +28,11 @@ typedef struct drv_api {
   CUresult (*cuCtxCreate_v4)(CUcontext *, CUctxCreateParams *, unsigned, CUdevice);
   CUresult (*cuCtxDestroy)(CUcontext);
   CUresult (*cuCtxPopCurrent)(CUcontext *);
+  CUresult (*cuCtxPushCurrent)(CUcontext);
+  CUresult (*cuCtxAttach)(CUcontext *, unsigned);
+  CUresult (*cuCtxDetach)(CUcontext);
+  CUresult (*cuGLCtxCreate)(CUcontext *, unsigned, CUdevice);
+  CUresult (*cuVDPAUCtxCreate)(CUcontext *, unsigned, CUdevice, uint32_t, void *);
   CUresult (*cuCtxSynchronize)(void);
   CUresult (*cuStreamCreate)(CUstream *, unsigned);
   CUresult (*cuStreamDestroy)(CUstream);

@@ -3,6 +3,7 @@
  * simulator exposes two devices (its default) and runs stream-ordered frees only when their stream is
  * synchronised, as the device does. Each test also compares the whole table with the simulator's own view. */
 #include "harness.h"
+#include "../common/threads.h"
 
 #include <criterion/criterion.h>
 #include <dlfcn.h>
@@ -318,3 +319,43 @@ static void pool_by_location(CUresult (*get)(CUmemoryPool *, CUmemLocation *, CU
 Test(attribution, a_pool_found_with_cuMemGetDefaultMemPool) { pool_by_location(cuMemGetDefaultMemPool); }
 
 Test(attribution, a_pool_found_with_cuMemGetMemPool) { pool_by_location(cuMemGetMemPool); }
+
+/* Each thread's blocks take that thread's current context, while both switch between the two devices' contexts
+ * at their own pace: gpureclaim keeps the current context per thread, and a switch on one thread must not leak
+ * into another's. Run under TSan too. */
+typedef struct {
+  int first; /* device whose context the thread starts in */
+  int wrong;
+} switcher_t;
+
+static void *switcher(void *arg) {
+  switcher_t *s = arg;
+  CUcontext ctx[2] = {g_p0, g_p1};
+  int d = s->first;
+  for (int i = 0; i < 400; i++) {
+    if (i % (s->first ? 7 : 3) == 0) {
+      d = !d;
+      if (cuCtxSetCurrent(ctx[d]) != CUDA_SUCCESS)
+        s->wrong++;
+    }
+    CUdeviceptr p;
+    gpureclaim_block_t b;
+    if (cuMemAlloc(&p, 4096 + (size_t)i) != CUDA_SUCCESS)
+      s->wrong++;
+    else if (!h_find(p, &b) || b.context != (void *)ctx[d] || b.device != d)
+      s->wrong++;
+    if (cuMemFree(p) != CUDA_SUCCESS)
+      s->wrong++;
+  }
+  return NULL;
+}
+
+Test(attribution, each_thread_s_blocks_take_its_own_current_context) {
+  switcher_t s[2] = {{.first = 0}, {.first = 1}};
+  pthread_t t = gr_thread_start(switcher, &s[1]);
+  switcher(&s[0]);
+  gr_thread_join(t);
+  cr_assert_eq(s[0].wrong + s[1].wrong, 0, "%d and %d blocks recorded in another context than their thread's",
+               s[0].wrong, s[1].wrong);
+  CHECK("two threads switching contexts");
+}

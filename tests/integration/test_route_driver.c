@@ -1,5 +1,6 @@
 /* Route 1: a program linked with -lcuda calls the driver's exported names directly (a C inference binary).
  * Run with gpureclaim preloaded (and, in test_linked, linked before libcuda instead). */
+#define CUDA_ENABLE_DEPRECATED 1 /* cuCtxAttach and cuCtxDetach: deprecated, still exported and wrapped */
 #include "harness.h"
 
 #include <criterion/criterion.h>
@@ -13,6 +14,9 @@ CUresult cuCtxCreate_v3(CUcontext *, CUexecAffinityParam *, int, unsigned int, C
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr *, size_t, CUstream);
 CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr, CUstream);
+/* cudaGL.h's and cudaVDPAU.h's (which need the graphics headers). */
+CUresult cuGLCtxCreate_v2(CUcontext *, unsigned int, CUdevice);
+CUresult cuVDPAUCtxCreate_v2(CUcontext *, unsigned int, CUdevice, uint32_t, void *);
 
 static void fill_linked(drv_api_t *a) {
   *a = (drv_api_t){
@@ -29,6 +33,11 @@ static void fill_linked(drv_api_t *a) {
       .cuCtxCreate_v4 = cuCtxCreate_v4,
       .cuCtxDestroy = cuCtxDestroy_v2,
       .cuCtxPopCurrent = cuCtxPopCurrent_v2,
+      .cuCtxPushCurrent = cuCtxPushCurrent_v2,
+      .cuCtxAttach = cuCtxAttach,
+      .cuCtxDetach = cuCtxDetach,
+      .cuGLCtxCreate = cuGLCtxCreate_v2,
+      .cuVDPAUCtxCreate = cuVDPAUCtxCreate_v2,
       .cuCtxSynchronize = cuCtxSynchronize,
       .cuStreamCreate = cuStreamCreate,
       .cuStreamDestroy = cuStreamDestroy_v2,

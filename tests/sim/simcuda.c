@@ -58,7 +58,8 @@
   X(cuDevicePrimaryCtxRelease_v2) X(cuDevicePrimaryCtxReset) X(cuDevicePrimaryCtxReset_v2)                    \
   X(cuDevicePrimaryCtxGetState) X(cuCtxCreate) X(cuCtxCreate_v2) X(cuCtxCreate_v3) X(cuCtxCreate_v4)          \
   X(cuCtxDestroy) X(cuCtxDestroy_v2) X(cuCtxPushCurrent) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent)            \
-  X(cuCtxPopCurrent_v2) X(cuCtxGetCurrent) X(cuCtxSetCurrent) X(cuCtxGetDevice) X(cuCtxGetDevice_v2)          \
+  X(cuCtxPopCurrent_v2) X(cuCtxGetCurrent) X(cuCtxSetCurrent) X(cuCtxAttach) X(cuCtxDetach) X(cuCtxGetApiVersion) \
+  X(cuGLCtxCreate) X(cuGLCtxCreate_v2) X(cuVDPAUCtxCreate) X(cuVDPAUCtxCreate_v2) X(cuCtxGetDevice) X(cuCtxGetDevice_v2)          \
   X(cuCtxSynchronize) X(cuCtxSynchronize_v2) X(cuMemAlloc) X(cuMemAlloc_v2) X(cuMemAllocPitch)                \
   X(cuMemAllocPitch_v2) X(cuMemAllocManaged) X(cuMemFree) X(cuMemFree_v2) X(cuMemGetInfo) X(cuMemGetInfo_v2)  \
   X(cuMemGetAddressRange) X(cuMemGetAddressRange_v2) X(cuMemHostAlloc) X(cuMemAllocHost)                      \
@@ -301,6 +302,7 @@ struct CUctx_st {
   int primary;
   int alive;
   int refcount; /* primary only */
+  int usage;    /* others: 1 from cuCtxCreate, +1 per cuCtxAttach, -1 per cuCtxDetach (0 destroys it) */
   unsigned flags;
   blk_t *blocks;
   struct CUstream_st *streams;
@@ -1484,6 +1486,7 @@ static CUresult impl_ctx_create(CUcontext *pctx, unsigned flags, CUdevice dev) {
   c->device = dev;
   c->flags = flags;
   c->alive = 1;
+  c->usage = 1;
   LOCK();
   if (simmap_put(&g.ctxs, (uint64_t)(uintptr_t)c, c) != 0) {
     UNLOCK();
@@ -1525,6 +1528,52 @@ static CUresult impl_ctx_destroy(CUcontext h) {
   UNLOCK();
   if (tls_top() == c) t_ctx.n--; /* popped when current to the calling thread */
   return CUDA_SUCCESS;
+}
+
+static CUresult ctx_arg_locked(CUcontext h, struct CUctx_st **out);
+
+/* cuCtxAttach and cuCtxDetach (deprecated, still exported and asked for by the CUDA 13 runtime): a usage count
+ * on the current, non-primary context; the detach that takes it to 0 destroys the context as cuCtxDestroy does. */
+SIM_API cuCtxAttach(CUcontext *pctx, unsigned int flags) {
+  ENTER(cuCtxAttach);
+  if (!inited()) LEAVE(cuCtxAttach, CUDA_ERROR_NOT_INITIALIZED);
+  if (!pctx || flags) LEAVE(cuCtxAttach, CUDA_ERROR_INVALID_VALUE);
+  struct CUctx_st *c = tls_top();
+  if (!c || c->primary || !c->alive) LEAVE(cuCtxAttach, CUDA_ERROR_INVALID_CONTEXT);
+  LOCK();
+  c->usage++;
+  UNLOCK();
+  *pctx = c;
+  LEAVE(cuCtxAttach, CUDA_SUCCESS);
+}
+
+SIM_API cuCtxDetach(CUcontext ctx) {
+  ENTER(cuCtxDetach);
+  if (!inited()) LEAVE(cuCtxDetach, CUDA_ERROR_NOT_INITIALIZED);
+  if (!ctx) LEAVE(cuCtxDetach, CUDA_ERROR_INVALID_VALUE);
+  LOCK();
+  struct CUctx_st *c = ctx_lookup(ctx);
+  if (!c || c->primary || c != tls_top()) { /* must be current to the calling thread */
+    UNLOCK();
+    LEAVE(cuCtxDetach, CUDA_ERROR_INVALID_CONTEXT);
+  }
+  int left = --c->usage;
+  UNLOCK();
+  LEAVE(cuCtxDetach, left > 0 ? CUDA_SUCCESS : impl_ctx_destroy(ctx));
+}
+
+/* The context's API version (3020, as the real driver answers for contexts made since CUDA 3.2); NULL: the
+ * current one. A destroyed context is an invalid one. */
+SIM_API cuCtxGetApiVersion(CUcontext ctx, unsigned int *version) {
+  ENTER(cuCtxGetApiVersion);
+  if (!inited()) LEAVE(cuCtxGetApiVersion, CUDA_ERROR_NOT_INITIALIZED);
+  if (!version) LEAVE(cuCtxGetApiVersion, CUDA_ERROR_INVALID_VALUE);
+  struct CUctx_st *c;
+  LOCK();
+  CUresult r = ctx_arg_locked(ctx, &c);
+  UNLOCK();
+  if (r == CUDA_SUCCESS) *version = 3020;
+  LEAVE(cuCtxGetApiVersion, r);
 }
 
 static CUresult impl_ctx_push(CUcontext h) {
@@ -2599,6 +2648,20 @@ SIM_API cuGraphDestroy(CUgraph graph) {
 SIM_SAME_ABI(SIM_DEF_SAME_ABI)
 #undef SIM_DEF_SAME_ABI
 
+/* cuGLCtxCreate and cuVDPAUCtxCreate (cudaGL.h, cudaVDPAU.h; deprecated, asked for by the CUDA 13 runtime): a
+ * context made and pushed current as cuCtxCreate does; the simulator has no graphics to bind it to, and takes
+ * the VDPAU device and its procedure lookup without looking at them. */
+SIM_WRAPPER(cuGLCtxCreate, (CUcontext * pCtx, unsigned int Flags, CUdevice device),
+            impl_ctx_create(pCtx, Flags, device))
+SIM_WRAPPER(cuGLCtxCreate_v2, (CUcontext * pCtx, unsigned int Flags, CUdevice device),
+            impl_ctx_create(pCtx, Flags, device))
+SIM_WRAPPER(cuVDPAUCtxCreate,
+            (CUcontext * pCtx, unsigned int flags, CUdevice device, uint32_t vdpDevice, void *vdpGetProcAddress),
+            ((void)vdpDevice, (void)vdpGetProcAddress, impl_ctx_create(pCtx, flags, device)))
+SIM_WRAPPER(cuVDPAUCtxCreate_v2,
+            (CUcontext * pCtx, unsigned int flags, CUdevice device, uint32_t vdpDevice, void *vdpGetProcAddress),
+            ((void)vdpDevice, (void)vdpGetProcAddress, impl_ctx_create(pCtx, flags, device)))
+
 /* SIM_PER_THREAD: X(name, impl, (params), (args)) defines name, returning impl(args..., 0), and name_ptsz, returning
  * impl(args..., 1): the last argument of impl says whether stream 0 is the per-thread default stream. */
 #define SIM_PER_THREAD(X)                                                                                     \
@@ -2938,6 +3001,13 @@ static const struct pa_entry {
     PA("cuCtxPopCurrent", 4000, 0, cuCtxPopCurrent_v2)
     PA("cuCtxGetCurrent", 4000, 0, cuCtxGetCurrent)
     PA("cuCtxSetCurrent", 4000, 0, cuCtxSetCurrent)
+    PA("cuCtxAttach", 2000, 0, cuCtxAttach)
+    PA("cuCtxDetach", 2000, 0, cuCtxDetach)
+    PA("cuCtxGetApiVersion", 3020, 0, cuCtxGetApiVersion)
+    PA("cuGLCtxCreate", 2000, 0, cuGLCtxCreate)
+    PA("cuGLCtxCreate", 3020, 0, cuGLCtxCreate_v2)
+    PA("cuVDPAUCtxCreate", 3010, 0, cuVDPAUCtxCreate)
+    PA("cuVDPAUCtxCreate", 3020, 0, cuVDPAUCtxCreate_v2)
     PA("cuCtxGetDevice", 2000, 0, cuCtxGetDevice)
     PA("cuCtxGetDevice", 13000, 0, cuCtxGetDevice_v2)
     PA("cuCtxSynchronize", 2000, 0, cuCtxSynchronize)

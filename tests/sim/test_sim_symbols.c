@@ -14,7 +14,8 @@ static const char *const k_expected[] = {
     "cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxReset_v2",
     "cuDevicePrimaryCtxGetState", "cuCtxCreate", "cuCtxCreate_v2", "cuCtxCreate_v3", "cuCtxCreate_v4",
     "cuCtxDestroy", "cuCtxDestroy_v2", "cuCtxPushCurrent", "cuCtxPushCurrent_v2", "cuCtxPopCurrent",
-    "cuCtxPopCurrent_v2", "cuCtxGetCurrent", "cuCtxSetCurrent", "cuCtxGetDevice", "cuCtxGetDevice_v2",
+    "cuCtxPopCurrent_v2", "cuCtxGetCurrent", "cuCtxSetCurrent", "cuCtxAttach", "cuCtxDetach",
+    "cuCtxGetApiVersion", "cuGLCtxCreate", "cuGLCtxCreate_v2", "cuVDPAUCtxCreate", "cuVDPAUCtxCreate_v2", "cuCtxGetDevice", "cuCtxGetDevice_v2",
     "cuCtxSynchronize", "cuCtxSynchronize_v2", "cuMemAlloc", "cuMemAlloc_v2", "cuMemAllocPitch",
     "cuMemAllocPitch_v2", "cuMemAllocManaged", "cuMemFree", "cuMemFree_v2", "cuMemGetInfo", "cuMemGetInfo_v2",
     "cuMemGetAddressRange", "cuMemGetAddressRange_v2", "cuMemHostAlloc", "cuMemAllocHost", "cuMemAllocHost_v2",
@@ -119,7 +120,7 @@ static void base_name(const char *sym, char *out, size_t n) {
 Test(sim_symbols, cuGetProcAddress_hands_out_every_exported_driver_function) {
   /* Each exported variant is some (base name, version, flags) answer of cuGetProcAddress: a table row that lost its
    * variant, or points at another one, leaves a variant no query reaches. */
-  static const int versions[] = {2000,  2020,  3020,  4000,  4010,  6000,  7000,  9020,  10000, 10010,
+  static const int versions[] = {2000,  2020,  3010,  3020,  4000,  4010,  6000,  7000,  9020,  10000, 10010,
                                  10020, 11000, 11020, 11030, 11040, 12000, 12050, 12080, 13000, 13010};
   int checked = 0;
   for (size_t i = 0; i < NEXPECTED; i++) {

@@ -7,6 +7,7 @@
 #include "../common/threads.h"
 
 #include <criterion/criterion.h>
+#include <criterion/redirect.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -166,8 +167,9 @@ Test(registry, pools_and_a_devices_current_pool) {
 /* ---- with a stand-in for the driver calls the registry makes ---- */
 
 static _Thread_local CUcontext t_current;
-static _Atomic unsigned g_get_device_calls;
+static _Atomic unsigned g_get_device_calls, g_get_current_calls;
 static CUresult fake_get_current(CUcontext *c) {
+  atomic_fetch_add(&g_get_current_calls, 1);
   *c = t_current;
   return CUDA_SUCCESS;
 }
@@ -242,12 +244,98 @@ Test(registry, the_current_context_is_asked_once_then_cached, .init = fake_drive
 
   /* A device past the registry's range is none, not a truncated ordinal; so is one the driver cannot tell. */
   t_current = (CUcontext)(uintptr_t)0x5000;
+  gr_reg_switched(); /* what the hooked cuCtxSetCurrent does */
   cr_assert(gr_reg_current(&id, &dev, &c));
   cr_assert_eq(dev, GR_DEVICE_NONE, "device %u", dev);
   gr_drv.cuCtxGetDevice = NULL;
   t_current = (CUcontext)(uintptr_t)0x6000;
+  gr_reg_switched();
   cr_assert(gr_reg_current(&id, &dev, &c));
   cr_assert_eq(dev, GR_DEVICE_NONE, "device %u", dev);
+}
+
+/* The thread's answer is trusted until a switch gpureclaim sees (gr_reg_switched, what every hooked switch calls),
+ * apart from one question in 64 allocations. */
+Test(registry, the_current_context_is_asked_again_after_a_switch_only, .init = fake_driver) {
+  uint16_t id;
+  uint8_t dev;
+  CUcontext c;
+  t_current = ctx_n(1);
+  cr_assert(gr_reg_current(&id, &dev, &c));
+  cr_assert_eq(atomic_load(&g_get_current_calls), 1);
+  for (int i = 0; i < 20; i++) {
+    cr_assert(gr_reg_current(&id, &dev, &c));
+    cr_assert(c == ctx_n(1) && dev == 1);
+  }
+  cr_assert_eq(atomic_load(&g_get_current_calls), 1, "the driver was asked with nothing changed");
+  t_current = ctx_n(2);
+  gr_reg_switched();
+  cr_assert(gr_reg_current(&id, &dev, &c));
+  cr_assert_eq(atomic_load(&g_get_current_calls), 2, "a switch gpureclaim saw was not followed by a question");
+  cr_assert(c == ctx_n(2) && dev == 2 && id == gr_reg_ctx_find(ctx_n(2)), "the answer after the switch is stale");
+  /* A thread left without a context keeps asking: nothing is cached from "none". */
+  t_current = NULL;
+  gr_reg_switched();
+  cr_assert_not(gr_reg_current(&id, &dev, &c));
+  cr_assert_not(gr_reg_current(&id, &dev, &c));
+  cr_assert_eq(atomic_load(&g_get_current_calls), 4);
+}
+
+static void *destroy_ctx_2(void *arg) {
+  (void)arg;
+  gr_reg_ctx_destroyed(gr_reg_ctx_find(ctx_n(2)));
+  return NULL;
+}
+
+/* Another thread's destroy of a context (the handle may come back for another context, on another device) makes
+ * every thread ask again. */
+Test(registry, a_destroy_on_another_thread_makes_the_thread_ask_again, .init = fake_driver) {
+  uint16_t id;
+  uint8_t dev;
+  CUcontext c;
+  t_current = ctx_n(2);
+  cr_assert(gr_reg_current(&id, &dev, &c));
+  cr_assert(gr_reg_current(&id, &dev, &c));
+  unsigned asked = atomic_load(&g_get_current_calls);
+  cr_assert_eq(asked, 1);
+  gr_thread_run(destroy_ctx_2, NULL);
+  cr_assert(gr_reg_current(&id, &dev, &c));
+  cr_assert_eq(atomic_load(&g_get_current_calls), asked + 1, "a destroy elsewhere left the thread's answer trusted");
+  cr_assert(gr_reg_ctx_alive(id), "the current context was not registered again after its handle's destroy");
+}
+
+/* A switch by a route gpureclaim does not see (here: the stand-in driver's current context changes without
+ * gr_reg_switched) is found within 64 allocations, said once on stderr, and from then on the driver is asked on
+ * every allocation, switches seen or not. */
+Test(registry, a_switch_gpureclaim_did_not_see_turns_the_cache_off, .init = fake_driver) {
+  cr_redirect_stderr();
+  uint16_t id;
+  uint8_t dev;
+  CUcontext c;
+  t_current = ctx_n(1);
+  cr_assert(gr_reg_current(&id, &dev, &c));
+  t_current = ctx_n(3); /* unseen */
+  int stale = 0;
+  while (gr_reg_current(&id, &dev, &c) && c == ctx_n(1))
+    cr_assert_lt(++stale, 64, "the unseen switch was not found in 64 allocations");
+  cr_assert(c == ctx_n(3) && dev == 3, "the allocation that found the switch did not get the driver's answer");
+  unsigned asked = atomic_load(&g_get_current_calls);
+  for (int i = 0; i < 10; i++) {
+    cr_assert(gr_reg_current(&id, &dev, &c));
+    cr_assert_eq(c, ctx_n(3));
+  }
+  cr_assert_eq(atomic_load(&g_get_current_calls), asked + 10, "the cache stayed on after an unseen switch");
+  gr_reg_switched();
+  cr_assert(gr_reg_current(&id, &dev, &c));
+  cr_assert(gr_reg_current(&id, &dev, &c));
+  cr_assert_eq(atomic_load(&g_get_current_calls), asked + 12, "a seen switch turned the cache back on");
+  fflush(stderr);
+  FILE *err = cr_get_redirected_stderr();
+  char text[4096] = {0};
+  size_t n = fread(text, 1, sizeof text - 1, err);
+  text[n] = 0;
+  cr_assert(strstr(text, "changed by a route gpureclaim does not intercept") != NULL, "no warning: \"%s\"", text);
+  cr_assert_null(strstr(strstr(text, "does not intercept") + 1, "does not intercept"), "said twice: \"%s\"", text);
 }
 
 Test(registry, a_stream_names_its_own_context_and_the_null_stream_the_current_one, .init = fake_driver) {
