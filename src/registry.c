@@ -188,9 +188,13 @@ GR_COLD static bool current_slow(uint16_t *ctx_id, uint8_t *device, CUcontext *o
   return true;
 }
 
+static inline bool current_kept(void) {
+  return GR_LIKELY(gr_tls.cur_known) && GR_LIKELY(--gr_tls.cur_sample != 0) &&
+         GR_LIKELY(gr_tls.cur_gen == atomic_load_explicit(&g_ctx_gen, memory_order_relaxed));
+}
+
 GR_HOT_INLINE bool gr_reg_current(uint16_t *ctx_id, uint8_t *device, CUcontext *out) {
-  if (GR_LIKELY(gr_tls.cur_known) && GR_LIKELY(--gr_tls.cur_sample != 0) &&
-      GR_LIKELY(gr_tls.cur_gen == atomic_load_explicit(&g_ctx_gen, memory_order_relaxed))) {
+  if (current_kept()) {
     *out = gr_tls.last_ctx;
     *ctx_id = gr_tls.last_ctx_id;
     *device = gr_tls.last_device;
@@ -199,22 +203,42 @@ GR_HOT_INLINE bool gr_reg_current(uint16_t *ctx_id, uint8_t *device, CUcontext *
   return current_slow(ctx_id, device, out);
 }
 
-GR_HOT_INLINE bool gr_reg_stream(CUstream s, uint16_t *ctx_id, uint8_t *device) {
+GR_COLD static gr_where_t where_slow(void) {
+  gr_where_t w = {0, GR_DEVICE_NONE, false};
+  CUcontext ctx;
+  w.ok = current_slow(&w.ctx_id, &w.device, &ctx);
+  return w;
+}
+
+GR_HOT_INLINE gr_where_t gr_reg_here(void) {
+  if (current_kept())
+    return (gr_where_t){gr_tls.last_ctx_id, gr_tls.last_device, true};
+  return where_slow();
+}
+
+/* A stream's own context (cuStreamGetCtx), no stream or a special handle: the current one. */
+static gr_where_t stream_where(CUstream s) {
   CUcontext ctx = NULL;
-  if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
-    return gr_reg_current(ctx_id, device, &ctx);
   if (!gr_drv.cuStreamGetCtx || gr_drv.cuStreamGetCtx(s, &ctx) != CUDA_SUCCESS || !ctx)
-    return gr_reg_current(ctx_id, device, &ctx);
-  if (ctx == gr_tls.last_ctx && gr_reg_ctx_alive(gr_tls.last_ctx_id)) {
-    *ctx_id = gr_tls.last_ctx_id;
-    *device = gr_tls.last_device;
-    return true;
-  }
+    return gr_reg_here();
+  if (ctx == gr_tls.last_ctx && gr_reg_ctx_alive(gr_tls.last_ctx_id))
+    return (gr_where_t){gr_tls.last_ctx_id, gr_tls.last_device, true};
   uint16_t id = gr_reg_ctx(ctx, -1);
   int d = reg_device(&g_ctx, id);
-  *ctx_id = id;
-  *device = d >= 0 && d < GR_MAX_DEV ? (uint8_t)d : GR_DEVICE_NONE;
-  return true;
+  return (gr_where_t){id, d >= 0 && d < GR_MAX_DEV ? (uint8_t)d : GR_DEVICE_NONE, true};
+}
+
+GR_HOT_INLINE gr_where_t gr_reg_stream_where(CUstream s) {
+  if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
+    return gr_reg_here();
+  return stream_where(s);
+}
+
+bool gr_reg_stream(CUstream s, uint16_t *ctx_id, uint8_t *device) {
+  gr_where_t w = gr_reg_stream_where(s);
+  *ctx_id = w.ctx_id;
+  *device = w.device;
+  return w.ok;
 }
 
 void gr_reg_foreach_ctx(void (*fn)(uint16_t id, CUcontext ctx, int device, void *arg), void *arg) {

@@ -33,6 +33,16 @@ void gr_reg_ctx_destroyed(uint16_t id);
 /* The calling thread's current context id and device (cached per thread: registry.c says when the cache is
  * trusted). Returns false without one. */
 bool gr_reg_current(uint16_t *ctx_id, uint8_t *device, CUcontext *ctx);
+/* Where an allocation is: its context's id (0 none), its device (GR_DEVICE_NONE unknown), and whether there was a
+ * context at all. Returned by value, so the hot path keeps it in a register. */
+typedef struct gr_where {
+  uint16_t ctx_id;
+  uint8_t device;
+  bool ok;
+} gr_where_t;
+/* gr_reg_current and gr_reg_stream, by value (no context handle). */
+gr_where_t gr_reg_here(void);
+gr_where_t gr_reg_stream_where(CUstream s);
 /* The calling thread's current context may have changed (it switched, pushed, popped, created or destroyed
  * one, or gpureclaim did for it): its next allocation asks the driver. */
 static inline void gr_reg_switched(void) { gr_tls.cur_known = 0; }

@@ -176,8 +176,8 @@ static inline void live_sub(int d, uint64_t bytes) {
 }
 
 /* The hot path's counts: a device block in a thread with a record touches one count and its pending bytes. */
-static inline bool dev_fast(unsigned kind, shard_t **sp) {
-  *sp = gr_epoch_t_rec ? shard_of(gr_epoch_t_rec) : NULL;
+static inline bool dev_fast(gr_thread_rec_t *t, unsigned kind, shard_t **sp) {
+  *sp = t ? shard_of(t) : NULL;
   return GR_LIKELY(*sp != NULL) && kind != GPURECLAIM_KIND_HOST && kind != GPURECLAIM_KIND_VA &&
          kind != GPURECLAIM_KIND_VMM_MAPPING;
 }
@@ -187,8 +187,13 @@ GR_HOT_INLINE void gr_stats_alloc_pk(const gr_packed_t *p) {
 }
 
 GR_HOT_INLINE void gr_stats_alloc_v(const gr_packed_t *p, unsigned kind, unsigned device, uint64_t size) {
+  gr_stats_alloc_t(gr_epoch_t_rec, p, kind, device, size);
+}
+
+GR_HOT_INLINE void gr_stats_alloc_t(gr_thread_rec_t *t, const gr_packed_t *p, unsigned kind, unsigned device,
+                                    uint64_t size) {
   shard_t *s;
-  if (GR_LIKELY(dev_fast(kind, &s))) {
+  if (GR_LIKELY(dev_fast(t, kind, &s))) {
     int d = dev_index((uint8_t)device);
     atomic_store_explicit(&s->c[d][C_DEV_ALLOCS], atomic_load_explicit(&s->c[d][C_DEV_ALLOCS], memory_order_relaxed) + 1,
                           memory_order_relaxed);
@@ -206,10 +211,12 @@ GR_HOT_INLINE void gr_stats_alloc_v(const gr_packed_t *p, unsigned kind, unsigne
   gr_stats_alloc(&r);
 }
 
-GR_HOT_INLINE void gr_stats_free_pk(const gr_packed_t *p) {
+GR_HOT_INLINE void gr_stats_free_pk(const gr_packed_t *p) { gr_stats_free_t(gr_epoch_t_rec, p); }
+
+GR_HOT_INLINE void gr_stats_free_t(gr_thread_rec_t *t, const gr_packed_t *p) {
   shard_t *s;
   unsigned st = gr_pk_state(p);
-  if (GR_LIKELY(dev_fast(gr_pk_kind(p), &s) && st != GR_ST_ORPHAN && st != GR_ST_RECLAIMING)) {
+  if (GR_LIKELY(dev_fast(t, gr_pk_kind(p), &s) && st != GR_ST_ORPHAN && st != GR_ST_RECLAIMING)) {
     int d = dev_index((uint8_t)gr_pk_device(p));
     atomic_store_explicit(&s->c[d][C_DEV_FREES], atomic_load_explicit(&s->c[d][C_DEV_FREES], memory_order_relaxed) + 1,
                           memory_order_relaxed);

@@ -12,6 +12,9 @@ void gr_stats_alloc_pk(const gr_packed_t *p);
 /* gr_stats_alloc_pk with p's kind, device (as packed) and size given, from values the caller holds. */
 void gr_stats_alloc_v(const gr_packed_t *p, unsigned kind, unsigned device, uint64_t size);
 void gr_stats_free_pk(const gr_packed_t *p);
+/* The same two with the calling thread's record given (gr_epoch_t_rec, read once by the caller; NULL: none yet). */
+void gr_stats_alloc_t(gr_thread_rec_t *t, const gr_packed_t *p, unsigned kind, unsigned device, uint64_t size);
+void gr_stats_free_t(gr_thread_rec_t *t, const gr_packed_t *p);
 /* A block that left the table without a free: context destroyed (the driver freed it). */
 void gr_stats_ctx_destroyed(const gr_rec_t *r);
 void gr_stats_orphaned(const gr_rec_t *r, int delta);

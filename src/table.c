@@ -751,16 +751,6 @@ static inline bool young_enter(young_t *y) {
 
 static inline void young_exit(young_t *y) { atomic_store_explicit(&y->op, 0, memory_order_release); }
 
-/* Copies a record word by word. The hook has just written *s to its stack with 8-byte stores; a struct copy
- * that the compiler turns into 16-byte loads straddles two of them, and the processor cannot forward the stores
- * to such a load: it waits for them to reach the cache (a fifth of the allocation hook's time in bench_hooks).
- * The empty asm keeps each word in a general register, so the copy stays 8-byte loads. */
-static inline void copy_rec(gr_packed_t *d, const gr_packed_t *s) {
-  uint64_t a = s->ctl, b = s->key, c = s->w1, e = s->w2, f = s->w3;
-  __asm__("" : "+r"(a), "+r"(b), "+r"(c), "+r"(e), "+r"(f));
-  d->ctl = a, d->key = b, d->w1 = c, d->w2 = e, d->w3 = f;
-}
-
 /* Moves y's records into the table, oldest first (by its owner inside a log operation, or by a drainer that
  * holds it). A record the table has no memory for stays in the log. Returns the number moved. */
 static size_t young_move(young_t *y) {
@@ -774,31 +764,49 @@ static size_t young_move(young_t *y) {
   return i;
 }
 
-GR_HOT_INLINE int gr_table_insert_young(const gr_packed_t *p) {
-  gr_thread_rec_t *me = gr_epoch_t_rec;
+/* The table's insert of a record held by value: its own copy escapes, not the caller's, which can then stay in
+ * registers. The young path below stores it straight into the log: no copy through the stack, where a struct
+ * copy's 16-byte loads straddling the hook's 8-byte stores could not be forwarded (perf once found that stall
+ * taking a fifth of the allocation hook's time). */
+GR_COLD static int insert_ks_copy(gr_packed_t p) { return gr_table_insert_ks(&p, GR_KS_ADDR); }
+
+GR_HOT_INLINE int gr_table_insert_young(const gr_packed_t *p) { return gr_table_insert_young_v(gr_epoch_t_rec, *p); }
+
+GR_HOT_INLINE int gr_table_insert_young_v(gr_thread_rec_t *me, gr_packed_t p) {
   if (GR_TABLE_UNLIKELY(!me))
-    return gr_table_insert_ks(p, GR_KS_ADDR);
+    return insert_ks_copy(p);
   young_t *y = young_of(me);
   uint32_t cool = atomic_load_explicit(&y->cool, memory_order_relaxed);
   if (GR_TABLE_UNLIKELY(cool != 0)) {
     atomic_store_explicit(&y->cool, cool - 1, memory_order_relaxed); /* a heuristic: a lost update is harmless */
-    return gr_table_insert_ks(p, GR_KS_ADDR);
+    return insert_ks_copy(p);
   }
   if (GR_TABLE_UNLIKELY(!young_enter(y)))
-    return gr_table_insert_ks(p, GR_KS_ADDR);
+    return insert_ks_copy(p);
   uint32_t n = atomic_load_explicit(&y->n, memory_order_relaxed);
   if (GR_TABLE_UNLIKELY(n == YOUNG_CAP)) {
     young_move(y);
     n = atomic_load_explicit(&y->n, memory_order_relaxed);
     if (n == YOUNG_CAP) { /* the table has no room: as a direct insert would fail */
       young_exit(y);
-      return gr_table_insert_ks(p, GR_KS_ADDR);
+      return insert_ks_copy(p);
     }
   }
-  copy_rec(&y->rec[n], p);
+  gr_packed_t *d = &y->rec[n];
+  d->ctl = p.ctl, d->key = p.key, d->w1 = p.w1, d->w2 = p.w2, d->w3 = p.w3;
   atomic_store_explicit(&y->n, n + 1, memory_order_relaxed);
   young_exit(y);
   return 0;
+}
+
+/* Copies a young record out word by word. Its allocation wrote it moments ago with 8-byte stores, which may still
+ * be in the store buffer; the 16-byte loads a struct copy compiles to straddle two of them and cannot take their
+ * values from there (the processor waits until the stores reach the cache). The empty asm keeps each word in a
+ * general register, so the copy stays 8-byte loads. */
+static inline void copy_out(gr_packed_t *d, const gr_packed_t *s) {
+  uint64_t a = s->ctl, b = s->key, c = s->w1, e = s->w2, f = s->w3;
+  __asm__("" : "+r"(a), "+r"(b), "+r"(c), "+r"(e), "+r"(f));
+  d->ctl = a, d->key = b, d->w1 = c, d->w2 = e, d->w3 = f;
 }
 
 /* A take (take != 0) or lookup of key in the calling thread's own log: 0 with the record, -ENOENT when the log
@@ -819,7 +827,7 @@ static GR_HOT_INLINE int young_find(uint64_t key, unsigned state_mask, unsigned 
       continue;
     if (((state_mask >> gr_pk_state(q)) & 1) && ((kind_mask >> gr_pk_kind(q)) & 1)) {
       if (out)
-        *out = *q;
+        copy_out(out, q);
       if (take) {
         if (i != n - 1) /* the newest (the usual case) just leaves */
           *q = y->rec[n - 1];

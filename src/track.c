@@ -164,31 +164,37 @@ void gr_track_fill(gr_rec_t *r, unsigned kind, uint64_t key, uint64_t size, unsi
     r->scope = gr_scope_tag();
 }
 
+/* The out-of-line steps of an insert, each given its own copy of the record: the hot path's copy never has its
+ * address taken, so it stays in registers. */
+GR_COLD static int insert_ks_copy(gr_packed_t p, unsigned ks) { return gr_table_insert_ks(&p, ks); }
+GR_COLD static void scope_note_copy(gr_packed_t p) {
+  gr_rec_t r;
+  gr_pk_unpack(&p, &r);
+  gr_scope_note(&r);
+}
+
 /* Inserts p and counts it: what gr_track_insert does, on the record as the slot holds it. kind, device and size:
  * p's (device as packed), from the caller's registers: the fences of the insert make the compiler read p again
  * after them, and the kind it decodes there would not fold to the hook's constant. */
-static GR_HOT_INLINE void insert_pk_v(const gr_packed_t *p, unsigned kind, unsigned device, uint64_t size,
-                                       bool young) {
+static GR_HOT_INLINE void insert_pk_v(gr_thread_rec_t *t, gr_packed_t p, unsigned kind, unsigned device,
+                                       uint64_t size, unsigned scope, bool young) {
   unsigned ks = gr_kind_keyspace(kind);
   if (ks == GR_KS_ADDR || ks == GR_KS_HANDLE)
-    key_reused(ks, p->key); /* a freed orphan's address (handle) is back: late frees of it are this one's */
+    key_reused(ks, p.key); /* a freed orphan's address (handle) is back: late frees of it are this one's */
   /* A new block's record goes to its thread's log of young records (table.h), unless a scope lists it. */
-  int rc = young && ks == GR_KS_ADDR && !gr_pk_scope(p) ? gr_table_insert_young(p) : gr_table_insert_ks(p, ks);
+  int rc = young && ks == GR_KS_ADDR && !scope ? gr_table_insert_young_v(t, p) : insert_ks_copy(p, ks);
   if (GR_UNLIKELY(rc != 0)) {
     gr_warn_once(w_nomem, "no memory for the block table: new blocks are not tracked until memory frees up");
-    gr_scope_unref((uint16_t)gr_pk_scope(p));
+    gr_scope_unref((uint16_t)scope);
     return;
   }
-  if (GR_UNLIKELY(gr_pk_scope(p))) {
-    gr_rec_t r;
-    gr_pk_unpack(p, &r);
-    gr_scope_note(&r);
-  }
-  gr_stats_alloc_v(p, kind, device, size);
+  if (GR_UNLIKELY(scope))
+    scope_note_copy(p);
+  gr_stats_alloc_t(t, &p, kind, device, size);
 }
 
 static GR_HOT_INLINE void insert_pk(const gr_packed_t *p) {
-  insert_pk_v(p, gr_pk_kind(p), gr_pk_device(p), gr_pk_size(p), false);
+  insert_pk_v(gr_epoch_t_rec, *p, gr_pk_kind(p), gr_pk_device(p), gr_pk_size(p), gr_pk_scope(p), false);
 }
 
 void gr_track_insert(gr_rec_t *r) {
@@ -560,23 +566,31 @@ out:
     gr_track_linger_check();
 }
 
-static GR_HOT_INLINE void insert_ctx_pk(const gr_packed_t *p, uint64_t seq0, unsigned kind, unsigned device,
-                                         uint64_t size) {
+GR_COLD static bool precheck_copy(gr_packed_t p, uint64_t *seq0) {
+  gr_rec_t r;
+  gr_pk_unpack(&p, &r);
+  return precheck_slow(&r, seq0);
+}
+
+GR_COLD static void settle_copy(gr_packed_t p, uint64_t seq0) {
+  gr_rec_t r;
+  gr_pk_unpack(&p, &r);
+  settle_slow(&r, seq0);
+}
+
+static GR_HOT_INLINE void insert_ctx_pk(gr_packed_t p, uint64_t seq0, unsigned kind, unsigned device, uint64_t size,
+                                         unsigned scope) {
   gr_thread_rec_t *t = op_begin(seq0);
   bool slow = false;
   if (GR_UNLIKELY(seq_before_insert() != seq0 || (seq0 & 1))) {
-    gr_rec_t r;
-    gr_pk_unpack(p, &r);
     slow = true;
-    if (!precheck_slow(&r, &seq0))
+    if (!precheck_copy(p, &seq0))
       goto out;
   }
-  insert_pk_v(p, kind, device, size, true);
-  if (GR_UNLIKELY(seq_after_insert() != seq0) && gr_pk_ctx(p)) {
-    gr_rec_t r;
-    gr_pk_unpack(p, &r);
+  insert_pk_v(t, p, kind, device, size, scope, true);
+  if (GR_UNLIKELY(seq_after_insert() != seq0) && gr_pk_ctx(&p)) {
     slow = true;
-    settle_slow(&r, seq0);
+    settle_copy(p, seq0);
   }
 out:
   op_end(t);
@@ -587,7 +601,7 @@ out:
 void gr_track_insert_ctx(gr_rec_t *r, uint64_t seq0) {
   gr_packed_t p;
   gr_pk_pack(r, &p);
-  insert_ctx_pk(&p, seq0, gr_pk_kind(&p), gr_pk_device(&p), gr_pk_size(&p));
+  insert_ctx_pk(p, seq0, gr_pk_kind(&p), gr_pk_device(&p), gr_pk_size(&p), gr_pk_scope(&p));
 }
 
 GR_HOT_INLINE void gr_track_alloc(unsigned kind, uint64_t key, uint64_t size, unsigned driver_api, uintptr_t ra, unsigned ctx_id,
@@ -608,7 +622,7 @@ GR_HOT_INLINE void gr_track_alloc(unsigned kind, uint64_t key, uint64_t size, un
       .w2 = site.bits,
       .w3 = gr_pk_w3(gr_tick_now_ms(), gr_core_tid()),
   };
-  insert_ctx_pk(&p, seq0, kind & 0xf, device & 0x7f, psize); /* as gr_pk_w1 packs them */
+  insert_ctx_pk(p, seq0, kind & 0xf, device & 0x7f, psize, scope); /* as gr_pk_w1 packs them */
 }
 
 typedef struct {

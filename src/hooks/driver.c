@@ -101,9 +101,8 @@ static int async_device(CUmemoryPool pool, CUstream s) {
     if (d >= 0)
       return d;
   }
-  uint16_t cid = 0;
-  uint8_t dev = GR_DEVICE_NONE;
-  return gr_reg_stream(s, &cid, &dev) && dev != GR_DEVICE_NONE ? dev : -1;
+  gr_where_t w = gr_reg_stream_where(s);
+  return w.ok && w.device != GR_DEVICE_NONE ? w.device : -1;
 }
 
 /* RETRIES, one function per allocating body, out of line: only a failed allocation pays for them, and the hot
@@ -157,12 +156,9 @@ GR_COLD static CUresult retry_mem_create(PFN_cuMemCreate_v10020 real, CUmemGener
 /* seq0: gr_track_ctx_seq() read before the driver call (track.c: a destroy of the context may overlap). */
 static GR_HOT_INLINE void track_in_current_ctx(unsigned kind, uint64_t key, uint64_t size, unsigned api, uintptr_t ra,
                                                uint64_t seq0) {
-  uint16_t cid = 0;
-  uint8_t dev = GR_DEVICE_NONE;
-  CUcontext ctx;
-  if (gr_reg_current(&cid, &dev, &ctx) && kind == GPURECLAIM_KIND_HOST)
-    dev = GR_DEVICE_NONE;
-  gr_track_alloc(kind, key, size, api, ra, cid, dev, 0, seq0);
+  gr_where_t w = gr_reg_here();
+  gr_track_alloc(kind, key, size, api, ra, w.ctx_id, kind == GPURECLAIM_KIND_HOST ? GR_DEVICE_NONE : w.device, 0,
+                 seq0);
 }
 
 
@@ -241,7 +237,7 @@ static CUresult b_init(void *realp, uintptr_t ra, unsigned int Flags) {
   return rc;
 }
 
-static CUresult b_mem_alloc(void *realp, uintptr_t ra, CUdeviceptr *dptr, size_t bytesize) {
+static GR_HOT_INLINE CUresult b_mem_alloc(void *realp, uintptr_t ra, CUdeviceptr *dptr, size_t bytesize) {
   NEED_REAL(realp);
   PFN_cuMemAlloc_v3020 real = (PFN_cuMemAlloc_v3020)realp;
   if (!gr_core_active())
@@ -291,7 +287,7 @@ static CUresult b_mem_alloc_managed(void *realp, uintptr_t ra, CUdeviceptr *dptr
   return rc;
 }
 
-static CUresult b_mem_free(void *realp, uintptr_t ra, CUdeviceptr dptr) {
+static GR_HOT_INLINE CUresult b_mem_free(void *realp, uintptr_t ra, CUdeviceptr dptr) {
   (void)ra;
   NEED_REAL(realp);
   PFN_cuMemFree_v3020 real = (PFN_cuMemFree_v3020)realp;
@@ -302,9 +298,10 @@ static CUresult b_mem_free(void *realp, uintptr_t ra, CUdeviceptr dptr) {
 
 static GR_HOT_INLINE void track_async(CUdeviceptr p, size_t size, CUmemoryPool pool, CUstream s, uintptr_t ra,
                                       unsigned api, uint64_t seq0) {
-  uint16_t cid = 0, pool_id;
-  uint8_t dev = GR_DEVICE_NONE;
-  gr_reg_stream(s, &cid, &dev);
+  uint16_t pool_id;
+  gr_where_t w = gr_reg_stream_where(s);
+  uint16_t cid = w.ctx_id;
+  uint8_t dev = w.device;
   unsigned device = dev;
   if (pool) {
     pool_id = gr_reg_pool(pool, -1, false);
@@ -317,7 +314,7 @@ static GR_HOT_INLINE void track_async(CUdeviceptr p, size_t size, CUmemoryPool p
   gr_track_alloc(GPURECLAIM_KIND_ASYNC, p, size, api, ra, cid, device, pool_id, seq0);
 }
 
-static CUresult b_mem_alloc_async(void *realp, uintptr_t ra, CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+static GR_HOT_INLINE CUresult b_mem_alloc_async(void *realp, uintptr_t ra, CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
   NEED_REAL(realp);
   PFN_cuMemAllocAsync_v11020 real = (PFN_cuMemAllocAsync_v11020)realp;
   if (!gr_core_active())
@@ -333,7 +330,7 @@ static CUresult b_mem_alloc_async(void *realp, uintptr_t ra, CUdeviceptr *dptr, 
   return rc;
 }
 
-static CUresult b_mem_alloc_from_pool(void *realp, uintptr_t ra, CUdeviceptr *dptr, size_t bytesize,
+static GR_HOT_INLINE CUresult b_mem_alloc_from_pool(void *realp, uintptr_t ra, CUdeviceptr *dptr, size_t bytesize,
                                       CUmemoryPool pool, CUstream hStream) {
   NEED_REAL(realp);
   PFN_cuMemAllocFromPoolAsync_v11020 real = (PFN_cuMemAllocFromPoolAsync_v11020)realp;
@@ -350,7 +347,7 @@ static CUresult b_mem_alloc_from_pool(void *realp, uintptr_t ra, CUdeviceptr *dp
   return rc;
 }
 
-static CUresult b_mem_free_async(void *realp, uintptr_t ra, CUdeviceptr dptr, CUstream hStream) {
+static GR_HOT_INLINE CUresult b_mem_free_async(void *realp, uintptr_t ra, CUdeviceptr dptr, CUstream hStream) {
   (void)ra;
   NEED_REAL(realp);
   PFN_cuMemFreeAsync_v11020 real = (PFN_cuMemFreeAsync_v11020)realp;

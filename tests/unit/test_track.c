@@ -13,16 +13,16 @@
 
 static int hooked_insert(const gr_packed_t *r);
 static int hooked_insert_ks(const gr_packed_t *r, unsigned ks);
-static int hooked_insert_young(const gr_packed_t *r);
+static int hooked_insert_young(gr_thread_rec_t *me, gr_packed_t r);
 static int hooked_visit(gr_visit_fn fn, void *arg);
 #define gr_table_insert_pk hooked_insert
 #define gr_table_insert_ks hooked_insert_ks /* the allocation's insert, with its key space given */
-#define gr_table_insert_young hooked_insert_young /* a new block's insert, into its thread's log */
+#define gr_table_insert_young_v hooked_insert_young /* a new block's insert, into its thread's log */
 #define gr_table_visit hooked_visit
 #include "../../src/track.c"
 #undef gr_table_insert_pk
 #undef gr_table_insert_ks
-#undef gr_table_insert_young
+#undef gr_table_insert_young_v
 #undef gr_table_visit
 
 #define CTX_A 5
@@ -56,13 +56,13 @@ static int hooked_insert(const gr_packed_t *r) {
 
 /* The same for a new block's record, which goes to its thread's log of young records: the destroy's marking
  * visit drains the logs, and this record is not in one yet. */
-static int hooked_insert_young(const gr_packed_t *r) {
-  cr_assert_eq(gr_kind_keyspace(gr_pk_kind(r)), GR_KS_ADDR, "a young record is an address record");
+static int hooked_insert_young(gr_thread_rec_t *me, gr_packed_t r) {
+  cr_assert_eq(gr_kind_keyspace(gr_pk_kind(&r)), GR_KS_ADDR, "a young record is an address record");
   if (g_destroy_before_insert) {
     g_destroy_before_insert = 0;
     destroy_a();
   }
-  return gr_table_insert_young(r);
+  return gr_table_insert_young_v(me, r);
 }
 
 static int hooked_insert_ks(const gr_packed_t *r, unsigned ks) {
