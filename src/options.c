@@ -387,7 +387,10 @@ static void load(void) {
     o.status = false;
   }
   gr_opt_values = o;
+  atomic_store_explicit(&gr_opt_backtrace_hot, o.backtrace ? 2 : 1, memory_order_relaxed);
 }
+
+_Atomic unsigned char gr_opt_backtrace_hot;
 
 const gr_options_t *gr_opt_load(void) {
   int expected = 0;

@@ -109,6 +109,13 @@ static inline const gr_options_t *gr_opt(void) {
 }
 /* GPURECLAIM_DISABLE alone, read from environ without allocating (usable from the constructor). */
 bool gr_opt_disabled_early(void);
+/* GPURECLAIM_BACKTRACE for the allocation path, which reads it per block: 1 off, 2 on, 0 before the options are
+ * loaded. One relaxed load instead of gr_opt()'s acquire check and then the field. */
+extern _Atomic unsigned char gr_opt_backtrace_hot;
+static inline bool gr_opt_backtrace(void) {
+  unsigned char v = atomic_load_explicit(&gr_opt_backtrace_hot, memory_order_relaxed);
+  return GR_UNLIKELY(v != 1) && (v == 2 || gr_opt()->backtrace);
+}
 /* Parsers shared with the command (tools/): return 0, or -EINVAL for a malformed value. */
 int gr_opt_parse_bool(const char *s, bool *out);
 int gr_opt_parse_signal(const char *s, int *out);

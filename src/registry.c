@@ -229,7 +229,7 @@ static gr_where_t stream_where(CUstream s) {
 }
 
 GR_HOT_INLINE gr_where_t gr_reg_stream_where(CUstream s) {
-  if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
+  if ((uintptr_t)s <= (uintptr_t)CU_STREAM_PER_THREAD) /* NULL, CU_STREAM_LEGACY (1), CU_STREAM_PER_THREAD (2) */
     return gr_reg_here();
   return stream_where(s);
 }

@@ -41,7 +41,7 @@ enum { C_DEV_ALLOCS, C_DEV_FREES, C_HOST_IN, C_HOST_OUT, C_HOST_BYTES_IN, C_HOST
 #define PENDING_FLOOR (-(INT64_C(4) << 20))
 
 typedef struct shard {
-  _Atomic uint64_t c[NDEV][C_N];
+  _Atomic uint64_t c[C_N][NDEV]; /* by counter, then device: one counter of one device is one lea away */
   _Atomic int64_t pending[NDEV]; /* live bytes not yet in committed: always <= 0 */
 } shard_t; /* in the thread's epoch record (table.h): whole cache lines, written by its thread on every allocation */
 _Static_assert(sizeof(shard_t) <= GR_THREAD_STATS_BYTES, "the counters must fit in the thread record");
@@ -70,10 +70,10 @@ static void fold(gr_thread_rec_t *r) {
   shard_t *s = shard_of(r);
   for (int d = 0; d < NDEV; d++)
     for (int c = 0; c < C_N; c++) {
-      uint64_t v = atomic_load_explicit(&s->c[d][c], memory_order_relaxed);
+      uint64_t v = atomic_load_explicit(&s->c[c][d], memory_order_relaxed);
       if (v) {
-        atomic_fetch_add_explicit(&g_exited.c[d][c], v, memory_order_relaxed);
-        atomic_store_explicit(&s->c[d][c], 0, memory_order_relaxed);
+        atomic_fetch_add_explicit(&g_exited.c[c][d], v, memory_order_relaxed);
+        atomic_store_explicit(&s->c[c][d], 0, memory_order_relaxed);
       }
     }
   for (int d = 0; d < NDEV; d++) {
@@ -103,10 +103,10 @@ static inline shard_t *my_shard(void) {
 static inline void add(int dev, int c, uint64_t v) {
   shard_t *s = my_shard();
   if (GR_UNLIKELY(!s)) {
-    atomic_fetch_add_explicit(&g_exited.c[dev][c], v, memory_order_relaxed);
+    atomic_fetch_add_explicit(&g_exited.c[c][dev], v, memory_order_relaxed);
     return;
   }
-  atomic_store_explicit(&s->c[dev][c], atomic_load_explicit(&s->c[dev][c], memory_order_relaxed) + v,
+  atomic_store_explicit(&s->c[c][dev], atomic_load_explicit(&s->c[c][dev], memory_order_relaxed) + v,
                         memory_order_relaxed);
 }
 
@@ -195,7 +195,7 @@ GR_HOT_INLINE void gr_stats_alloc_t(gr_thread_rec_t *t, const gr_packed_t *p, un
   shard_t *s;
   if (GR_LIKELY(dev_fast(t, kind, &s))) {
     int d = dev_index((uint8_t)device);
-    atomic_store_explicit(&s->c[d][C_DEV_ALLOCS], atomic_load_explicit(&s->c[d][C_DEV_ALLOCS], memory_order_relaxed) + 1,
+    atomic_store_explicit(&s->c[C_DEV_ALLOCS][d], atomic_load_explicit(&s->c[C_DEV_ALLOCS][d], memory_order_relaxed) + 1,
                           memory_order_relaxed);
     int64_t v = atomic_load_explicit(&s->pending[d], memory_order_relaxed) + (int64_t)size;
     if (GR_LIKELY(v <= 0)) {
@@ -218,7 +218,7 @@ GR_HOT_INLINE void gr_stats_free_t(gr_thread_rec_t *t, const gr_packed_t *p) {
   unsigned st = gr_pk_state(p);
   if (GR_LIKELY(dev_fast(t, gr_pk_kind(p), &s) && st != GR_ST_ORPHAN && st != GR_ST_RECLAIMING)) {
     int d = dev_index((uint8_t)gr_pk_device(p));
-    atomic_store_explicit(&s->c[d][C_DEV_FREES], atomic_load_explicit(&s->c[d][C_DEV_FREES], memory_order_relaxed) + 1,
+    atomic_store_explicit(&s->c[C_DEV_FREES][d], atomic_load_explicit(&s->c[C_DEV_FREES][d], memory_order_relaxed) + 1,
                           memory_order_relaxed);
     int64_t v = atomic_load_explicit(&s->pending[d], memory_order_relaxed) - (int64_t)gr_pk_size(p);
     if (GR_LIKELY(v >= PENDING_FLOOR)) {
@@ -331,9 +331,9 @@ void gr_stats_oom_retry(bool ok) {
 /* ---- reading ---- */
 
 static uint64_t sum(int d, int c) {
-  uint64_t v = atomic_load_explicit(&g_exited.c[d][c], memory_order_relaxed);
+  uint64_t v = atomic_load_explicit(&g_exited.c[c][d], memory_order_relaxed);
   for (gr_thread_rec_t *r = gr_epoch_first(); r; r = r->next)
-    v += atomic_load_explicit(&shard_of(r)->c[d][c], memory_order_relaxed);
+    v += atomic_load_explicit(&shard_of(r)->c[c][d], memory_order_relaxed);
   return v;
 }
 

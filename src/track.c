@@ -159,7 +159,7 @@ void gr_track_fill(gr_rec_t *r, unsigned kind, uint64_t key, uint64_t size, unsi
     pc = gr_tls.rt_caller;
     r->api = (uint8_t)gr_tls.rt_api;
   }
-  r->site = GR_UNLIKELY(gr_opt()->backtrace) ? gr_stack_capture(pc) : gr_site_at(pc);
+  r->site = gr_opt_backtrace() ? gr_stack_capture(pc) : gr_site_at(pc);
   if (kind != GPURECLAIM_KIND_VMM_MAPPING && kind != GPURECLAIM_KIND_VA)
     r->scope = gr_scope_tag();
 }
@@ -612,7 +612,7 @@ GR_HOT_INLINE void gr_track_alloc(unsigned kind, uint64_t key, uint64_t size, un
     pc = gr_tls.rt_caller;
     api = gr_tls.rt_api;
   }
-  gr_site_t site = GR_UNLIKELY(gr_opt()->backtrace) ? gr_stack_capture(pc) : gr_site_at(pc);
+  gr_site_t site = gr_opt_backtrace() ? gr_stack_capture(pc) : gr_site_at(pc);
   unsigned scope = kind != GPURECLAIM_KIND_VMM_MAPPING && kind != GPURECLAIM_KIND_VA ? gr_scope_tag() : 0;
   uint64_t psize = size > GR_SIZE_MAX ? GR_SIZE_MAX : size;
   gr_packed_t p = {
