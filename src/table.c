@@ -2,14 +2,19 @@
  * table.c -- the lock-free block table.
  *
  * Data structure
- *   An open-addressing hash table with linear probing whose 40-byte slots hold the records themselves:
+ *   An open-addressing hash table with linear probing whose slots hold the records themselves, 40 bytes each in
+ *   two parts: a 32-byte slot of the words a probe and a take look at, two to a cache line (32-byte aligned, so
+ *   none straddles two lines), and the site word in a parallel array (slot_w2()), read only with a record
+ *   found:
  *     ctl   state (3 bits) | PENDING | MOVED | slot generation (11) | ctx id (12) | pool id (12) | scope (16) |
  *           aux (8)                             -- or, once MOVED: MOVED | FWD | DONE | INPROG | fwd index
  *     key   the block's address (or VMM handle)
  *     w1    size (48) | kind (4) | device (7) | api (5)
- *     w2    allocation site (gr_site_t: a code address or a stack id); for mappings the VMM handle instead
  *     w3    allocation time in ms (40) | tag (2) | thread id (22)
- *   The table is one "generation": an mmap()ed array of cap slots, cap any integer; the home slot of a key is
+ *     w2    (the parallel array) allocation site (gr_site_t: a code address or a stack id); for mappings the
+ *           VMM handle instead
+ *   The table is one "generation": an mmap()ed array of cap slots, then cap site words, cap any integer; the
+ *   home slot of a key is
  *   fastrange(key * 2^64/phi, cap) (Fibonacci hashing, see hash_key()). A generation is replaced by a new one
  *   (growth or shrink) through a cooperative migration; old generations are unmapped through epoch.c.
  *
@@ -80,7 +85,7 @@
  * Progress: lookup, update and take are lock-free; insert is lock-free (it may help a migration first). No
  * helper waits for an insert in progress: it freezes the slot and the inserter redoes its own work.
  * Cost: an insert is one CAS, a take one CAS; there is no shared counter (record counts are per thread).
- * Memory: 40 bytes a slot at 62.5%..75% load, so at most 64 bytes per live record once the table is past its
+ * Memory: 40 bytes a slot (32 + the site word) at 62.5%..75% load, so at most 64 bytes per live record once the table is past its
  * minimum size (1024 slots), plus a second generation while a migration runs (the thread that ends it frees
  * the old one on its next operation). Shrinking lags by the changes between two checks (SHRINK_EVERY).
  */
@@ -100,9 +105,8 @@ typedef struct slot {
   _Atomic uint64_t ctl;
   _Atomic uint64_t key;
   _Atomic uint64_t w1;
-  _Atomic uint64_t w2;
   _Atomic uint64_t w3;
-} slot_t;
+} slot_t; /* w2: slot_w2() */
 
 typedef struct gen {
   /* Read by every operation, written once (next) or rarely (max_disp): one cache line. */
@@ -114,8 +118,13 @@ typedef struct gen {
   /* Written only while the generation is migrated: a line of their own. */
   _Alignas(64) _Atomic uint64_t cursor; /* next chunk to migrate */
   _Atomic uint64_t done;                /* slots whose migration is finished */
-  slot_t slots[];
+  _Alignas(64) slot_t slots[];          /* cap of them, then cap site words (slot_w2) */
 } gen_t;
+
+/* The site word (w2) of slot s of generation g: in the array after the slots, at the same index. */
+static inline _Atomic uint64_t *slot_w2(gen_t *g, const slot_t *s) {
+  return (_Atomic uint64_t *)(void *)&g->slots[g->cap] + (s - g->slots);
+}
 
 /* ---- ctl encoding ---- */
 #define ST_MASK UINT64_C(7)
@@ -222,7 +231,8 @@ static inline uint64_t probe_len(gen_t *g) {
 }
 
 /* ---- packing ---- */
-_Static_assert(sizeof(slot_t) == 40, "a record is five words");
+_Static_assert(sizeof(slot_t) == 32 && offsetof(gen_t, slots) % 32 == 0,
+               "a slot is four words, 32-byte aligned: never across two cache lines");
 _Static_assert(sizeof(gr_site_t) == sizeof(uint64_t), "a site fills w2");
 static inline uint64_t meta_of(const gr_rec_t *r) { return gr_pk_meta(r->ctx_id, r->pool_id, r->scope, r->aux); }
 static inline void unpack(uint64_t c, uint64_t key, uint64_t w1, uint64_t w2, uint64_t w3, gr_rec_t *r) {
@@ -240,11 +250,11 @@ enum { READ_OK = 1, READ_CHANGED = 0, READ_UNWRITTEN = -1 };
 
 /* Consistent copy of the occupant described by c: READ_OK; READ_CHANGED if the slot changed meanwhile;
  * READ_UNWRITTEN while its insert is still writing it (then it is not there yet for anyone but its inserter). */
-static int read_slot(slot_t *s, uint64_t c, gr_rec_t *out, uint64_t *w1out) {
+static int read_slot(gen_t *g, slot_t *s, uint64_t c, gr_rec_t *out, uint64_t *w1out) {
   uint64_t w3 = atomic_load_explicit(&s->w3, memory_order_acquire); /* written last */
   uint64_t key = atomic_load_explicit(&s->key, memory_order_acquire);
   uint64_t w1 = atomic_load_explicit(&s->w1, memory_order_acquire);
-  uint64_t w2 = atomic_load_explicit(&s->w2, memory_order_acquire);
+  uint64_t w2 = out ? atomic_load_explicit(slot_w2(g, s), memory_order_acquire) : 0;
   if (atomic_load_explicit(&s->ctl, memory_order_acquire) != c)
     return READ_CHANGED;
   if (!tag_ok(w3, c))
@@ -257,10 +267,11 @@ static int read_slot(slot_t *s, uint64_t c, gr_rec_t *out, uint64_t *w1out) {
 }
 
 /* Writes an occupant's payload, w3 last and tagged with the occupant's slot generation. */
-static inline void write_payload(slot_t *s, uint64_t key, uint64_t w1, uint64_t w2, uint64_t w3, uint32_t sgen) {
+static inline void write_payload(gen_t *g, slot_t *s, uint64_t key, uint64_t w1, uint64_t w2, uint64_t w3,
+                                 uint32_t sgen) {
   atomic_store_explicit(&s->key, key, memory_order_release);
   atomic_store_explicit(&s->w1, w1, memory_order_release);
-  atomic_store_explicit(&s->w2, w2, memory_order_release);
+  atomic_store_explicit(slot_w2(g, s), w2, memory_order_release);
   atomic_store_explicit(&s->w3, (w3 & ~(W3_TAG_MASK << W3_TAG_SHIFT)) | ((uint64_t)(sgen & W3_TAG_MASK) << W3_TAG_SHIFT),
                         memory_order_release);
 }
@@ -272,7 +283,7 @@ static inline void write_payload(slot_t *s, uint64_t key, uint64_t w1, uint64_t 
  * It is dropped as soon as the table grows past the minimum, so large tables hold no spare memory. */
 static _Atomic(gen_t *) g_spare;
 
-static size_t gen_bytes(uint64_t cap) { return sizeof(gen_t) + cap * sizeof(slot_t); }
+static size_t gen_bytes(uint64_t cap) { return sizeof(gen_t) + cap * (sizeof(slot_t) + sizeof(uint64_t)); }
 
 static void unmap_now(gen_t *g) {
   size_t bytes = g->bytes;
@@ -362,7 +373,7 @@ static uint64_t reserve_copy(gen_t *n, unsigned ks, uint64_t key, uint64_t meta,
         return n->cap;
       continue; /* taken meanwhile: probe on */
     }
-    write_payload(s, key, w1, w2, w3, ctl_sgen(busy));
+    write_payload(n, s, key, w1, w2, w3, ctl_sgen(busy));
     note_disp(n, probes);
     uint64_t pending = ctl_with(meta, st, ctl_sgen(busy)) | F_PENDING;
     if (!atomic_compare_exchange_strong_explicit(&s->ctl, &busy, pending, memory_order_acq_rel,
@@ -420,7 +431,7 @@ static bool migrate_slot(gen_t *g, gen_t *n, uint64_t i, bool *fenced) {
     uint64_t w3 = atomic_load_explicit(&s->w3, memory_order_acquire);
     uint64_t key = atomic_load_explicit(&s->key, memory_order_acquire);
     uint64_t w1 = atomic_load_explicit(&s->w1, memory_order_acquire);
-    uint64_t w2 = atomic_load_explicit(&s->w2, memory_order_acquire);
+    uint64_t w2 = atomic_load_explicit(slot_w2(g, s), memory_order_acquire);
     if (atomic_load_explicit(&s->ctl, memory_order_acquire) != c)
       continue;
     if (!tag_ok(w3, c)) {
@@ -625,7 +636,7 @@ static find_t find(gen_t *g, unsigned ks, uint64_t key, unsigned mask, gen_t **g
         slot_t *d = chase(&fg, s, &dc, fwd_src(c));
         if (!d || (dc & F_PENDING) || !((mask >> ctl_state(dc)) & 1))
           continue;
-        int rd = read_slot(d, dc, rec, NULL);
+        int rd = read_slot(fg, d, dc, rec, NULL);
         if (rd == READ_UNWRITTEN)
           continue;
         if (rd == READ_CHANGED) {
@@ -642,7 +653,7 @@ static find_t find(gen_t *g, unsigned ks, uint64_t key, unsigned mask, gen_t **g
       if ((c & F_PENDING) || !((mask >> st) & 1) || atomic_load_explicit(&s->key, memory_order_acquire) != key)
         continue;
       uint64_t w1;
-      int rd = read_slot(s, c, rec, &w1);
+      int rd = read_slot(g, s, c, rec, &w1);
       if (rd == READ_UNWRITTEN)
         continue; /* an insert still writing: not there yet */
       if (rd == READ_CHANGED) {
@@ -963,7 +974,7 @@ GR_HOT_INLINE int gr_table_insert_ks(const gr_packed_t *r, unsigned ks) {
         continue;
       }
       note_disp(t, probes);
-      write_payload(s, r->key, w1, r->w2, w3, sg);
+      write_payload(t, s, r->key, w1, r->w2, w3, sg);
       if (one_cas) {
         /* Published once w3 is visible. A migration that began meanwhile may have looked at the slot too
          * early; epoch.c's barrier in migrate_slot() makes this load see t->next if so. */
@@ -1116,7 +1127,7 @@ static GR_HOT_INLINE int take_kind_pk(unsigned ks, uint64_t key, unsigned state_
     uint64_t w3 = atomic_load_explicit(&s->w3, memory_order_acquire); /* written last: see read_slot() */
     uint64_t k2 = atomic_load_explicit(&s->key, memory_order_acquire);
     uint64_t w1 = atomic_load_explicit(&s->w1, memory_order_acquire);
-    uint64_t w2 = atomic_load_explicit(&s->w2, memory_order_acquire);
+    uint64_t w2 = atomic_load_explicit(slot_w2(g, s), memory_order_acquire);
     if (atomic_load_explicit(&s->ctl, memory_order_acquire) != c) {
       c = atomic_load_explicit(&s->ctl, memory_order_acquire);
       goto again; /* changed while read */
@@ -1210,7 +1221,7 @@ int gr_table_cas(gr_ref_t *ref, gr_rec_t *expect, const gr_rec_t *desired) {
     if (!s || !st_present(ctl_state(c)))
       return -ENOENT;
     gr_rec_t cur;
-    int rd = read_slot(s, c, &cur, NULL);
+    int rd = read_slot(ref->gen, s, c, &cur, NULL);
     if (rd == READ_CHANGED)
       continue;
     if (rd == READ_UNWRITTEN)
@@ -1259,7 +1270,7 @@ int gr_table_visit(gr_visit_fn fn, void *arg) {
     if ((c & (F_MOVED | F_PENDING)) || !st_present(ctl_state(c)))
       continue;
     gr_rec_t r;
-    int rd = read_slot(s, c, &r, NULL);
+    int rd = read_slot(sg, s, c, &r, NULL);
     if (rd == READ_UNWRITTEN)
       continue; /* added meanwhile */
     if (rd == READ_CHANGED) {
@@ -1327,7 +1338,7 @@ int gr_table_check(void) {
     present++;
     gr_rec_t r;
     uint64_t w1;
-    if (read_slot(s, c, &r, &w1) != READ_OK)
+    if (read_slot(g, s, c, &r, &w1) != READ_OK)
       return -__LINE__; /* quiescent: every record is written */
     /* I1: within the probe bound of its home slot. */
     uint64_t h = home(g, hash_key(rec_ks(w1), r.key));

@@ -50,7 +50,7 @@ typedef struct gr_site {
   uint64_t bits;
 } gr_site_t;
 
-/* One record, unpacked. Packed into a 40-byte slot: see table.c. */
+/* One record, unpacked. Packed into a 32-byte slot and its site word (40 bytes): see table.c. */
 typedef struct gr_rec {
   uint64_t key;     /* address, or VMM handle */
   uint64_t size;    /* bytes, < 2^48 */
