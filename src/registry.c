@@ -160,7 +160,14 @@ GR_COLD static bool current_slow(uint16_t *ctx_id, uint8_t *device, CUcontext *o
   if (!gr_drv.cuCtxGetCurrent || gr_drv.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
     return false;
   *out = ctx;
-  if (GR_UNLIKELY(kept && ctx != gr_tls.last_ctx) &&
+  if (GR_LIKELY(kept && ctx == gr_tls.last_ctx)) { /* the 1-in-CUR_SAMPLE check: confirmed */
+    *ctx_id = gr_tls.last_ctx_id;
+    *device = gr_tls.last_device;
+    gr_tls.cur_sample = CUR_SAMPLE;
+    gr_tls.cur_known = !atomic_load_explicit(&g_cur_unseen, memory_order_relaxed);
+    return true;
+  }
+  if (GR_UNLIKELY(kept) &&
       !atomic_exchange_explicit(&g_cur_unseen, true, memory_order_relaxed))
     gr_warn("the current context changed by a route gpureclaim does not intercept (%p -> %p); gpureclaim asks "
             "the driver for it on every allocation from now on",

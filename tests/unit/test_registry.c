@@ -345,6 +345,46 @@ Test(registry, a_switch_gpureclaim_did_not_see_turns_the_cache_off, .init = fake
   cr_assert_null(strstr(strstr(text, "does not intercept") + 1, "does not intercept"), "said twice: \"%s\"", text);
 }
 
+static void *find_an_unseen_switch(void *arg) {
+  (void)arg;
+  uint16_t id;
+  uint8_t dev;
+  CUcontext c;
+  t_current = ctx_n(1);
+  gr_reg_current(&id, &dev, &c);
+  t_current = ctx_n(2); /* unseen */
+  for (int i = 0; i < 64; i++)
+    gr_reg_current(&id, &dev, &c);
+  return NULL;
+}
+
+/* Once any thread found a switch gpureclaim did not see, every thread stops trusting its answer by its next
+ * check: the route that switched unseen may be used by any thread. */
+Test(registry, an_unseen_switch_found_by_one_thread_turns_the_cache_off_in_all, .init = fake_driver) {
+  FILE *err = tmpfile(); /* the warning, out of the test's output */
+  cr_assert_not_null(err);
+  fflush(stderr);
+  int saved = dup(2);
+  cr_assert_geq(dup2(fileno(err), 2), 0);
+  uint16_t id;
+  uint8_t dev;
+  CUcontext c;
+  t_current = ctx_n(3);
+  cr_assert(gr_reg_current(&id, &dev, &c));
+  gr_thread_run(find_an_unseen_switch, NULL);
+  for (int i = 0; i < 64; i++) /* this thread's next check comes within 64 allocations */
+    cr_assert(gr_reg_current(&id, &dev, &c));
+  unsigned asked = atomic_load(&g_get_current_calls);
+  for (int i = 0; i < 10; i++)
+    cr_assert(gr_reg_current(&id, &dev, &c));
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  fclose(err);
+  cr_assert_eq(atomic_load(&g_get_current_calls), asked + 10,
+               "a thread kept trusting its answer after another thread found an unseen switch");
+}
+
 Test(registry, a_stream_names_its_own_context_and_the_null_stream_the_current_one, .init = fake_driver) {
   uint16_t id;
   uint8_t dev;
