@@ -140,7 +140,8 @@ uint64_t gr_reg_ctx_count(void) { return atomic_load_explicit(&g_ctx.count, memo
  *
  * An allocation needs the context it was made in. Asking the driver (cuCtxGetCurrent) on every allocation costs
  * a call; instead each thread keeps the answer (gr_tls.last_ctx, its id and device) and trusts it until:
- *   - the thread makes a call that may change its current context, through any route gpureclaim hooks
+ *   - the thread makes a call that may change its current context, through any route gpureclaim hooks; the
+ *     hook first checks the kept answer against the driver's (gr_reg_switch_begin: one question per switch),
  *     (cuCtxSetCurrent, cuCtxPushCurrent, cuCtxPopCurrent, cuCtxCreate, cuCtxDestroy, cuCtxDetach,
  *     cuGLCtxCreate, cuVDPAUCtxCreate, the primary context's release and reset: hooks/driver.c), or gpureclaim
  *     pushes or pops one itself: gr_reg_switched();
@@ -152,10 +153,29 @@ uint64_t gr_reg_ctx_count(void) { return atomic_load_explicit(&g_ctx.count, memo
  *     answer; up to CUR_SAMPLE - 1 blocks before it may carry the previous context). */
 #define CUR_SAMPLE 64
 
+/* The thread's current context is not the one it kept, with no switch seen in between: the program switched by a
+ * route gpureclaim does not intercept. Said once; no thread trusts its kept answer from now on. */
+GR_COLD static void unseen_switch(CUcontext kept, CUcontext now) {
+  if (!atomic_exchange_explicit(&g_cur_unseen, true, memory_order_relaxed))
+    gr_warn("the current context changed by a route gpureclaim does not intercept (%p -> %p); gpureclaim asks "
+            "the driver for it on every allocation from now on",
+            (void *)kept, (void *)now);
+}
+
+void gr_reg_switch_begin(void) {
+  CUcontext ctx = NULL;
+  if (gr_tls.cur_known && gr_drv.cuCtxGetCurrent && gr_drv.cuCtxGetCurrent(&ctx) == CUDA_SUCCESS &&
+      ctx != gr_tls.last_ctx)
+    unseen_switch(gr_tls.last_ctx, ctx);
+}
+
 GR_COLD static bool current_slow(uint16_t *ctx_id, uint8_t *device, CUcontext *out) {
   CUcontext ctx = NULL;
   uint32_t gen = atomic_load_explicit(&g_ctx_gen, memory_order_acquire);
-  bool kept = gr_tls.cur_known && gr_tls.cur_gen == gen;
+  /* known: no switch seen since the thread's answer. A destroy or reset elsewhere (gen moved) never changes this
+   * thread's current handle (a destroyed context stays current, dangling), so a different answer is an unseen
+   * switch either way; only the id and device of the same handle need asking again then. */
+  bool known = gr_tls.cur_known, kept = known && gr_tls.cur_gen == gen;
   gr_tls.cur_known = 0;
   if (!gr_drv.cuCtxGetCurrent || gr_drv.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
     return false;
@@ -167,11 +187,8 @@ GR_COLD static bool current_slow(uint16_t *ctx_id, uint8_t *device, CUcontext *o
     gr_tls.cur_known = !atomic_load_explicit(&g_cur_unseen, memory_order_relaxed);
     return true;
   }
-  if (GR_UNLIKELY(kept) &&
-      !atomic_exchange_explicit(&g_cur_unseen, true, memory_order_relaxed))
-    gr_warn("the current context changed by a route gpureclaim does not intercept (%p -> %p); gpureclaim asks "
-            "the driver for it on every allocation from now on",
-            (void *)gr_tls.last_ctx, (void *)ctx);
+  if (GR_UNLIKELY(known && ctx != gr_tls.last_ctx))
+    unseen_switch(gr_tls.last_ctx, ctx);
   uint16_t id = 0;
   if (ctx == gr_tls.last_ctx && gr_reg_ctx_alive(gr_tls.last_ctx_id))
     id = gr_tls.last_ctx_id;

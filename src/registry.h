@@ -29,6 +29,8 @@ void gr_reg_device_reset(int device);
 CUcontext gr_reg_ctx_handle(uint16_t id);
 int gr_reg_ctx_device(uint16_t id); /* -1 unknown */
 bool gr_reg_ctx_alive(uint16_t id);
+/* A context was destroyed (id 0: one gpureclaim had not registered): every thread's kept current context is
+ * asked again. */
 void gr_reg_ctx_destroyed(uint16_t id);
 /* The calling thread's current context id and device (cached per thread: registry.c says when the cache is
  * trusted). Returns false without one. */
@@ -46,6 +48,9 @@ gr_where_t gr_reg_stream_where(CUstream s);
 /* The calling thread's current context may have changed (it switched, pushed, popped, created or destroyed
  * one, or gpureclaim did for it): its next allocation asks the driver. */
 static inline void gr_reg_switched(void) { gr_tls.cur_known = 0; }
+/* Before a call that may change the current context: while the thread trusts a kept answer, checks it against the
+ * driver's, so a switch by a route gpureclaim does not see is found even when a seen switch follows it. */
+void gr_reg_switch_begin(void);
 /* Context id and device of a stream (0 and special handles: the current context). */
 bool gr_reg_stream(CUstream s, uint16_t *ctx_id, uint8_t *device);
 

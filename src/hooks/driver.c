@@ -711,6 +711,7 @@ static void created(CUresult rc, CUcontext *pctx, CUdevice dev) {
 static CUresult b_ctx_create(void *realp, uintptr_t ra, CUcontext *pctx, unsigned int flags, CUdevice dev) {
   (void)ra;
   NEED_REAL(realp);
+  gr_reg_switch_begin(); /* a switch by a route gpureclaim does not see, before this one (registry.c) */
   CUresult rc = ((PFN_cuCtxCreate_v3020)realp)(pctx, flags, dev);
   created(rc, pctx, dev);
   return rc;
@@ -720,6 +721,7 @@ static CUresult b_ctx_create_v3(void *realp, uintptr_t ra, CUcontext *pctx, CUex
                                 int numParams, unsigned int flags, CUdevice dev) {
   (void)ra;
   NEED_REAL(realp);
+  gr_reg_switch_begin(); /* a switch by a route gpureclaim does not see, before this one (registry.c) */
   CUresult rc = ((PFN_cuCtxCreate_v11040)realp)(pctx, paramsArray, numParams, flags, dev);
   created(rc, pctx, dev);
   return rc;
@@ -729,6 +731,7 @@ static CUresult b_ctx_create_v4(void *realp, uintptr_t ra, CUcontext *pctx, CUct
                                 unsigned int flags, CUdevice dev) {
   (void)ra;
   NEED_REAL(realp);
+  gr_reg_switch_begin(); /* a switch by a route gpureclaim does not see, before this one (registry.c) */
   CUresult rc = ((PFN_cuCtxCreate_v12050)realp)(pctx, ctxCreateParams, flags, dev);
   created(rc, pctx, dev);
   return rc;
@@ -742,6 +745,7 @@ static CUresult b_vdpau_ctx_create(void *realp, uintptr_t ra, CUcontext *pctx, u
                                    uint32_t vdp, void *vdp_proc) {
   (void)ra;
   NEED_REAL(realp);
+  gr_reg_switch_begin(); /* a switch by a route gpureclaim does not see, before this one (registry.c) */
   CUresult rc = ((gr_pfn_vdpau_ctx_create)realp)(pctx, flags, dev, vdp, vdp_proc);
   created(rc, pctx, dev);
   return rc;
@@ -752,6 +756,7 @@ static CUresult b_vdpau_ctx_create(void *realp, uintptr_t ra, CUcontext *pctx, u
 static CUresult b_ctx_set(void *realp, uintptr_t ra, CUcontext ctx) {
   (void)ra;
   NEED_REAL(realp);
+  gr_reg_switch_begin(); /* a switch by a route gpureclaim does not see, before this one (registry.c) */
   CUresult rc = ((PFN_cuCtxSetCurrent_v4000)realp)(ctx);
   gr_reg_switched();
   return rc;
@@ -760,6 +765,7 @@ static CUresult b_ctx_set(void *realp, uintptr_t ra, CUcontext ctx) {
 static CUresult b_ctx_push(void *realp, uintptr_t ra, CUcontext ctx) {
   (void)ra;
   NEED_REAL(realp);
+  gr_reg_switch_begin(); /* a switch by a route gpureclaim does not see, before this one (registry.c) */
   CUresult rc = ((PFN_cuCtxPushCurrent_v4000)realp)(ctx);
   gr_reg_switched();
   return rc;
@@ -768,14 +774,28 @@ static CUresult b_ctx_push(void *realp, uintptr_t ra, CUcontext ctx) {
 static CUresult b_ctx_pop(void *realp, uintptr_t ra, CUcontext *pctx) {
   (void)ra;
   NEED_REAL(realp);
+  gr_reg_switch_begin(); /* a switch by a route gpureclaim does not see, before this one (registry.c) */
   CUresult rc = ((PFN_cuCtxPopCurrent_v4000)realp)(pctx);
   gr_reg_switched();
   return rc;
 }
 
-/* Whether a context the driver knew is gone: it no longer answers a question about itself. */
-static bool ctx_gone(CUcontext ctx) {
+/* The calling thread's current context, NULL for none or no answer. */
+static CUcontext current_ctx(void) {
+  CUcontext c = NULL;
+  if (!gr_drv.cuCtxGetCurrent || gr_drv.cuCtxGetCurrent(&c) != CUDA_SUCCESS)
+    return NULL;
+  return c;
+}
+
+/* Whether a context the driver knew is gone after a detach that succeeded. cuCtxDetach needs the context current
+ * on the calling thread, and the detach that destroys it pops it: current before and not after means gone, even
+ * if another thread's new context got the same handle meanwhile. Failing that evidence, a context that no longer
+ * answers a question about itself is gone. */
+static bool ctx_gone(CUcontext ctx, CUcontext before) {
   unsigned version = 0;
+  if (before == ctx && current_ctx() != ctx)
+    return true;
   return gr_drv.cuCtxGetApiVersion && gr_drv.cuCtxGetApiVersion(ctx, &version) != CUDA_SUCCESS;
 }
 
@@ -786,6 +806,7 @@ static bool ctx_gone(CUcontext ctx) {
 static CUresult b_ctx_detach(void *realp, uintptr_t ra, CUcontext ctx) {
   (void)ra;
   NEED_REAL(realp);
+  gr_reg_switch_begin(); /* a switch by a route gpureclaim does not see, before this one (registry.c) */
   PFN_cuCtxDetach_v2000 real = (PFN_cuCtxDetach_v2000)realp;
   if (!ctx || !gr_core_active()) {
     CUresult rc = real(ctx);
@@ -797,16 +818,17 @@ static CUresult b_ctx_detach(void *realp, uintptr_t ra, CUcontext ctx) {
   gr_detached_t d = {0};
   if (id)
     gr_track_ctx_begin(id, &d);
+  CUcontext before = current_ctx();
   CUresult rc = real(ctx);
   gr_reg_switched();
-  bool gone = rc == CUDA_SUCCESS && ctx_gone(ctx);
+  bool gone = rc == CUDA_SUCCESS && ctx_gone(ctx, before);
   if (id) {
     if (gone)
       gr_track_ctx_mark(&d);
     gr_track_ctx_commit(&d, gone);
-    if (gone)
-      gr_reg_ctx_destroyed(id);
   }
+  if (gone)
+    gr_reg_ctx_destroyed(id); /* id 0 too: every thread's kept context is asked again (registry.c) */
   gr_track_gate_exit();
   return rc;
 }
@@ -817,6 +839,7 @@ static CUresult b_ctx_detach(void *realp, uintptr_t ra, CUcontext ctx) {
 static CUresult b_ctx_destroy(void *realp, uintptr_t ra, CUcontext ctx) {
   (void)ra;
   NEED_REAL(realp);
+  gr_reg_switch_begin(); /* a switch by a route gpureclaim does not see, before this one (registry.c) */
   PFN_cuCtxDestroy_v4000 real = (PFN_cuCtxDestroy_v4000)realp;
   if (!ctx || !gr_core_active()) {
     CUresult rc = real(ctx);
@@ -830,11 +853,10 @@ static CUresult b_ctx_destroy(void *realp, uintptr_t ra, CUcontext ctx) {
     gr_track_ctx_detach(id, &d);
   CUresult rc = real(ctx);
   gr_reg_switched();
-  if (id) {
+  if (id)
     gr_track_ctx_commit(&d, rc == CUDA_SUCCESS);
-    if (rc == CUDA_SUCCESS)
-      gr_reg_ctx_destroyed(id);
-  }
+  if (rc == CUDA_SUCCESS)
+    gr_reg_ctx_destroyed(id); /* id 0 too: every thread's kept context is asked again (registry.c) */
   gr_track_gate_exit();
   return rc;
 }
@@ -842,6 +864,7 @@ static CUresult b_ctx_destroy(void *realp, uintptr_t ra, CUcontext ctx) {
 static CUresult b_primary_reset(void *realp, uintptr_t ra, CUdevice dev) {
   (void)ra;
   NEED_REAL(realp);
+  gr_reg_switch_begin(); /* a switch by a route gpureclaim does not see, before this one (registry.c) */
   PFN_cuDevicePrimaryCtxReset_v11000 real = (PFN_cuDevicePrimaryCtxReset_v11000)realp;
   if (!gr_core_active()) {
     CUresult rc = real(dev);
@@ -870,6 +893,7 @@ static CUresult b_primary_reset(void *realp, uintptr_t ra, CUdevice dev) {
 static CUresult b_primary_release(void *realp, uintptr_t ra, CUdevice dev) {
   (void)ra;
   NEED_REAL(realp);
+  gr_reg_switch_begin(); /* a switch by a route gpureclaim does not see, before this one (registry.c) */
   PFN_cuDevicePrimaryCtxRelease_v11000 real = (PFN_cuDevicePrimaryCtxRelease_v11000)realp;
   if (!gr_core_active()) {
     CUresult rc = real(dev);

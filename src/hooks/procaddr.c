@@ -14,6 +14,7 @@
 #include "export.h"
 #include "real.h"
 #include "hooks/hooks.h"
+#include "hooks/hooklist.h" /* GR_H_COUNT */
 #include "stats.h"
 
 #include "gate.h"
@@ -27,7 +28,7 @@
 
 static _Atomic(void *) g_ex_v1, g_ex_v2; /* libcuda's exported cuGetProcAddress / _v2 */
 static _Atomic(void *) g_pa_v1, g_pa_v2; /* what the driver returned when asked for "cuGetProcAddress" */
-static _Atomic int g_abi_checked[64];    /* per variant: 0 unknown, 1 proven, -1 refused */
+static _Atomic int g_abi_checked[GR_H_COUNT]; /* per variant: 0 unknown, 1 proven, -1 refused */
 
 typedef CUresult (*getproc_v1_t)(const char *, void **, int, cuuint64_t);
 typedef CUresult (*getproc_v2_t)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);

@@ -359,3 +359,21 @@ Test(attribution, each_thread_s_blocks_take_its_own_current_context) {
                s[0].wrong, s[1].wrong);
   CHECK("two threads switching contexts");
 }
+
+/* gpureclaim's own pushes and pops (a release's driver calls, its memory figures, its synchronisation) on a thread
+ * that holds a kept current context leave the thread's next blocks in its own context. */
+Test(attribution, gpureclaim_s_own_push_and_pop_keep_the_thread_s_context) {
+  OK(cuCtxSetCurrent(g_p1));
+  CUdeviceptr a, b;
+  OK(cuMemAlloc(&a, 4096)); /* kept: device 1's context */
+  gpureclaim_report_t rep = {.size = sizeof rep};
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_CACHED | GPURECLAIM_ALL, &rep), 0);
+  for (int i = 0; i < 70; i++) { /* past the 1-in-64 check */
+    OK(cuMemAlloc(&b, 4096));
+    gpureclaim_block_t bb = block(b);
+    cr_assert_eq(bb.context, (void *)g_p1);
+    cr_assert_eq(bb.device, 1);
+    OK(cuMemFree(b));
+  }
+  OK(cuCtxSetCurrent(g_p0));
+}

@@ -505,3 +505,106 @@ Test(registry, a_fork_child_forgets_contexts_and_pools) {
   cr_assert_eq(gr_reg_primary_id(0), 0);
   cr_assert_eq(gr_reg_device_pool(0), 0);
 }
+
+/* ---- an unseen switch is found even when the thread's check never comes with its answer intact ---- */
+
+static void capture_begin(FILE **err, int *saved) {
+  *err = tmpfile();
+  cr_assert_not_null(*err);
+  fflush(stderr);
+  *saved = dup(2);
+  cr_assert_geq(*saved, 0);
+  cr_assert_geq(dup2(fileno(*err), 2), 0);
+}
+static void capture_end(FILE *err, int saved, char *text, size_t cap) {
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  rewind(err);
+  size_t n = fread(text, 1, cap - 1, err);
+  text[n] = 0;
+  fclose(err);
+}
+
+static void *destroy_ctx_9(void *arg) {
+  (void)arg;
+  gr_reg_ctx_destroyed(gr_reg_ctx(ctx_n(9), 1)); /* any context, anywhere: every thread asks again */
+  return NULL;
+}
+
+/* A destroy on another thread, after an unseen switch and before this thread's 64th allocation: the question it
+ * causes still compares with the kept answer (another thread's destroy never changes this thread's current
+ * handle), so the switch is said and the cache goes. */
+Test(registry, an_unseen_switch_then_a_destroy_elsewhere_is_still_found, .init = fake_driver) {
+  FILE *err;
+  int saved;
+  capture_begin(&err, &saved);
+  uint16_t id;
+  uint8_t dev;
+  CUcontext c;
+  t_current = ctx_n(1);
+  cr_assert(gr_reg_current(&id, &dev, &c));
+  t_current = ctx_n(2); /* unseen */
+  for (int i = 0; i < 10; i++)
+    cr_assert(gr_reg_current(&id, &dev, &c));
+  gr_thread_run(destroy_ctx_9, NULL);
+  cr_assert(gr_reg_current(&id, &dev, &c));
+  cr_assert(c == ctx_n(2) && dev == 2, "the question after the destroy did not take the driver's answer");
+  unsigned asked = atomic_load(&g_get_current_calls);
+  for (int i = 0; i < 5; i++)
+    cr_assert(gr_reg_current(&id, &dev, &c));
+  char text[4096];
+  capture_end(err, saved, text, sizeof text);
+  cr_assert(strstr(text, "does not intercept") != NULL, "no warning: \"%s\"", text);
+  cr_assert_eq(atomic_load(&g_get_current_calls), asked + 5, "the cache stayed on after the unseen switch");
+}
+
+/* A seen switch after an unseen one: the hook checks the kept answer against the driver's before its call
+ * (gr_reg_switch_begin), so the unseen one is found there. */
+Test(registry, an_unseen_switch_then_a_seen_one_is_found_by_the_seen_one, .init = fake_driver) {
+  FILE *err;
+  int saved;
+  capture_begin(&err, &saved);
+  uint16_t id;
+  uint8_t dev;
+  CUcontext c;
+  t_current = ctx_n(1);
+  cr_assert(gr_reg_current(&id, &dev, &c));
+  t_current = ctx_n(2); /* unseen */
+  for (int i = 0; i < 10; i++)
+    cr_assert(gr_reg_current(&id, &dev, &c));
+  gr_reg_switch_begin(); /* what a hooked switch does around its call */
+  t_current = ctx_n(3);
+  gr_reg_switched();
+  unsigned asked = atomic_load(&g_get_current_calls);
+  for (int i = 0; i < 5; i++) {
+    cr_assert(gr_reg_current(&id, &dev, &c));
+    cr_assert_eq(c, ctx_n(3));
+  }
+  char text[4096];
+  capture_end(err, saved, text, sizeof text);
+  cr_assert(strstr(text, "does not intercept") != NULL, "no warning: \"%s\"", text);
+  cr_assert_eq(atomic_load(&g_get_current_calls), asked + 5, "the cache stayed on after the unseen switch");
+}
+
+/* Seen switches alone never warn and keep the cache: the check before each agrees with the kept answer. */
+Test(registry, seen_switches_alone_say_nothing, .init = fake_driver) {
+  FILE *err;
+  int saved;
+  capture_begin(&err, &saved);
+  uint16_t id;
+  uint8_t dev;
+  CUcontext c;
+  for (unsigned k = 0; k < 50; k++) {
+    gr_reg_switch_begin();
+    t_current = ctx_n(1 + k % 3);
+    gr_reg_switched();
+    for (int i = 0; i < 3; i++) {
+      cr_assert(gr_reg_current(&id, &dev, &c));
+      cr_assert_eq(c, ctx_n(1 + k % 3));
+    }
+  }
+  char text[4096];
+  capture_end(err, saved, text, sizeof text);
+  cr_assert_null(strstr(text, "does not intercept"), "a warning without an unseen switch: \"%s\"", text);
+}
