@@ -304,16 +304,65 @@ Test(registry, a_destroy_on_another_thread_makes_the_thread_ask_again, .init = f
   cr_assert(gr_reg_ctx_alive(id), "the current context was not registered again after its handle's destroy");
 }
 
+/* What gpureclaim says on stderr (fd 2) between capture_begin and capture_end, into text. */
+typedef struct {
+  FILE *file;
+  int saved;
+} capture_t;
+static capture_t capture_begin(void) {
+  capture_t cap = {tmpfile(), -1};
+  cr_assert_not_null(cap.file);
+  fflush(stderr);
+  cap.saved = dup(2);
+  cr_assert_geq(cap.saved, 0);
+  cr_assert_geq(dup2(fileno(cap.file), 2), 0);
+  return cap;
+}
+static void capture_end(capture_t cap, char *text, size_t len) {
+  fflush(stderr);
+  dup2(cap.saved, 2);
+  close(cap.saved);
+  rewind(cap.file);
+  size_t n = fread(text, 1, len - 1, cap.file);
+  text[n] = 0;
+  fclose(cap.file);
+}
+
+/* The thread keeps ctx 1, then its current context becomes ctx 2 with no switch gpureclaim sees, and it makes ten
+ * allocations. */
+static void keep_1_then_switch_unseen_to_2(void) {
+  uint16_t id;
+  uint8_t dev;
+  CUcontext c;
+  t_current = ctx_n(1);
+  cr_assert(gr_reg_current(&id, &dev, &c));
+  t_current = ctx_n(2);
+  for (int i = 0; i < 10; i++)
+    cr_assert(gr_reg_current(&id, &dev, &c));
+}
+
+/* The warning was given, and the thread asks the driver on each of its next five allocations, getting want. */
+static void assert_found_and_cache_off(capture_t cap, CUcontext want) {
+  uint16_t id;
+  uint8_t dev;
+  CUcontext c;
+  unsigned asked = atomic_load(&g_get_current_calls);
+  for (int i = 0; i < 5; i++) {
+    cr_assert(gr_reg_current(&id, &dev, &c));
+    cr_assert_eq(c, want);
+  }
+  char text[4096];
+  capture_end(cap, text, sizeof text);
+  cr_assert(strstr(text, "changed by a route gpureclaim does not intercept") != NULL, "no warning: \"%s\"", text);
+  cr_assert_null(strstr(strstr(text, "does not intercept") + 1, "does not intercept"), "said twice: \"%s\"", text);
+  cr_assert_eq(atomic_load(&g_get_current_calls), asked + 5, "the cache stayed on after an unseen switch");
+}
+
 /* A switch by a route gpureclaim does not see (here: the stand-in driver's current context changes without
  * gr_reg_switched) is found within 64 allocations, said once on stderr, and from then on the driver is asked on
  * every allocation, switches seen or not. */
 Test(registry, a_switch_gpureclaim_did_not_see_turns_the_cache_off, .init = fake_driver) {
-  FILE *err = tmpfile(); /* what gpureclaim says on stderr (fd 2) during the test */
-  cr_assert_not_null(err);
-  fflush(stderr);
-  int saved = dup(2);
-  cr_assert_geq(saved, 0);
-  cr_assert_geq(dup2(fileno(err), 2), 0);
+  capture_t cap = capture_begin();
   uint16_t id;
   uint8_t dev;
   CUcontext c;
@@ -324,25 +373,8 @@ Test(registry, a_switch_gpureclaim_did_not_see_turns_the_cache_off, .init = fake
   while (gr_reg_current(&id, &dev, &c) && c == ctx_n(1))
     cr_assert_lt(++stale, 64, "the unseen switch was not found in 64 allocations");
   cr_assert(c == ctx_n(3) && dev == 3, "the allocation that found the switch did not get the driver's answer");
-  unsigned asked = atomic_load(&g_get_current_calls);
-  for (int i = 0; i < 10; i++) {
-    cr_assert(gr_reg_current(&id, &dev, &c));
-    cr_assert_eq(c, ctx_n(3));
-  }
-  cr_assert_eq(atomic_load(&g_get_current_calls), asked + 10, "the cache stayed on after an unseen switch");
-  gr_reg_switched();
-  cr_assert(gr_reg_current(&id, &dev, &c));
-  cr_assert(gr_reg_current(&id, &dev, &c));
-  cr_assert_eq(atomic_load(&g_get_current_calls), asked + 12, "a seen switch turned the cache back on");
-  fflush(stderr);
-  dup2(saved, 2);
-  close(saved);
-  rewind(err);
-  char text[4096] = {0};
-  size_t n = fread(text, 1, sizeof text - 1, err);
-  text[n] = 0;
-  cr_assert(strstr(text, "changed by a route gpureclaim does not intercept") != NULL, "no warning: \"%s\"", text);
-  cr_assert_null(strstr(strstr(text, "does not intercept") + 1, "does not intercept"), "said twice: \"%s\"", text);
+  gr_reg_switched(); /* a seen switch does not turn the cache back on */
+  assert_found_and_cache_off(cap, ctx_n(3));
 }
 
 static void *find_an_unseen_switch(void *arg) {
@@ -361,11 +393,7 @@ static void *find_an_unseen_switch(void *arg) {
 /* Once any thread found a switch gpureclaim did not see, every thread stops trusting its answer by its next
  * check: the route that switched unseen may be used by any thread. */
 Test(registry, an_unseen_switch_found_by_one_thread_turns_the_cache_off_in_all, .init = fake_driver) {
-  FILE *err = tmpfile(); /* the warning, out of the test's output */
-  cr_assert_not_null(err);
-  fflush(stderr);
-  int saved = dup(2);
-  cr_assert_geq(dup2(fileno(err), 2), 0);
+  capture_t cap = capture_begin();
   uint16_t id;
   uint8_t dev;
   CUcontext c;
@@ -374,15 +402,7 @@ Test(registry, an_unseen_switch_found_by_one_thread_turns_the_cache_off_in_all, 
   gr_thread_run(find_an_unseen_switch, NULL);
   for (int i = 0; i < 64; i++) /* this thread's next check comes within 64 allocations */
     cr_assert(gr_reg_current(&id, &dev, &c));
-  unsigned asked = atomic_load(&g_get_current_calls);
-  for (int i = 0; i < 10; i++)
-    cr_assert(gr_reg_current(&id, &dev, &c));
-  fflush(stderr);
-  dup2(saved, 2);
-  close(saved);
-  fclose(err);
-  cr_assert_eq(atomic_load(&g_get_current_calls), asked + 10,
-               "a thread kept trusting its answer after another thread found an unseen switch");
+  assert_found_and_cache_off(cap, ctx_n(3));
 }
 
 Test(registry, a_stream_names_its_own_context_and_the_null_stream_the_current_one, .init = fake_driver) {
@@ -508,24 +528,6 @@ Test(registry, a_fork_child_forgets_contexts_and_pools) {
 
 /* ---- an unseen switch is found even when the thread's check never comes with its answer intact ---- */
 
-static void capture_begin(FILE **err, int *saved) {
-  *err = tmpfile();
-  cr_assert_not_null(*err);
-  fflush(stderr);
-  *saved = dup(2);
-  cr_assert_geq(*saved, 0);
-  cr_assert_geq(dup2(fileno(*err), 2), 0);
-}
-static void capture_end(FILE *err, int saved, char *text, size_t cap) {
-  fflush(stderr);
-  dup2(saved, 2);
-  close(saved);
-  rewind(err);
-  size_t n = fread(text, 1, cap - 1, err);
-  text[n] = 0;
-  fclose(err);
-}
-
 static void *destroy_ctx_9(void *arg) {
   (void)arg;
   gr_reg_ctx_destroyed(gr_reg_ctx(ctx_n(9), 1)); /* any context, anywhere: every thread asks again */
@@ -536,62 +538,31 @@ static void *destroy_ctx_9(void *arg) {
  * causes still compares with the kept answer (another thread's destroy never changes this thread's current
  * handle), so the switch is said and the cache goes. */
 Test(registry, an_unseen_switch_then_a_destroy_elsewhere_is_still_found, .init = fake_driver) {
-  FILE *err;
-  int saved;
-  capture_begin(&err, &saved);
+  capture_t cap = capture_begin();
+  keep_1_then_switch_unseen_to_2();
+  gr_thread_run(destroy_ctx_9, NULL);
   uint16_t id;
   uint8_t dev;
   CUcontext c;
-  t_current = ctx_n(1);
-  cr_assert(gr_reg_current(&id, &dev, &c));
-  t_current = ctx_n(2); /* unseen */
-  for (int i = 0; i < 10; i++)
-    cr_assert(gr_reg_current(&id, &dev, &c));
-  gr_thread_run(destroy_ctx_9, NULL);
   cr_assert(gr_reg_current(&id, &dev, &c));
   cr_assert(c == ctx_n(2) && dev == 2, "the question after the destroy did not take the driver's answer");
-  unsigned asked = atomic_load(&g_get_current_calls);
-  for (int i = 0; i < 5; i++)
-    cr_assert(gr_reg_current(&id, &dev, &c));
-  char text[4096];
-  capture_end(err, saved, text, sizeof text);
-  cr_assert(strstr(text, "does not intercept") != NULL, "no warning: \"%s\"", text);
-  cr_assert_eq(atomic_load(&g_get_current_calls), asked + 5, "the cache stayed on after the unseen switch");
+  assert_found_and_cache_off(cap, ctx_n(2));
 }
 
 /* A seen switch after an unseen one: the hook checks the kept answer against the driver's before its call
  * (gr_reg_switch_begin), so the unseen one is found there. */
 Test(registry, an_unseen_switch_then_a_seen_one_is_found_by_the_seen_one, .init = fake_driver) {
-  FILE *err;
-  int saved;
-  capture_begin(&err, &saved);
-  uint16_t id;
-  uint8_t dev;
-  CUcontext c;
-  t_current = ctx_n(1);
-  cr_assert(gr_reg_current(&id, &dev, &c));
-  t_current = ctx_n(2); /* unseen */
-  for (int i = 0; i < 10; i++)
-    cr_assert(gr_reg_current(&id, &dev, &c));
+  capture_t cap = capture_begin();
+  keep_1_then_switch_unseen_to_2();
   gr_reg_switch_begin(); /* what a hooked switch does around its call */
   t_current = ctx_n(3);
   gr_reg_switched();
-  unsigned asked = atomic_load(&g_get_current_calls);
-  for (int i = 0; i < 5; i++) {
-    cr_assert(gr_reg_current(&id, &dev, &c));
-    cr_assert_eq(c, ctx_n(3));
-  }
-  char text[4096];
-  capture_end(err, saved, text, sizeof text);
-  cr_assert(strstr(text, "does not intercept") != NULL, "no warning: \"%s\"", text);
-  cr_assert_eq(atomic_load(&g_get_current_calls), asked + 5, "the cache stayed on after the unseen switch");
+  assert_found_and_cache_off(cap, ctx_n(3));
 }
 
 /* Seen switches alone never warn and keep the cache: the check before each agrees with the kept answer. */
 Test(registry, seen_switches_alone_say_nothing, .init = fake_driver) {
-  FILE *err;
-  int saved;
-  capture_begin(&err, &saved);
+  capture_t cap = capture_begin();
   uint16_t id;
   uint8_t dev;
   CUcontext c;
@@ -605,6 +576,6 @@ Test(registry, seen_switches_alone_say_nothing, .init = fake_driver) {
     }
   }
   char text[4096];
-  capture_end(err, saved, text, sizeof text);
+  capture_end(cap, text, sizeof text);
   cr_assert_null(strstr(text, "does not intercept"), "a warning without an unseen switch: \"%s\"", text);
 }
