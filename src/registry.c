@@ -131,8 +131,6 @@ bool gr_reg_ctx_alive(uint16_t id) { return id && atomic_load_explicit(&g_ctx.al
 void gr_reg_ctx_destroyed(uint16_t id) {
   reg_dead(&g_ctx, id);
   atomic_fetch_add_explicit(&g_ctx_gen, 1, memory_order_release);
-  if (gr_tls.last_ctx_id == id)
-    gr_tls.last_ctx = NULL;
 }
 uint64_t gr_reg_ctx_count(void) { return atomic_load_explicit(&g_ctx.count, memory_order_relaxed); }
 
@@ -140,11 +138,11 @@ uint64_t gr_reg_ctx_count(void) { return atomic_load_explicit(&g_ctx.count, memo
  *
  * An allocation needs the context it was made in. Asking the driver (cuCtxGetCurrent) on every allocation costs
  * a call; instead each thread keeps the answer (gr_tls.last_ctx, its id and device) and trusts it until:
- *   - the thread makes a call that may change its current context, through any route gpureclaim hooks; the
- *     hook first checks the kept answer against the driver's (gr_reg_switch_begin: one question per switch),
+ *   - the thread makes a call that may change its current context, through any route gpureclaim hooks
  *     (cuCtxSetCurrent, cuCtxPushCurrent, cuCtxPopCurrent, cuCtxCreate, cuCtxDestroy, cuCtxDetach,
  *     cuGLCtxCreate, cuVDPAUCtxCreate, the primary context's release and reset: hooks/driver.c), or gpureclaim
- *     pushes or pops one itself: gr_reg_switched();
+ *     pushes or pops one itself: gr_reg_switched(). Each such hook first checks the kept answer against the
+ *     driver's (gr_reg_switch_begin: one question per switch);
  *   - any thread destroys a context or resets a device (g_ctx_gen moves: a handle may come back for another
  *     context on another device);
  *   - every CUR_SAMPLE-th allocation on the thread, which asks the driver all the same. If the answer differs

@@ -377,6 +377,25 @@ Test(registry, a_switch_gpureclaim_did_not_see_turns_the_cache_off, .init = fake
   assert_found_and_cache_off(cap, ctx_n(3));
 }
 
+/* A destroy of the thread's own current context, on the thread, is no switch: it is asked again, without a
+ * warning, and kept again afterwards. */
+Test(registry, the_thread_s_own_context_destroyed_is_asked_again_without_a_warning, .init = fake_driver) {
+  capture_t cap = capture_begin();
+  uint16_t id;
+  uint8_t dev;
+  CUcontext c;
+  t_current = ctx_n(6);
+  cr_assert(gr_reg_current(&id, &dev, &c));
+  gr_reg_ctx_destroyed(id);
+  cr_assert(gr_reg_current(&id, &dev, &c));
+  unsigned asked = atomic_load(&g_get_current_calls);
+  cr_assert(gr_reg_current(&id, &dev, &c));
+  cr_assert_eq(atomic_load(&g_get_current_calls), asked, "the answer after the destroy was not kept");
+  char text[4096];
+  capture_end(cap, text, sizeof text);
+  cr_assert_null(strstr(text, "does not intercept"), "a warning without a switch: \"%s\"", text);
+}
+
 static void *find_an_unseen_switch(void *arg) {
   (void)arg;
   uint16_t id;
