@@ -752,21 +752,13 @@ static CUresult b_vdpau_ctx_create(void *realp, uintptr_t ra, CUcontext *pctx, u
 }
 
 /* The calls that change the calling thread's current context and nothing else gpureclaim keeps: the thread's
- * cached answer goes (registry.c), whatever the driver answered. */
-static CUresult b_ctx_set(void *realp, uintptr_t ra, CUcontext ctx) {
+ * cached answer goes (registry.c), whatever the driver answered. cuCtxSetCurrent and cuCtxPushCurrent (both
+ * versions) share one body: the same parameters, the same work around the call. */
+static CUresult b_ctx_switch(void *realp, uintptr_t ra, CUcontext ctx) {
   (void)ra;
   NEED_REAL(realp);
   gr_reg_switch_begin(); /* a switch by a route gpureclaim does not see, before this one (registry.c) */
   CUresult rc = ((PFN_cuCtxSetCurrent_v4000)realp)(ctx);
-  gr_reg_switched();
-  return rc;
-}
-
-static CUresult b_ctx_push(void *realp, uintptr_t ra, CUcontext ctx) {
-  (void)ra;
-  NEED_REAL(realp);
-  gr_reg_switch_begin(); /* a switch by a route gpureclaim does not see, before this one (registry.c) */
-  CUresult rc = ((PFN_cuCtxPushCurrent_v4000)realp)(ctx);
   gr_reg_switched();
   return rc;
 }

@@ -83,9 +83,9 @@
     (pctx, ctxCreateParams, flags, dev))                                                                     \
   X(cuCtxDestroy, "cuCtxDestroy", 2000, 0, b_ctx_destroy, (CUcontext ctx), (ctx))                            \
   X(cuCtxDestroy_v2, "cuCtxDestroy", 4000, 0, b_ctx_destroy, (CUcontext ctx), (ctx))                         \
-  X(cuCtxSetCurrent, "cuCtxSetCurrent", 4000, 0, b_ctx_set, (CUcontext ctx), (ctx))                        \
-  X(cuCtxPushCurrent, "cuCtxPushCurrent", 2000, 0, b_ctx_push, (CUcontext ctx), (ctx))                       \
-  X(cuCtxPushCurrent_v2, "cuCtxPushCurrent", 4000, 0, b_ctx_push, (CUcontext ctx), (ctx))                    \
+  X(cuCtxSetCurrent, "cuCtxSetCurrent", 4000, 0, b_ctx_switch, (CUcontext ctx), (ctx))                        \
+  X(cuCtxPushCurrent, "cuCtxPushCurrent", 2000, 0, b_ctx_switch, (CUcontext ctx), (ctx))                       \
+  X(cuCtxPushCurrent_v2, "cuCtxPushCurrent", 4000, 0, b_ctx_switch, (CUcontext ctx), (ctx))                    \
   X(cuCtxPopCurrent, "cuCtxPopCurrent", 2000, 0, b_ctx_pop, (CUcontext * pctx), (pctx))                      \
   X(cuCtxPopCurrent_v2, "cuCtxPopCurrent", 4000, 0, b_ctx_pop, (CUcontext * pctx), (pctx))                   \
   X(cuCtxDetach, "cuCtxDetach", 2000, 0, b_ctx_detach, (CUcontext ctx), (ctx))                               \
