@@ -328,17 +328,19 @@ static void capture_end(capture_t cap, char *text, size_t len) {
   fclose(cap.file);
 }
 
-/* The thread keeps ctx 1, then its current context becomes ctx 2 with no switch gpureclaim sees, and it makes ten
- * allocations. */
-static void keep_1_then_switch_unseen_to_2(void) {
+/* The thread keeps ctx 1, then its current context becomes ctx 2 with no switch gpureclaim sees, and it makes
+ * `allocations` more. Returns how many of its questions found no context (none should); no Criterion assertion
+ * inside, so other threads use it too. */
+static int keep_1_then_switch_unseen_to_2(int allocations) {
   uint16_t id;
   uint8_t dev;
   CUcontext c;
   t_current = ctx_n(1);
-  cr_assert(gr_reg_current(&id, &dev, &c));
+  int none = !gr_reg_current(&id, &dev, &c);
   t_current = ctx_n(2);
-  for (int i = 0; i < 10; i++)
-    cr_assert(gr_reg_current(&id, &dev, &c));
+  for (int i = 0; i < allocations; i++)
+    none += !gr_reg_current(&id, &dev, &c);
+  return none;
 }
 
 /* The warning was given, and the thread asks the driver on each of its next five allocations, getting want. */
@@ -398,15 +400,7 @@ Test(registry, the_thread_s_own_context_destroyed_is_asked_again_without_a_warni
 
 static void *find_an_unseen_switch(void *arg) {
   (void)arg;
-  uint16_t id;
-  uint8_t dev;
-  CUcontext c;
-  t_current = ctx_n(1);
-  gr_reg_current(&id, &dev, &c);
-  t_current = ctx_n(2); /* unseen */
-  for (int i = 0; i < 64; i++)
-    gr_reg_current(&id, &dev, &c);
-  return NULL;
+  return (void *)(intptr_t)keep_1_then_switch_unseen_to_2(64); /* its check comes within 64 allocations */
 }
 
 /* Once any thread found a switch gpureclaim did not see, every thread stops trusting its answer by its next
@@ -418,7 +412,7 @@ Test(registry, an_unseen_switch_found_by_one_thread_turns_the_cache_off_in_all, 
   CUcontext c;
   t_current = ctx_n(3);
   cr_assert(gr_reg_current(&id, &dev, &c));
-  gr_thread_run(find_an_unseen_switch, NULL);
+  cr_assert_eq((intptr_t)gr_thread_run(find_an_unseen_switch, NULL), 0);
   for (int i = 0; i < 64; i++) /* this thread's next check comes within 64 allocations */
     cr_assert(gr_reg_current(&id, &dev, &c));
   assert_found_and_cache_off(cap, ctx_n(3));
@@ -558,7 +552,7 @@ static void *destroy_ctx_9(void *arg) {
  * handle), so the switch is said and the cache goes. */
 Test(registry, an_unseen_switch_then_a_destroy_elsewhere_is_still_found, .init = fake_driver) {
   capture_t cap = capture_begin();
-  keep_1_then_switch_unseen_to_2();
+  cr_assert_eq(keep_1_then_switch_unseen_to_2(10), 0);
   gr_thread_run(destroy_ctx_9, NULL);
   uint16_t id;
   uint8_t dev;
@@ -572,7 +566,7 @@ Test(registry, an_unseen_switch_then_a_destroy_elsewhere_is_still_found, .init =
  * (gr_reg_switch_begin), so the unseen one is found there. */
 Test(registry, an_unseen_switch_then_a_seen_one_is_found_by_the_seen_one, .init = fake_driver) {
   capture_t cap = capture_begin();
-  keep_1_then_switch_unseen_to_2();
+  cr_assert_eq(keep_1_then_switch_unseen_to_2(10), 0);
   gr_reg_switch_begin(); /* what a hooked switch does around its call */
   t_current = ctx_n(3);
   gr_reg_switched();

@@ -167,12 +167,18 @@ static void setup(void) {
 TestSuite(track, .init = setup);
 
 /* A new block's record: the sequence is read again after the insert, and the record dropped. */
-Test(track, insert_ctx_drops_a_record_whose_context_a_destroy_took_before_its_insert) {
+/* This thread's allocation of X in context A, with context A's destroy placed between the allocation's check and
+ * its insert (hooked_insert*); what else happens there is set by the caller's flags. */
+static void insert_x_with_a_destroy_before(void) {
   gr_rec_t r;
   fill(&r, CTX_A);
   uint64_t seq0 = gr_track_ctx_seq(); /* read before the driver call that returned X */
   g_destroy_before_insert = 1;
   gr_track_insert_ctx(&r, seq0);
+}
+
+Test(track, insert_ctx_drops_a_record_whose_context_a_destroy_took_before_its_insert) {
+  insert_x_with_a_destroy_before();
   gr_rec_t left;
   cr_assert_not(records_at_x(&left), "a record stayed for X, which the destroy freed");
 }
@@ -199,12 +205,8 @@ Test(track, restore_ctx_puts_back_a_record_whose_context_a_destroy_took_before_t
  * record, B's record would stay behind for freed memory, and a later release could free X under its next
  * owner. */
 Test(track, a_block_reused_in_another_context_before_the_stale_record_is_dropped_leaves_no_record) {
-  gr_rec_t r;
-  fill(&r, CTX_A);
-  uint64_t seq0 = gr_track_ctx_seq(); /* read before the driver call that returned X */
-  g_destroy_before_insert = 1;
   g_other_ctx_reuses_x = 1;
-  gr_track_insert_ctx(&r, seq0);
+  insert_x_with_a_destroy_before();
   cr_assert(g_other_ctx_done, "the other context's allocation did not run: the stale record was not looked for");
   gr_rec_t left;
   cr_assert_not(records_at_x(&left), "a record (ctx %u) stayed for X, which is freed", left.ctx_id);
@@ -216,12 +218,8 @@ Test(track, a_block_reused_in_another_context_before_the_stale_record_is_dropped
  * for freed memory. */
 static void *stale_thread(void *arg) {
   (void)arg;
-  gr_rec_t r;
-  fill(&r, CTX_A);
-  uint64_t seq0 = gr_track_ctx_seq(); /* read before the driver call that returned X */
-  g_destroy_before_insert = 1;
   g_b_allocates_c_frees = 1;
-  gr_track_insert_ctx(&r, seq0);
+  insert_x_with_a_destroy_before();
   return NULL;
 }
 
