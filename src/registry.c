@@ -251,7 +251,7 @@ static gr_where_t stream_where(CUstream s) {
 }
 
 GR_HOT_INLINE gr_where_t gr_reg_stream_where(CUstream s) {
-  if ((uintptr_t)s <= (uintptr_t)CU_STREAM_PER_THREAD) /* NULL, CU_STREAM_LEGACY (1), CU_STREAM_PER_THREAD (2) */
+  if (GR_LIKELY((uintptr_t)s <= (uintptr_t)CU_STREAM_PER_THREAD)) /* NULL, CU_STREAM_LEGACY (1), CU_STREAM_PER_THREAD (2) */
     return gr_reg_here();
   return stream_where(s);
 }
@@ -329,7 +329,7 @@ GR_COLD static uint16_t device_pool_slow(int device) {
 
 /* Inlined into the stream-ordered allocation hooks: one load once the device's pool is known. */
 GR_HOT_INLINE uint16_t gr_reg_device_pool(int device) {
-  if (device < 0 || device >= GR_MAX_DEV)
+  if (GR_UNLIKELY(device < 0 || device >= GR_MAX_DEV))
     return 0;
   int id = atomic_load_explicit(&g_dev_pool[device], memory_order_relaxed);
   return GR_LIKELY(id) ? (uint16_t)id : device_pool_slow(device);

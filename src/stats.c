@@ -178,8 +178,8 @@ static inline void live_sub(int d, uint64_t bytes) {
 /* The hot path's counts: a device block in a thread with a record touches one count and its pending bytes. */
 static inline bool dev_fast(gr_thread_rec_t *t, unsigned kind, shard_t **sp) {
   *sp = t ? shard_of(t) : NULL;
-  return GR_LIKELY(*sp != NULL) && kind != GPURECLAIM_KIND_HOST && kind != GPURECLAIM_KIND_VA &&
-         kind != GPURECLAIM_KIND_VMM_MAPPING;
+  const unsigned other = 1u << GPURECLAIM_KIND_HOST | 1u << GPURECLAIM_KIND_VA | 1u << GPURECLAIM_KIND_VMM_MAPPING;
+  return GR_LIKELY(*sp != NULL) && GR_LIKELY(!((other >> kind) & 1));
 }
 
 GR_HOT_INLINE void gr_stats_alloc_pk(const gr_packed_t *p) {
@@ -216,7 +216,8 @@ GR_HOT_INLINE void gr_stats_free_pk(const gr_packed_t *p) { gr_stats_free_t(gr_e
 GR_HOT_INLINE void gr_stats_free_t(gr_thread_rec_t *t, const gr_packed_t *p) {
   shard_t *s;
   unsigned st = gr_pk_state(p);
-  if (GR_LIKELY(dev_fast(t, gr_pk_kind(p), &s) && st != GR_ST_ORPHAN && st != GR_ST_RECLAIMING)) {
+  if (GR_LIKELY(dev_fast(t, gr_pk_kind(p), &s)) &&
+      GR_LIKELY(!((GR_STMASK(GR_ST_ORPHAN) | GR_STMASK(GR_ST_RECLAIMING)) >> st & 1))) {
     int d = dev_index((uint8_t)gr_pk_device(p));
     atomic_store_explicit(&s->c[C_DEV_FREES][d], atomic_load_explicit(&s->c[C_DEV_FREES][d], memory_order_relaxed) + 1,
                           memory_order_relaxed);

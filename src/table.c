@@ -148,6 +148,7 @@ static inline _Atomic uint64_t *slot_w2(gen_t *g, const slot_t *s) {
 #define META_MASK (~((SGEN_MASK << SGEN_SHIFT) | ST_MASK | F_PENDING | F_MOVED))
 
 #define GR_TABLE_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define GR_TABLE_LIKELY(x) __builtin_expect(!!(x), 1)
 #define GR_TABLE_COLD __attribute__((noinline, cold))
 
 #define MIN_CAP 1024u
@@ -831,23 +832,33 @@ static GR_HOT_INLINE int young_find(uint64_t key, unsigned state_mask, unsigned 
   if (atomic_load_explicit(&y->n, memory_order_relaxed) == 0 || !young_enter(y))
     return -ENOENT;
   int rc = -ENOENT;
-  uint32_t n = atomic_load_explicit(&y->n, memory_order_relaxed);
-  for (uint32_t i = n; i-- > 0;) {
-    gr_packed_t *q = &y->rec[i];
-    if (q->key != key)
-      continue;
-    if (((state_mask >> gr_pk_state(q)) & 1) && ((kind_mask >> gr_pk_kind(q)) & 1)) {
-      if (out)
-        copy_out(out, q);
-      if (take) {
-        if (i != n - 1) /* the newest (the usual case) just leaves */
-          *q = y->rec[n - 1];
-        atomic_store_explicit(&y->n, n - 1, memory_order_relaxed);
-      }
-      rc = 0;
-    }
-    break; /* the newest record of key decides, as the first match in the table does */
+  /* Read again inside the operation: a whole drain may have emptied the log since the look above. */
+  uint32_t n = atomic_load_explicit(&y->n, memory_order_relaxed), i = n - 1;
+  if (GR_TABLE_UNLIKELY(n == 0))
+    goto out;
+  /* The newest record is the usual hit (a block freed before the next allocation): it is tried first, on the
+   * straight path; the newest record of key decides, as the first match in the table does. */
+  if (GR_TABLE_UNLIKELY(y->rec[i].key != key)) {
+    while (i-- > 0 && y->rec[i].key != key)
+      ;
+    if (i == UINT32_MAX)
+      goto out;
   }
+  gr_packed_t *q = &y->rec[i];
+  /* A young record is LIVE: only its owner writes the log, and every state change (a release's claim or orphan
+   * mark, a destroy's detach) is made in the table, after a drain. */
+  GR_ASSERT(gr_pk_state(q) == GR_ST_LIVE);
+  if (GR_TABLE_LIKELY(((state_mask >> GR_ST_LIVE) & 1) && ((kind_mask >> gr_pk_kind(q)) & 1))) {
+    if (out)
+      copy_out(out, q);
+    if (take) {
+      if (GR_TABLE_UNLIKELY(i != n - 1)) /* the newest (the usual case) just leaves */
+        *q = y->rec[n - 1];
+      atomic_store_explicit(&y->n, n - 1, memory_order_relaxed);
+    }
+    rc = 0;
+  }
+out:
   young_exit(y);
   return rc;
 }

@@ -309,7 +309,7 @@ static GR_HOT_INLINE void track_async(CUdeviceptr p, size_t size, CUmemoryPool p
     if (pd >= 0)
       device = (unsigned)pd;
   } else {
-    pool_id = dev != GR_DEVICE_NONE ? gr_reg_device_pool(dev) : 0;
+    pool_id = GR_LIKELY(dev != GR_DEVICE_NONE) ? gr_reg_device_pool(dev) : 0;
   }
   gr_track_alloc(GPURECLAIM_KIND_ASYNC, p, size, api, ra, cid, device, pool_id, seq0);
 }

@@ -74,6 +74,37 @@ Test(young, the_newest_records_stay_in_the_log_and_a_full_log_moves_into_the_tab
   cr_assert_eq(gr_epoch_live_sum(), 0);
 }
 
+/* A free usually takes the newest record; these take older ones, the oldest and the last one left, each of which
+ * must come back whole and once, with the others still in the log. */
+Test(young, takes_of_older_records_give_each_record_once) {
+  const uint64_t order[] = {2, 0, 4, 3, 1};
+  for (uint64_t i = 0; i < 5; i++) {
+    gr_packed_t p = young_rec(addr(100 + i), KIND_DEVICE);
+    p.w1 += i; /* the size tells the records apart */
+    cr_assert_eq(gr_table_insert_young(&p), 0);
+  }
+  gr_packed_t out;
+  for (int k = 0; k < 5; k++) {
+    uint64_t i = order[k];
+    cr_assert_eq(take(addr(100 + i), &out), 0, "record %llu lost after %d takes", (unsigned long long)i, k);
+    cr_assert_eq(out.key, addr(100 + i));
+    cr_assert_eq(gr_pk_size(&out), 4096 + i, "record %llu came back with another record's size",
+                 (unsigned long long)i);
+    cr_assert_eq(take(addr(100 + i), &out), -ENOENT, "record %llu taken twice", (unsigned long long)i);
+  }
+  cr_assert_eq(gr_epoch_live_sum(), 0, "the records left the log for the table");
+}
+
+/* A young record is live: a take of orphans only (a state the logs are searched for) finds nothing, and the
+ * record stays to be freed. */
+Test(young, a_take_of_orphans_does_not_take_a_live_young_record) {
+  gr_packed_t p = young_rec(addr(3), KIND_DEVICE), out;
+  cr_assert_eq(gr_table_insert_young(&p), 0);
+  cr_assert_eq(gr_table_take_kind_pk(GR_KS_ADDR, addr(3), GR_STMASK(GR_ST_ORPHAN), ~0u, &out), -ENOENT,
+               "a take of orphans took a live young record");
+  cr_assert_eq(take(addr(3), &out), 0, "the live record was lost");
+}
+
 Test(young, a_take_of_another_kind_leaves_the_record) {
   gr_packed_t p = young_rec(addr(2), KIND_DEVICE), out;
   cr_assert_eq(gr_table_insert_young(&p), 0);
