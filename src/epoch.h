@@ -23,7 +23,7 @@
 /* A thread's registration: its announced epoch and the per-thread counters the table sums. Records are never
  * freed; a thread that exits gives its record back for the next new thread. */
 /* Room for stats.c's per-thread counters in each thread record (stats.c checks that they fit). */
-#define GR_THREAD_STATS_BYTES 8192
+#define GR_THREAD_STATS_BYTES 16384
 /* Room for table.c's log of the thread's young records (table.c checks that it fits). */
 #define GR_THREAD_YOUNG_BYTES 704
 

@@ -35,7 +35,13 @@
 enum { C_DEV_ALLOCS, C_DEV_FREES, C_HOST_IN, C_HOST_OUT, C_HOST_BYTES_IN, C_HOST_BYTES_OUT, C_VA_IN, C_VA_OUT,
        C_VA_ALLOCS, C_VA_FREES, C_MAP_IN, C_MAP_OUT, C_MAP_ALLOCS, C_MAP_FREES, C_N };
 
-#define NDEV (GR_MAX_DEV + 1) /* last slot: no device */
+/* One slot per value of a record's 7-bit device field, so that the hot path indexes with the field as it is
+ * (no clamp); GR_DEVICE_NONE's slot counts blocks of no device (pinned host memory). Ordinals reach the slots
+ * between GR_MAX_DEV and it only from outside the registry (a VMM handle's device): they count in the process
+ * totals, as every slot does, and no device reads them. */
+#define NDEV 128
+#define SLOT_NONE GR_DEVICE_NONE
+_Static_assert(GR_DEVICE_NONE == NDEV - 1 && GR_MAX_DEV <= SLOT_NONE, "stats.c: the device slots");
 
 /* Frees below this stay pending in their thread (see above). */
 #define PENDING_FLOOR (-(INT64_C(4) << 20))
@@ -110,7 +116,7 @@ static inline void add(int dev, int c, uint64_t v) {
                         memory_order_relaxed);
 }
 
-static inline int dev_index(uint8_t device) { return device < GR_MAX_DEV ? device : GR_MAX_DEV; }
+static inline int dev_index(unsigned device) { return (int)(device & (NDEV - 1)); } /* as gr_pk_w1 packs it */
 
 static inline void max_into(_Atomic uint64_t *peak, uint64_t v) {
   uint64_t p = atomic_load_explicit(peak, memory_order_relaxed);
@@ -194,7 +200,7 @@ GR_HOT_INLINE void gr_stats_alloc_t(gr_thread_rec_t *t, const gr_packed_t *p, un
                                     uint64_t size) {
   shard_t *s;
   if (GR_LIKELY(dev_fast(t, kind, &s))) {
-    int d = dev_index((uint8_t)device);
+    int d = dev_index(device);
     atomic_store_explicit(&s->c[C_DEV_ALLOCS][d], atomic_load_explicit(&s->c[C_DEV_ALLOCS][d], memory_order_relaxed) + 1,
                           memory_order_relaxed);
     int64_t v = atomic_load_explicit(&s->pending[d], memory_order_relaxed) + (int64_t)size;
@@ -218,7 +224,7 @@ GR_HOT_INLINE void gr_stats_free_t(gr_thread_rec_t *t, const gr_packed_t *p) {
   unsigned st = gr_pk_state(p);
   if (GR_LIKELY(dev_fast(t, gr_pk_kind(p), &s)) &&
       GR_LIKELY(!((GR_STMASK(GR_ST_ORPHAN) | GR_STMASK(GR_ST_RECLAIMING)) >> st & 1))) {
-    int d = dev_index((uint8_t)gr_pk_device(p));
+    int d = dev_index(gr_pk_device(p));
     atomic_store_explicit(&s->c[C_DEV_FREES][d], atomic_load_explicit(&s->c[C_DEV_FREES][d], memory_order_relaxed) + 1,
                           memory_order_relaxed);
     int64_t v = atomic_load_explicit(&s->pending[d], memory_order_relaxed) - (int64_t)gr_pk_size(p);
@@ -401,8 +407,8 @@ int gr_stats_get(int device, gpureclaim_stats_t *out) {
     s.ctx_destroyed_bytes += atomic_load_explicit(&g_dev[d].ctxd_bytes, memory_order_relaxed);
   }
   if (device < 0) {
-    s.host_pinned_blocks = sum(GR_MAX_DEV, C_HOST_IN) - sum(GR_MAX_DEV, C_HOST_OUT);
-    s.host_pinned_bytes = sum(GR_MAX_DEV, C_HOST_BYTES_IN) - sum(GR_MAX_DEV, C_HOST_BYTES_OUT);
+    s.host_pinned_blocks = sum(SLOT_NONE, C_HOST_IN) - sum(SLOT_NONE, C_HOST_OUT);
+    s.host_pinned_bytes = sum(SLOT_NONE, C_HOST_BYTES_IN) - sum(SLOT_NONE, C_HOST_BYTES_OUT);
     if (atomic_load_explicit(&g_used_devices_mask_set, memory_order_relaxed))
       s.peak_bytes = atomic_load_explicit(&g_total_peak, memory_order_relaxed);
     else

@@ -76,6 +76,38 @@ Test(stats, devices_are_counted_apart) {
   gr_stats_free(&b);
 }
 
+/* Pinned host memory has no device: it counts in the process's host figures and in no device's. A device block
+ * counted from its packed record (the hooks' path) lands on its own device. A device ordinal the registry never
+ * hands out (a VMM handle's, past GR_MAX_DEV) counts in the process totals and in no device's figures. */
+Test(stats, blocks_of_no_device_and_of_unregistered_ordinals_count_in_the_process_totals_only) {
+  gr_rec_t h = block(2 * MiB, GR_DEVICE_NONE);
+  h.kind = GPURECLAIM_KIND_HOST;
+  gr_stats_alloc(&h);
+  gr_rec_t d = block(5 * MiB, 1), far = block(6 * MiB, 100);
+  gr_packed_t p;
+  gr_pk_pack(&d, &p);
+  gr_stats_alloc_pk(&p);
+  gr_stats_alloc(&far);
+  gpureclaim_stats_t all = get(-1);
+  cr_assert_eq(all.host_pinned_blocks, 1);
+  cr_assert_eq(all.host_pinned_bytes, 2 * MiB);
+  cr_assert_eq(all.live_bytes, 11 * MiB, "device 1's block and the far ordinal's, not the host block");
+  cr_assert_eq(all.live_blocks, 2);
+  cr_assert_eq(get(1).live_bytes, 5 * MiB, "the packed record's block is not on its device");
+  for (int dev = 0; dev < GR_MAX_DEV; dev++)
+    if (dev != 1)
+      cr_assert_eq(get(dev).live_bytes + get(dev).live_blocks, 0, "device %d counts another device's block", dev);
+  gr_stats_free_pk(&p);
+  gr_stats_free(&far);
+  gr_stats_free(&h);
+  all = get(-1);
+  cr_assert_eq(all.host_pinned_blocks, 0);
+  cr_assert_eq(all.live_bytes, 0);
+  cr_assert_eq(all.live_blocks, 0);
+  cr_assert_eq(all.total_allocs, 3);
+  cr_assert_eq(all.total_frees, 3);
+}
+
 /* Threads that free blocks other threads allocated, and allocate and free their own. */
 enum { THREADS = 4, PER = 2000 };
 static gr_rec_t g_blocks[THREADS][PER];
