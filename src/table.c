@@ -742,9 +742,10 @@ static pthread_mutex_t g_drain_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static inline young_t *young_of(gr_thread_rec_t *r) { return (young_t *)(void *)r->young; }
 
-/* Begins a log operation of the owner: false when a drainer holds the log (then use the table). */
-static inline bool young_enter(young_t *y) {
-  if (__builtin_expect(atomic_load_explicit(&gr_epoch_asym, memory_order_relaxed) != 0, 1)) {
+/* Begins a log operation of the owner: false when a drainer holds the log (then use the table). asym:
+ * gr_epoch_asym as the operation read it. */
+static inline bool young_enter(young_t *y, bool asym) {
+  if (GR_TABLE_LIKELY(asym)) {
     atomic_store_explicit(&y->op, 1, memory_order_relaxed);
     atomic_signal_fence(memory_order_seq_cst); /* the drainer's membarrier supplies the hardware fence */
     if (GR_TABLE_UNLIKELY(atomic_load_explicit(&y->drain, memory_order_acquire) != 0)) {
@@ -782,9 +783,11 @@ static size_t young_move(young_t *y) {
  * taking a fifth of the allocation hook's time). */
 GR_COLD static int insert_ks_copy(gr_packed_t p) { return gr_table_insert_ks(&p, GR_KS_ADDR); }
 
-GR_HOT_INLINE int gr_table_insert_young(const gr_packed_t *p) { return gr_table_insert_young_v(gr_epoch_t_rec, *p); }
+GR_HOT_INLINE int gr_table_insert_young(const gr_packed_t *p) {
+  return gr_table_insert_young_v(gr_epoch_t_rec, *p, atomic_load_explicit(&gr_epoch_asym, memory_order_relaxed) != 0);
+}
 
-GR_HOT_INLINE int gr_table_insert_young_v(gr_thread_rec_t *me, gr_packed_t p) {
+GR_HOT_INLINE int gr_table_insert_young_v(gr_thread_rec_t *me, gr_packed_t p, bool asym) {
   if (GR_TABLE_UNLIKELY(!me))
     return insert_ks_copy(p);
   young_t *y = young_of(me);
@@ -793,7 +796,7 @@ GR_HOT_INLINE int gr_table_insert_young_v(gr_thread_rec_t *me, gr_packed_t p) {
     atomic_store_explicit(&y->cool, cool - 1, memory_order_relaxed); /* a heuristic: a lost update is harmless */
     return insert_ks_copy(p);
   }
-  if (GR_TABLE_UNLIKELY(!young_enter(y)))
+  if (GR_TABLE_UNLIKELY(!young_enter(y, asym)))
     return insert_ks_copy(p);
   uint32_t n = atomic_load_explicit(&y->n, memory_order_relaxed);
   if (GR_TABLE_UNLIKELY(n == YOUNG_CAP)) {
@@ -829,7 +832,8 @@ static GR_HOT_INLINE int young_find(uint64_t key, unsigned state_mask, unsigned 
   if (GR_TABLE_UNLIKELY(!me))
     return -ENOENT;
   young_t *y = young_of(me);
-  if (atomic_load_explicit(&y->n, memory_order_relaxed) == 0 || !young_enter(y))
+  if (atomic_load_explicit(&y->n, memory_order_relaxed) == 0 ||
+      !young_enter(y, atomic_load_explicit(&gr_epoch_asym, memory_order_relaxed) != 0))
     return -ENOENT;
   int rc = -ENOENT;
   /* Read again inside the operation: a whole drain may have emptied the log since the look above. */

@@ -176,9 +176,10 @@ int gr_table_insert_ks(const gr_packed_t *p, unsigned ks);
  * thread finds it there; every other reader first drains the logs into the table (gr_table_visit, and a take
  * or lookup that found nothing). 0, or -ENOMEM as gr_table_insert_ks. */
 int gr_table_insert_young(const gr_packed_t *p);
-/* The same with the calling thread's record given (gr_epoch_t_rec, read once by the caller; NULL: the table) and
- * the record by value (the hot path builds it in registers and it goes straight into the log). */
-int gr_table_insert_young_v(gr_thread_rec_t *me, gr_packed_t p);
+/* The same with the calling thread's record given (gr_epoch_t_rec, read once by the caller; NULL: the table),
+ * the record by value (the hot path builds it in registers and it goes straight into the log) and asym, the
+ * caller's reading of gr_epoch_asym, which it uses for every step of its insert (track.c, op_begin). */
+int gr_table_insert_young_v(gr_thread_rec_t *me, gr_packed_t p, bool asym);
 /* Moves every thread's young records into the table (gr_table_visit does it first). Returns the number moved. */
 size_t gr_table_drain(void);
 

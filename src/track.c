@@ -177,12 +177,12 @@ GR_COLD static void scope_note_copy(gr_packed_t p) {
  * p's (device as packed), from the caller's registers: the fences of the insert make the compiler read p again
  * after them, and the kind it decodes there would not fold to the hook's constant. */
 static GR_HOT_INLINE void insert_pk_v(gr_thread_rec_t *t, gr_packed_t p, unsigned kind, unsigned device,
-                                       uint64_t size, unsigned scope, bool young) {
+                                       uint64_t size, unsigned scope, bool young, bool asym) {
   unsigned ks = gr_kind_keyspace(kind);
   if (ks == GR_KS_ADDR || ks == GR_KS_HANDLE)
     key_reused(ks, p.key); /* a freed orphan's address (handle) is back: late frees of it are this one's */
   /* A new block's record goes to its thread's log of young records (table.h), unless a scope lists it. */
-  int rc = young && ks == GR_KS_ADDR && !scope ? gr_table_insert_young_v(t, p) : insert_ks_copy(p, ks);
+  int rc = young && ks == GR_KS_ADDR && !scope ? gr_table_insert_young_v(t, p, asym) : insert_ks_copy(p, ks);
   if (GR_UNLIKELY(rc != 0)) {
     gr_warn_once(w_nomem, "no memory for the block table: new blocks are not tracked until memory frees up");
     gr_scope_unref((uint16_t)scope);
@@ -194,7 +194,7 @@ static GR_HOT_INLINE void insert_pk_v(gr_thread_rec_t *t, gr_packed_t p, unsigne
 }
 
 static GR_HOT_INLINE void insert_pk(const gr_packed_t *p) {
-  insert_pk_v(gr_epoch_t_rec, *p, gr_pk_kind(p), gr_pk_device(p), gr_pk_size(p), gr_pk_scope(p), false);
+  insert_pk_v(gr_epoch_t_rec, *p, gr_pk_kind(p), gr_pk_device(p), gr_pk_size(p), gr_pk_scope(p), false, false);
 }
 
 void gr_track_insert(gr_rec_t *r) {
@@ -432,14 +432,19 @@ static bool destroyed_since(uint16_t ctx_id, uint64_t seq0, uint64_t *now) {
  * Why the destroy sees every insert it must: an insert its marking missed came after the barrier that follows
  * the destroy's increment (gr_track_ctx_begin). Had the insert's publication come after that barrier too, the
  * insert's check before the table insert would have seen the increment and waited for the destroy instead.
- * So the publication came before the barrier, which makes it visible to the commit. */
-static inline gr_thread_rec_t *op_begin(uint64_t seq0) {
-  gr_thread_rec_t *t = gr_epoch_t_rec;
+ * So the publication came before the barrier, which makes it visible to the commit.
+ * An insert reads gr_epoch_asym once (asym) and uses that answer for every step (its publication, its log
+ * operation, the read after it): it changes only when membarrier stops working (epoch.c), and an insert already
+ * under way then is as safe as the fence of that change makes it, whichever steps it had taken. t: the thread's
+ * record as read, NULL to take one now. */
+static inline bool asym_now(void) { return atomic_load_explicit(&gr_epoch_asym, memory_order_relaxed) != 0; }
+
+static inline gr_thread_rec_t *op_begin(gr_thread_rec_t *t, uint64_t seq0, bool asym) {
   if (GR_UNLIKELY(!t) && !(t = gr_epoch_self())) {
     gr_epoch_track_op_anon(1);
     return NULL;
   }
-  if (GR_LIKELY(atomic_load_explicit(&gr_epoch_asym, memory_order_relaxed))) {
+  if (GR_LIKELY(asym)) {
     atomic_store_explicit(&t->track_op, seq0 + 1, memory_order_relaxed);
     atomic_signal_fence(memory_order_seq_cst); /* the destroy's membarrier supplies the hardware fence */
   } else {
@@ -500,8 +505,8 @@ static inline uint64_t seq_before_insert(void) { return atomic_load_explicit(&gr
 /* The destroy sequence, read after an insert and ordered after it: with the destroy's barrier after its
  * increment (the table's asymmetric barrier, see table.c), either the destroy's marking sees the record, or this
  * read sees the change. */
-static inline uint64_t seq_after_insert(void) {
-  if (GR_LIKELY(atomic_load_explicit(&gr_epoch_asym, memory_order_relaxed))) {
+static inline uint64_t seq_after_insert(bool asym) {
+  if (GR_LIKELY(asym)) {
     atomic_signal_fence(memory_order_seq_cst); /* the destroy's membarrier supplies the hardware fence */
     return atomic_load_explicit(&gr_track_seq, memory_order_relaxed);
   }
@@ -536,7 +541,8 @@ GR_COLD static void settle_slow(const gr_rec_t *r, uint64_t seq0) {
 }
 
 void gr_track_restore_ctx(const gr_rec_t *r, uint64_t seq0) {
-  gr_thread_rec_t *t = op_begin(seq0);
+  bool asym = asym_now();
+  gr_thread_rec_t *t = op_begin(gr_epoch_t_rec, seq0, asym);
   gr_rec_t back = *r;
   bool in_ctx = gr_kind_keyspace(r->kind) == GR_KS_ADDR && r->ctx_id, slow = false;
   if (in_ctx && (r->aux == GR_AUX_DETACHING || seq_before_insert() != seq0 || (seq0 & 1))) {
@@ -556,7 +562,7 @@ void gr_track_restore_ctx(const gr_rec_t *r, uint64_t seq0) {
   gr_track_restore(&back);
   /* A destroy that began after the check above may have marked the table while the record was out of it, as
    * for a new block's insert (gr_track_insert_ctx): the same check after the insert. */
-  if (in_ctx && GR_UNLIKELY(seq_after_insert() != seq0)) {
+  if (in_ctx && GR_UNLIKELY(seq_after_insert(asym) != seq0)) {
     slow = true;
     settle_slow(&back, seq0);
   }
@@ -578,17 +584,18 @@ GR_COLD static void settle_copy(gr_packed_t p, uint64_t seq0) {
   settle_slow(&r, seq0);
 }
 
-static GR_HOT_INLINE void insert_ctx_pk(gr_packed_t p, uint64_t seq0, unsigned kind, unsigned device, uint64_t size,
-                                         unsigned scope) {
-  gr_thread_rec_t *t = op_begin(seq0);
+/* A new block's insert, with the thread's record t as read (NULL: take one) and asym read once (op_begin). */
+static GR_HOT_INLINE void insert_ctx_with(gr_thread_rec_t *t, bool asym, gr_packed_t p, uint64_t seq0, unsigned kind,
+                                          unsigned device, uint64_t size, unsigned scope) {
+  t = op_begin(t, seq0, asym);
   bool slow = false;
   if (GR_UNLIKELY(seq_before_insert() != seq0 || (seq0 & 1))) {
     slow = true;
     if (!precheck_copy(p, &seq0))
       goto out;
   }
-  insert_pk_v(t, p, kind, device, size, scope, true);
-  if (GR_UNLIKELY(seq_after_insert() != seq0) && gr_pk_ctx(&p)) {
+  insert_pk_v(t, p, kind, device, size, scope, true, asym);
+  if (GR_UNLIKELY(seq_after_insert(asym) != seq0) && gr_pk_ctx(&p)) {
     slow = true;
     settle_copy(p, seq0);
   }
@@ -596,6 +603,23 @@ out:
   op_end(t);
   if (GR_UNLIKELY(slow))
     gr_track_linger_check();
+}
+
+/* A thread without its record yet, or no asymmetric barrier: the same steps, each form decided as it comes. */
+GR_COLD static void insert_ctx_general(gr_packed_t p, uint64_t seq0, unsigned kind, unsigned device, uint64_t size,
+                                       unsigned scope) {
+  insert_ctx_with(gr_epoch_t_rec, asym_now(), p, seq0, kind, device, size, scope);
+}
+
+/* The usual case, with the thread's record and the asymmetric barrier both known here: the compiler drops every
+ * later test of either (the record's in op_begin, the log insert and op_end; the barrier's in each step). */
+static GR_HOT_INLINE void insert_ctx_pk(gr_packed_t p, uint64_t seq0, unsigned kind, unsigned device, uint64_t size,
+                                         unsigned scope) {
+  gr_thread_rec_t *t = gr_epoch_t_rec;
+  if (GR_LIKELY(t != NULL) && GR_LIKELY(asym_now()))
+    insert_ctx_with(t, true, p, seq0, kind, device, size, scope);
+  else
+    insert_ctx_general(p, seq0, kind, device, size, scope);
 }
 
 void gr_track_insert_ctx(gr_rec_t *r, uint64_t seq0) {

@@ -245,9 +245,9 @@ static GR_HOT_INLINE CUresult b_mem_alloc(void *realp, uintptr_t ra, CUdeviceptr
   gr_tls.hook_depth++;
   uint64_t seq0 = gr_track_ctx_seq();
   CUresult rc = real(dptr, bytesize);
-  if (GR_UNLIKELY(rc == CUDA_ERROR_OUT_OF_MEMORY))
+  if (GR_UNLIKELY(rc != CUDA_SUCCESS) && rc == CUDA_ERROR_OUT_OF_MEMORY) /* success tested first: the usual case */
     rc = retry_mem_alloc(real, dptr, bytesize, rc);
-  if (rc == CUDA_SUCCESS)
+  if (GR_LIKELY(rc == CUDA_SUCCESS))
     track_in_current_ctx(GPURECLAIM_KIND_DEVICE, *dptr, bytesize, GR_API_cuMemAlloc, ra, seq0);
   gr_tls.hook_depth--;
   return rc;
@@ -322,9 +322,9 @@ static GR_HOT_INLINE CUresult b_mem_alloc_async(void *realp, uintptr_t ra, CUdev
   gr_tls.hook_depth++;
   uint64_t seq0 = gr_track_ctx_seq();
   CUresult rc = real(dptr, bytesize, hStream);
-  if (GR_UNLIKELY(rc == CUDA_ERROR_OUT_OF_MEMORY))
+  if (GR_UNLIKELY(rc != CUDA_SUCCESS) && rc == CUDA_ERROR_OUT_OF_MEMORY) /* success tested first: the usual case */
     rc = retry_mem_alloc_async(real, dptr, bytesize, hStream, rc);
-  if (rc == CUDA_SUCCESS)
+  if (GR_LIKELY(rc == CUDA_SUCCESS))
     track_async(*dptr, bytesize, NULL, hStream, ra, GR_API_cuMemAllocAsync, seq0);
   gr_tls.hook_depth--;
   return rc;
@@ -339,9 +339,9 @@ static GR_HOT_INLINE CUresult b_mem_alloc_from_pool(void *realp, uintptr_t ra, C
   gr_tls.hook_depth++;
   uint64_t seq0 = gr_track_ctx_seq();
   CUresult rc = real(dptr, bytesize, pool, hStream);
-  if (GR_UNLIKELY(rc == CUDA_ERROR_OUT_OF_MEMORY))
+  if (GR_UNLIKELY(rc != CUDA_SUCCESS) && rc == CUDA_ERROR_OUT_OF_MEMORY) /* success tested first: the usual case */
     rc = retry_mem_alloc_from_pool(real, dptr, bytesize, pool, hStream, rc);
-  if (rc == CUDA_SUCCESS)
+  if (GR_LIKELY(rc == CUDA_SUCCESS))
     track_async(*dptr, bytesize, pool, hStream, ra, GR_API_cuMemAllocFromPoolAsync, seq0);
   gr_tls.hook_depth--;
   return rc;

@@ -13,7 +13,7 @@
 
 static int hooked_insert(const gr_packed_t *r);
 static int hooked_insert_ks(const gr_packed_t *r, unsigned ks);
-static int hooked_insert_young(gr_thread_rec_t *me, gr_packed_t r);
+static int hooked_insert_young(gr_thread_rec_t *me, gr_packed_t r, bool asym);
 static int hooked_visit(gr_visit_fn fn, void *arg);
 #define gr_table_insert_pk hooked_insert
 #define gr_table_insert_ks hooked_insert_ks /* the allocation's insert, with its key space given */
@@ -56,13 +56,13 @@ static int hooked_insert(const gr_packed_t *r) {
 
 /* The same for a new block's record, which goes to its thread's log of young records: the destroy's marking
  * visit drains the logs, and this record is not in one yet. */
-static int hooked_insert_young(gr_thread_rec_t *me, gr_packed_t r) {
+static int hooked_insert_young(gr_thread_rec_t *me, gr_packed_t r, bool asym) {
   cr_assert_eq(gr_kind_keyspace(gr_pk_kind(&r)), GR_KS_ADDR, "a young record is an address record");
   if (g_destroy_before_insert) {
     g_destroy_before_insert = 0;
     destroy_a();
   }
-  return gr_table_insert_young_v(me, r);
+  return gr_table_insert_young_v(me, r, asym);
 }
 
 static int hooked_insert_ks(const gr_packed_t *r, unsigned ks) {
