@@ -39,8 +39,9 @@ typedef struct gr_thread_rec {
    * the thread is inside gr_track_insert_ctx/gr_track_restore_ctx (track.c). Written by the owner only. */
   _Atomic uint64_t track_op;
   struct gr_thread_rec *next; /* immutable once the record is published */
-  /* stats.c's counters of this thread (its shard_t), written by the owner only; folded into the totals of
-   * exited threads and zeroed when the thread exits (gr_epoch_on_exit). One record per thread for both. */
+  /* stats.c's counters of this thread (its shard_t), written by the owner only; they stay here when the thread
+   * exits, summed as before, and the next thread that takes the record goes on from them. One record per thread
+   * for both. */
   _Alignas(64) unsigned char stats[GR_THREAD_STATS_BYTES];
   /* table.c's log of records this thread inserted and has not freed yet (gr_table_insert_young): written by the
    * owner, or by a thread draining it into the table (table.c says how they take turns). It stays with the

@@ -4,7 +4,9 @@
  * Counts (allocations, frees, pinned and address-space bytes) live in per-thread shards written with plain
  * stores by their owner only, so an allocation adds no shared read-modify-write for them; a read sums the
  * shards. A thread's shard lives in its epoch record (table.h), so one per-thread record serves the table and
- * the counters; when the thread exits its counts are folded into a global one and the record is reused.
+ * the counters. When the thread exits, its counts stay in the record, summed as before, and the next new thread
+ * that takes the record goes on from them (as the record's table counts do, epoch.c): nothing moves, so a read
+ * never sees a count in two places or in none. A thread that has no record (memory ran out) counts in g_norec.
  *
  * Live device bytes and their peak
  *   Live bytes of a device are a shared atomic `committed` plus every thread's `pending` change, which the
@@ -16,8 +18,8 @@
  *   The peak is raised only when `committed` grows, and live bytes never exceed `committed` (pending changes
  *   are never positive), so the peak is never below the true peak. It is exact while one thread does all the
  *   allocating and freeing (a release frees on gpureclaim's worker thread, which then counts as another);
- *   otherwise it may exceed the true peak by the frees still pending in other threads: at most 4 MiB per
- *   thread and device. A process that uses a second device also keeps a process total for its overall peak
+ *   otherwise it may exceed the true peak by the frees still pending in other records: at most 4 MiB per
+ *   thread record (a thread's, or an exited thread's until a new thread takes it) and device. A process that uses a second device also keeps a process total for its overall peak
  *   (with one device, that device's peak is the process's).
  */
 #include "stats.h"
@@ -58,45 +60,17 @@ typedef struct dev_atomics {
 
 _Atomic uint64_t gr_untracked_routes; /* stats.h */
 static dev_atomics_t g_dev[NDEV];
-static shard_t g_exited; /* counts of threads that exited */
+static shard_t g_norec; /* counts of threads without a record */
 static _Atomic int g_used_devices_mask_set;
 static _Atomic uint64_t g_devmask; /* devices seen, first 64 */
 static _Atomic uint64_t g_total_live, g_total_peak;
 static _Atomic uint64_t g_untracked_frees, g_late_frees, g_releases, g_released_bytes, g_oom_retries, g_oom_ok;
 
-static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-
-static void commit_sub(int d, uint64_t bytes);
-
 static inline shard_t *shard_of(gr_thread_rec_t *r) { return (shard_t *)(void *)r->stats; }
-
-/* A thread exits: its counts go to g_exited, its pending live bytes to committed, and its record is clean for
- * the next thread that takes it. */
-static void fold(gr_thread_rec_t *r) {
-  shard_t *s = shard_of(r);
-  for (int d = 0; d < NDEV; d++)
-    for (int c = 0; c < C_N; c++) {
-      uint64_t v = atomic_load_explicit(&s->c[c][d], memory_order_relaxed);
-      if (v) {
-        atomic_fetch_add_explicit(&g_exited.c[c][d], v, memory_order_relaxed);
-        atomic_store_explicit(&s->c[c][d], 0, memory_order_relaxed);
-      }
-    }
-  for (int d = 0; d < NDEV; d++) {
-    int64_t p = atomic_load_explicit(&s->pending[d], memory_order_relaxed);
-    if (p) { /* never positive */
-      atomic_store_explicit(&s->pending[d], 0, memory_order_relaxed);
-      commit_sub(d, (uint64_t)-p);
-    }
-  }
-}
-
-static void set_on_exit(void) { gr_epoch_on_exit(fold); }
 
 /* The calling thread's counters; NULL when it has no record (memory ran out): then counts go to the shared
  * totals directly. */
 GR_COLD static shard_t *register_shard(void) {
-  pthread_once(&g_once, set_on_exit);
   gr_thread_rec_t *r = gr_epoch_self();
   return r ? shard_of(r) : NULL;
 }
@@ -109,7 +83,7 @@ static inline shard_t *my_shard(void) {
 static inline void add(int dev, int c, uint64_t v) {
   shard_t *s = my_shard();
   if (GR_UNLIKELY(!s)) {
-    atomic_fetch_add_explicit(&g_exited.c[c][dev], v, memory_order_relaxed);
+    atomic_fetch_add_explicit(&g_norec.c[c][dev], v, memory_order_relaxed);
     return;
   }
   atomic_store_explicit(&s->c[c][dev], atomic_load_explicit(&s->c[c][dev], memory_order_relaxed) + v,
@@ -338,7 +312,7 @@ void gr_stats_oom_retry(bool ok) {
 /* ---- reading ---- */
 
 static uint64_t sum(int d, int c) {
-  uint64_t v = atomic_load_explicit(&g_exited.c[c][d], memory_order_relaxed);
+  uint64_t v = atomic_load_explicit(&g_norec.c[c][d], memory_order_relaxed);
   for (gr_thread_rec_t *r = gr_epoch_first(); r; r = r->next)
     v += atomic_load_explicit(&shard_of(r)->c[c][d], memory_order_relaxed);
   return v;
@@ -458,7 +432,7 @@ void gr_stats_atfork_child(void) {
     memset((void *)shard_of(r)->c, 0, sizeof shard_of(r)->c);
     memset((void *)shard_of(r)->pending, 0, sizeof shard_of(r)->pending);
   }
-  memset((void *)g_exited.c, 0, sizeof g_exited.c);
+  memset((void *)g_norec.c, 0, sizeof g_norec.c);
   atomic_store(&g_devmask, 0);
   atomic_store(&g_used_devices_mask_set, 0);
   atomic_store(&g_total_live, 0);

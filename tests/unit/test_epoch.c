@@ -131,8 +131,8 @@ static void count_exit(gr_thread_rec_t *r) {
   atomic_fetch_add(&g_exits, 1);
 }
 
-/* The exit hook (stats.c folds a thread's counters with it) runs once for each thread that registered, and
- * not for one that never entered. */
+/* The exit hook (gr_epoch_on_exit, for a module that keeps per-thread state) runs once for each thread that
+ * registered, and not for one that never entered. */
 static void *do_nothing(void *arg) { return arg; }
 Test(epoch, the_exit_hook_runs_once_per_registered_thread) {
   gr_epoch_on_exit(count_exit);
