@@ -605,7 +605,9 @@ out:
     gr_track_linger_check();
 }
 
-/* A thread without its record yet, or no asymmetric barrier: the same steps, each form decided as it comes. */
+/* A thread without its record yet, or no asymmetric barrier: the same steps, with both read here. A thread's
+ * first insert reads gr_epoch_asym before its registration (op_begin) may decide it: then 0, the fenced forms,
+ * which are right whatever the destroyer uses. */
 GR_COLD static void insert_ctx_general(gr_packed_t p, uint64_t seq0, unsigned kind, unsigned device, uint64_t size,
                                        unsigned scope) {
   insert_ctx_with(gr_epoch_t_rec, asym_now(), p, seq0, kind, device, size, scope);
