@@ -29,6 +29,7 @@
 #include "state.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,9 +49,19 @@ _Static_assert(GR_DEVICE_NONE == NDEV - 1 && GR_MAX_DEV <= SLOT_NONE, "stats.c: 
 /* Frees below this stay pending in their thread (see above). */
 #define PENDING_FLOOR (-(INT64_C(4) << 20))
 
+/* One device's counters in a thread, the hot ones first: an allocation and a free of a device block touch
+ * pending and one count, all in the first cache line of the device's 128 bytes. */
+typedef struct dev_counts {
+  _Atomic int64_t pending;  /* live bytes not yet in committed: always <= 0 */
+  _Atomic uint64_t c[C_N];  /* by counter (C_DEV_ALLOCS and C_DEV_FREES first) */
+  uint64_t pad;             /* to 128 bytes, so that each device's first line starts a cache line */
+} dev_counts_t;
+_Static_assert(sizeof(dev_counts_t) == 128 && offsetof(dev_counts_t, c[C_DEV_FREES]) < 64 &&
+                   offsetof(dev_counts_t, c[C_DEV_ALLOCS]) < 64,
+               "stats.c: the hot line");
+
 typedef struct shard {
-  _Atomic uint64_t c[C_N][NDEV]; /* by counter, then device: one counter of one device is one lea away */
-  _Atomic int64_t pending[NDEV]; /* live bytes not yet in committed: always <= 0 */
+  dev_counts_t d[NDEV]; /* by device, then counter */
 } shard_t; /* in the thread's epoch record (table.h): whole cache lines, written by its thread on every allocation */
 _Static_assert(sizeof(shard_t) <= GR_THREAD_STATS_BYTES, "the counters must fit in the thread record");
 
@@ -83,10 +94,10 @@ static inline shard_t *my_shard(void) {
 static inline void add(int dev, int c, uint64_t v) {
   shard_t *s = my_shard();
   if (GR_UNLIKELY(!s)) {
-    atomic_fetch_add_explicit(&g_norec.c[c][dev], v, memory_order_relaxed);
+    atomic_fetch_add_explicit(&g_norec.d[dev].c[c], v, memory_order_relaxed);
     return;
   }
-  atomic_store_explicit(&s->c[c][dev], atomic_load_explicit(&s->c[c][dev], memory_order_relaxed) + v,
+  atomic_store_explicit(&s->d[dev].c[c], atomic_load_explicit(&s->d[dev].c[c], memory_order_relaxed) + v,
                         memory_order_relaxed);
 }
 
@@ -131,12 +142,12 @@ static inline void live_add(int d, uint64_t bytes) {
     commit_add(d, bytes);
     return;
   }
-  int64_t p = atomic_load_explicit(&s->pending[d], memory_order_relaxed) + (int64_t)bytes;
+  int64_t p = atomic_load_explicit(&s->d[d].pending, memory_order_relaxed) + (int64_t)bytes;
   if (GR_LIKELY(p <= 0)) {
-    atomic_store_explicit(&s->pending[d], p, memory_order_relaxed);
+    atomic_store_explicit(&s->d[d].pending, p, memory_order_relaxed);
     return;
   }
-  atomic_store_explicit(&s->pending[d], 0, memory_order_relaxed);
+  atomic_store_explicit(&s->d[d].pending, 0, memory_order_relaxed);
   commit_add(d, (uint64_t)p);
 }
 
@@ -146,12 +157,12 @@ static inline void live_sub(int d, uint64_t bytes) {
     commit_sub(d, bytes);
     return;
   }
-  int64_t p = atomic_load_explicit(&s->pending[d], memory_order_relaxed) - (int64_t)bytes;
+  int64_t p = atomic_load_explicit(&s->d[d].pending, memory_order_relaxed) - (int64_t)bytes;
   if (GR_LIKELY(p >= PENDING_FLOOR)) {
-    atomic_store_explicit(&s->pending[d], p, memory_order_relaxed);
+    atomic_store_explicit(&s->d[d].pending, p, memory_order_relaxed);
     return;
   }
-  atomic_store_explicit(&s->pending[d], 0, memory_order_relaxed);
+  atomic_store_explicit(&s->d[d].pending, 0, memory_order_relaxed);
   commit_sub(d, (uint64_t)-p);
 }
 
@@ -175,14 +186,14 @@ GR_HOT_INLINE void gr_stats_alloc_t(gr_thread_rec_t *t, const gr_packed_t *p, un
   shard_t *s;
   if (GR_LIKELY(dev_fast(t, kind, &s))) {
     int d = dev_index(device);
-    atomic_store_explicit(&s->c[C_DEV_ALLOCS][d], atomic_load_explicit(&s->c[C_DEV_ALLOCS][d], memory_order_relaxed) + 1,
+    atomic_store_explicit(&s->d[d].c[C_DEV_ALLOCS], atomic_load_explicit(&s->d[d].c[C_DEV_ALLOCS], memory_order_relaxed) + 1,
                           memory_order_relaxed);
-    int64_t v = atomic_load_explicit(&s->pending[d], memory_order_relaxed) + (int64_t)size;
+    int64_t v = atomic_load_explicit(&s->d[d].pending, memory_order_relaxed) + (int64_t)size;
     if (GR_LIKELY(v <= 0)) {
-      atomic_store_explicit(&s->pending[d], v, memory_order_relaxed);
+      atomic_store_explicit(&s->d[d].pending, v, memory_order_relaxed);
       return;
     }
-    atomic_store_explicit(&s->pending[d], 0, memory_order_relaxed);
+    atomic_store_explicit(&s->d[d].pending, 0, memory_order_relaxed);
     commit_add(d, (uint64_t)v);
     return;
   }
@@ -199,14 +210,14 @@ GR_HOT_INLINE void gr_stats_free_t(gr_thread_rec_t *t, const gr_packed_t *p) {
   if (GR_LIKELY(dev_fast(t, gr_pk_kind(p), &s)) &&
       GR_LIKELY(!((GR_STMASK(GR_ST_ORPHAN) | GR_STMASK(GR_ST_RECLAIMING)) >> st & 1))) {
     int d = dev_index(gr_pk_device(p));
-    atomic_store_explicit(&s->c[C_DEV_FREES][d], atomic_load_explicit(&s->c[C_DEV_FREES][d], memory_order_relaxed) + 1,
+    atomic_store_explicit(&s->d[d].c[C_DEV_FREES], atomic_load_explicit(&s->d[d].c[C_DEV_FREES], memory_order_relaxed) + 1,
                           memory_order_relaxed);
-    int64_t v = atomic_load_explicit(&s->pending[d], memory_order_relaxed) - (int64_t)gr_pk_size(p);
+    int64_t v = atomic_load_explicit(&s->d[d].pending, memory_order_relaxed) - (int64_t)gr_pk_size(p);
     if (GR_LIKELY(v >= PENDING_FLOOR)) {
-      atomic_store_explicit(&s->pending[d], v, memory_order_relaxed);
+      atomic_store_explicit(&s->d[d].pending, v, memory_order_relaxed);
       return;
     }
-    atomic_store_explicit(&s->pending[d], 0, memory_order_relaxed);
+    atomic_store_explicit(&s->d[d].pending, 0, memory_order_relaxed);
     commit_sub(d, (uint64_t)-v);
     return;
   }
@@ -312,9 +323,9 @@ void gr_stats_oom_retry(bool ok) {
 /* ---- reading ---- */
 
 static uint64_t sum(int d, int c) {
-  uint64_t v = atomic_load_explicit(&g_norec.c[c][d], memory_order_relaxed);
+  uint64_t v = atomic_load_explicit(&g_norec.d[d].c[c], memory_order_relaxed);
   for (gr_thread_rec_t *r = gr_epoch_first(); r; r = r->next)
-    v += atomic_load_explicit(&shard_of(r)->c[c][d], memory_order_relaxed);
+    v += atomic_load_explicit(&shard_of(r)->d[d].c[c], memory_order_relaxed);
   return v;
 }
 
@@ -356,7 +367,7 @@ static void add_pool(uint16_t id, CUmemoryPool pool, int device, void *arg) {
 static uint64_t live_bytes(int d) {
   int64_t v = (int64_t)atomic_load_explicit(&g_dev[d].live_bytes, memory_order_relaxed);
   for (gr_thread_rec_t *r = gr_epoch_first(); r; r = r->next)
-    v += atomic_load_explicit(&shard_of(r)->pending[d], memory_order_relaxed);
+    v += atomic_load_explicit(&shard_of(r)->d[d].pending, memory_order_relaxed);
   return v < 0 ? 0 : (uint64_t)v; /* read mid-update */
 }
 
@@ -428,11 +439,9 @@ int gr_stats_get(int device, gpureclaim_stats_t *out) {
 
 void gr_stats_atfork_child(void) {
   memset(g_dev, 0, sizeof g_dev);
-  for (gr_thread_rec_t *r = gr_epoch_first(); r; r = r->next) { /* (the records themselves: epoch.c) */
-    memset((void *)shard_of(r)->c, 0, sizeof shard_of(r)->c);
-    memset((void *)shard_of(r)->pending, 0, sizeof shard_of(r)->pending);
-  }
-  memset((void *)g_norec.c, 0, sizeof g_norec.c);
+  for (gr_thread_rec_t *r = gr_epoch_first(); r; r = r->next) /* (the records themselves: epoch.c) */
+    memset((void *)shard_of(r), 0, sizeof(shard_t));
+  memset((void *)&g_norec, 0, sizeof g_norec);
   atomic_store(&g_devmask, 0);
   atomic_store(&g_used_devices_mask_set, 0);
   atomic_store(&g_total_live, 0);
