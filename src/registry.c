@@ -1,10 +1,16 @@
 /*
  * registry.c -- the contexts, pools and devices gpureclaim has seen, and which library a code address is in.
  *
- * Contexts and pools get small ids (1..4095) stored in each block record. Both registries are insert-only
- * open-addressing arrays of atomic handles: an id, once given to a handle, stays with it, so a record can
- * never name the wrong context (a handle the driver reuses after a destroy gets its old id back, and its
- * old blocks were dropped at the destroy). Lookups are lock-free; inserts take one CAS.
+ * Contexts and pools get small ids (1..4095) stored in each block record. Both registries are open-addressing
+ * arrays of atomic handles that never empty a slot: an id, once given to a handle, stays with it while any
+ * record names it, so a record can never name the wrong context (a handle the driver reuses after a destroy
+ * gets its old id back, and its old blocks were dropped at the destroy). Lookups are lock-free; inserts take one
+ * CAS. When every slot has been used (a process that made more than 4095 contexts or pools over its life), a new
+ * handle gets the id of a dead one (destroyed, and its destroy committed) that no record in the table names any
+ * more (reg_reuse, under a mutex, with a visit of the table: the cold path of such a process only). Without that,
+ * later contexts would get id 0, a destroy of one could not drop its blocks' records, and a release could free
+ * a block that another context was given at the same address. Only when 4095 contexts are alive at once does a
+ * new one get id 0; a release never frees a block whose context it does not know (release.c, claimable).
  * The library cache is used by reports and scope ends only (never inside an allocation) and takes a mutex.
  */
 #include "registry.h"
@@ -56,9 +62,76 @@ static uint16_t reg_find(reg_t *r, void *h) {
   return 0;
 }
 
+static pthread_mutex_t g_reuse_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* Slot i holds h: makes it alive with its device and flags. A dead slot comes back to life under g_reuse_mu, so
+ * that reg_reuse never gives it to another handle meanwhile; false when that happened (the caller looks again). */
+static bool reg_live(reg_t *r, size_t i, void *h, int device, int flags) {
+  bool dead = !atomic_load_explicit(&r->alive[i], memory_order_acquire);
+  if (dead) {
+    pthread_mutex_lock(&g_reuse_mu);
+    if (atomic_load_explicit(&r->handle[i], memory_order_acquire) != h) {
+      pthread_mutex_unlock(&g_reuse_mu);
+      return false;
+    }
+  }
+  if (device >= 0)
+    atomic_store_explicit(&r->device[i], device + 1, memory_order_relaxed);
+  if (flags)
+    atomic_fetch_or_explicit(&r->flags[i], flags, memory_order_relaxed);
+  if (!atomic_exchange_explicit(&r->alive[i], 1, memory_order_acq_rel))
+    atomic_fetch_add_explicit(&r->count, 1, memory_order_relaxed);
+  if (dead)
+    pthread_mutex_unlock(&g_reuse_mu);
+  return true;
+}
+
+typedef struct {
+  bool pool;
+  uint16_t id;
+} names_t;
+
+static int names_one(gr_ref_t *ref, const gr_rec_t *rec, void *arg) {
+  (void)ref;
+  const names_t *n = arg;
+  return (n->pool ? rec->pool_id : rec->ctx_id) == n->id;
+}
+
+/* Every slot used and h in none: gives h the id of a dead handle that no record names (see the top). Holding
+ * g_reuse_mu, no dead slot comes back to life and no other handle takes one; a record cannot come to name a
+ * dead id meanwhile (its context is destroyed, or its pool, and a thread that kept its id asks again: g_ctx_gen).
+ * 0 when none is free. */
+GR_COLD static uint16_t reg_reuse(reg_t *r, void *h, int device, int flags) {
+  uint16_t id = 0;
+  pthread_mutex_lock(&g_reuse_mu);
+  for (size_t i = 0; i < REG_CAP && !id; i++) {
+    void *cur = atomic_load_explicit(&r->handle[i], memory_order_acquire);
+    if (cur == h) { /* another thread gave h its id meanwhile */
+      pthread_mutex_unlock(&g_reuse_mu);
+      return reg_live(r, i, h, device, flags) ? (uint16_t)(i + 1) : 0;
+    }
+  }
+  for (size_t i = 0; i < REG_CAP && !id; i++) {
+    if (atomic_load_explicit(&r->alive[i], memory_order_acquire))
+      continue;
+    names_t n = {r == &g_pool, (uint16_t)(i + 1)};
+    if (gr_table_visit(names_one, &n))
+      continue; /* a record still names it */
+    atomic_store_explicit(&r->device[i], device >= 0 ? device + 1 : 0, memory_order_relaxed);
+    atomic_store_explicit(&r->flags[i], flags, memory_order_relaxed);
+    atomic_store_explicit(&r->handle[i], h, memory_order_release);
+    atomic_store_explicit(&r->alive[i], 1, memory_order_release);
+    atomic_fetch_add_explicit(&r->count, 1, memory_order_relaxed);
+    id = (uint16_t)(i + 1);
+  }
+  pthread_mutex_unlock(&g_reuse_mu);
+  return id;
+}
+
 static uint16_t reg_add(reg_t *r, void *h, int device, int flags) {
   if (!h)
     return 0;
+again:;
   size_t i = reg_home(h);
   for (size_t n = 0; n < REG_CAP; n++, i = i + 1 == REG_CAP ? 0 : i + 1) {
     void *cur = atomic_load_explicit(&r->handle[i], memory_order_acquire);
@@ -72,16 +145,14 @@ static uint16_t reg_add(reg_t *r, void *h, int device, int flags) {
     }
     if (cur != h)
       continue;
-    if (device >= 0)
-      atomic_store_explicit(&r->device[i], device + 1, memory_order_relaxed);
-    if (flags)
-      atomic_fetch_or_explicit(&r->flags[i], flags, memory_order_relaxed);
-    if (!atomic_exchange_explicit(&r->alive[i], 1, memory_order_acq_rel))
-      atomic_fetch_add_explicit(&r->count, 1, memory_order_relaxed);
+    if (!reg_live(r, i, h, device, flags))
+      goto again; /* given to another handle meanwhile */
     return (uint16_t)(i + 1);
   }
-  gr_warn_once(w_full, "more than %d contexts or pools seen; further ones are not attributed", REG_CAP);
-  return 0;
+  uint16_t id = reg_reuse(r, h, device, flags);
+  if (!id)
+    gr_warn_once(w_full, "more than %d contexts or pools alive at once; further ones are not attributed", REG_CAP);
+  return id;
 }
 
 static void reg_dead(reg_t *r, uint16_t id) {
@@ -167,6 +238,11 @@ void gr_reg_switch_begin(void) {
     unseen_switch(gr_tls.last_ctx, ctx);
 }
 
+/* Whether the thread's kept id is still ctx's: alive, and not given to another handle since (reg_reuse). */
+static inline bool kept_id_holds(CUcontext ctx) {
+  return gr_reg_ctx_alive(gr_tls.last_ctx_id) && gr_reg_ctx_handle(gr_tls.last_ctx_id) == ctx;
+}
+
 GR_COLD static bool current_slow(uint16_t *ctx_id, uint8_t *device, CUcontext *out) {
   CUcontext ctx = NULL;
   uint32_t gen = atomic_load_explicit(&g_ctx_gen, memory_order_acquire);
@@ -188,7 +264,7 @@ GR_COLD static bool current_slow(uint16_t *ctx_id, uint8_t *device, CUcontext *o
   if (GR_UNLIKELY(known && ctx != gr_tls.last_ctx))
     unseen_switch(gr_tls.last_ctx, ctx);
   uint16_t id = 0;
-  if (ctx == gr_tls.last_ctx && gr_reg_ctx_alive(gr_tls.last_ctx_id))
+  if (ctx == gr_tls.last_ctx && kept_id_holds(ctx))
     id = gr_tls.last_ctx_id;
   else
     id = reg_find(&g_ctx, ctx);
@@ -243,7 +319,7 @@ static gr_where_t stream_where(CUstream s) {
   CUcontext ctx = NULL;
   if (!gr_drv.cuStreamGetCtx || gr_drv.cuStreamGetCtx(s, &ctx) != CUDA_SUCCESS || !ctx)
     return gr_reg_here();
-  if (ctx == gr_tls.last_ctx && gr_reg_ctx_alive(gr_tls.last_ctx_id))
+  if (ctx == gr_tls.last_ctx && kept_id_holds(ctx))
     return (gr_where_t){gr_tls.last_ctx_id, gr_tls.last_device, true};
   uint16_t id = gr_reg_ctx(ctx, -1);
   int d = reg_device(&g_ctx, id);
@@ -407,6 +483,7 @@ void gr_reg_atfork_child(void) {
   memset(g_primary, 0, sizeof g_primary);
   memset(g_dev_pool, 0, sizeof g_dev_pool);
   pthread_mutex_init(&g_lib_lock, NULL);
+  pthread_mutex_init(&g_reuse_mu, NULL);
   gr_tls.last_ctx = NULL;
   gr_tls.cur_known = 0;
   atomic_store_explicit(&g_cur_unseen, false, memory_order_relaxed);

@@ -17,7 +17,8 @@ _Static_assert(GR_MAX_DEV < GR_DEVICE_NONE, "device ordinals fit 7 bits, GR_DEVI
 _Static_assert(GPURECLAIM_KIND_HOST < 16, "kinds fit 4 bits");
 _Static_assert(GR_API_COUNT <= 32, "APIs fit 5 bits");
 
-/* Context -> id (1..4095), adding it; 0 when the registry is full. device: its ordinal, or -1 to look up. */
+/* Context -> id (1..4095), adding it; 0 when 4095 contexts are alive at once (registry.c: dead ids are given
+ * again once no record names them). device: its ordinal, or -1 to look up. */
 uint16_t gr_reg_ctx(CUcontext ctx, int device);
 /* Context -> id without adding it; 0 if unknown. */
 uint16_t gr_reg_ctx_find(CUcontext ctx);

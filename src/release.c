@@ -252,6 +252,10 @@ static bool claimable(const free_job_t *j, const gr_rec_t *r) {
     return false;
   if (j->devmask && (r->device >= 64 || !((j->devmask >> r->device) & 1)))
     return false;
+  /* A block of a context gpureclaim could not register (4095 alive at once: registry.c) may have gone with a
+   * destroy of that context, which could not drop its record: its address may be another block's by now. */
+  if (!r->ctx_id && gr_kind_keyspace(r->kind) == GR_KS_ADDR)
+    return false;
   return !(r->kind == GPURECLAIM_KIND_VMM && r->aux); /* still mapped: the mapping pass (ALL) or the program
                                                          unmaps it first */
 }

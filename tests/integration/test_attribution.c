@@ -377,3 +377,82 @@ Test(attribution, gpureclaim_s_own_push_and_pop_keep_the_thread_s_context) {
   }
   OK(cuCtxSetCurrent(g_p0));
 }
+
+/* Contexts and pools past the registry's 4095 ids over a process's life. A context made after 4100 others were
+ * made and destroyed gets an id of its own (a dead one, that no record names), so its destroy drops its blocks'
+ * records; a release afterwards frees nothing of the context that gets the same address. With ids never given
+ * again, the later contexts got id 0: the orphan's record outlived the destroy, and the release freed the other
+ * context's live block at that address. */
+Test(attribution, contexts_past_the_registry_s_size_keep_their_blocks_apart, .timeout = 120) {
+  CUcontext c, popped;
+  for (int i = 0; i < 4100; i++) {
+    OK(cuCtxCreate_v2(&c, 0, i & 1));
+    OK(cuCtxDestroy(c));
+  }
+  OK(cuCtxCreate_v2(&c, 0, 1));
+  uint64_t s = gpureclaim_scope_begin();
+  CUdeviceptr a;
+  OK(cuMemAlloc(&a, 3 * MiB));
+  gpureclaim_block_t ba = block(a);
+  cr_assert_eq(ba.context, (void *)c, "the 4102nd context's block names it");
+  cr_assert_eq(ba.device, 1);
+  cr_assert_eq(gpureclaim_scope_end(s, 0), 0); /* abandoned: a is an orphan */
+  OK(cuCtxDestroy(c));                          /* the driver frees a with its context */
+  gpureclaim_block_t gone;
+  cr_assert_not(h_find(a, &gone), "the destroy dropped the record of its context's block");
+  OK(cuCtxGetCurrent(&popped));
+  OK(cuCtxSetCurrent(g_p1));
+  CUdeviceptr b;
+  OK(cuMemAlloc(&b, 3 * MiB));
+  cr_assert_eq(b, a, "the simulator gives the freed address again at once, as the driver does");
+  cr_assert_eq(block(b).context, (void *)g_p1);
+  gpureclaim_report_t rep = {.size = sizeof rep};
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &rep), 0);
+  cr_assert_eq(rep.orphaned_blocks, 0, "the release freed %llu blocks", (unsigned long long)rep.orphaned_blocks);
+  CHECK("a release after a context past the registry's size was destroyed");
+  OK(cuMemFree(b));
+  CUmemoryPool pool;
+  CUmemPoolProps props = {.allocType = CU_MEM_ALLOCATION_TYPE_PINNED,
+                          .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+  for (int i = 0; i < 4100; i++) { /* pools too */
+    OK(cuMemPoolCreate(&pool, &props));
+    OK(cuMemPoolDestroy(pool));
+  }
+  OK(cuCtxSetCurrent(g_p0));
+  OK(cuMemPoolCreate(&pool, &props));
+  CUdeviceptr p;
+  OK(cuMemAllocFromPoolAsync(&p, MiB, pool, NULL));
+  cr_assert_eq(block(p).pool, (void *)pool, "the 4101st pool's block names it");
+  OK(cuMemFreeAsync(p, NULL));
+  OK(cuStreamSynchronize(NULL));
+  OK(cuMemPoolDestroy(pool));
+  CHECK("pools past the registry's size");
+}
+
+/* With 4095 contexts alive at once, the next one gets no id: a release never frees a block of it (its destroy
+ * could not drop the block's record, and the address may be another context's block by then). */
+Test(attribution, a_release_leaves_blocks_of_a_context_without_an_id, .timeout = 120) {
+  static CUcontext many[4095];
+  CUcontext c, popped;
+  for (int i = 0; i < 4095; i++) {
+    OK(cuCtxCreate_v2(&many[i], 0, 0));
+    OK(cuCtxPopCurrent(&popped)); /* (the simulator's context stack is bounded, as the driver's is) */
+  }
+  OK(cuCtxCreate_v2(&c, 0, 1));
+  uint64_t s = gpureclaim_scope_begin();
+  CUdeviceptr a;
+  OK(cuMemAlloc(&a, 3 * MiB));
+  cr_assert_null(block(a).context, "the registry is full: no context id");
+  cr_assert_eq(gpureclaim_scope_end(s, 0), 0);
+  OK(cuCtxDestroy(c));
+  OK(cuCtxSetCurrent(g_p1));
+  CUdeviceptr b;
+  OK(cuMemAlloc(&b, 3 * MiB));
+  cr_assert_eq(b, a, "the simulator gives the freed address again at once, as the driver does");
+  gpureclaim_report_t rep = {.size = sizeof rep};
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &rep), 0);
+  cr_assert_eq(rep.orphaned_blocks, 0, "the release freed %llu blocks", (unsigned long long)rep.orphaned_blocks);
+  OK(cuMemFree(b));
+  for (int i = 0; i < 4095; i++)
+    OK(cuCtxDestroy(many[i]));
+}

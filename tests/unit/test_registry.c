@@ -1,6 +1,7 @@
 /* The registry of contexts, pools and devices (src/registry.c), through its declarations only: a handle gets one
- * small id for life (dead and alive again, it keeps it), the counts follow the live ones, the registry refuses
- * the 4096th handle instead of sharing an id, a device's cached pool goes with its pool, the current context is
+ * small id for life (dead and alive again, it keeps it, until a full registry gives a dead id no record names to
+ * a new handle), the counts follow the live ones, the registry refuses the 4096th live handle instead of sharing
+ * an id, a device's cached pool goes with its pool, the current context is
  * asked of the driver (here a stand-in for the few driver calls it makes) and cached per thread, and a code
  * address names its library. The handles are made-up values: the registry never dereferences them. */
 #include "gpureclaim_internal.h"
@@ -84,6 +85,69 @@ Test(registry, a_full_registry_refuses_the_next_handle) {
     cr_assert_eq(gr_reg_ctx_handle(id), ctx_n(i));
     cr_assert_eq(gr_reg_ctx_device(id), (int)(i % GR_MAX_DEV));
   }
+}
+
+/* A full registry gives a new handle the id of a dead one, but only an id no record in the table names (a
+ * record naming it would be attributed to the new handle, and a destroy of either would take the other's). */
+static void table_init(void) { cr_assert_eq(gr_table_init(), 0); }
+
+Test(registry, a_full_registry_gives_again_only_dead_ids_no_record_names, .init = table_init) {
+  for (unsigned i = 0; i < CAP; i++)
+    cr_assert_neq(gr_reg_ctx(ctx_n(i), 0), 0);
+  uint16_t named = gr_reg_ctx_find(ctx_n(10)), free_id = gr_reg_ctx_find(ctx_n(20));
+  gr_rec_t r = {.key = 0x7d0000000000u, .size = 4096, .ctx_id = named, .state = GR_ST_LIVE,
+                .kind = GPURECLAIM_KIND_DEVICE, .device = 0};
+  cr_assert_eq(gr_table_insert(&r), 0);
+  gr_reg_ctx_destroyed(named);
+  gr_reg_ctx_destroyed(free_id);
+  uint16_t id = gr_reg_ctx(ctx_n(CAP), 1);
+  cr_assert_eq(id, free_id, "the new handle got id %u, not the dead id %u that no record names", id, free_id);
+  cr_assert_eq(gr_reg_ctx_handle(id), ctx_n(CAP));
+  cr_assert_eq(gr_reg_ctx_device(id), 1, "the dead handle's device stayed");
+  cr_assert(gr_reg_ctx_alive(id));
+  cr_assert_eq(gr_reg_ctx_find(ctx_n(20)), 0, "the dead handle still finds the id it gave up");
+  cr_assert_eq(gr_reg_ctx_count(), CAP - 1);
+  cr_assert_eq(gr_reg_ctx(ctx_n(CAP + 1), 0), 0, "a dead id that a record names was given again");
+  gr_rec_t out;
+  cr_assert_eq(gr_table_take(GR_KS_ADDR, r.key, GR_STMASK(GR_ST_LIVE), &out), 0);
+  cr_assert_eq(gr_reg_ctx(ctx_n(CAP + 1), 2), named, "once no record names it, the dead id is given again");
+  cr_assert_eq(gr_reg_ctx(ctx_n(20), 0), 0, "the registry is full again: the old handle has no id now");
+  /* pools the same way */
+  for (unsigned i = 0; i < CAP; i++)
+    cr_assert_neq(gr_reg_pool(pool_n(i), 0, false), 0);
+  uint16_t pid = gr_reg_pool(pool_n(7), -1, false);
+  gr_reg_pool_destroyed(pool_n(7));
+  cr_assert_eq(gr_reg_pool(pool_n(CAP), 3, false), pid);
+  cr_assert_eq(gr_reg_pool_handle(pid), pool_n(CAP));
+  cr_assert_eq(gr_reg_pool_device(pid), 3);
+}
+
+typedef struct {
+  uint16_t id;
+} racer_t;
+
+static void *register_new(void *arg) {
+  racer_t *r = arg;
+  r->id = gr_reg_ctx(ctx_n(CAP + 5), 0);
+  return NULL;
+}
+
+/* Threads that register one new handle at once in a full registry with dead ids get one id between them. */
+Test(registry, threads_registering_one_new_handle_in_a_full_registry_share_one_id) {
+  for (unsigned i = 0; i < CAP; i++)
+    cr_assert_neq(gr_reg_ctx(ctx_n(i), 0), 0);
+  for (unsigned i = 0; i < 8; i++)
+    gr_reg_ctx_destroyed(gr_reg_ctx_find(ctx_n(i * 100)));
+  racer_t rs[4] = {{0}};
+  pthread_t t[4];
+  for (int i = 0; i < 4; i++)
+    t[i] = gr_thread_start(register_new, &rs[i]);
+  for (int i = 0; i < 4; i++)
+    gr_thread_join(t[i]);
+  cr_assert_neq(rs[0].id, 0);
+  for (int i = 1; i < 4; i++)
+    cr_assert_eq(rs[i].id, rs[0].id, "thread %d got id %u, thread 0 id %u", i, rs[i].id, rs[0].id);
+  cr_assert_eq(gr_reg_ctx_count(), CAP - 7);
 }
 
 typedef struct {
