@@ -187,13 +187,26 @@ GR_COLD static bool handle_gone(CUmemGenericAllocationHandle h) {
          gr_drv.cuMemGetAllocationPropertiesFromHandle(&prop, h) != CUDA_SUCCESS;
 }
 
-/* A free the driver refused (rc): the record goes back, unless the driver found no such block; a destroy of the
- * block's context that overlapped decides first (gr_track_restore_ctx: the block is then counted as the destroy's). */
+/* After a free answered CUDA_ERROR_INVALID_VALUE, of any address kind (pinned host memory too): whether the table
+ * holds a block at the address again. The driver gave the address to a new block, so this one is gone: another
+ * thread's free of the same pointer reached the driver first, and an allocation got the address before this
+ * free returned. Put back, the record would sit beside the new block's, outlive its block, and a release could
+ * free the new block in its place. (An allocation that has the address from the driver but has not inserted its
+ * record yet is not seen: that window stays, for a program that frees one pointer on two threads at once.) */
+GR_COLD static bool address_given_again(const gr_packed_t *p) {
+  gr_rec_t o;
+  return gr_kind_keyspace(gr_pk_kind(p)) == GR_KS_ADDR &&
+         gr_table_lookup(GR_KS_ADDR, p->key, GR_STMASK(GR_ST_LIVE) | GR_STMASK(GR_ST_ORPHAN), &o) == 0;
+}
+
+/* A free the driver refused (rc): the record goes back, unless the driver found no such block or gave its address
+ * to a new one; a destroy of the block's context that overlapped decides first (gr_track_restore_ctx: the block
+ * is then counted as the destroy's). */
 GR_COLD static void refused_pk(const gr_packed_t *p, uint64_t seq0, CUresult rc) {
   gr_rec_t r;
   gr_pk_unpack(p, &r);
   bool overlapped = r.aux == GR_AUX_DETACHING || gr_track_ctx_seq() != seq0 || (seq0 & 1);
-  if (rc == CUDA_ERROR_INVALID_VALUE && !overlapped && free_found_nothing(p))
+  if (rc == CUDA_ERROR_INVALID_VALUE && !overlapped && (free_found_nothing(p) || address_given_again(p)))
     gr_track_freed(&r);
   else
     gr_track_restore_ctx(&r, seq0);

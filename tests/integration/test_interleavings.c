@@ -246,6 +246,53 @@ Test(interleavings, a_free_the_driver_found_no_block_for_does_not_put_the_record
   OK(cuMemFree(q));
 }
 
+/* The same double free, and another context gets the address before this thread's free returns: the driver has
+ * a block at the address again (the new one), so asking it cannot tell; the new block's record in the table does. */
+static CUdeviceptr g_again;
+static void free_it_and_allocate_in_b(void *arg) {
+  OK(cuMemFree(*(CUdeviceptr *)arg));
+  g_again = alloc_in_b(1 * MiB);
+}
+
+Test(interleavings, a_double_free_whose_address_is_given_again_before_it_returns_leaves_one_record) {
+  CUdeviceptr p = orphan_in_a(1 * MiB);
+  cr_assert_eq(simcuda_inject("cuMemFree_v2", CUDA_ERROR_INVALID_VALUE, 1), 0);
+  cr_assert_eq(simcuda_on_return("cuMemFree_v2", free_it_and_allocate_in_b, &p), 0);
+  cr_assert_eq(cuMemFree(p), CUDA_ERROR_INVALID_VALUE);
+  cr_assert_eq(g_again, p, "the address came back (the step this test places)");
+  cr_assert_eq(h_count(0), 1, "one record: the new block's");
+  cr_assert(h_table_matches_sim("after the double free and the new allocation"));
+  gpureclaim_report_t rep = {.size = sizeof rep};
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &rep), 0);
+  cr_assert_eq(rep.orphaned_blocks, 0, "the release freed B's live block at the address");
+  cr_assert_eq(h_sim(-1, g_b).live_blocks, 1, "B's block at the address is alive");
+  OK(cuMemFree(g_again));
+}
+
+/* The same for pinned host memory, which the driver is not asked about. */
+static void *g_host_again;
+static void free_host_and_allocate(void *arg) {
+  OK(cuMemFreeHost(*(void **)arg));
+  OK(cuMemHostAlloc(&g_host_again, 4096, 0));
+}
+
+Test(interleavings, a_double_free_of_pinned_memory_whose_address_is_given_again_leaves_one_record) {
+  uint64_t s = gpureclaim_scope_begin();
+  void *h;
+  OK(cuMemHostAlloc(&h, 4096, 0));
+  cr_assert_eq(gpureclaim_scope_end(s, 0), 0);
+  cr_assert_eq(simcuda_inject("cuMemFreeHost", CUDA_ERROR_INVALID_VALUE, 1), 0);
+  cr_assert_eq(simcuda_on_return("cuMemFreeHost", free_host_and_allocate, &h), 0);
+  cr_assert_eq(cuMemFreeHost(h), CUDA_ERROR_INVALID_VALUE);
+  cr_assert_eq(g_host_again, h, "the address came back (the step this test places)");
+  cr_assert_eq(h_count(GPURECLAIM_KIND_HOST), 1, "one record: the new block's");
+  cr_assert(h_table_matches_sim("after the double free of pinned memory"));
+  gpureclaim_report_t rep = {.size = sizeof rep};
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &rep), 0);
+  cr_assert_eq(rep.orphaned_blocks, 0, "the release freed the new pinned block");
+  OK(cuMemFreeHost(g_host_again));
+}
+
 /* The driver refuses with the same code a block it still has: the record stays. */
 Test(interleavings, a_free_refused_with_invalid_value_of_a_block_the_driver_has_keeps_it_tracked) {
   CUdeviceptr p;
