@@ -100,7 +100,9 @@ static int names_one(gr_ref_t *ref, const gr_rec_t *rec, void *arg) {
 /* Every slot used and h in none: gives h the id of a dead handle that no record names (see the top). Holding
  * g_reuse_mu, no dead slot comes back to life and no other handle takes one; a record cannot come to name a
  * dead id meanwhile (its context is destroyed, or its pool, and a thread that kept its id asks again: g_ctx_gen).
- * 0 when none is free. */
+ * The id's destroy sequence stays (track.c, g_destroyed): an allocation in the new context that read the sequence
+ * before the dead context's destroy drops its record as that destroy's, so the rare mistake leaves a block
+ * untracked, never a record for a freed one. 0 when none is free. */
 GR_COLD static uint16_t reg_reuse(reg_t *r, void *h, int device, int flags) {
   uint16_t id = 0;
   pthread_mutex_lock(&g_reuse_mu);
