@@ -287,7 +287,9 @@ typedef struct gpureclaim_sleep_report {
 GPURECLAIM_API int gpureclaim_sleep(gpureclaim_sleep_report_t *out);
 
 /* Wakes the process now. Returns 0 (also when it was awake), or -ENOMEM when the device had no room within
- * GPURECLAIM_WAKE_TIMEOUT (the process stays asleep and intact), -EIO when the driver refused the restore. */
+ * GPURECLAIM_WAKE_TIMEOUT (the process stays asleep and intact), -EIO when the driver refused the restore,
+ * -EDEADLK when called from inside an intercepted call or a releaser (a sleep that runs the releaser would wait
+ * for the wake, and the wake for the sleep). */
 GPURECLAIM_API int gpureclaim_wake(void);
 
 /* The sleep state (gpureclaim_sleep_state_t); *host_bytes (may be NULL) gets the bytes held on the host. */

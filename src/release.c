@@ -602,6 +602,8 @@ int gr_release_run(unsigned what, int trigger, gpureclaim_report_t *out) {
   return 0;
 }
 
+bool gr_release_on_this_thread(void) { return t_releasing != 0; }
+
 static int check_what(unsigned what) {
   if (what == 0 || (what & ~(GPURECLAIM_CACHED | GPURECLAIM_ORPHANED | GPURECLAIM_ALL)))
     return -EINVAL;

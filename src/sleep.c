@@ -642,14 +642,16 @@ GPURECLAIM_API int gpureclaim_sleep(gpureclaim_sleep_report_t *out) {
     return -EINVAL;
   if (gr_core_disabled() || atomic_load_explicit(&gr_core_state, memory_order_acquire) != 1)
     return -ENOTSUP;
-  if (gr_tls.hook_depth)
-    return -EDEADLK;
+  if (gr_tls.hook_depth || gr_release_on_this_thread())
+    return -EDEADLK; /* the sleep's release, or the release this thread runs, would wait for itself */
   return gr_sleep_run(GPURECLAIM_TRIGGER_API, 0, out);
 }
 
 GPURECLAIM_API int gpureclaim_wake(void) {
   if (gr_core_disabled())
     return -ENOTSUP;
+  if (gr_tls.hook_depth || gr_release_on_this_thread())
+    return -EDEADLK; /* a sleep's release that runs this releaser would never end while the wake waits for it */
   return gr_sleep_wake(GPURECLAIM_TRIGGER_API);
 }
 

@@ -475,3 +475,36 @@ Test(sleep, another_process_sees_the_free_memory_back) {
   waitpid(o.pid, &st, 0);
   free(pat);
 }
+
+/* A releaser that calls gpureclaim_sleep() or gpureclaim_wake() gets -EDEADLK: a release runs its releasers, and a
+ * sleep runs a release first, so either call would wait for the release (or the sleep) that waits for it. Both
+ * hung before. Through a plain release and through a sleep's own release. */
+static int g_nested_sleep_rc = 1, g_nested_wake_rc = 1;
+static size_t nested_sleep_and_wake(void *arg) {
+  (void)arg;
+  gpureclaim_sleep_report_t r = {.size = sizeof r};
+  g_nested_sleep_rc = gpureclaim_sleep(&r);
+  g_nested_wake_rc = gpureclaim_wake();
+  return 0;
+}
+
+Test(sleep, sleep_and_wake_from_a_releaser_return_edeadlk, .timeout = 60) {
+  RT_OK(cudaSetDevice(0));
+  int id = gpureclaim_register_releaser("nested", nested_sleep_and_wake, NULL);
+  cr_assert_gt(id, 0);
+  gpureclaim_report_t rep = {.size = sizeof rep};
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_CACHED, &rep), 0);
+  cr_assert_eq(g_nested_sleep_rc, -EDEADLK, "gpureclaim_sleep() from a releaser returned %d", g_nested_sleep_rc);
+  cr_assert_eq(g_nested_wake_rc, -EDEADLK, "gpureclaim_wake() from a releaser returned %d", g_nested_wake_rc);
+  g_nested_sleep_rc = g_nested_wake_rc = 1;
+  unsigned char *pat;
+  void *live = hold(&pat);
+  sleep_ok(); /* its release runs the releaser */
+  cr_assert_eq(g_nested_sleep_rc, -EDEADLK, "gpureclaim_sleep() from a sleep's releaser returned %d",
+               g_nested_sleep_rc);
+  cr_assert_eq(g_nested_wake_rc, -EDEADLK, "gpureclaim_wake() from a sleep's releaser returned %d", g_nested_wake_rc);
+  cr_assert_eq(gpureclaim_wake(), 0);
+  check(live, pat);
+  free(pat);
+  cr_assert_eq(gpureclaim_unregister_releaser(id), 0);
+}
