@@ -355,26 +355,118 @@ void gr_track_unmapped(uint64_t handle) {
     gr_track_freed(&h); /* that was the last mapping of a released handle */
 }
 
-unsigned gr_track_vmm_unmap_begin(uint64_t ptr, uint64_t size, gr_rec_t *maps, unsigned cap) {
-  /* The range covers whole mappings, possibly several adjacent ones. */
-  unsigned n = 0;
-  for (uint64_t p = ptr; p < ptr + size && n < cap;) {
-    if (gr_track_take(GR_KS_MAPPING, p, 1u << GPURECLAIM_KIND_VMM_MAPPING, &maps[n]) <= 0 || maps[n].size == 0)
-      break;
-    p += maps[n++].size;
+/* One cuMemUnmap covers whole mappings: usually one, or several side by side, but any number, and the range may
+ * also hold mappings gpureclaim has no record of (made before it loaded, or by a route it does not see). Each
+ * tracked mapping in the range is taken before the driver call (the program may map the range again on another
+ * thread as soon as the call returns: a take after it could take that new mapping's record) and settled after
+ * it: gone, or put back when the driver refused. Side by side, each record's size leads to the next; past a gap,
+ * visits of the table find the rest. Should the list outgrow the memory it can get, the records not taken stay
+ * in the table until the call succeeds, then are taken (the narrow race above, only then). */
+static bool unmap_keep(gr_unmap_t *u, const gr_rec_t *r) {
+  if (u->n == u->cap) {
+    unsigned cap = u->cap * 2;
+    gr_rec_t *v = u->v == u->stack ? malloc(cap * sizeof *v) : realloc(u->v, cap * sizeof *v);
+    if (!v) {
+      u->short_of_memory = true;
+      return false;
+    }
+    if (u->v == u->stack)
+      memcpy(v, u->stack, sizeof u->stack);
+    u->v = v;
+    u->cap = cap;
   }
-  return n;
+  u->v[u->n++] = *r;
+  return true;
 }
 
-void gr_track_vmm_unmap_end(const gr_rec_t *maps, unsigned n, bool ok) {
-  for (unsigned i = 0; i < n; i++) {
+typedef struct {
+  uint64_t lo, end;
+  uint64_t keys[256];
+  unsigned n;
+  bool more; /* keys was full */
+} in_range_t;
+
+static int mapping_in_range(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
+  (void)ref;
+  in_range_t *a = arg;
+  if (r->kind != GPURECLAIM_KIND_VMM_MAPPING || r->key < a->lo || r->key >= a->end ||
+      (r->state != GR_ST_LIVE && r->state != GR_ST_ORPHAN))
+    return 0;
+  if (a->n == GR_ARRAY_LEN(a->keys)) {
+    a->more = true;
+    return 1;
+  }
+  a->keys[a->n++] = r->key;
+  return 0;
+}
+
+/* Takes every tracked mapping in [lo, end), by visits of the table; keep: into u (else settled as unmapped). */
+static void take_in_range(gr_unmap_t *u, uint64_t lo, uint64_t end, bool keep) {
+  in_range_t *a = malloc(sizeof *a);
+  if (!a) {
+    u->short_of_memory = true;
+    return;
+  }
+  do {
+    a->lo = lo;
+    a->end = end;
+    a->n = 0;
+    a->more = false;
+    gr_table_visit(mapping_in_range, a);
+    for (unsigned i = 0; i < a->n; i++) {
+      gr_rec_t r;
+      if (gr_track_take(GR_KS_MAPPING, a->keys[i], 1u << GPURECLAIM_KIND_VMM_MAPPING, &r) <= 0)
+        continue;
+      if (!keep) {
+        gr_track_freed(&r);
+        gr_track_unmapped(r.map_handle);
+      } else if (!unmap_keep(u, &r)) {
+        gr_track_restore(&r); /* taken after the call instead */
+        free(a);
+        return;
+      }
+    }
+  } while (a->more);
+  free(a);
+}
+
+void gr_track_vmm_unmap_begin(gr_unmap_t *u, uint64_t ptr, uint64_t size) {
+  u->ptr = ptr;
+  u->end = size > UINT64_MAX - ptr ? UINT64_MAX : ptr + size;
+  u->v = u->stack;
+  u->n = 0;
+  u->cap = GR_ARRAY_LEN(u->stack);
+  u->short_of_memory = false;
+  uint64_t p = ptr;
+  gr_rec_t r;
+  while (p < u->end && gr_track_take(GR_KS_MAPPING, p, 1u << GPURECLAIM_KIND_VMM_MAPPING, &r) > 0) {
+    if (!unmap_keep(u, &r)) {
+      gr_track_restore(&r);
+      return;
+    }
+    if (r.size == 0)
+      break;
+    p += r.size;
+  }
+  if (p < u->end) /* a gap: a mapping gpureclaim has no record of, or none there */
+    take_in_range(u, p, u->end, true);
+}
+
+void gr_track_vmm_unmap_end(gr_unmap_t *u, bool ok) {
+  for (unsigned i = 0; i < u->n; i++) {
     if (!ok) {
-      gr_track_restore(&maps[i]);
+      gr_track_restore(&u->v[i]);
       continue;
     }
-    gr_track_freed(&maps[i]);
-    gr_track_unmapped(maps[i].map_handle);
+    gr_track_freed(&u->v[i]);
+    gr_track_unmapped(u->v[i].map_handle);
   }
+  if (ok && u->short_of_memory)
+    take_in_range(u, u->ptr, u->end, false);
+  if (u->v != u->stack)
+    free(u->v);
+  u->v = u->stack;
+  u->n = 0;
 }
 
 /* ---- context destroys ---- */

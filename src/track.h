@@ -44,13 +44,21 @@ void gr_track_gate_exit(void);
 bool gr_track_gate_held(void);
 /* VMM. cuMemRelease: begin before the driver call (1: tracked, call end after it; 0: untracked, pass it on;
  * -1: a late free of a handle a release freed, return CUDA_SUCCESS without the driver). cuMemMap: after a
- * successful call. cuMemUnmap: take the mappings in the range before the call (at most cap), settle after.
+ * successful call. cuMemUnmap: take the mappings in the range before the call, settle after.
  * gr_track_unmapped: one mapping of handle is gone (the last one of a released handle frees its memory). */
 int gr_track_vmm_release_begin(uint64_t handle, gr_rec_t *before);
 void gr_track_vmm_release_end(const gr_rec_t *before, bool ok);
 void gr_track_vmm_map(uint64_t ptr, uint64_t size, uint64_t handle, uintptr_t ra);
-unsigned gr_track_vmm_unmap_begin(uint64_t ptr, uint64_t size, gr_rec_t *maps, unsigned cap);
-void gr_track_vmm_unmap_end(const gr_rec_t *maps, unsigned n, bool ok);
+/* The mappings one cuMemUnmap takes out of the table before its driver call: any number (track.c). */
+typedef struct gr_unmap {
+  uint64_t ptr, end;
+  gr_rec_t *v;       /* stack, or heap past it */
+  unsigned n, cap;
+  bool short_of_memory; /* some were left in the table: taken after a successful call instead */
+  gr_rec_t stack[32];
+} gr_unmap_t;
+void gr_track_vmm_unmap_begin(gr_unmap_t *u, uint64_t ptr, uint64_t size);
+void gr_track_vmm_unmap_end(gr_unmap_t *u, bool ok);
 void gr_track_unmapped(uint64_t handle);
 /* Destroying a context frees its blocks: under the context gate, they are marked detaching before the driver
  * call and either deleted (success) or unmarked (failure) after it. See track.c. */

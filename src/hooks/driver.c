@@ -548,10 +548,10 @@ static CUresult b_mem_unmap(void *realp, uintptr_t ra, CUdeviceptr ptr, size_t s
   PFN_cuMemUnmap_v10020 real = (PFN_cuMemUnmap_v10020)realp;
   if (!gr_core_active())
     return real(ptr, size);
-  gr_rec_t maps[64];
-  unsigned n = gr_track_vmm_unmap_begin(ptr, size, maps, GR_ARRAY_LEN(maps));
+  gr_unmap_t u;
+  gr_track_vmm_unmap_begin(&u, ptr, size);
   CUresult rc = real(ptr, size);
-  gr_track_vmm_unmap_end(maps, n, rc == CUDA_SUCCESS);
+  gr_track_vmm_unmap_end(&u, rc == CUDA_SUCCESS);
   return rc;
 }
 

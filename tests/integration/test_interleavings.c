@@ -128,6 +128,37 @@ Test(interleavings, a_refused_cumemunmap_keeps_its_mapping) {
   cr_assert(h_table_matches_sim("after the unmap"));
 }
 
+/* One cuMemUnmap over n mappings side by side, each of its own released handle: the table follows the driver
+ * whatever n is (a fixed list of 64 left the 65th mapping, and its handle, behind), and a refused unmap of them all
+ * keeps every record. */
+static void unmap_many(int n) {
+  CUmemAllocationProp prop;
+  size_t gran = device0_prop(&prop);
+  CUdeviceptr va;
+  OK(cuMemAddressReserve(&va, (size_t)n * gran, 0, 0, 0));
+  for (int i = 0; i < n; i++) {
+    CUmemGenericAllocationHandle h;
+    OK(cuMemCreate(&h, gran, &prop, 0));
+    OK(cuMemMap(va + (size_t)i * gran, gran, 0, h, 0));
+    OK(cuMemRelease(h)); /* the mapping keeps the memory */
+  }
+  cr_assert_eq(h_count(GPURECLAIM_KIND_VMM_MAPPING), (size_t)n);
+  cr_assert_eq(simcuda_inject("cuMemUnmap", CUDA_ERROR_INVALID_VALUE, 1), 0);
+  cr_assert_eq(cuMemUnmap(va, (size_t)n * gran), CUDA_ERROR_INVALID_VALUE);
+  cr_assert_eq(h_count(GPURECLAIM_KIND_VMM_MAPPING), (size_t)n, "a refused unmap of %d mappings keeps them all", n);
+  cr_assert(h_table_matches_sim("after the refused unmap of many"));
+  OK(cuMemUnmap(va, (size_t)n * gran));
+  cr_assert_eq(h_count(GPURECLAIM_KIND_VMM_MAPPING), 0, "one unmap of %d mappings left records behind", n);
+  cr_assert_eq(h_count(GPURECLAIM_KIND_VMM), 0, "the last unmaps free the released handles' memory");
+  cr_assert(h_table_matches_sim("after the unmap of many"));
+  gpureclaim_stats_t st = h_grs(-1);
+  cr_assert_eq(st.vmm_mapped_bytes, 0);
+  OK(cuMemAddressFree(va, (size_t)n * gran));
+}
+
+Test(interleavings, one_cumemunmap_of_65_mappings) { unmap_many(65); }
+Test(interleavings, one_cumemunmap_of_200_mappings) { unmap_many(200); }
+
 /* ---- a free racing a refused destroy ---- */
 
 typedef struct {
