@@ -190,10 +190,16 @@ static void answer(int fd, const char *line, int pid) {
     if (line[5] && gr_opt_parse_uint(line + 6, 86400000ULL, &ms) != 0) {
       jb_bool(&b, "ok", false);
       jb_str(&b, "error", "bad timeout (expected milliseconds)");
+    } else if (!client_waiting(fd, false)) {
+      /* The client gave up before this request was served (the process was stopped, or busy serving another
+       * client): a sleep nobody waits for any more is not begun. */
+      jb_free(&b);
+      return;
     } else {
       gpureclaim_sleep_report_t rep = {.size = sizeof rep};
       int rc = gr_sleep_run_progress(GPURECLAIM_TRIGGER_COMMAND, (unsigned)ms, &rep, sleep_progress, &fd);
       jb_bool(&b, "ok", rc == 0 || rc == -EALREADY);
+      jb_bool(&b, "already", rc == -EALREADY);
       jb_key(&b, "report");
       gr_sleep_report_json(&b, &rep);
       if (rc != 0)

@@ -24,7 +24,8 @@ static const char g_sleep_help[] =
     "  Gives back all of the process's device memory, live memory included: a release of cached and orphaned\n"
     "  memory first, then the rest moves to host memory (the driver's checkpoint API, driver 570 or later).\n"
     "  The process carries on unchanged: its next CUDA call wakes it (or gpureclaim wake PID).\n"
-    "  -t, --timeout S   how long to wait for threads inside CUDA calls before refusing (default 10)\n"
+    "  -t, --timeout S   how long to wait for threads inside CUDA calls before refusing, and for the process to\n"
+    "                    begin (a stopped or busy process: the sleep is then not begun) (default 10)\n"
     "  -j, --json        the report as JSON\n";
 
 static const char g_wake_help[] =
@@ -40,7 +41,7 @@ static double jnum(const jnode_t *o, const char *key, double dflt) {
 }
 
 /* One request; progress lines shown as they come (on a terminal), the last line parsed and returned. */
-static jnode_t *exchange(const proc_t *p, const char *request, double timeout, const char **why) {
+static jnode_t *exchange(const proc_t *p, const char *request, double timeout, double more, const char **why) {
   const char *sock = jstr(p->status, "socket", NULL);
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
   if (!sock || strlen(sock) >= sizeof sa.sun_path) {
@@ -62,6 +63,9 @@ static jnode_t *exchange(const proc_t *p, const char *request, double timeout, c
     close(fd);
     return NULL;
   }
+  /* The process answers at once with the first progress line (a sleep's release begins): until then the wait is
+   * timeout + 1 s; each line after that gives it `more` seconds again (a sleep's copy to host memory may take
+   * long, and reports its progress as it goes). A stopped or hung process is given up on after the first. */
   struct timespec deadline;
   clock_gettime(CLOCK_MONOTONIC, &deadline);
   deadline.tv_sec += (time_t)timeout + 1;
@@ -98,6 +102,10 @@ static jnode_t *exchange(const proc_t *p, const char *request, double timeout, c
       if (!j)
         continue;
       const char *phase = jstr(j, "progress", NULL);
+      if (more > 0) {
+        clock_gettime(CLOCK_MONOTONIC, &deadline);
+        deadline.tv_sec += (time_t)more;
+      }
       if (phase) {
         if (tty) {
           char d[32], t[32];
@@ -156,7 +164,7 @@ static int run(int argc, char **argv, bool sleeping) {
     snprintf(req, sizeof req, "sleep %llu", (unsigned long long)(timeout * 1000));
   const char *why = NULL;
   /* A sleep also runs a release and copies the memory: the answer may take well past the lock's timeout. */
-  jnode_t *a = exchange(&p, sleeping ? req : "wake", sleeping ? timeout + 600 : timeout, &why);
+  jnode_t *a = exchange(&p, sleeping ? req : "wake", timeout, sleeping ? timeout + 600 : 0, &why);
   rc = EX_FAILED;
   if (!a) {
     fprintf(stderr, "gpureclaim: %s %d: %s\n", sleeping ? "sleep" : "wake", (int)pid, why ? why : "no answer");
@@ -167,6 +175,10 @@ static int run(int argc, char **argv, bool sleeping) {
     if (json) {
       cmd_json_dump(stdout, a);
       fputc('\n', stdout);
+    } else if (sleeping && ok && jbool(a, "already", false)) {
+      char m[32];
+      printf("%d: already asleep (%s on the host)\n", (int)pid,
+             cmd_bytes((uint64_t)jint(r, "moved_bytes", 0), m, sizeof m));
     } else if (sleeping && r && ok) {
       char m[32], rel[32], fr[32];
       printf("%d: asleep: %s moved to host memory in %.0f ms (%s released first; the device gained %s)\n", (int)pid,

@@ -172,7 +172,8 @@ class CommandTest(unittest.TestCase):
         self.assertEqual((r["state"], r["host_bytes"]), ("sleeping", 3 * MiB))
         self.assertRegex(run("ps", env=self.env, check=0).stdout, r"(?m)^\s*%d .* sleeping\s+3\.0 MiB hold$" % h.pid)
         again = run("sleep", str(h.pid), env=self.env, check=0)
-        self.assertIn("already asleep", again.stdout)
+        self.assertEqual(again.stdout, "%d: already asleep (3.0 MiB on the host)\n" % h.pid,
+                         "a process already asleep is said so, and only so")
         refused = run("release", str(h.pid), env=self.env)
         self.assertEqual(refused.returncode, 1, refused)
         self.assertIn("sleeps", refused.stdout + refused.stderr)
@@ -228,6 +229,25 @@ class CommandTest(unittest.TestCase):
         h.p.stdin.write("touch\n")
         h.p.stdin.flush()
         self.assertEqual(h.p.stdout.readline(), "touched 0\n")
+
+    def test_sleep_of_a_stopped_process_gives_up_and_is_not_begun_later(self):
+        """A stopped process does not answer: sleep -t 1 gives up after about that (it waited ten minutes), and the
+        request it left behind is not served once the process runs again (the process went to sleep)."""
+        h = self.hold()
+        stop_and_wait(h.pid)
+        try:
+            # (run's 60 s hang guard fails the test if the command waits past it, as it did)
+            r = run("sleep", "-t", "1", str(h.pid), env=self.env)
+            self.assertNotEqual(r.returncode, 0, r)
+        finally:
+            os.kill(h.pid, signal.SIGCONT)
+        h.p.stdin.write("touch\n")  # the process runs again, and its worker has read the withdrawn request
+        h.p.stdin.flush()
+        self.assertEqual(h.p.stdout.readline(), "touched 0\n")
+        for _ in range(50):
+            self.assertEqual(json.loads(run("ps", "--json", env=self.env, check=0).stdout)[0]["state"], "awake",
+                             "a sleep its client gave up on was begun")
+            time.sleep(0.02)
 
     def test_sleep_usage(self):
         self.assertEqual(run("sleep", env=self.env).returncode, 2)
