@@ -223,11 +223,7 @@ typedef struct gpureclaim_report {
  * -EDEADLK instead of waiting for itself. A release that frees blocks holds off cuCtxDestroy,
  * cuDevicePrimaryCtxReset/Release/Retain on other threads until the blocks it claimed are freed (those calls
  * wait), so a context never takes claimed blocks with it.
- * While a stream of the process captures a CUDA graph (cuStreamBeginCapture* until cuStreamEndCapture), no
- * release runs: its driver calls would invalidate the capture. Then it returns -EBUSY; a release asked for by
- * SIGUSR1, the command, a peer or an out-of-memory retry does nothing (an empty report; the log says why once).
- * Returns 0, -EINVAL for what == 0 or unknown bits, -ENOTSUP when disabled or before CUDA was initialised,
- * -EBUSY during a capture. */
+ * Returns 0, -EINVAL for what == 0 or unknown bits, -ENOTSUP when disabled or before CUDA was initialised. */
 GPURECLAIM_API int gpureclaim_release(unsigned what, gpureclaim_report_t *out);
 
 /* GPURECLAIM_ALL for one context: frees every tracked block that belongs to ctx (a CUcontext), stream-ordered

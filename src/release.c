@@ -25,7 +25,6 @@
 #include "stats.h"
 #include "track.h"
 #include "scope.h"
-#include "sleep.h"
 #include "releasers/python.h"
 #include "report/report.h"
 #include "gate.h"
@@ -529,22 +528,8 @@ static void do_release_now(const rel_args_t *a, gpureclaim_report_t *rep) {
 
 /* A release calls the driver: never while the process sleeps or is about to (sleep.c). Refused then, with an
  * empty report: the command and the signal say why; the API and scope ends wake the process first. */
-/* While a stream captures a CUDA graph, the driver refuses the calls a release makes (synchronisations, frees,
- * trims: "unsafe during capture" in global mode, from any thread) and invalidates the capture, so the program's
- * cuStreamEndCapture would fail because of gpureclaim. No release runs then: the API says -EBUSY, a signal, a
- * command, a peer's request and an out-of-memory retry get an empty report, and the log says why once. (A
- * capture that begins while a release runs is not held off: its thread may hold what the release waits for, such
- * as Python's GIL.) */
-static bool capture_blocks(void) {
-  if (!gr_sleep_capture_active())
-    return false;
-  gr_warn_once(w_capture, "a release was skipped: a CUDA graph is being captured, and the driver calls of a "
-                          "release would invalidate the capture; ask again once it ends");
-  return true;
-}
-
 static void do_release(const rel_args_t *a, gpureclaim_report_t *rep) {
-  if (capture_blocks() || !gr_gate_release_begin()) {
+  if (!gr_gate_release_begin()) {
     memset(rep, 0, sizeof *rep);
     rep->size = sizeof *rep;
     rep->what = a->what;
@@ -635,8 +620,6 @@ GPURECLAIM_API int gpureclaim_release(unsigned what, gpureclaim_report_t *out) {
   int rc = check_what(what);
   if (!rc && gr_gate_check() != CUDA_SUCCESS)
     rc = -ENOMEM; /* it slept, and the device had no room to wake it: as any CUDA call would fail */
-  if (!rc && capture_blocks())
-    rc = -EBUSY;
   return rc ? rc : gr_release_run(what, GPURECLAIM_TRIGGER_API, out);
 }
 
@@ -646,8 +629,6 @@ GPURECLAIM_API int gpureclaim_release_context(void *ctx, gpureclaim_report_t *ou
   int rc = check_what(GPURECLAIM_ALL);
   if (!rc && gr_gate_check() != CUDA_SUCCESS)
     rc = -ENOMEM;
-  if (!rc && capture_blocks())
-    rc = -EBUSY;
   if (rc)
     return rc;
   uint16_t id = gr_reg_ctx_find((CUcontext)ctx);
@@ -711,8 +692,8 @@ void gr_release_give(uint64_t want, uint64_t devmask, int asker, bool framework_
   rep->trigger = GPURECLAIM_TRIGGER_PEER;
   rep->peer_pid = asker;
   /* A give calls the driver as a release does: never while the process sleeps (its device memory is on the
-   * host then, so there is nothing to give) or is going to sleep, nor while a graph is captured. */
-  if (capture_blocks() || !gr_gate_release_begin())
+   * host then, so there is nothing to give) or is going to sleep. */
+  if (!gr_gate_release_begin())
     return;
   t_releasing++;
   rep->seq = atomic_fetch_add_explicit(&g_seq, 1, memory_order_relaxed) + 1;

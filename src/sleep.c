@@ -120,11 +120,6 @@ static bool capturing_now(CUstream *out) {
   return lost;
 }
 
-bool gr_sleep_capture_active(void) {
-  CUstream s;
-  return capturing_now(&s);
-}
-
 void gr_sleep_note_ipc(int exported, int opened) {
   if (exported)
     atomic_store_explicit(&g_ipc_exported, 1, memory_order_relaxed);

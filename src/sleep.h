@@ -35,7 +35,5 @@ void gr_sleep_atfork_child(void);
 void gr_sleep_note_ipc(int exported, int opened);
 /* A stream capture began (begin) or ended on stream s (ptsz: through a per-thread-default-stream variant). */
 void gr_sleep_note_capture(CUstream s, bool ptsz, bool begin);
-/* Whether a stream of this process captures a CUDA graph now (as the driver says of the streams noted). */
-bool gr_sleep_capture_active(void);
 
 #endif /* GR_SLEEP_H */

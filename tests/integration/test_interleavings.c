@@ -8,7 +8,6 @@
 #include "../common/threads.h"
 
 #include <criterion/criterion.h>
-#include <errno.h>
 #include <pthread.h>
 #include <string.h>
 
@@ -372,40 +371,4 @@ Test(interleavings, a_refused_cumemaddressfree_keeps_its_reservation) {
   cr_assert(h_table_matches_sim("after the refused free"));
   OK(cuMemAddressFree(va, 2 * gran));
   cr_assert_eq(h_count(GPURECLAIM_KIND_VA), 0);
-}
-
-/* ---- a release while a graph is captured ---- */
-
-/* The driver refuses a release's calls during a global-mode capture and invalidates the capture: no release runs
- * then. The API says -EBUSY, an out-of-memory retry does not release (the allocation gets the driver's answer),
- * and no free, synchronisation or trim reaches the driver; once the capture ends, a release frees the orphan. */
-Test(interleavings, no_release_runs_while_a_graph_is_captured) {
-  CUdeviceptr orphan = orphan_in_a(8 * MiB);
-  CUstream s;
-  OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-  CUresult (*begin)(CUstream, CUstreamCaptureMode) = NULL;
-  CUdriverProcAddressQueryResult q;
-  cr_assert_eq(cuGetProcAddress_v2("cuStreamBeginCapture", (void **)&begin, 13000, 0, &q), CUDA_SUCCESS);
-  OK(begin(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
-  uint64_t frees = simcuda_calls("cuMemFree_v2"), syncs = simcuda_calls("cuCtxSynchronize"),
-           trims = simcuda_calls("cuMemPoolTrimTo");
-  gpureclaim_report_t rep = {.size = sizeof rep};
-  cr_assert_eq(gpureclaim_release(GPURECLAIM_CACHED | GPURECLAIM_ORPHANED, &rep), -EBUSY);
-  cr_assert_eq(gpureclaim_release_context(g_a, &rep), -EBUSY);
-  simcuda_stats_t st = h_sim(0, NULL);
-  simcuda_set_capacity(0, st.used_bytes + 4 * MiB); /* the next 16 MiB fail: an out-of-memory retry would free */
-  CUdeviceptr big;
-  cr_assert_eq(cuMemAlloc(&big, 16 * MiB), CUDA_ERROR_OUT_OF_MEMORY, "the driver's answer, unchanged");
-  cr_assert_eq(simcuda_calls("cuMemFree_v2"), frees, "a free reached the driver during the capture");
-  cr_assert_eq(simcuda_calls("cuCtxSynchronize"), syncs, "a synchronisation reached the driver during the capture");
-  cr_assert_eq(simcuda_calls("cuMemPoolTrimTo"), trims, "a trim reached the driver during the capture");
-  CUgraph g;
-  OK(cuStreamEndCapture(s, &g));
-  OK(cuGraphDestroy(g));
-  OK(cuStreamDestroy(s));
-  simcuda_set_capacity(0, st.capacity_bytes);
-  cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &rep), 0);
-  cr_assert_eq(rep.orphaned_blocks, 1, "once the capture ended the orphan is freed");
-  gpureclaim_block_t b;
-  cr_assert_not(h_find(orphan, &b));
 }
