@@ -240,7 +240,8 @@ GPURECLAIM_API int gpureclaim_release_context(void *ctx, gpureclaim_report_t *ou
 /* A releaser frees memory a program caches itself (a C/C++ inference binary's pool) and returns the bytes it
  * gave back. Every release with GPURECLAIM_CACHED calls it, on gpureclaim's worker thread or on the caller of
  * gpureclaim_release(); an out-of-memory retry calls it on the allocating thread, so it must not take a lock
- * that thread may hold while allocating. name is copied (at most 63 bytes kept). Returns a releaser id > 0,
+ * that thread may hold while allocating, nor wait for a thread that may be beginning a CUDA graph capture (its
+ * cuStreamBeginCapture waits for the release to end). name is copied (at most 63 bytes kept). Returns a releaser id > 0,
  * -EINVAL for a NULL name or fn, -ENOSPC when 64 releasers are registered. */
 GPURECLAIM_API int gpureclaim_register_releaser(const char *name, size_t (*fn)(void *arg), void *arg);
 /* Returns 0, or -ENOENT for an unknown id. When it returns, fn is not running and will not be called again. */
