@@ -223,19 +223,25 @@ typedef struct gpureclaim_report {
  * -EDEADLK instead of waiting for itself. A release that frees blocks holds off cuCtxDestroy,
  * cuDevicePrimaryCtxReset/Release/Retain on other threads until the blocks it claimed are freed (those calls
  * wait), so a context never takes claimed blocks with it.
- * Returns 0, -EINVAL for what == 0 or unknown bits, -ENOTSUP when disabled or before CUDA was initialised. */
+ * A release and a CUDA graph capture never overlap: while a stream captures (cuStreamBeginCapture* until its
+ * cuStreamEndCapture, any capture mode, any thread) a release is refused and returns -EBUSY with an empty report,
+ * because the driver would fail its frees and synchronizations and invalidate the capture; call again once the
+ * capture ended. A capture that begins while a release runs waits in cuStreamBeginCapture until the release ends.
+ * Returns 0, -EBUSY (a graph is being captured), -EINVAL for what == 0 or unknown bits, -ENOTSUP when disabled
+ * or before CUDA was initialised. */
 GPURECLAIM_API int gpureclaim_release(unsigned what, gpureclaim_report_t *out);
 
 /* GPURECLAIM_ALL for one context: frees every tracked block that belongs to ctx (a CUcontext), stream-ordered
  * blocks allocated on its streams included; the pools those came from are then trimmed, as a release of cached
  * memory trims them. VMM memory belongs to no context and is left alone. Returns -ENOENT for a context
- * gpureclaim has not seen. */
+ * gpureclaim has not seen, -EBUSY while a CUDA graph is being captured (as gpureclaim_release). */
 GPURECLAIM_API int gpureclaim_release_context(void *ctx, gpureclaim_report_t *out);
 
 /* A releaser frees memory a program caches itself (a C/C++ inference binary's pool) and returns the bytes it
  * gave back. Every release with GPURECLAIM_CACHED calls it, on gpureclaim's worker thread or on the caller of
  * gpureclaim_release(); an out-of-memory retry calls it on the allocating thread, so it must not take a lock
- * that thread may hold while allocating. name is copied (at most 63 bytes kept). Returns a releaser id > 0,
+ * that thread may hold while allocating, nor wait for a thread that may be beginning a CUDA graph capture (its
+ * cuStreamBeginCapture waits for the release to end). name is copied (at most 63 bytes kept). Returns a releaser id > 0,
  * -EINVAL for a NULL name or fn, -ENOSPC when 64 releasers are registered. */
 GPURECLAIM_API int gpureclaim_register_releaser(const char *name, size_t (*fn)(void *arg), void *arg);
 /* Returns 0, or -ENOENT for an unknown id. When it returns, fn is not running and will not be called again. */

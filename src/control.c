@@ -176,6 +176,8 @@ static void answer(int fd, const char *line, int pid) {
     } else {
       jb_str(&b, "error", rc == -EINVAL   ? "bad release categories (expected cached, orphaned, all)"
                           : rc == -EAGAIN ? "the process sleeps: its device memory is on the host, nothing to release"
+                          : rc == -EBUSY  ? "a CUDA graph is being captured: the driver forbids the frees and "
+                                            "synchronizations a release makes until the capture ends; ask again then"
                                           : strerror(-rc));
     }
   } else if (strncmp(line, "give ", 5) == 0 || strcmp(line, "give") == 0) {

@@ -526,18 +526,38 @@ static void do_release_now(const rel_args_t *a, gpureclaim_report_t *rep) {
   t_releasing--;
 }
 
-/* A release calls the driver: never while the process sleeps or is about to (sleep.c). Refused then, with an
- * empty report: the command and the signal say why; the API and scope ends wake the process first. */
-static void do_release(const rel_args_t *a, gpureclaim_report_t *rep) {
-  if (!gr_gate_release_begin()) {
+static const char *trigger_name(int trigger) {
+  switch (trigger) {
+  case GPURECLAIM_TRIGGER_SIGNAL: return "signal";
+  case GPURECLAIM_TRIGGER_COMMAND: return "command";
+  case GPURECLAIM_TRIGGER_OOM: return "out-of-memory retry";
+  case GPURECLAIM_TRIGGER_PEER: return "peer's request";
+  case GPURECLAIM_TRIGGER_SCOPE: return "scope end";
+  default: return "API call";
+  }
+}
+
+/* A release calls the driver: never while the process sleeps or is about to (sleep.c), and never while a CUDA
+ * graph is being captured (gate.c: the driver would fail its calls and invalidate the capture). Refused then,
+ * with an empty report: -EAGAIN (asleep: the command and the signal say why; the API and scope ends wake the
+ * process first) or -EBUSY (capturing: logged here, and the API and the command return it). */
+static int do_release(const rel_args_t *a, gpureclaim_report_t *rep) {
+  int rc = gr_gate_release_begin();
+  if (rc) {
     memset(rep, 0, sizeof *rep);
     rep->size = sizeof *rep;
     rep->what = a->what;
     rep->trigger = a->trigger;
-    return;
+    if (rc == -EBUSY) /* a warning where a person asked (the signal, the command): the release they asked for
+                         did not happen */
+      gr_log(a->trigger == GPURECLAIM_TRIGGER_SIGNAL || a->trigger == GPURECLAIM_TRIGGER_COMMAND ? 0 : 1, "release (%s) refused: a CUDA graph is being captured (cuStreamBeginCapture); the driver forbids "
+              "the frees and synchronizations a release makes until it ends (cuStreamEndCapture)",
+              trigger_name(a->trigger));
+    return rc;
   }
   do_release_now(a, rep);
   gr_gate_release_end();
+  return 0;
 }
 
 /* ---- coalescing ---- */
@@ -550,6 +570,7 @@ static int g_pending_trigger;
 static bool g_pending_signal;
 static uint64_t g_requested, g_served;
 static gpureclaim_report_t g_last;
+static int g_last_rc; /* what do_release returned for g_last */
 
 static void copy_report(gpureclaim_report_t *out, const gpureclaim_report_t *r) {
   if (!out)
@@ -582,9 +603,10 @@ int gr_release_run(unsigned what, int trigger, gpureclaim_report_t *out) {
         gil = NULL;
       }
       gpureclaim_report_t rep;
-      do_release(&a, &rep);
+      int rc = do_release(&a, &rep);
       pthread_mutex_lock(&g_mu);
       g_last = rep;
+      g_last_rc = rc;
       g_served = covers;
       g_running = false;
       pthread_cond_broadcast(&g_cv);
@@ -595,11 +617,12 @@ int gr_release_run(unsigned what, int trigger, gpureclaim_report_t *out) {
     }
   }
   gpureclaim_report_t last = g_last;
+  int rc = g_last_rc;
   pthread_mutex_unlock(&g_mu);
   if (gil)
     gr_py_restore(gil);
   copy_report(out, &last);
-  return 0;
+  return rc == -EBUSY ? rc : 0; /* -EAGAIN (asleep) keeps its old answer: an empty report */
 }
 
 bool gr_release_on_this_thread(void) { return t_releasing != 0; }
@@ -636,9 +659,9 @@ GPURECLAIM_API int gpureclaim_release_context(void *ctx, gpureclaim_report_t *ou
     return -ENOENT;
   rel_args_t a = {.what = GPURECLAIM_ALL, .trigger = GPURECLAIM_TRIGGER_API, .only_ctx = true, .ctx_id = id};
   gpureclaim_report_t rep;
-  do_release(&a, &rep);
+  rc = do_release(&a, &rep);
   copy_report(out, &rep);
-  return 0;
+  return rc == -EBUSY ? rc : 0;
 }
 
 GPURECLAIM_API int gpureclaim_scope_end(uint64_t scope, unsigned flags) {
@@ -693,8 +716,8 @@ void gr_release_give(uint64_t want, uint64_t devmask, int asker, bool framework_
   rep->peer_pid = asker;
   /* A give calls the driver as a release does: never while the process sleeps (its device memory is on the
    * host then, so there is nothing to give) or is going to sleep. */
-  if (!gr_gate_release_begin())
-    return;
+  if (gr_gate_release_begin() != 0)
+    return; /* asleep, or a graph is being captured: nothing given (the asker asks the next process) */
   t_releasing++;
   rep->seq = atomic_fetch_add_explicit(&g_seq, 1, memory_order_relaxed) + 1;
   uint64_t t0 = gr_mono_ns();
@@ -778,7 +801,8 @@ uint64_t gr_release_for_oom(void) {
     return 1; /* another allocation is releasing right now: worth one more try, never worth waiting */
   rel_args_t a = {.what = GPURECLAIM_CACHED | GPURECLAIM_ORPHANED, .trigger = GPURECLAIM_TRIGGER_OOM};
   gpureclaim_report_t rep;
-  do_release(&a, &rep);
+  do_release(&a, &rep); /* refused while a graph is being captured: 0, so the allocation returns the driver's
+                           out of memory unchanged, without a retry */
   atomic_store_explicit(&g_oom_busy, 0, memory_order_release);
   return rep.cached_bytes + rep.orphaned_bytes;
 }
@@ -794,6 +818,7 @@ void gr_release_atfork_child(void) {
   g_pending_trigger = 0;
   g_pending_signal = false;
   g_requested = g_served = 0;
+  g_last_rc = 0;
   atomic_store_explicit(&g_oom_busy, 0, memory_order_relaxed);
   atomic_store_explicit(&g_last_give_ms, 0, memory_order_relaxed);
   atomic_store_explicit(&g_seq, 0, memory_order_relaxed);

@@ -120,6 +120,11 @@ static bool capturing_now(CUstream *out) {
   return lost;
 }
 
+bool gr_sleep_capturing(void) {
+  CUstream s;
+  return capturing_now(&s);
+}
+
 void gr_sleep_note_ipc(int exported, int opened) {
   if (exported)
     atomic_store_explicit(&g_ipc_exported, 1, memory_order_relaxed);

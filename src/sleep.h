@@ -35,5 +35,8 @@ void gr_sleep_atfork_child(void);
 void gr_sleep_note_ipc(int exported, int opened);
 /* A stream capture began (begin) or ended on stream s (ptsz: through a per-thread-default-stream variant). */
 void gr_sleep_note_capture(CUstream s, bool ptsz, bool begin);
+/* Whether a stream is capturing a graph now, as far as gpureclaim saw it begin (the driver is asked whether it
+ * still does). */
+bool gr_sleep_capturing(void);
 
 #endif /* GR_SLEEP_H */

@@ -110,6 +110,9 @@ def _check(rc, what, path=None):
         if code == errno.ENOTSUP:
             raise RuntimeError("%s: gpureclaim is disabled (GPURECLAIM_DISABLE) or the process has not used CUDA yet"
                                % what)
+        if code == errno.EBUSY and what == "release":
+            raise OSError(code, "release: a CUDA graph is being captured: the driver forbids the frees and "
+                                "synchronizations a release makes until the capture ends; call again then")
         if code == errno.EIO and path is not None:  # the library's one code for "could not write the file"
             d = os.path.dirname(os.path.abspath(path))
             why = ("no such directory: %s" % d if not os.path.isdir(d) else
@@ -171,7 +174,8 @@ def _report(r):
 def release(what="cached,orphaned"):
     """Releases the categories in `what` ("cached", "orphaned", "all", comma-separated, or flags) and returns
     the report: bytes per category and per device, free memory before and after, milliseconds.
-    The GIL is released while it runs (gpureclaim may need it to empty PyTorch's or CuPy's caches)."""
+    The GIL is released while it runs (gpureclaim may need it to empty PyTorch's or CuPy's caches).
+    Raises OSError (errno.EBUSY) while a CUDA graph is being captured: nothing is released then."""
     r = _Report(size=ctypes.sizeof(_Report))
     _check(_load().gpureclaim_release(_flags(what), ctypes.byref(r)), "release")
     return _report(r)

@@ -317,6 +317,9 @@ struct CUstream_st {
   struct CUctx_st *ctx;
   unsigned flags;
   int capturing; /* between cuStreamBeginCapture and cuStreamEndCapture (created streams only, see below) */
+  int cap_mode;  /* its capture's CUstreamCaptureMode */
+  int cap_invalid; /* an unsafe call invalidated its capture: EndCapture fails */
+  pthread_t cap_thread; /* the thread that began it */
   blk_t *pend; /* stream-ordered frees on this stream not yet reached */
   struct CUstream_st *next, *prev;
 };
@@ -419,6 +422,43 @@ static __thread struct {
 #define LOCK() pthread_mutex_lock(&g.lock)
 #define UNLOCK() pthread_mutex_unlock(&g.lock)
 
+/* Streams capturing now, under the lock (g_ncap_streams is also read without it, as a hint). */
+#define SIM_CAP_MAX 64
+static struct CUstream_st *g_cap_streams[SIM_CAP_MAX];
+static _Atomic int g_ncap_streams;
+
+static void cap_drop_locked(struct CUstream_st *s) {
+  int n = atomic_load_explicit(&g_ncap_streams, memory_order_relaxed);
+  for (int i = 0; i < n; i++)
+    if (g_cap_streams[i] == s) {
+      g_cap_streams[i] = g_cap_streams[n - 1];
+      atomic_store_explicit(&g_ncap_streams, n - 1, memory_order_relaxed);
+      return;
+    }
+}
+
+/* A "potentially unsafe" call (cuMemAlloc, cuMemFree, cuCtxSynchronize, cuMemPoolTrimTo, cuMemAllocHost,
+ * cuMemFreeHost, synchronous copies and sets) while a capture restricts the calling thread: a global-mode capture
+ * on any thread, or a thread-local one begun by this thread (a relaxed one restricts nobody). As on a real driver,
+ * the call fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the captures running now, whose
+ * EndCapture then fails with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED. Returns whether the call must fail. */
+static int capture_forbids(void) {
+  if (atomic_load_explicit(&g_ncap_streams, memory_order_relaxed) == 0) return 0;
+  int forbid = 0;
+  pthread_mutex_lock(&g.lock);
+  int n = atomic_load_explicit(&g_ncap_streams, memory_order_relaxed);
+  for (int i = 0; i < n; i++) {
+    struct CUstream_st *s = g_cap_streams[i];
+    if (s->cap_mode == CU_STREAM_CAPTURE_MODE_GLOBAL ||
+        (s->cap_mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL && pthread_equal(s->cap_thread, pthread_self())))
+      forbid = 1;
+  }
+  if (forbid)
+    for (int i = 0; i < n; i++) g_cap_streams[i]->cap_invalid = 1;
+  pthread_mutex_unlock(&g.lock);
+  return forbid;
+}
+
 static inline int inited(void) { return atomic_load_explicit(&g.initialized, memory_order_acquire); }
 
 /* ------------------------------------------------------------------------------------------- errors */
@@ -457,6 +497,7 @@ static inline int inited(void) { return atomic_load_explicit(&g.initialized, mem
   E(CUDA_ERROR_OPERATING_SYSTEM, "OS call failed or operation not supported on this OS")                      \
   E(CUDA_ERROR_SYSTEM_NOT_READY, "system not yet initialized")                                                \
   E(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "operation not permitted when stream is capturing")                \
+  E(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "operation failed due to a previous error during capture")         \
   E(CUDA_ERROR_TIMEOUT, "timeout occurred")                                                                   \
   E(CUDA_ERROR_UNKNOWN, "unknown error")
 
@@ -1174,6 +1215,7 @@ static void ctx_teardown_locked(struct CUctx_st *c) {
     c->streams = s->next;
     simmap_del(&g.streams, (uint64_t)(uintptr_t)s);
     g_capturing -= s->capturing; /* its capture ends with it */
+    if (s->capturing) cap_drop_locked(s);
     free(s);
   }
   if (c->alive) g.dev[c->device].contexts--;
@@ -1657,6 +1699,7 @@ SIM_API cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx) {
 
 static CUresult impl_ctx_sync(CUcontext h) {
   if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (capture_forbids()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   struct CUctx_st *c;
   LOCK();
   CUresult r = ctx_arg_locked(h, &c);
@@ -1682,6 +1725,7 @@ SIM_API cuCtxSynchronize_v2(CUcontext ctx) {
 
 static CUresult impl_alloc(CUdeviceptr *dptr, uint64_t bytes, int kind) {
   if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (capture_forbids()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   LOCK();
   struct CUctx_st *c;
   CUresult r = cur_ctx(&c);
@@ -1725,6 +1769,7 @@ SIM_API cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags
 
 static CUresult impl_free(CUdeviceptr dptr) {
   if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (capture_forbids()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   if (dptr == 0) return CUDA_SUCCESS; /* the real driver has free(NULL) semantics here */
   LOCK();
   struct CUctx_st *c;
@@ -1821,6 +1866,7 @@ SIM_API cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr d
 
 static CUresult impl_host_alloc(void **pp, uint64_t bytes, unsigned flags) {
   if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (capture_forbids()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   LOCK();
   struct CUctx_st *c;
   CUresult r = cur_ctx(&c);
@@ -1853,6 +1899,7 @@ SIM_API cuMemAllocHost(void **pp, unsigned int bytesize) {
 SIM_API cuMemFreeHost(void *p) {
   ENTER(cuMemFreeHost);
   if (!inited()) LEAVE(cuMemFreeHost, CUDA_ERROR_NOT_INITIALIZED);
+  if (capture_forbids()) LEAVE(cuMemFreeHost, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
   if (!p) LEAVE(cuMemFreeHost, CUDA_SUCCESS);
   LOCK();
   struct CUctx_st *c;
@@ -1872,6 +1919,7 @@ enum { CP_HTOD, CP_DTOH, CP_DTOD };
 
 static CUresult impl_copy(int dir, uint64_t dst, uint64_t src, uint64_t n) {
   if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (capture_forbids()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   LOCK();
   struct CUctx_st *c;
   CUresult r = cur_ctx(&c);
@@ -1887,6 +1935,7 @@ static CUresult impl_copy(int dir, uint64_t dst, uint64_t src, uint64_t n) {
 
 static CUresult impl_memset(uint64_t dst, unsigned char v, uint64_t n) {
   if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (capture_forbids()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   LOCK();
   struct CUctx_st *c;
   CUresult r = cur_ctx(&c);
@@ -1933,6 +1982,7 @@ static CUresult impl_stream_destroy(CUstream h) {
   if (s) {
     struct CUctx_st *c = s->ctx;
     g_capturing -= s->capturing; /* its capture ends with it */
+    if (s->capturing) cap_drop_locked(s);
     if (s->prev) s->prev->next = s->next;
     else c->streams = s->next;
     if (s->next) s->next->prev = s->prev;
@@ -2070,6 +2120,7 @@ SIM_API cuMemPoolDestroy(CUmemoryPool pool) {
 SIM_API cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
   ENTER(cuMemPoolTrimTo);
   if (!inited()) LEAVE(cuMemPoolTrimTo, CUDA_ERROR_NOT_INITIALIZED);
+  if (capture_forbids()) LEAVE(cuMemPoolTrimTo, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
   LOCK();
   struct CUmemPoolHandle_st *p = pool_lookup(pool);
   if (p) pool_trim_locked(p, minBytesToKeep);
@@ -2547,9 +2598,12 @@ SIM_API cuIpcCloseMemHandle(CUdeviceptr dptr) {
  * real driver; its per-thread default stream can capture there). Work enqueued meanwhile is not checked; the
  * graph is an empty placeholder for cuGraphDestroy. A checkpoint is refused while a stream captures. */
 
-static CUresult impl_capture(CUstream h, int begin, CUgraph *out) {
+static CUresult impl_capture(CUstream h, int begin, int mode, CUgraph *out) {
   if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
   if (!begin && !out) return CUDA_ERROR_INVALID_VALUE;
+  if (begin && mode != CU_STREAM_CAPTURE_MODE_GLOBAL && mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+      mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+    return CUDA_ERROR_INVALID_VALUE;
   LOCK();
   struct CUctx_st *c;
   CUresult r = stream_ctx_locked(h, &c);
@@ -2557,11 +2611,29 @@ static CUresult impl_capture(CUstream h, int begin, CUgraph *out) {
   if (r == CUDA_SUCCESS && !s) r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   else if (r == CUDA_SUCCESS && begin && s->capturing) r = CUDA_ERROR_ILLEGAL_STATE;
   else if (r == CUDA_SUCCESS && !begin && !s->capturing) r = CUDA_ERROR_ILLEGAL_STATE;
+  else if (r == CUDA_SUCCESS && begin && atomic_load_explicit(&g_ncap_streams, memory_order_relaxed) == SIM_CAP_MAX)
+    r = CUDA_ERROR_OUT_OF_MEMORY;
+  int invalid = 0;
   if (r == CUDA_SUCCESS) {
     s->capturing = begin;
     g_capturing += begin ? 1 : -1;
+    if (begin) {
+      s->cap_mode = mode;
+      s->cap_invalid = 0;
+      s->cap_thread = pthread_self();
+      int n = atomic_load_explicit(&g_ncap_streams, memory_order_relaxed);
+      g_cap_streams[n] = s;
+      atomic_store_explicit(&g_ncap_streams, n + 1, memory_order_relaxed);
+    } else {
+      invalid = s->cap_invalid;
+      cap_drop_locked(s);
+    }
   }
   UNLOCK();
+  if (invalid) { /* the capture ended, with no graph */
+    *out = NULL;
+    return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  }
   if (r == CUDA_SUCCESS && !begin) {
     *out = malloc(16); /* a placeholder graph */
     if (!*out) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -2629,8 +2701,8 @@ SIM_API cuGraphDestroy(CUgraph graph) {
   X(cuIpcOpenMemHandle, cuIpcOpenMemHandle_v2, impl_ipc_open,                                                 \
     (CUdeviceptr * pdptr, CUipcMemHandle handle, unsigned int Flags), (pdptr, handle))                        \
   X(cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz, impl_capture, (CUstream h, CUstreamCaptureMode mode), \
-    (h, 1, NULL))                                                                                             \
-  X(cuStreamEndCapture, cuStreamEndCapture_ptsz, impl_capture, (CUstream h, CUgraph * graph), (h, 0, graph))  \
+    (h, 1, (int)mode, NULL))                                                                                  \
+  X(cuStreamEndCapture, cuStreamEndCapture_ptsz, impl_capture, (CUstream h, CUgraph * graph), (h, 0, 0, graph)) \
   X(cuStreamIsCapturing, cuStreamIsCapturing_ptsz, impl_is_capturing, (CUstream h, CUstreamCaptureStatus * st), \
     (h, st))
 

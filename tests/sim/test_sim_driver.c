@@ -477,3 +477,69 @@ Test(sim_driver, call_counts_are_exact_across_threads) {
   count_calls(NULL);
   cr_assert_eq(simcuda_calls("cuCtxGetCurrent"), before + 3u * NTHREADS * COUNT_CALLS + COUNT_CALLS);
 }
+
+/* Stream capture restricts "potentially unsafe" calls: a global-mode capture on any thread, a thread-local one on
+ * its own thread; a relaxed one restricts nobody. A forbidden call fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+ * and invalidates the capture, whose EndCapture then fails with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED. */
+static void *unsafe_calls(void *arg) {
+  CUcontext c = arg;
+  cuCtxSetCurrent(c);
+  CUdeviceptr p = 0;
+  void *h = NULL;
+  intptr_t bad = 0;
+  bad += cuMemAlloc(&p, 1024) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  bad += cuCtxSynchronize() == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  bad += cuMemAllocHost(&h, 1024) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  if (p) cuMemFree(p);
+  if (h) cuMemFreeHost(h);
+  return (void *)bad;
+}
+
+static intptr_t unsafe_on_thread(CUcontext c) {
+  pthread_t t;
+  void *res = NULL;
+  cr_assert_eq(pthread_create(&t, NULL, unsafe_calls, c), 0);
+  pthread_join(t, &res);
+  return (intptr_t)res;
+}
+
+Test(sim_driver, capture_forbids_unsafe_calls) {
+  CUcontext c = sim_primary(0);
+  CUstream s;
+  CUgraph g = NULL;
+  CUdeviceptr p;
+  OK(cuMemAlloc(&p, 1 * MiB));
+  OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  ERR(cuStreamBeginCapture(s, (CUstreamCaptureMode)7), CUDA_ERROR_INVALID_VALUE);
+  /* global: another thread's unsafe calls fail and invalidate the capture */
+  OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  cr_assert_eq(unsafe_on_thread(c), 3, "a global-mode capture restricts every thread");
+  ERR(cuMemFree(p), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  ERR(cuMemPoolTrimTo(NULL, 0), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  ERR(cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  cr_assert_null(g);
+  /* the capture ended: the calls work again */
+  OK(cuCtxSynchronize());
+  /* global, untouched: ends well */
+  OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  OK(cuStreamEndCapture(s, &g));
+  OK(cuGraphDestroy(g));
+  /* thread-local: other threads are free, the capturing one is not */
+  OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  cr_assert_eq(unsafe_on_thread(c), 0);
+  OK(cuStreamEndCapture(s, &g));
+  OK(cuGraphDestroy(g));
+  OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  ERR(cuCtxSynchronize(), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  ERR(cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  /* relaxed: nobody is restricted */
+  OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  cr_assert_eq(unsafe_on_thread(c), 0);
+  OK(cuCtxSynchronize());
+  OK(cuStreamEndCapture(s, &g));
+  OK(cuGraphDestroy(g));
+  /* a stream destroyed while capturing takes its capture with it */
+  OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  OK(cuStreamDestroy(s));
+  OK(cuMemFree(p));
+}
