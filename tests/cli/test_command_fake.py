@@ -345,8 +345,11 @@ class FakeTest(unittest.TestCase):
         self.wait_for_zombie(f.pid)
         p = self.cmd("release", str(f.pid), check=3)
         self.assertIn("no such process: %d" % f.pid, p.stderr)
-        p = self.cmd("ps", check=0)
+        # The command that finds the process gone removes its files (README), not only ps.
         self.assertIn("removed the stale status file of pid %d (the process is gone)" % f.pid, p.stderr)
+        for ext in (".json", ".sock"):
+            self.assertFalse(os.path.exists(os.path.join(self.rundir, "%d%s" % (f.pid, ext))), ext)
+        p = self.cmd("ps", check=0)
         self.assertNotIn(" %d " % f.pid, p.stdout)
         f.p.wait()
 
