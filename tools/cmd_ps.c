@@ -260,6 +260,63 @@ static int by_device(const void *a, const void *b) {
   return x->device - y->device;
 }
 
+/* Adds the GPUs r reports to v->known: those it uses (as figures() finds them) and those its status file says
+ * it can see, used or not. */
+static void note_known(ps_view_t *v, const ps_row_t *r) {
+  const jnode_t *lists[4] = {arr(r->stats, "devices"), arr(r->stats, "gpus"), arr(r->stats, "frameworks"),
+                             arr(r->p.status, "gpus")};
+  for (int k = 0; k < 4; k++)
+    for (size_t i = 0; lists[k] && i < lists[k]->n; i++) {
+      int d = (int)jint(&lists[k]->kids[i], "device", -1);
+      if (d < 0)
+        continue;
+      const char *u = uuid_of(r, d);
+      bool seen = false;
+      for (size_t j = 0; j < v->nknown && !seen; j++)
+        seen = v->known[j].device == d && !strcmp(v->known[j].uuid, u);
+      if (!seen && v->nknown < PS_MAX_GPUS) {
+        v->known[v->nknown].device = d;
+        snprintf(v->known[v->nknown].uuid, sizeof v->known[v->nknown].uuid, "%s", u);
+        v->nknown++;
+      }
+    }
+}
+
+int ps_check_filter(const ps_view_t *v, const ps_filter_t *f, const char *cmd) {
+  for (size_t i = 0; f && i < f->n; i++) {
+    ps_filter_t one = {1, {{0}}};
+    memcpy(one.sel[0], f->sel[i], sizeof one.sel[0]);
+    const char *uuids[PS_MAX_GPUS];
+    size_t nu = 0;
+    bool any = false;
+    for (size_t j = 0; j < v->nknown; j++) {
+      if (!selected(&one, v->known[j].device, v->known[j].uuid))
+        continue;
+      any = true;
+      bool dup = false;
+      for (size_t k = 0; k < nu && !dup; k++)
+        dup = !strcmp(uuids[k], v->known[j].uuid);
+      if (!dup && v->known[j].uuid[0])
+        uuids[nu++] = v->known[j].uuid;
+    }
+    char *end;
+    (void)strtol(one.sel[0], &end, 10);
+    bool ordinal = *one.sel[0] && !*end;
+    if (!ordinal && nu > 1) {
+      fprintf(stderr, "gpureclaim: %s: GPU %s is ambiguous: it begins", cmd, one.sel[0]);
+      for (size_t k = 0; k < nu; k++)
+        fprintf(stderr, "%s %s", k ? (k + 1 == nu ? " and" : ",") : "", uuids[k]);
+      fprintf(stderr, " (give more of the UUID)\n");
+      return EX_USAGE;
+    }
+    if (!any) {
+      fprintf(stderr, "gpureclaim: %s: no GPU %s: no process of yours running gpureclaim can see it\n", cmd, one.sel[0]);
+      return EX_USAGE;
+    }
+  }
+  return EX_OK;
+}
+
 void ps_collect(ps_view_t *v, const ps_filter_t *f, int sort_key) {
   memset(v, 0, sizeof *v);
   proc_t *ps;
@@ -277,6 +334,8 @@ void ps_collect(ps_view_t *v, const ps_filter_t *f, int sort_key) {
   }
   free(ps);
   cmd_each_at_once(v->rows, n, sizeof *v->rows, ask_stats); /* a silent process costs its 2 s once */
+  for (size_t i = 0; i < n; i++)
+    note_known(v, &v->rows[i]);
   for (size_t i = 0; i < n; i++) {
     if (figures(v, &v->rows[i], f))
       v->rows[v->n++] = v->rows[i];
@@ -848,7 +907,9 @@ static const char g_ps_help[] =
     "Your processes running gpureclaim, largest first, with totals per GPU.\n"
     "\n"
     "  -i, --gpu GPUS       only these GPUs: ordinals or UUIDs (a unique prefix does), comma-separated,\n"
-    "                       as nvidia-smi -i takes them; each process's figures are then those GPUs' only\n"
+    "                       as nvidia-smi -i takes them; each process's figures are then those GPUs' only.\n"
+    "                       An ordinal is each process's own (CUDA_VISIBLE_DEVICES renumbers); an ambiguous\n"
+    "                       prefix, or a GPU none of your processes can see, is an error (exit status 2)\n"
     "  -s, --sort FIELD     held (default), cached, releasable, orphan, live, pinned, releases (largest\n"
     "                       first), pid, command, gpu\n"
     "      --json           one JSON array, one object per process (docs/PROTOCOL.md)\n"
@@ -981,6 +1042,8 @@ int cmd_ps(int argc, char **argv) {
   int rc = EX_OK;
   if (cmd_rundir_refused()) /* said why; an empty table would read as "nothing running" */
     rc = EX_FAILED;
+  else if ((rc = ps_check_filter(&v, &o.filter, "ps")) != EX_OK)
+    ;
   else if (o.prom)
     rc = write_prometheus(o.prom, &v, &o.filter);
   else if (o.nquery)

@@ -120,7 +120,7 @@ class FakeTest(unittest.TestCase):
         self.assertEqual(pids("-s", "orphan"), [big.pid, small.pid])
         self.assertEqual(self.cmd("ps", "--sort", "bogus", check=2).stdout, "")
         # -i/--gpu: by ordinal, by UUID or a prefix of one (with or without GPU-), several at once.
-        for sel in ("1", "GPU-aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee", "GPU-aaaa", "aaaaaaaa", "1,7"):
+        for sel in ("1", "GPU-aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee", "GPU-aaaa", "aaaaaaaa", "1,GPU-aaaa"):
             rows = json.loads(self.cmd("ps", "--json", "--gpu", sel, check=0).stdout)
             self.assertEqual([(r["pid"], r["devices"], r["held_bytes"]) for r in rows],
                              [(big.pid, [1], GiB), (small.pid, [1], 512 * MiB)], sel)
@@ -128,8 +128,18 @@ class FakeTest(unittest.TestCase):
         table = self.cmd("ps", "-i", "1", check=0).stdout.splitlines()
         self.assertRegex(table[1], r"^\s+1 GPU-aaaa")
         self.assertEqual(table[2], "", "GPU 0 is not shown")
-        out = self.cmd("ps", "-i", "5", check=0).stdout
-        self.assertIn("no process of yours is running gpureclaim on the GPUs selected", out)
+        # A GPU no process reports is an error, as nvidia-smi -i has it; so is a prefix of two UUIDs, for ps
+        # and release alike (exit status 2, nothing released).
+        for cmd in ("ps", "release"):
+            for sel in ("5", "zzz", "1,7"):
+                p = self.cmd(cmd, "--gpu", sel, check=2)
+                self.assertIn("no GPU %s: no process of yours running gpureclaim can see it" % sel.split(",")[-1],
+                              p.stderr)
+                self.assertEqual(p.stdout, "")
+            p = self.cmd(cmd, "-i" if cmd == "ps" else "-g", "GPU-", check=2)
+            self.assertIn("GPU GPU- is ambiguous: it begins GPU-11111111-2222-4333-8444-555555555555 and "
+                          "GPU-aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee", p.stderr)
+        self.assertFalse([line for line in self.received() if "release" in line], "nothing was released")
         for bad in ("", "1,", ",1", "a b", "x/y"):
             self.cmd("ps", "--gpu", bad, check=2)
 
