@@ -398,6 +398,10 @@ void ps_gpu_line(const ps_gpu_t *g, char *buf, size_t len, int width) {
 }
 
 #define ROW_FMT "%7s %-5.5s %10s %10s %10s %10s %4s %-8s %10s %s"
+/* Below 100 columns STATE and HOST make way for COMMAND (which began past column 80 with them); a process
+ * that is not awake says so after its command instead. */
+#define ROW_FMT_NARROW "%7s %-5.5s %10s %10s %10s %10s %4s %s"
+static bool narrow(int width) { return width > 0 && width < 100; }
 
 /* The sleep state from the status file ("awake", "sleeping", "waking"; "awake" for a library without sleep). */
 static const char *sleep_state(const ps_row_t *r) {
@@ -406,8 +410,11 @@ static const char *sleep_state(const ps_row_t *r) {
 static uint64_t sleep_host(const ps_row_t *r) { return u64(jget(r->p.status, "sleep"), "host_bytes"); }
 
 void ps_row_header(char *buf, size_t len, int width) {
-  snprintf(buf, len, ROW_FMT, "PID", "GPU", "HELD", "CACHED", "ORPHAN", "PINNED", "REL", "STATE", "HOST",
-           "COMMAND");
+  if (narrow(width))
+    snprintf(buf, len, ROW_FMT_NARROW, "PID", "GPU", "HELD", "CACHED", "ORPHAN", "PINNED", "REL", "COMMAND");
+  else
+    snprintf(buf, len, ROW_FMT, "PID", "GPU", "HELD", "CACHED", "ORPHAN", "PINNED", "REL", "STATE", "HOST",
+             "COMMAND");
   cut(buf, len, width);
 }
 
@@ -428,7 +435,14 @@ void ps_row_line(const ps_row_t *r, char *buf, size_t len, int width) {
     size_t l = strlen(cmdline);
     snprintf(cmdline + l, sizeof cmdline - l, " [not answering: %s]", r->why);
   }
-  snprintf(buf, len, ROW_FMT, pid, r->gpus, b1, b2, b3, b4, rel, sleep_state(r), host, cmdline);
+  if (narrow(width)) {
+    size_t l = strlen(cmdline);
+    if (strcmp(sleep_state(r), gr_sleep_state_name(GPURECLAIM_STATE_AWAKE)))
+      snprintf(cmdline + l, sizeof cmdline - l, " [%s, %s on host]", sleep_state(r), host);
+    snprintf(buf, len, ROW_FMT_NARROW, pid, r->gpus, b1, b2, b3, b4, rel, cmdline);
+  } else {
+    snprintf(buf, len, ROW_FMT, pid, r->gpus, b1, b2, b3, b4, rel, sleep_state(r), host, cmdline);
+  }
   cut(buf, len, width);
 }
 

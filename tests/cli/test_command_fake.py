@@ -69,6 +69,44 @@ class FakeTest(unittest.TestCase):
 
     # ---- ps, top, Prometheus ----
 
+    def ps_on_a_terminal(self, cols):
+        """ps's standard output on a terminal cols columns wide (a pseudo-terminal of that size)."""
+        import fcntl, pty, struct, termios
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, cols, 0, 0))
+        try:
+            p = subprocess.run([CMD, "ps"], stdout=slave, stderr=subprocess.PIPE, env=self.env, timeout=60)
+            os.close(slave)
+            slave = -1
+            out = b""
+            while True:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # EIO: the terminal's other end is closed and all was read
+                    break
+                if not chunk:
+                    break
+                out += chunk
+        finally:
+            if slave >= 0:
+                os.close(slave)
+            os.close(master)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        return out.decode().replace("\r\n", "\n")
+
+    def test_ps_on_80_columns_shows_the_command(self):
+        """README's 80-column example: STATE and HOST make way for COMMAND, which the wide layout began past
+        column 80 (so it was cut off); a wide terminal keeps every column."""
+        f = self.fake()
+        lines = self.ps_on_a_terminal(80).splitlines()
+        header = next(l for l in lines if l.lstrip().startswith("PID"))
+        self.assertEqual(header, "    PID GPU         HELD     CACHED     ORPHAN     PINNED  REL COMMAND")
+        row = next(l for l in lines if l.lstrip().startswith(str(f.pid)))
+        self.assertRegex(row, r"^\s*%d 0,1\s+4\.5 GiB\s+1\.0 GiB\s+512\.0 MiB\s+2\.0 MiB\s+0 fakeproc train" % f.pid)
+        self.assertTrue(all(len(l) <= 80 for l in lines), lines)
+        wide = self.ps_on_a_terminal(120).splitlines()
+        self.assertIn("STATE", next(l for l in wide if l.lstrip().startswith("PID")).split())
+
     def test_ps_table_in_binary_units(self):
         f = self.fake()
         out = self.cmd("ps", check=0).stdout
