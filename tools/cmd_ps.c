@@ -1011,7 +1011,7 @@ int cmd_ps(int argc, char **argv) {
       break;
     case 's':
       if ((o.sort = ps_sort_key(optarg)) < 0)
-        return cmd_usage_error("ps: unknown --sort field %s (see gpureclaim ps --help)", optarg);
+        return cmd_usage_error("ps: unknown --sort field %s", optarg);
       break;
     case 'j': json = true; break;
     case 'q':

@@ -157,6 +157,13 @@ class FakeTest(unittest.TestCase):
         self.assertEqual(pids("--sort", "pid"), sorted([big.pid, small.pid]))
         self.assertEqual(pids("-s", "orphan"), [big.pid, small.pid])
         self.assertEqual(self.cmd("ps", "--sort", "bogus", check=2).stdout, "")
+        # One hint, naming the command run (ps's printed its hint twice, top's pointed at ps and at top).
+        for cmd in ("ps", "top"):
+            err = self.cmd(cmd, "-s", "bogus", check=2).stderr
+            self.assertEqual(err.count("(see gpureclaim"), 1, err)
+            self.assertIn("(see gpureclaim %s --help)" % cmd, err)
+        err = self.cmd("run", "--oom-retry", "99", "--", "true", check=2).stderr
+        self.assertIn("(see gpureclaim run --help)", err)
         # -i/--gpu: by ordinal, by UUID or a prefix of one (with or without GPU-), several at once.
         for sel in ("1", "GPU-aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee", "GPU-aaaa", "aaaaaaaa", "1,GPU-aaaa"):
             rows = json.loads(self.cmd("ps", "--json", "--gpu", sel, check=0).stdout)
