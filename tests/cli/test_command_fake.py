@@ -162,6 +162,11 @@ class FakeTest(unittest.TestCase):
             err = self.cmd(cmd, "-s", "bogus", check=2).stderr
             self.assertEqual(err.count("(see gpureclaim"), 1, err)
             self.assertIn("(see gpureclaim %s --help)" % cmd, err)
+        # -t 0: refused by every command that takes it, with the same true range.
+        for cmd in ("sleep", "wake", "release", "snapshot"):
+            for t in ("0", "-1", "86401"):
+                err = self.cmd(cmd, "-t", t, "1", check=2).stderr
+                self.assertIn("bad timeout %s (seconds, more than 0 and at most 86400)" % t, err)
         err = self.cmd("run", "--oom-retry", "99", "--", "true", check=2).stderr
         self.assertIn("(see gpureclaim run --help)", err)
         # -i/--gpu: by ordinal, by UUID or a prefix of one (with or without GPU-), several at once.
