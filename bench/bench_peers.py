@@ -9,7 +9,7 @@ release, the GPU's lock, reading the status files, the request, B's release, the
 and B refills its cache, untimed, for the next trial.
 
 usage: bench_peers.py [TRIALS]   (default 200; PEER_PROG, GR_PRELOAD, GR_EXAMPLES, LD_LIBRARY_PATH as CTest sets
-them, or run from a build tree: see bench/README.md)"""
+them, each defaulting to the build tree build/ under the repository root: see bench/README.md)"""
 import json
 import os
 import subprocess
@@ -111,9 +111,18 @@ def run(category, trials, base, where):
 def main():
     trials = int(sys.argv[1]) if len(sys.argv) > 1 else 200
     base = dict(os.environ)
+    # Unset, each defaults to the build tree under the repository root (build/), as README runs it.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    defaults = {"PEER_PROG": os.path.join(root, "build", "tests", "integration", "peer_prog"),
+                "GR_PRELOAD": os.path.join(root, "build", "src", "libgpureclaim.so"),
+                "GR_EXAMPLES": os.path.join(root, "examples"),
+                "LD_LIBRARY_PATH": os.path.join(root, "build", "sim")}
+    for k, v in defaults.items():
+        if not base.get(k):
+            base[k] = v
     for k in ("PEER_PROG", "GR_PRELOAD", "GR_EXAMPLES"):
-        if k not in base:
-            sys.exit("bench_peers: %s is not set (see bench/README.md)" % k)
+        if not os.path.exists(base[k]):
+            sys.exit("bench_peers: %s=%s does not exist (build first, or set it: see bench/README.md)" % (k, base[k]))
     # The run directory where gpureclaim's default puts it: $XDG_RUNTIME_DIR (a tmpfs), else the temporary
     # directory; BENCH_RUNDIR_BASE chooses. Status files are written with fsync: the filesystem shows in the figures.
     where = base.get("BENCH_RUNDIR_BASE") or base.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()

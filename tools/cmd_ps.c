@@ -260,6 +260,63 @@ static int by_device(const void *a, const void *b) {
   return x->device - y->device;
 }
 
+/* Adds the GPUs r reports to v->known: those it uses (as figures() finds them) and those its status file says
+ * it can see, used or not. */
+static void note_known(ps_view_t *v, const ps_row_t *r) {
+  const jnode_t *lists[4] = {arr(r->stats, "devices"), arr(r->stats, "gpus"), arr(r->stats, "frameworks"),
+                             arr(r->p.status, "gpus")};
+  for (int k = 0; k < 4; k++)
+    for (size_t i = 0; lists[k] && i < lists[k]->n; i++) {
+      int d = (int)jint(&lists[k]->kids[i], "device", -1);
+      if (d < 0)
+        continue;
+      const char *u = uuid_of(r, d);
+      bool seen = false;
+      for (size_t j = 0; j < v->nknown && !seen; j++)
+        seen = v->known[j].device == d && !strcmp(v->known[j].uuid, u);
+      if (!seen && v->nknown < PS_MAX_GPUS) {
+        v->known[v->nknown].device = d;
+        snprintf(v->known[v->nknown].uuid, sizeof v->known[v->nknown].uuid, "%s", u);
+        v->nknown++;
+      }
+    }
+}
+
+int ps_check_filter(const ps_view_t *v, const ps_filter_t *f, const char *cmd) {
+  for (size_t i = 0; f && i < f->n; i++) {
+    ps_filter_t one = {1, {{0}}};
+    memcpy(one.sel[0], f->sel[i], sizeof one.sel[0]);
+    const char *uuids[PS_MAX_GPUS];
+    size_t nu = 0;
+    bool any = false;
+    for (size_t j = 0; j < v->nknown; j++) {
+      if (!selected(&one, v->known[j].device, v->known[j].uuid))
+        continue;
+      any = true;
+      bool dup = false;
+      for (size_t k = 0; k < nu && !dup; k++)
+        dup = !strcmp(uuids[k], v->known[j].uuid);
+      if (!dup && v->known[j].uuid[0])
+        uuids[nu++] = v->known[j].uuid;
+    }
+    char *end;
+    (void)strtol(one.sel[0], &end, 10);
+    bool ordinal = *one.sel[0] && !*end;
+    if (!ordinal && nu > 1) {
+      fprintf(stderr, "gpureclaim: %s: GPU %s is ambiguous: it begins", cmd, one.sel[0]);
+      for (size_t k = 0; k < nu; k++)
+        fprintf(stderr, "%s %s", k ? (k + 1 == nu ? " and" : ",") : "", uuids[k]);
+      fprintf(stderr, " (give more of the UUID)\n");
+      return EX_USAGE;
+    }
+    if (!any) {
+      fprintf(stderr, "gpureclaim: %s: no GPU %s: no process of yours running gpureclaim can see it\n", cmd, one.sel[0]);
+      return EX_USAGE;
+    }
+  }
+  return EX_OK;
+}
+
 void ps_collect(ps_view_t *v, const ps_filter_t *f, int sort_key) {
   memset(v, 0, sizeof *v);
   proc_t *ps;
@@ -277,6 +334,8 @@ void ps_collect(ps_view_t *v, const ps_filter_t *f, int sort_key) {
   }
   free(ps);
   cmd_each_at_once(v->rows, n, sizeof *v->rows, ask_stats); /* a silent process costs its 2 s once */
+  for (size_t i = 0; i < n; i++)
+    note_known(v, &v->rows[i]);
   for (size_t i = 0; i < n; i++) {
     if (figures(v, &v->rows[i], f))
       v->rows[v->n++] = v->rows[i];
@@ -339,6 +398,10 @@ void ps_gpu_line(const ps_gpu_t *g, char *buf, size_t len, int width) {
 }
 
 #define ROW_FMT "%7s %-5.5s %10s %10s %10s %10s %4s %-8s %10s %s"
+/* Below 100 columns STATE and HOST make way for COMMAND (which began past column 80 with them); a process
+ * that is not awake says so after its command instead. */
+#define ROW_FMT_NARROW "%7s %-5.5s %10s %10s %10s %10s %4s %s"
+static bool narrow(int width) { return width > 0 && width < 100; }
 
 /* The sleep state from the status file ("awake", "sleeping", "waking"; "awake" for a library without sleep). */
 static const char *sleep_state(const ps_row_t *r) {
@@ -347,8 +410,11 @@ static const char *sleep_state(const ps_row_t *r) {
 static uint64_t sleep_host(const ps_row_t *r) { return u64(jget(r->p.status, "sleep"), "host_bytes"); }
 
 void ps_row_header(char *buf, size_t len, int width) {
-  snprintf(buf, len, ROW_FMT, "PID", "GPU", "HELD", "CACHED", "ORPHAN", "PINNED", "REL", "STATE", "HOST",
-           "COMMAND");
+  if (narrow(width))
+    snprintf(buf, len, ROW_FMT_NARROW, "PID", "GPU", "HELD", "CACHED", "ORPHAN", "PINNED", "REL", "COMMAND");
+  else
+    snprintf(buf, len, ROW_FMT, "PID", "GPU", "HELD", "CACHED", "ORPHAN", "PINNED", "REL", "STATE", "HOST",
+             "COMMAND");
   cut(buf, len, width);
 }
 
@@ -369,7 +435,14 @@ void ps_row_line(const ps_row_t *r, char *buf, size_t len, int width) {
     size_t l = strlen(cmdline);
     snprintf(cmdline + l, sizeof cmdline - l, " [not answering: %s]", r->why);
   }
-  snprintf(buf, len, ROW_FMT, pid, r->gpus, b1, b2, b3, b4, rel, sleep_state(r), host, cmdline);
+  if (narrow(width)) {
+    size_t l = strlen(cmdline);
+    if (strcmp(sleep_state(r), gr_sleep_state_name(GPURECLAIM_STATE_AWAKE)))
+      snprintf(cmdline + l, sizeof cmdline - l, " [%s, %s on host]", sleep_state(r), host);
+    snprintf(buf, len, ROW_FMT_NARROW, pid, r->gpus, b1, b2, b3, b4, rel, cmdline);
+  } else {
+    snprintf(buf, len, ROW_FMT, pid, r->gpus, b1, b2, b3, b4, rel, sleep_state(r), host, cmdline);
+  }
   cut(buf, len, width);
 }
 
@@ -848,7 +921,9 @@ static const char g_ps_help[] =
     "Your processes running gpureclaim, largest first, with totals per GPU.\n"
     "\n"
     "  -i, --gpu GPUS       only these GPUs: ordinals or UUIDs (a unique prefix does), comma-separated,\n"
-    "                       as nvidia-smi -i takes them; each process's figures are then those GPUs' only\n"
+    "                       as nvidia-smi -i takes them; each process's figures are then those GPUs' only.\n"
+    "                       An ordinal is each process's own (CUDA_VISIBLE_DEVICES renumbers); an ambiguous\n"
+    "                       prefix, or a GPU none of your processes can see, is an error (exit status 2)\n"
     "  -s, --sort FIELD     held (default), cached, releasable, orphan, live, pinned, releases (largest\n"
     "                       first), pid, command, gpu\n"
     "      --json           one JSON array, one object per process (docs/PROTOCOL.md)\n"
@@ -936,7 +1011,7 @@ int cmd_ps(int argc, char **argv) {
       break;
     case 's':
       if ((o.sort = ps_sort_key(optarg)) < 0)
-        return cmd_usage_error("ps: unknown --sort field %s (see gpureclaim ps --help)", optarg);
+        return cmd_usage_error("ps: unknown --sort field %s", optarg);
       break;
     case 'j': json = true; break;
     case 'q':
@@ -981,6 +1056,8 @@ int cmd_ps(int argc, char **argv) {
   int rc = EX_OK;
   if (cmd_rundir_refused()) /* said why; an empty table would read as "nothing running" */
     rc = EX_FAILED;
+  else if ((rc = ps_check_filter(&v, &o.filter, "ps")) != EX_OK)
+    ;
   else if (o.prom)
     rc = write_prometheus(o.prom, &v, &o.filter);
   else if (o.nquery)

@@ -499,7 +499,8 @@ static const char g_help[] =
     "\n"
     "  -a, --all          every process of yours running gpureclaim\n"
     "  -g, --gpu GPU      every process of yours on that GPU: its UUID (a unique prefix does) or its index\n"
-    "                     as ps shows it (each process's own ordinal: with CUDA_VISIBLE_DEVICES, use the UUID)\n"
+    "                     as ps shows it (each process's own ordinal: with CUDA_VISIBLE_DEVICES, use the UUID);\n"
+    "                     an ambiguous prefix, or a GPU none of your processes can see, is an error (exit 2)\n"
     "  -w, --what WHAT    cached, orphaned, all, comma-separated (default: the process's GPURECLAIM_ON_SIGNAL;\n"
     "                     by signal it must match that)\n"
     "  -t, --timeout S    how long to wait, in seconds (default 30), for the processes asked at once (32 at a\n"
@@ -574,6 +575,11 @@ int cmd_release(int argc, char **argv) {
     /* The processes that use that GPU, as ps finds them (each asked for its stats at once). */
     ps_view_t v;
     ps_collect(&v, &gpu, 0);
+    if (!cmd_rundir_refused() && (rc = ps_check_filter(&v, &gpu, "release")) != EX_OK) {
+      ps_free(&v);
+      free(pids);
+      return rc;
+    }
     pid_t *more = realloc(pids, (v.n + 1) * sizeof *pids);
     if (more)
       pids = more;

@@ -116,7 +116,7 @@ static char *preload_list(const char *old, const char *lib) {
 static int set_checked_by(const char *var, const char *value, int (*check)(const char *), const char *check_expected) {
   const char *expected = "";
   if (gr_opt_check(var, value, &expected) != 0 || (check && check(value) != 0 && (expected = check_expected))) {
-    fprintf(stderr, "gpureclaim: run: bad value for %s: %s (expected %s)\n(see gpureclaim --help)\n", var, value,
+    fprintf(stderr, "gpureclaim: run: bad value for %s: %s (expected %s)\n(see gpureclaim run --help)\n", var, value,
             expected);
     return EX_USAGE;
   }

@@ -147,8 +147,9 @@ static int run(int argc, char **argv, bool sleeping) {
       return cmd_help(sleeping ? g_sleep_help : g_wake_help);
     if (c == 'j')
       json = true;
-    if (c == 't' && !cmd_parse_seconds(optarg, &timeout))
-      return cmd_usage_error("bad --timeout: %s (expected seconds, 0 to 86400)", optarg);
+    if (c == 't' && (!cmd_parse_seconds(optarg, &timeout) || timeout <= 0)) /* as release and snapshot have it */
+      return cmd_usage_error(sleeping ? "sleep: bad timeout %s (seconds, more than 0 and at most 86400)"
+                                      : "wake: bad timeout %s (seconds, more than 0 and at most 86400)", optarg);
   }
   if (optind != argc - 1)
     return cmd_usage_error("%s", sleeping ? "sleep takes one PID" : "wake takes one PID");

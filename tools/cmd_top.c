@@ -407,7 +407,7 @@ int cmd_top(int argc, char **argv) {
       break;
     case 's':
       if ((o.sort = ps_sort_key(optarg)) < 0)
-        return cmd_usage_error("top: unknown --sort field %s (see gpureclaim ps --help)", optarg);
+        return cmd_usage_error("top: unknown --sort field %s (the fields are ps's, as ps --help lists them)", optarg);
       break;
     case 'j': cmd_set_json(true); break;
     case 'h': return cmd_help(g_top_help);

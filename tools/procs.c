@@ -332,6 +332,16 @@ int cmd_find(pid_t pid, proc_t *out) {
   memset(out, 0, sizeof *out);
   out->pid = pid;
   if (pid <= 0 || !proc_start(pid, &uid)) {
+    /* A process gone leaves its status file and socket when it was killed: removed here as ps removes them
+     * (load() finds the pid running nothing). */
+    const char *dir = pid > 0 ? cmd_rundir(false) : NULL;
+    if (dir) {
+      proc_t gone;
+      load(dir, pid, &gone);
+      cmd_free(&gone);
+    }
+    memset(out, 0, sizeof *out);
+    out->pid = pid;
     not_found(out, "no such process: %d", (int)pid);
     return EX_NOPROC;
   }

@@ -37,6 +37,13 @@ typedef struct ps_view {
   size_t n;
   ps_gpu_t gpus[PS_MAX_GPUS];
   size_t ngpus;
+  /* Every GPU an answering process reports, selected or not (what -i/--gpu is checked against): its
+   * ordinal in some process and its UUID ("" when unknown). */
+  struct {
+    int device;
+    char uuid[PS_UUID_LEN];
+  } known[PS_MAX_GPUS];
+  size_t nknown;
 } ps_view_t;
 
 /* -i/--gpu: ordinals and UUIDs (a unique prefix does, with or without "GPU-"), comma-separated. */
@@ -55,6 +62,9 @@ bool ps_parse_filter(const char *s, ps_filter_t *f);
 /* Asks every process of this user for its stats (at once), keeps those on the selected GPUs, sorts. */
 void ps_collect(ps_view_t *v, const ps_filter_t *f, int sort_key);
 void ps_free(ps_view_t *v);
+/* Whether each -i/--gpu selector names a GPU some answering process reports, a UUID prefix exactly one:
+ * EX_OK, or EX_USAGE after saying which selector is ambiguous (with its candidates) or names no GPU. */
+int ps_check_filter(const ps_view_t *v, const ps_filter_t *f, const char *cmd);
 
 /* Table text, one line at most `width` columns (0: no limit), without the newline. */
 void ps_gpu_header(char *buf, size_t len, int width);

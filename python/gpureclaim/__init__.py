@@ -151,11 +151,14 @@ def enabled():
 
 
 def stats(device=-1):
-    """Counters for one device ordinal, or all devices (-1), as a dict (gpureclaim_stats_t's fields)."""
+    """Counters for one device ordinal (0 to 63), or all devices (-1), as a dict (gpureclaim_stats_t's fields); ValueError
+    for another device."""
     if not isinstance(device, int) or isinstance(device, bool):
         raise TypeError("device is an int ordinal, or -1 for all devices, not %s" % type(device).__name__)
-    if not -1 <= device < 1 << 31:
-        raise ValueError("device out of range: %d" % device)  # the library refuses the rest of the int range
+    if not -1 <= device <= 63:
+        # The library refuses the rest (EINVAL): every device outside its 0..63 is a ValueError here, not an
+        # OSError for some and a ValueError for others.
+        raise ValueError("device out of range: %d (0 to 63, or -1 for all devices)" % device)
     s = _Stats(size=ctypes.sizeof(_Stats))
     _check(_load().gpureclaim_stats(device, ctypes.byref(s)), "stats")
     return {name: getattr(s, name) for name, _ in _Stats._fields_ if name != "size"}

@@ -694,12 +694,13 @@ try:
     assert False, "no error"
 except TypeError as e:
     assert "device is an int" in str(e), e
-for bad in (1 << 40, -2):  # not truncated to another device
+for bad in (1 << 40, -2, 64, 99):  # not truncated to another device; one error whatever the side
     try:
         gpureclaim.stats(bad)
         assert False, "no error for %d" % bad
-    except (ValueError, OSError) as e:
-        pass
+    except ValueError as e:
+        assert "out of range" in str(e), e
+assert gpureclaim.stats(63)["live_bytes"] == 0  # the last device the library counts
 try:
     gpureclaim.release((1 << 32) | 2)  # not truncated to "orphaned"
     assert False, "no error"

@@ -69,6 +69,44 @@ class FakeTest(unittest.TestCase):
 
     # ---- ps, top, Prometheus ----
 
+    def ps_on_a_terminal(self, cols):
+        """ps's standard output on a terminal cols columns wide (a pseudo-terminal of that size)."""
+        import fcntl, pty, struct, termios
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, cols, 0, 0))
+        try:
+            p = subprocess.run([CMD, "ps"], stdout=slave, stderr=subprocess.PIPE, env=self.env, timeout=60)
+            os.close(slave)
+            slave = -1
+            out = b""
+            while True:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # EIO: the terminal's other end is closed and all was read
+                    break
+                if not chunk:
+                    break
+                out += chunk
+        finally:
+            if slave >= 0:
+                os.close(slave)
+            os.close(master)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        return out.decode().replace("\r\n", "\n")
+
+    def test_ps_on_80_columns_shows_the_command(self):
+        """README's 80-column example: STATE and HOST make way for COMMAND, which the wide layout began past
+        column 80 (so it was cut off); a wide terminal keeps every column."""
+        f = self.fake()
+        lines = self.ps_on_a_terminal(80).splitlines()
+        header = next(l for l in lines if l.lstrip().startswith("PID"))
+        self.assertEqual(header, "    PID GPU         HELD     CACHED     ORPHAN     PINNED  REL COMMAND")
+        row = next(l for l in lines if l.lstrip().startswith(str(f.pid)))
+        self.assertRegex(row, r"^\s*%d 0,1\s+4\.5 GiB\s+1\.0 GiB\s+512\.0 MiB\s+2\.0 MiB\s+0 fakeproc train" % f.pid)
+        self.assertTrue(all(len(l) <= 80 for l in lines), lines)
+        wide = self.ps_on_a_terminal(120).splitlines()
+        self.assertIn("STATE", next(l for l in wide if l.lstrip().startswith("PID")).split())
+
     def test_ps_table_in_binary_units(self):
         f = self.fake()
         out = self.cmd("ps", check=0).stdout
@@ -119,8 +157,20 @@ class FakeTest(unittest.TestCase):
         self.assertEqual(pids("--sort", "pid"), sorted([big.pid, small.pid]))
         self.assertEqual(pids("-s", "orphan"), [big.pid, small.pid])
         self.assertEqual(self.cmd("ps", "--sort", "bogus", check=2).stdout, "")
+        # One hint, naming the command run (ps's printed its hint twice, top's pointed at ps and at top).
+        for cmd in ("ps", "top"):
+            err = self.cmd(cmd, "-s", "bogus", check=2).stderr
+            self.assertEqual(err.count("(see gpureclaim"), 1, err)
+            self.assertIn("(see gpureclaim %s --help)" % cmd, err)
+        # -t 0: refused by every command that takes it, with the same true range.
+        for cmd in ("sleep", "wake", "release", "snapshot"):
+            for t in ("0", "-1", "86401"):
+                err = self.cmd(cmd, "-t", t, "1", check=2).stderr
+                self.assertIn("bad timeout %s (seconds, more than 0 and at most 86400)" % t, err)
+        err = self.cmd("run", "--oom-retry", "99", "--", "true", check=2).stderr
+        self.assertIn("(see gpureclaim run --help)", err)
         # -i/--gpu: by ordinal, by UUID or a prefix of one (with or without GPU-), several at once.
-        for sel in ("1", "GPU-aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee", "GPU-aaaa", "aaaaaaaa", "1,7"):
+        for sel in ("1", "GPU-aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee", "GPU-aaaa", "aaaaaaaa", "1,GPU-aaaa"):
             rows = json.loads(self.cmd("ps", "--json", "--gpu", sel, check=0).stdout)
             self.assertEqual([(r["pid"], r["devices"], r["held_bytes"]) for r in rows],
                              [(big.pid, [1], GiB), (small.pid, [1], 512 * MiB)], sel)
@@ -128,8 +178,18 @@ class FakeTest(unittest.TestCase):
         table = self.cmd("ps", "-i", "1", check=0).stdout.splitlines()
         self.assertRegex(table[1], r"^\s+1 GPU-aaaa")
         self.assertEqual(table[2], "", "GPU 0 is not shown")
-        out = self.cmd("ps", "-i", "5", check=0).stdout
-        self.assertIn("no process of yours is running gpureclaim on the GPUs selected", out)
+        # A GPU no process reports is an error, as nvidia-smi -i has it; so is a prefix of two UUIDs, for ps
+        # and release alike (exit status 2, nothing released).
+        for cmd in ("ps", "release"):
+            for sel in ("5", "zzz", "1,7"):
+                p = self.cmd(cmd, "--gpu", sel, check=2)
+                self.assertIn("no GPU %s: no process of yours running gpureclaim can see it" % sel.split(",")[-1],
+                              p.stderr)
+                self.assertEqual(p.stdout, "")
+            p = self.cmd(cmd, "-i" if cmd == "ps" else "-g", "GPU-", check=2)
+            self.assertIn("GPU GPU- is ambiguous: it begins GPU-11111111-2222-4333-8444-555555555555 and "
+                          "GPU-aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee", p.stderr)
+        self.assertFalse([line for line in self.received() if "release" in line], "nothing was released")
         for bad in ("", "1,", ",1", "a b", "x/y"):
             self.cmd("ps", "--gpu", bad, check=2)
 
@@ -345,8 +405,11 @@ class FakeTest(unittest.TestCase):
         self.wait_for_zombie(f.pid)
         p = self.cmd("release", str(f.pid), check=3)
         self.assertIn("no such process: %d" % f.pid, p.stderr)
-        p = self.cmd("ps", check=0)
+        # The command that finds the process gone removes its files (README), not only ps.
         self.assertIn("removed the stale status file of pid %d (the process is gone)" % f.pid, p.stderr)
+        for ext in (".json", ".sock"):
+            self.assertFalse(os.path.exists(os.path.join(self.rundir, "%d%s" % (f.pid, ext))), ext)
+        p = self.cmd("ps", check=0)
         self.assertNotIn(" %d " % f.pid, p.stdout)
         f.p.wait()
 

@@ -51,4 +51,12 @@ grep -Eq '^[0-9]+ \(python3 .*\): released [0-9.]+ MiB in' <<<"$out" || { echo "
 grep -q 'after the release: 0.0 MiB reserved' <<<"$out" || { echo "test_readme: the cache did not come back"; exit 1; }
 grep -q '^model 2' <<<"$out" || { echo "test_readme: model 2 did not run"; exit 1; }
 if grep -q '"event"' <<<"$out"; then echo "test_readme: a JSON report on the program's output"; exit 1; fi
+# What the block leaves in the repository's root (train.log) is ignored by git: a newcomer's checkout stays clean.
+if git -C "$src" rev-parse --git-dir >/dev/null 2>&1; then
+  for f in "$clone"/*; do
+    [[ -L "$f" ]] && continue
+    git -C "$src" check-ignore -q --no-index "$(basename "$f")" ||
+      { echo "test_readme: the block leaves $(basename "$f") in the checkout, not in .gitignore"; exit 1; }
+  done
+fi
 echo "test_readme: the newcomer block works as printed"
