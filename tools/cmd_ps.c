@@ -309,7 +309,7 @@ int ps_check_filter(const ps_view_t *v, const ps_filter_t *f, const char *cmd) {
       fprintf(stderr, " (give more of the UUID)\n");
       return EX_USAGE;
     }
-    if (!any) {
+    if (!any && v->nknown) { /* (with no process of yours at all, nothing says which GPUs exist: none is used) */
       fprintf(stderr, "gpureclaim: %s: no GPU %s: no process of yours running gpureclaim can see it\n", cmd, one.sel[0]);
       return EX_USAGE;
     }
@@ -923,7 +923,7 @@ static const char g_ps_help[] =
     "  -i, --gpu GPUS       only these GPUs: ordinals or UUIDs (a unique prefix does), comma-separated,\n"
     "                       as nvidia-smi -i takes them; each process's figures are then those GPUs' only.\n"
     "                       An ordinal is each process's own (CUDA_VISIBLE_DEVICES renumbers); an ambiguous\n"
-    "                       prefix, or a GPU none of your processes can see, is an error (exit status 2)\n"
+    "                       prefix, or a GPU none of your running processes can see, is an error (exit 2)\n"
     "  -s, --sort FIELD     held (default), cached, releasable, orphan, live, pinned, releases (largest\n"
     "                       first), pid, command, gpu\n"
     "      --json           one JSON array, one object per process (docs/PROTOCOL.md)\n"

@@ -149,6 +149,14 @@ class FakeTest(unittest.TestCase):
         self.assertNotIn("pytorch", out)
         self.assertRegex(out, r"(?m)^\s*%d 1\s+512\.0 MiB\s+0 B\s+0 B\s+2\.0 MiB\s" % f.pid)
 
+    def test_a_gpu_filter_with_no_process_running_is_no_error(self):
+        """With no process of the user's running gpureclaim, nothing says which GPUs exist: ps -i and release -g
+        say that no process uses the GPU, exit 0 (an unknown GPU is an error only while some process runs)."""
+        for args in (("ps", "-i", "5"), ("release", "-g", "9")):
+            p = self.cmd(*args)
+            self.assertEqual(p.returncode, 0, (args, p.stdout, p.stderr))
+            self.assertIn("no process of yours", p.stdout)
+
     def test_ps_sorts_and_filters_gpus(self):
         small, big = self.fake(), self.fake("--scale", "2")
         def pids(*args):
