@@ -21,6 +21,7 @@
 
 typedef struct {
   CUcontext ctx;
+  bool no_mode; /* begin with the mode-less cuStreamBeginCapture (CUDA 10.0's: a global-mode capture) */
   pthread_barrier_t begun, go;
   CUresult begin, end;
 } cap_t;
@@ -31,7 +32,15 @@ static void *capturer(void *arg) {
   cuCtxSetCurrent(c->ctx);
   CUstream s = NULL;
   cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
-  c->begin = cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL);
+  if (c->no_mode) {
+    void *fn = NULL;
+    CUdriverProcAddressQueryResult st;
+    c->begin = cuGetProcAddress("cuStreamBeginCapture", &fn, 10000, 0, &st);
+    if (c->begin == CUDA_SUCCESS)
+      c->begin = ((CUresult(*)(CUstream))fn)(s);
+  } else {
+    c->begin = cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL);
+  }
   pthread_barrier_wait(&c->begun);
   pthread_barrier_wait(&c->go);
   CUgraph g = NULL;
@@ -97,7 +106,7 @@ static void release_after(void) {
 Test(capture, api_release_is_refused) {
   CUcontext ctx = h_cuda_start(0);
   cache_and_orphan(1 * MiB);
-  cap_t c;
+  cap_t c = {.no_mode = false};
   pthread_t t = capture_start(&c, ctx);
   uint64_t calls = unsafe_calls(), rel = h_grs(-1).releases;
   gpureclaim_report_t r = {.size = sizeof r};
@@ -107,6 +116,21 @@ Test(capture, api_release_is_refused) {
   cr_assert_eq(h_grs(-1).releases, rel);
   cr_assert_eq(h_grs(-1).orphan_blocks, 1);
   cr_assert_geq(pool_reserved(), 8 * MiB);
+  capture_end(&c, t);
+  release_after();
+}
+
+/* The same through the mode-less cuStreamBeginCapture, which gpureclaim hooks apart. */
+Test(capture, api_release_is_refused_without_mode) {
+  CUcontext ctx = h_cuda_start(0);
+  cache_and_orphan(1 * MiB);
+  cap_t c = {.no_mode = true};
+  pthread_t t = capture_start(&c, ctx);
+  uint64_t calls = unsafe_calls();
+  gpureclaim_report_t r = {.size = sizeof r};
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_CACHED | GPURECLAIM_ORPHANED, &r), -EBUSY);
+  cr_assert_eq(unsafe_calls(), calls, "the release made capture-unsafe calls");
+  cr_assert_eq(h_grs(-1).orphan_blocks, 1);
   capture_end(&c, t);
   release_after();
 }
@@ -122,7 +146,7 @@ Test(capture, signal_release_is_refused) {
   unlink(path);
   int saved = dup(STDERR_FILENO);
   dup2(fd, STDERR_FILENO);
-  cap_t c;
+  cap_t c = {.no_mode = false};
   pthread_t t = capture_start(&c, ctx);
   uint64_t calls = unsafe_calls(), rel = h_grs(-1).releases;
   raise(SIGUSR1);
@@ -151,7 +175,7 @@ Test(capture, out_of_memory_is_not_retried) {
   CUcontext ctx = h_cuda_start(0);
   simcuda_set_capacity(0, 100 * MiB);
   cache_and_orphan(80 * MiB);
-  cap_t c;
+  cap_t c = {.no_mode = false};
   pthread_t t = capture_start(&c, ctx);
   uint64_t calls = unsafe_calls();
   CUstream s;

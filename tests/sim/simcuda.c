@@ -77,7 +77,8 @@
   X(cuMemGetMemPool) X(cuMemSetMemPool) X(cuLaunchKernel) X(cuLaunchKernel_ptsz)                          \
   X(cuCheckpointProcessLock) X(cuCheckpointProcessCheckpoint) X(cuCheckpointProcessRestore)                 \
   X(cuCheckpointProcessUnlock) X(cuCheckpointProcessGetState) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle)       \
-  X(cuIpcOpenMemHandle_v2) X(cuIpcCloseMemHandle) X(cuStreamBeginCapture_v2) X(cuStreamBeginCapture_v2_ptsz)     \
+  X(cuIpcOpenMemHandle_v2) X(cuIpcCloseMemHandle) X(cuStreamBeginCapture) X(cuStreamBeginCapture_ptsz)           \
+  X(cuStreamBeginCapture_v2) X(cuStreamBeginCapture_v2_ptsz)                                                  \
   X(cuStreamEndCapture) X(cuStreamEndCapture_ptsz) X(cuStreamIsCapturing) X(cuStreamIsCapturing_ptsz)         \
   X(cuGraphDestroy)
 
@@ -2720,6 +2721,10 @@ SIM_API cuGraphDestroy(CUgraph graph) {
 SIM_SAME_ABI(SIM_DEF_SAME_ABI)
 #undef SIM_DEF_SAME_ABI
 
+/* cuStreamBeginCapture before CUDA 10.1 took no mode: its capture is a global-mode one. */
+SIM_WRAPPER(cuStreamBeginCapture, (CUstream h), impl_capture(h, 1, CU_STREAM_CAPTURE_MODE_GLOBAL, NULL))
+SIM_WRAPPER(cuStreamBeginCapture_ptsz, (CUstream h), impl_capture(h, 1, CU_STREAM_CAPTURE_MODE_GLOBAL, NULL))
+
 /* cuGLCtxCreate and cuVDPAUCtxCreate (cudaGL.h, cudaVDPAU.h; deprecated, asked for by the CUDA 13 runtime): a
  * context made and pushed current as cuCtxCreate does; the simulator has no graphics to bind it to, and takes
  * the VDPAU device and its procedure lookup without looking at them. */
@@ -3154,6 +3159,8 @@ static const struct pa_entry {
     PA("cuIpcOpenMemHandle", 4010, 0, cuIpcOpenMemHandle)
     PA("cuIpcOpenMemHandle", 11000, 0, cuIpcOpenMemHandle_v2)
     PA("cuIpcCloseMemHandle", 4010, 0, cuIpcCloseMemHandle)
+    PA("cuStreamBeginCapture", 10000, 0, cuStreamBeginCapture)
+    PA("cuStreamBeginCapture", 10000, 1, cuStreamBeginCapture_ptsz)
     PA("cuStreamBeginCapture", 10010, 0, cuStreamBeginCapture_v2)
     PA("cuStreamBeginCapture", 10010, 1, cuStreamBeginCapture_v2_ptsz)
     PA("cuStreamEndCapture", 10000, 0, cuStreamEndCapture)

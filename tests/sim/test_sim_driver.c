@@ -543,3 +543,20 @@ Test(sim_driver, capture_forbids_unsafe_calls) {
   OK(cuStreamDestroy(s));
   OK(cuMemFree(p));
 }
+
+/* cuStreamBeginCapture without a mode (the CUDA 10.0 entry point, cuGetProcAddress version 10000) begins a
+ * global-mode capture: another thread's unsafe calls fail and invalidate it. */
+Test(sim_driver, capture_without_mode_is_global) {
+  CUcontext c = sim_primary(0);
+  CUstream s;
+  CUgraph g = NULL;
+  CUresult (*begin1)(CUstream) = (CUresult(*)(CUstream))sim_proc("cuStreamBeginCapture", 10000, 0);
+  OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  OK(begin1(s));
+  cr_assert_eq(unsafe_on_thread(c), 3, "a capture begun without a mode restricts every thread");
+  ERR(cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  OK(begin1(s));
+  OK(cuStreamEndCapture(s, &g));
+  OK(cuGraphDestroy(g));
+  OK(cuStreamDestroy(s));
+}

@@ -33,7 +33,8 @@ static const char *const k_expected[] = {
     "cuMemSetMemPool", "cuLaunchKernel", "cuLaunchKernel_ptsz", "cuCheckpointProcessLock",
     "cuCheckpointProcessCheckpoint", "cuCheckpointProcessRestore", "cuCheckpointProcessUnlock",
     "cuCheckpointProcessGetState", "cuIpcGetMemHandle", "cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2",
-    "cuIpcCloseMemHandle", "cuStreamBeginCapture_v2", "cuStreamBeginCapture_v2_ptsz", "cuStreamEndCapture",
+    "cuIpcCloseMemHandle", "cuStreamBeginCapture", "cuStreamBeginCapture_ptsz", "cuStreamBeginCapture_v2",
+    "cuStreamBeginCapture_v2_ptsz", "cuStreamEndCapture",
     "cuStreamEndCapture_ptsz", "cuStreamIsCapturing", "cuStreamIsCapturing_ptsz", "cuGraphDestroy",
     /* NVML's memory query (libnvidia-ml.so.1 is a link to the simulated driver) */
     "nvmlInit_v2", "nvmlShutdown", "nvmlDeviceGetHandleByUUID", "nvmlDeviceGetMemoryInfo",
