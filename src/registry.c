@@ -503,6 +503,14 @@ static void ctx_find(uint16_t id, CUcontext ctx, int device, void *arg) {
     f->found = ctx;
 }
 
+bool gr_reg_ctx_known_on_device(int device) {
+  if (device < 0)
+    return false;
+  ctx_find_t f = {device, NULL};
+  gr_reg_foreach_ctx(ctx_find, &f);
+  return f.found != NULL;
+}
+
 CUcontext gr_reg_ctx_on_device(int device) {
   if (device < 0)
     return NULL;

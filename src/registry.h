@@ -69,6 +69,8 @@ void gr_reg_foreach_ctx(void (*fn)(uint16_t id, CUcontext ctx, int device, void 
 /* A live context of this process on the device, for driver calls made on its behalf: its primary one when
  * active, else any other; NULL when it has none there (or device < 0). */
 CUcontext gr_reg_ctx_on_device(int device);
+/* Whether the process has a live context on the device, from the registry alone (no driver call: also asleep). */
+bool gr_reg_ctx_known_on_device(int device);
 uint64_t gr_reg_ctx_count(void);
 uint64_t gr_reg_pool_count(void);
 

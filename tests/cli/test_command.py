@@ -170,6 +170,7 @@ class CommandTest(unittest.TestCase):
         self.assertIsNone(rep["reason"])
         r = json.loads(run("ps", "--json", env=self.env, check=0).stdout)[0]
         self.assertEqual((r["state"], r["host_bytes"]), ("sleeping", 3 * MiB))
+        self.assertEqual(r["devices"], [0], "asleep, the process still uses GPU 0 only (it listed every GPU)")
         self.assertRegex(run("ps", env=self.env, check=0).stdout, r"(?m)^\s*%d .* sleeping\s+3\.0 MiB hold$" % h.pid)
         again = run("sleep", str(h.pid), env=self.env, check=0)
         self.assertEqual(again.stdout, "%d: already asleep (3.0 MiB on the host)\n" % h.pid,
