@@ -209,7 +209,8 @@ static void answer(int fd, const char *line, int pid) {
     }
   } else if (strcmp(line, "wake") == 0) {
     uint64_t host = 0;
-    if (gr_sleep_state_now(&host) != GPURECLAIM_STATE_AWAKE)
+    bool was_awake = gr_sleep_state_now(&host) == GPURECLAIM_STATE_AWAKE;
+    if (!was_awake)
       sleep_progress("restoring", 0, host, &fd);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -218,6 +219,7 @@ static void answer(int fd, const char *line, int pid) {
     if (rc == 0 && host)
       sleep_progress("restored", host, host, &fd);
     jb_bool(&b, "ok", rc == 0);
+    jb_bool(&b, "already", was_awake && rc == 0);
     jb_u64(&b, "bytes", host);
     jb_f64(&b, "ms", (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6);
     if (rc != 0)

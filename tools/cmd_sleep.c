@@ -195,6 +195,8 @@ static int run(int argc, char **argv, bool sleeping) {
         printf("%d: awake: %s released, %s left on the device\n", (int)pid,
                cmd_bytes((uint64_t)jint(r, "released_bytes", 0), rel, sizeof rel),
                cmd_bytes((uint64_t)jint(r, "left_bytes", 0), left, sizeof left));
+    } else if (ok && jbool(a, "already", false)) {
+      printf("%d: already awake\n", (int)pid);
     } else if (ok) {
       char b[32];
       printf("%d: awake: %s back on the device in %.0f ms\n", (int)pid,
