@@ -108,9 +108,15 @@ GR_COLD static uint16_t reg_reuse(reg_t *r, void *h, int device, int flags) {
   pthread_mutex_lock(&g_reuse_mu);
   for (size_t i = 0; i < REG_CAP && !id; i++) {
     void *cur = atomic_load_explicit(&r->handle[i], memory_order_acquire);
-    if (cur == h) { /* another thread gave h its id meanwhile */
+    if (cur == h) { /* another thread gave h its id meanwhile: make it alive here, still holding the mutex */
+      if (device >= 0)
+        atomic_store_explicit(&r->device[i], device + 1, memory_order_relaxed);
+      if (flags)
+        atomic_fetch_or_explicit(&r->flags[i], flags, memory_order_relaxed);
+      if (!atomic_exchange_explicit(&r->alive[i], 1, memory_order_acq_rel))
+        atomic_fetch_add_explicit(&r->count, 1, memory_order_relaxed);
       pthread_mutex_unlock(&g_reuse_mu);
-      return reg_live(r, i, h, device, flags) ? (uint16_t)(i + 1) : 0;
+      return (uint16_t)(i + 1);
     }
   }
   for (size_t i = 0; i < REG_CAP && !id; i++) {
