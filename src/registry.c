@@ -64,6 +64,16 @@ static uint16_t reg_find(reg_t *r, void *h) {
 
 static pthread_mutex_t g_reuse_mu = PTHREAD_MUTEX_INITIALIZER;
 
+/* Slot i, which holds its handle: alive, with its device and flags added. */
+static void set_live(reg_t *r, size_t i, int device, int flags) {
+  if (device >= 0)
+    atomic_store_explicit(&r->device[i], device + 1, memory_order_relaxed);
+  if (flags)
+    atomic_fetch_or_explicit(&r->flags[i], flags, memory_order_relaxed);
+  if (!atomic_exchange_explicit(&r->alive[i], 1, memory_order_acq_rel))
+    atomic_fetch_add_explicit(&r->count, 1, memory_order_relaxed);
+}
+
 /* Slot i holds h: makes it alive with its device and flags. A dead slot comes back to life under g_reuse_mu, so
  * that reg_reuse never gives it to another handle meanwhile; false when that happened (the caller looks again). */
 static bool reg_live(reg_t *r, size_t i, void *h, int device, int flags) {
@@ -75,12 +85,7 @@ static bool reg_live(reg_t *r, size_t i, void *h, int device, int flags) {
       return false;
     }
   }
-  if (device >= 0)
-    atomic_store_explicit(&r->device[i], device + 1, memory_order_relaxed);
-  if (flags)
-    atomic_fetch_or_explicit(&r->flags[i], flags, memory_order_relaxed);
-  if (!atomic_exchange_explicit(&r->alive[i], 1, memory_order_acq_rel))
-    atomic_fetch_add_explicit(&r->count, 1, memory_order_relaxed);
+  set_live(r, i, device, flags);
   if (dead)
     pthread_mutex_unlock(&g_reuse_mu);
   return true;
@@ -109,12 +114,7 @@ GR_COLD static uint16_t reg_reuse(reg_t *r, void *h, int device, int flags) {
   for (size_t i = 0; i < REG_CAP && !id; i++) {
     void *cur = atomic_load_explicit(&r->handle[i], memory_order_acquire);
     if (cur == h) { /* another thread gave h its id meanwhile: make it alive here, still holding the mutex */
-      if (device >= 0)
-        atomic_store_explicit(&r->device[i], device + 1, memory_order_relaxed);
-      if (flags)
-        atomic_fetch_or_explicit(&r->flags[i], flags, memory_order_relaxed);
-      if (!atomic_exchange_explicit(&r->alive[i], 1, memory_order_acq_rel))
-        atomic_fetch_add_explicit(&r->count, 1, memory_order_relaxed);
+      set_live(r, i, device, flags);
       pthread_mutex_unlock(&g_reuse_mu);
       return (uint16_t)(i + 1);
     }
