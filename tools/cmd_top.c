@@ -3,14 +3,17 @@
  * with ncurses (which only updates what changed: no flicker), cut to the terminal's width, with keys to move a
  * selection, release or snapshot the selected process, change the sort and quit. When standard input or output
  * is not a terminal, or with --json, frames are printed one after another (--iterations N stops after N), for
- * scripts and logs. ncurses is linked into the command only, never into the preloaded library.
+ * scripts and logs. ncurses is linked into the command only, never into the preloaded library; a build
+ * configured without its headers prints frames on a terminal too, saying so (GR_HAVE_CURSES 0).
  */
 #include "ps.h"
 #include "common.h"
 #include "options.h"
 #include "outfile.h"
 
+#if GR_HAVE_CURSES
 #include <curses.h>
+#endif
 #include <errno.h>
 #include <getopt.h>
 #include <locale.h>
@@ -98,6 +101,8 @@ static int plain(const top_opts_t *o) {
 }
 
 /* ---- the full-screen view ---- */
+
+#if GR_HAVE_CURSES
 
 typedef struct screen {
   ps_view_t v;
@@ -356,6 +361,15 @@ out:
   ps_free(&s.v);
   return rc;
 }
+#else
+/* Built without ncurses (its headers were missing when the build was configured): frames are printed one after
+ * another, as off a terminal, and top says once why and what to install. */
+static int full_screen(top_opts_t *o) {
+  fprintf(stderr, "gpureclaim: top: this gpureclaim was built without ncurses, so there is no full-screen view; "
+                  "printing frames instead (install libncurses-dev, or ncurses-devel, and build again)\n");
+  return plain(o);
+}
+#endif
 
 /* getopt_long's '?': an option without its value, or an unknown one. */
 static int bad_option(char **av, int ind, int opt, const char *cmd, const char *with_value) {
