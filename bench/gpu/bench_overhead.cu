@@ -26,7 +26,7 @@
 
 #include <gpureclaim.h>
 
-#include "../../tests/gpu/gtest.h"
+#include "../../tests/gpu/gpucheck.h"
 
 extern char **environ;
 

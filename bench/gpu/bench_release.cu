@@ -23,7 +23,7 @@
 
 #include <gpureclaim.h>
 
-#include "../../tests/gpu/gtest.h"
+#include "../../tests/gpu/gpucheck.h"
 
 #define N 10000
 #define BLK (1u << 20)
