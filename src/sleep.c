@@ -158,6 +158,7 @@ static struct {
   int (*nvml_by_uuid)(const char *, void **);
   int (*nvml_memory)(void *, nvml_memory_t *);
   bool nvml_ok;
+  char nvml_why[160]; /* why not, when !nvml_ok */
 } A;
 static pthread_once_t g_resolve_once = PTHREAD_ONCE_INIT;
 
@@ -166,13 +167,25 @@ static void resolve(void) {
   *(void **)&A.checkpoint = gr_real_driver("cuCheckpointProcessCheckpoint");
   *(void **)&A.restore = gr_real_driver("cuCheckpointProcessRestore");
   *(void **)&A.unlock = gr_real_driver("cuCheckpointProcessUnlock");
-  void *h = gr_real_libc()->dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (h) {
-    *(void **)&A.nvml_init = gr_real_libc()->dlsym(h, "nvmlInit_v2");
-    *(void **)&A.nvml_by_uuid = gr_real_libc()->dlsym(h, "nvmlDeviceGetHandleByUUID");
-    *(void **)&A.nvml_memory = gr_real_libc()->dlsym(h, "nvmlDeviceGetMemoryInfo");
-    A.nvml_ok = A.nvml_init && A.nvml_by_uuid && A.nvml_memory && A.nvml_init() == 0;
+  /* A private copy of NVML, in a link-map namespace of its own: the process's own NVML blocks from the driver's
+   * lock to its unlock, so through the whole sleep (observed on driver 580, docs/DRIVER.md), and the reads after
+   * the checkpoint and before a restore would never return. The copy shares nothing with it and answers. */
+  void *h = dlmopen(LM_ID_NEWLM, "libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    const char *e = dlerror();
+    snprintf(A.nvml_why, sizeof A.nvml_why, "%s", e ? e : "not found");
+    return;
   }
+  *(void **)&A.nvml_init = gr_real_libc()->dlsym(h, "nvmlInit_v2");
+  *(void **)&A.nvml_by_uuid = gr_real_libc()->dlsym(h, "nvmlDeviceGetHandleByUUID");
+  *(void **)&A.nvml_memory = gr_real_libc()->dlsym(h, "nvmlDeviceGetMemoryInfo");
+  int rc = -1;
+  if (A.nvml_init && A.nvml_by_uuid && A.nvml_memory)
+    rc = A.nvml_init();
+  A.nvml_ok = rc == 0;
+  if (!A.nvml_ok)
+    snprintf(A.nvml_why, sizeof A.nvml_why, rc < 0 ? "it lacks nvmlInit_v2, nvmlDeviceGetHandleByUUID or "
+                                                     "nvmlDeviceGetMemoryInfo" : "nvmlInit_v2 failed with %d", rc);
 }
 
 /* Free memory of the device with that UUID, by NVML; false when unknown. */
@@ -381,6 +394,9 @@ int gr_sleep_run_progress(int trigger, unsigned timeout_ms, gpureclaim_sleep_rep
     uuid[d][0] = '\0';
     if (!need[d] && !gr_reg_primary_id(d))
       continue;
+    if (!A.nvml_ok)
+      return refuse(out, &r, t0, -ENOTSUP, "no private NVML to check the device's room before a wake "
+                                       "(dlmopen of libnvidia-ml.so.1: %s)", A.nvml_why);
     if (!gr_report_gpu_uuid(d, uuid[d], sizeof uuid[d]) || !dev_free(uuid[d], &free0[d]))
       return refuse(out, &r, t0, -ENOTSUP, "cannot read device %d's free memory through NVML "
                                        "(libnvidia-ml.so.1), which a wake needs to check room before a restore", d);

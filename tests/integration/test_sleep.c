@@ -31,10 +31,14 @@ typedef struct {
   unsigned long long total, free, used;
 } nvml_mem_t;
 
-/* The device's free memory as NVML reports it (no context needed: also while the process sleeps). */
+/* The device's free memory as NVML reports it (no context needed: also while the process sleeps), through a
+ * private copy of NVML (dlmopen): the process's own blocks while the driver holds the process locked, so through
+ * a sleep, as NVIDIA's does (docs/DRIVER.md). */
 static uint64_t nvml_free(int dev) {
-  void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW);
-  cr_assert_not_null(h);
+  static void *h;
+  if (!h)
+    h = dlmopen(LM_ID_NEWLM, "libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  cr_assert_not_null(h, "%s", dlerror());
   int (*by_uuid)(const char *, void **) = (int (*)(const char *, void **))dlsym(h, "nvmlDeviceGetHandleByUUID");
   int (*info)(void *, nvml_mem_t *) = (int (*)(void *, nvml_mem_t *))dlsym(h, "nvmlDeviceGetMemoryInfo");
   int (*init)(void) = (int (*)(void))dlsym(h, "nvmlInit_v2");

@@ -76,6 +76,10 @@ typedef struct simm_info {
   int processes; /* live processes with a slot, this one included */
 } simm_info_t;
 
+/* The machine's number of GPUs (SIMCUDA_DEVICES, default 2, at most SIMM_MAX_GPUS) and a GPU's capacity
+ * (SIMCUDA_DEVICE_MEM, default 80 GiB), as the driver and NVML read them. */
+int simm_env_devices(void);
+uint64_t simm_env_capacity(void);
 /* Opens (creating it 0700 if missing) SIMCUDA_MACHINE or the per-user default and checks it is the user's own
  * and private; returns its directory fd and identity, or -1 with a message in err. */
 int simm_open_machine(uint64_t *dev, uint64_t *ino, char *err, size_t errlen);
@@ -93,6 +97,10 @@ uint64_t simm_capacity(const simgpu_t *g);
 void simm_set_capacity(simgpu_t *g, uint64_t bytes);
 /* Exact figures: dead processes' slots are reclaimed first. */
 void simm_info(simgpu_t *g, simm_info_t *out);
+/* NVML's view of a GPU (simnvml.c): its capacity and the bytes every live process holds on it, read from the file
+ * named uuid ("GPU-xxxxxxxx-...") without claiming a slot; dead processes' slots are reclaimed first. 0, or -1
+ * with errno (ENOENT: no process of the machine has used that GPU yet; EINVAL: not a UUID). Needs no lock. */
+int simm_peek(const char *uuid, uint64_t *capacity, uint64_t *used);
 /* In a forked child: the slots are the parent's; the child claims its own when it next uses a GPU. */
 void simm_atfork_child(void);
 /* At exit: clears this process's slots. */

@@ -32,6 +32,7 @@
 #define _GNU_SOURCE
 #include "sim_internal.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -82,6 +83,63 @@ struct simgpu {
 
 static simgpu_t g_gpus[SIMM_MAX_GPUS];
 static int g_ngpus;
+
+/* ------------------------------------------------------------------------------------- environment */
+
+/* "80G", "512M", "1073741824", "1.5G" -> bytes (binary units); 0 when unparsable. */
+static uint64_t parse_bytes(const char *s) {
+  if (!s || !*s) return 0;
+  char *end;
+  double v = strtod(s, &end);
+  if (end == s || v < 0) return 0;
+  while (*end == ' ') end++;
+  double mul = 1;
+  switch (toupper((unsigned char)*end)) {
+  case 'K': mul = 1024.0; end++; break;
+  case 'M': mul = 1024.0 * 1024; end++; break;
+  case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
+  case 'T': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
+  default: break;
+  }
+  if (toupper((unsigned char)*end) == 'I') end++;
+  if (toupper((unsigned char)*end) == 'B') end++;
+  if (*end) return 0;
+  double b = v * mul;
+  if (b >= 18446744073709551615.0) return UINT64_MAX;
+  return (uint64_t)b;
+}
+
+/* Two devices unless told otherwise: code that assumes one device, or records everything on device 0, must not
+ * pass by accident. */
+#define SIM_DEFAULT_DEVICES 2
+
+int simm_env_devices(void) {
+  const char *s = getenv("SIMCUDA_DEVICES");
+  if (!s || !*s) return SIM_DEFAULT_DEVICES;
+  char *end;
+  long n = strtol(s, &end, 10);
+  if (*end || n < 0) {
+    fprintf(stderr, "simcuda: ignoring SIMCUDA_DEVICES=%s (want 0..%d)\n", s, SIMM_MAX_GPUS);
+    return SIM_DEFAULT_DEVICES;
+  }
+  if (n > SIMM_MAX_GPUS) {
+    fprintf(stderr, "simcuda: SIMCUDA_DEVICES=%s capped at %d\n", s, SIMM_MAX_GPUS);
+    return SIMM_MAX_GPUS;
+  }
+  return (int)n;
+}
+
+uint64_t simm_env_capacity(void) {
+  const char *s = getenv("SIMCUDA_DEVICE_MEM");
+  uint64_t def = 80ULL << 30;
+  if (!s || !*s) return def;
+  uint64_t v = parse_bytes(s);
+  if (!v) {
+    fprintf(stderr, "simcuda: ignoring SIMCUDA_DEVICE_MEM=%s\n", s);
+    return def;
+  }
+  return v;
+}
 
 /* ------------------------------------------------------------------------------------- identity */
 
@@ -476,6 +534,52 @@ void simm_info(simgpu_t *g, simm_info_t *out) {
   out->reclaimed = atomic_load_explicit(&f->reclaimed, memory_order_relaxed);
   out->mine = g->mine;
   unlock_file(f);
+}
+
+static int parse_uuid(const char *s, unsigned char out[16]) {
+  static const int dash[] = {8, 13, 18, 23};
+  if (strncmp(s, "GPU-", 4) != 0 || strlen(s) != 40) return -1;
+  s += 4;
+  for (int i = 0, k = 0, n = 0; i < 36; i++) {
+    if (k < 4 && i == dash[k]) {
+      if (s[i] != '-') return -1;
+      k++;
+      continue;
+    }
+    int c = s[i], v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    if (v < 0) return -1;
+    if (n & 1) out[n / 2] = (unsigned char)(out[n / 2] | v);
+    else out[n / 2] = (unsigned char)(v << 4);
+    n++;
+  }
+  return 0;
+}
+
+int simm_peek(const char *uuid, uint64_t *capacity, uint64_t *used) {
+  unsigned char u[16];
+  if (!uuid || parse_uuid(uuid, u) != 0) {
+    errno = EINVAL;
+    return -1;
+  }
+  uint64_t dev, ino;
+  char err[256];
+  int dirfd = simm_open_machine(&dev, &ino, err, sizeof err);
+  if (dirfd < 0) return -1;
+  simm_file_t *f = map_existing(dirfd, uuid, u);
+  int e = errno;
+  close(dirfd);
+  if (!f) {
+    errno = e;
+    return -1;
+  }
+  if (lock_file(f) == 0) {
+    sweep_locked(f, -1);
+    unlock_file(f);
+  }
+  *capacity = atomic_load_explicit(&f->capacity, memory_order_relaxed);
+  *used = atomic_load_explicit(&f->used, memory_order_relaxed);
+  munmap(f, sizeof *f);
+  return 0;
 }
 
 /* The child holds nothing on the GPUs: what it inherited of the simulator's state is the parent's memory (the

@@ -43,6 +43,7 @@
 
 #define SIM_DRIVER_VERSION 13000
 #define SIM_MAX_DEV 8
+_Static_assert(SIM_MAX_DEV == SIMM_MAX_GPUS, "the driver's devices are the machine's GPUs");
 #define SIM_GRAN (2ULL << 20) /* VMM granularity, and the alignment of chunks of 2 MiB and more */
 #define SIM_NCLASS 288
 #define SIM_MAX_ALLOC (1ULL << 46)
@@ -191,7 +192,8 @@ static void trace_call(int id, CUresult r) {
  * waits while the process is locked. A call that arrives while the process is checkpointed is a use of device
  * memory the real driver would hold until a restore; the simulator aborts there instead, naming the call, so a
  * test notices a call that slipped past gpureclaim's gate (SIMCUDA_CHECKPOINT_BLOCK=1: it waits, as the driver
- * does). A thread's in_call count says it is inside a call; the lock waits for every other thread's to be 0. */
+ * does). Device queries that need no context pass, from any thread (ck_query_only). A thread's in_call count says
+ * it is inside a call; the lock waits for every other thread's to be 0. */
 static _Atomic int g_ck_state;  /* CUprocessState */
 static _Atomic int g_ck_owner;  /* thread id of the locking thread, 0 when unlocked */
 static int g_ck_block;          /* SIMCUDA_CHECKPOINT_BLOCK, set once by the constructor */
@@ -208,7 +210,8 @@ static inline void in_call_add(sim_counts_t *c, int d) {
   if (c) atomic_store(&c->in_call, atomic_load_explicit(&c->in_call, memory_order_relaxed) + d); /* seq_cst */
 }
 
-/* Calls the locking thread may still make while checkpointed: device queries that need no context. */
+/* Calls any thread may still make while the process is locked or checkpointed: device queries that need no
+ * context. */
 static int ck_query_only(int id) {
   return id == SIMFN_cuInit || id == SIMFN_cuDriverGetVersion || id == SIMFN_cuDeviceGet ||
          id == SIMFN_cuDeviceGetCount || id == SIMFN_cuDeviceGetName || id == SIMFN_cuDeviceGetUuid ||
@@ -225,6 +228,8 @@ static void ck_slipped(int id) {
 
 static void ck_wait(int id) {
   sim_counts_t *c = t_counts;
+  if (ck_query_only(id)) return; /* observed on driver 580: another thread's cuDeviceGetCount returns while the
+                                  * process is checkpointed (docs/DRIVER.md) */
   for (;;) {
     int st = atomic_load(&g_ck_state);
     if (st == CU_PROCESS_STATE_RUNNING) return;
@@ -525,61 +530,6 @@ static const char *err_text(CUresult e) {
 
 /* ------------------------------------------------------------------------------------ env and setup */
 
-/* "80G", "512M", "1073741824", "1.5G" -> bytes (binary units); 0 when unparsable. */
-static uint64_t parse_bytes(const char *s) {
-  if (!s || !*s) return 0;
-  char *end;
-  double v = strtod(s, &end);
-  if (end == s || v < 0) return 0;
-  while (*end == ' ') end++;
-  double mul = 1;
-  switch (toupper((unsigned char)*end)) {
-  case 'K': mul = 1024.0; end++; break;
-  case 'M': mul = 1024.0 * 1024; end++; break;
-  case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
-  case 'T': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
-  default: break;
-  }
-  if (toupper((unsigned char)*end) == 'I') end++;
-  if (toupper((unsigned char)*end) == 'B') end++;
-  if (*end) return 0;
-  double b = v * mul;
-  if (b >= 18446744073709551615.0) return UINT64_MAX;
-  return (uint64_t)b;
-}
-
-/* Two devices unless told otherwise: code that assumes one device, or records everything on device 0, must not
- * pass by accident. */
-#define SIM_DEFAULT_DEVICES 2
-
-static int env_devices(void) {
-  const char *s = getenv("SIMCUDA_DEVICES");
-  if (!s || !*s) return SIM_DEFAULT_DEVICES;
-  char *end;
-  long n = strtol(s, &end, 10);
-  if (*end || n < 0) {
-    fprintf(stderr, "simcuda: ignoring SIMCUDA_DEVICES=%s (want 0..%d)\n", s, SIM_MAX_DEV);
-    return SIM_DEFAULT_DEVICES;
-  }
-  if (n > SIM_MAX_DEV) {
-    fprintf(stderr, "simcuda: SIMCUDA_DEVICES=%s capped at %d\n", s, SIM_MAX_DEV);
-    return SIM_MAX_DEV;
-  }
-  return (int)n;
-}
-
-static uint64_t env_capacity(void) {
-  const char *s = getenv("SIMCUDA_DEVICE_MEM");
-  uint64_t def = 80ULL << 30;
-  if (!s || !*s) return def;
-  uint64_t v = parse_bytes(s);
-  if (!v) {
-    fprintf(stderr, "simcuda: ignoring SIMCUDA_DEVICE_MEM=%s\n", s);
-    return def;
-  }
-  return v;
-}
-
 static uint64_t capacity_for(int d, uint64_t env_cap) {
   if (g.cap_overridden[d]) return g.cap_override[d];
   if (g.cap_all_overridden) return g.cap_all;
@@ -679,7 +629,7 @@ static int visible_devices(int nphys, unsigned char uuids[][16], int *vis) {
 
 /* The machine: its directory, the UUIDs of its devices, those this process sees, and their shared accounting. */
 static CUresult machine_setup_locked(uint64_t env_cap, int *ndev) {
-  int nphys = env_devices();
+  int nphys = simm_env_devices();
   if (nphys == 0) return CUDA_ERROR_NO_DEVICE;
   char err[4400];
   uint64_t mdev, mino;
@@ -709,7 +659,7 @@ static CUresult machine_setup_locked(uint64_t env_cap, int *ndev) {
 }
 
 static CUresult setup_locked(void) {
-  uint64_t env_cap = env_capacity();
+  uint64_t env_cap = simm_env_capacity();
   int n = 0;
   CUresult mr = machine_setup_locked(env_cap, &n);
   if (mr != CUDA_SUCCESS) return mr;
@@ -2995,49 +2945,12 @@ SIM_API cuCheckpointProcessGetState(int pid, CUprocessState *state) {
   CK_LEAVE(cuCheckpointProcessGetState, r);
 }
 
-/* ---- NVML's memory query (the simulated libnvidia-ml.so.1 is a link to this library): how a process reads a
- * device's free memory without a context, as gpureclaim does before a restore. Only what gpureclaim uses. */
-
-typedef struct {
-  unsigned long long total, free, used;
-} sim_nvml_memory_t;
-SIM_EXPORT int nvmlInit_v2(void);
-SIM_EXPORT int nvmlShutdown(void);
-SIM_EXPORT int nvmlDeviceGetHandleByUUID(const char *uuid, void **device);
-SIM_EXPORT int nvmlDeviceGetMemoryInfo(void *device, sim_nvml_memory_t *m);
-
-SIM_EXPORT int nvmlInit_v2(void) { return inited() || impl_init(0) == CUDA_SUCCESS ? 0 : 3; }
-SIM_EXPORT int nvmlShutdown(void) { return 0; }
-
-SIM_EXPORT int nvmlDeviceGetHandleByUUID(const char *uuid, void **device) {
-  if (!uuid || !device) return 2; /* NVML_ERROR_INVALID_ARGUMENT */
-  for (int d = 0; d < g.ndev; d++) {
-    CUuuid u;
-    char s[48];
-    impl_device_uuid(&u, d);
-    const unsigned char *x = (const unsigned char *)u.bytes;
-    snprintf(s, sizeof s, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", x[0], x[1],
-             x[2], x[3], x[4], x[5], x[6], x[7], x[8], x[9], x[10], x[11], x[12], x[13], x[14], x[15]);
-    if (strcmp(s, uuid) == 0) {
-      *device = &g.dev[d];
-      return 0;
-    }
-  }
-  return 6; /* NVML_ERROR_NOT_FOUND */
-}
-
-SIM_EXPORT int nvmlDeviceGetMemoryInfo(void *device, sim_nvml_memory_t *m) {
-  simdev_t *d = device;
-  if (!d || d < g.dev || d >= g.dev + g.ndev || !m) return 2;
-  LOCK();
-  simm_info_t in; /* the GPU's: every live process's memory counts, as NVML counts it */
-  simm_info(d->gpu, &in);
-  m->total = in.capacity;
-  m->free = in.used >= in.capacity ? 0 : in.capacity - in.used;
-  m->used = m->total - m->free;
-  UNLOCK();
-  return 0;
-}
+/* ---- for the simulated NVML (simnvml.c, libnvidia-ml.so.1): whether this driver holds its process locked
+ * (cuCheckpointProcessLock until cuCheckpointProcessUnlock), during which NVIDIA's NVML of the same process blocks
+ * (docs/DRIVER.md). The simulated NVML asks the driver of its own link-map namespace, so that a private copy of
+ * NVML (dlmopen) is not held, as on the real driver. */
+SIM_EXPORT int simcuda_checkpoint_locked(void);
+SIM_EXPORT int simcuda_checkpoint_locked(void) { return atomic_load(&g_ck_state) != CU_PROCESS_STATE_RUNNING; }
 
 /* ---- cuGetProcAddress */
 
@@ -3269,8 +3182,8 @@ SIM_EXPORT CUresult simcuda_stats(int device, CUcontext ctx, simcuda_stats_t *ou
   CUresult r = CUDA_SUCCESS;
   LOCK();
   if (!inited()) {
-    int n = env_devices();
-    uint64_t cap = env_capacity();
+    int n = simm_env_devices();
+    uint64_t cap = simm_env_capacity();
     if (device < -1 || device >= n) r = CUDA_ERROR_INVALID_VALUE;
     else if (ctx) r = CUDA_ERROR_INVALID_CONTEXT;
     else

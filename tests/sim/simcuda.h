@@ -146,6 +146,11 @@ void simcuda_set_capacity(int device, uint64_t bytes);
  * requested sizes; VA reservations belong to no device and are counted for device -1 only. */
 int simcuda_arena(int device, uint64_t *base, uint64_t *size);
 
+/* 1 while the process is locked by cuCheckpointProcessLock (LOCKED or CHECKPOINTED), else 0. The simulated
+ * NVML (libnvidia-ml.so.1, a library of its own) blocks its calls meanwhile, as NVIDIA's does; a private copy
+ * of it loaded with dlmopen asks its own namespace, where no driver is locked, and answers. */
+int simcuda_checkpoint_locked(void);
+
 #ifdef __cplusplus
 }
 #endif

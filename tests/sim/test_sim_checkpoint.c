@@ -9,6 +9,7 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -24,28 +25,60 @@ static CUprocessState state(void) {
   return s;
 }
 
-static uint64_t dev_free(int dev) {
-  typedef struct {
-    unsigned long long total, free, used;
-  } mem_t;
-  void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+typedef struct {
+  unsigned long long total, free, used;
+} mem_t;
+typedef struct {
+  int (*init)(void);
+  int (*by_uuid)(const char *, void **);
+  int (*info)(void *, mem_t *);
+} nvml_t;
+
+/* The simulated NVML: the process's own (dlopen) or a private copy in a namespace of its own (dlmopen), which is
+ * how a process reads free memory while it is locked (the process's own NVML blocks then, as NVIDIA's does). */
+static nvml_t nvml(int private_copy) {
+  void *h = private_copy ? dlmopen(LM_ID_NEWLM, "libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL)
+                         : dlopen("libnvidia-ml.so.1", RTLD_NOW);
   cr_assert_not_null(h, "the simulated libnvidia-ml.so.1: %s", dlerror());
-  int (*init)(void) = (int (*)(void))dlsym(h, "nvmlInit_v2");
-  int (*by_uuid)(const char *, void **) = (int (*)(const char *, void **))dlsym(h, "nvmlDeviceGetHandleByUUID");
-  int (*info)(void *, mem_t *) = (int (*)(void *, mem_t *))dlsym(h, "nvmlDeviceGetMemoryInfo");
-  cr_assert(init && by_uuid && info);
-  cr_assert_eq(init(), 0);
+  nvml_t n;
+  *(void **)&n.init = dlsym(h, "nvmlInit_v2");
+  *(void **)&n.by_uuid = dlsym(h, "nvmlDeviceGetHandleByUUID");
+  *(void **)&n.info = dlsym(h, "nvmlDeviceGetMemoryInfo");
+  cr_assert(n.init && n.by_uuid && n.info);
+  return n;
+}
+
+static void uuid_of(int dev, char *s, size_t len) {
   CUuuid u;
   OK(cuDeviceGetUuid(&u, dev));
   const unsigned char *x = (const unsigned char *)u.bytes;
-  char s[48];
-  snprintf(s, sizeof s, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", x[0], x[1], x[2],
-           x[3], x[4], x[5], x[6], x[7], x[8], x[9], x[10], x[11], x[12], x[13], x[14], x[15]);
+  snprintf(s, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", x[0], x[1], x[2], x[3],
+           x[4], x[5], x[6], x[7], x[8], x[9], x[10], x[11], x[12], x[13], x[14], x[15]);
+}
+
+static uint64_t nvml_free_uuid(nvml_t n, const char *s) {
+  cr_assert_eq(n.init(), 0);
   void *d = NULL;
-  cr_assert_eq(by_uuid(s, &d), 0, "%s", s);
+  cr_assert_eq(n.by_uuid(s, &d), 0, "%s", s);
   mem_t m;
-  cr_assert_eq(info(d, &m), 0);
+  cr_assert_eq(n.info(d, &m), 0);
   return m.free;
+}
+
+static uint64_t nvml_free(nvml_t n, int dev) {
+  char s[48];
+  uuid_of(dev, s, sizeof s); /* (a driver call: not from another thread while locked) */
+  return nvml_free_uuid(n, s);
+}
+
+static uint64_t dev_free(int dev) {
+  static nvml_t priv;
+  static int have;
+  if (!have) {
+    priv = nvml(1);
+    have = 1;
+  }
+  return nvml_free(priv, dev);
 }
 
 Test(sim_checkpoint, states_and_contents) {
@@ -181,4 +214,45 @@ Test(sim_checkpoint, call_while_checkpointed_aborts) {
   cr_assert_eq(waitpid(pid, &st, 0), pid);
   cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT, "status %#x, stderr: %s", st, buf);
   cr_assert(strstr(buf, "cuCtxSetCurrent called by thread") && strstr(buf, "checkpointed"), "%s", buf);
+}
+
+static nvml_t g_own;
+static char g_uuid0[48];
+static _Atomic int g_nvml_done;
+static _Atomic unsigned long long g_nvml_free;
+static void *nvml_thread(void *arg) {
+  (void)arg;
+  atomic_store(&g_nvml_free, nvml_free_uuid(g_own, g_uuid0));
+  atomic_store(&g_nvml_done, 1);
+  return NULL;
+}
+
+/* Observed on NVIDIA's driver 580: a process's own NVML blocks from cuCheckpointProcessLock to the unlock, while a
+ * private copy (dlmopen) answers; gpureclaim's sleep depends on the difference. */
+Test(sim_checkpoint, own_nvml_waits_while_locked_a_private_copy_answers) {
+  setenv("SIMCUDA_DEVICE_MEM", "1G", 1);
+  sim_primary(0);
+  CUdeviceptr a;
+  OK(cuMemAlloc(&a, 64 * MiB));
+  g_own = nvml(0);
+  void *own = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_NOLOAD);
+  cr_assert_not_null(own);
+  int (*waiters)(void) = (int (*)(void))dlsym(own, "simnvml_waiters");
+  cr_assert_not_null(waiters, "the process's own libnvidia-ml.so.1 is loaded and exports simnvml_waiters");
+  uuid_of(0, g_uuid0, sizeof g_uuid0);
+  uint64_t running = nvml_free(g_own, 0);
+  cr_assert_eq(running, dev_free(0), "both copies read the same machine");
+  OK(cuCheckpointProcessLock(getpid(), NULL));
+  pthread_t th = gr_thread_start(nvml_thread, NULL);
+  while (waiters() == 0) sched_yield(); /* the thread is inside NVML, waiting for the unlock */
+  OK(cuCheckpointProcessCheckpoint(getpid(), NULL));
+  cr_assert_eq(dev_free(0), 1 * GiB, "the private copy answers while checkpointed: the device holds nothing of it");
+  cr_assert_eq(atomic_load(&g_nvml_done), 0, "the process's own NVML still waits");
+  OK(cuCheckpointProcessRestore(getpid(), NULL));
+  cr_assert_eq(atomic_load(&g_nvml_done), 0, "restored but still locked: it still waits");
+  OK(cuCheckpointProcessUnlock(getpid(), NULL));
+  gr_thread_join(th);
+  cr_assert_eq(atomic_load(&g_nvml_done), 1);
+  cr_assert_eq(atomic_load(&g_nvml_free), running, "after the unlock it answers, with the memory back in use");
+  OK(cuMemFree(a));
 }
