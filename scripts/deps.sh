@@ -7,6 +7,7 @@ need=()
 command -v cmake >/dev/null || need+=(cmake)
 command -v make >/dev/null || need+=(make)
 command -v cc >/dev/null || need+=(gcc)
+command -v c++ >/dev/null || need+=(g++)             # tests/gpu/check_sources.sh: the GPU programs compile
 command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v nm >/dev/null || need+=(binutils)
 command -v python3 >/dev/null || need+=(python3)

@@ -7,7 +7,7 @@
 # Without a GPU it prints "tests/gpu: skipped: no GPU (...)" and exits 0. With one it builds libgpureclaim.so in
 # BUILD_DIR (configuring it first when needed), builds the nvcc programs, runs every test under a timeout, prints
 # PASS|FAIL|SKIP lines and a summary, writes logs and results.json into OUT_DIR, and exits 1 if anything failed.
-# About 2 minutes on an H100; never more than GPU_TESTS_BUDGET seconds (default 470).
+# About 3 to 4 minutes on an H200; never more than GPU_TESTS_BUDGET seconds (default 470).
 #
 # Environment: NVCC (default: nvcc on PATH, else /usr/local/cuda/bin/nvcc), PYTHON (default python3),
 # GPU_TESTS_BUDGET (seconds), GPU_TESTS (space-separated test names or shell patterns: run only those).
@@ -209,7 +209,7 @@ do_build() {
     cmake -S "$ROOT" -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DGPURECLAIM_BUILD_TESTS=OFF \
       -DCUDAToolkit_ROOT="$CUDA_HOME_GUESS" || return 1
   fi
-  cmake --build "$BUILD" --target gpureclaim -j "$(nproc 2>/dev/null || echo 4)"
+  cmake --build "$BUILD" --target gpureclaim gpureclaim_cmd -j "$(nproc 2>/dev/null || echo 4)"
 }
 t0=$SECONDS
 do_build >"$LOGS/build.log" 2>&1
@@ -240,6 +240,12 @@ build_one alloc_count_shared "$HERE/alloc_count.cu" -cudart shared -Xlinker -rpa
 build_one scope_model "$HERE/scope_model.cu" -L"$BUILD/src" -lgpureclaim -Xlinker -rpath,"$BUILD/src" &
 build_one bench_overhead "$ROOT/bench/gpu/bench_overhead.cu" &
 build_one bench_release "$ROOT/bench/gpu/bench_release.cu" -L"$BUILD/src" -lgpureclaim -Xlinker -rpath,"$BUILD/src" &
+# (C, no kernels: the host compiler and the driver API alone, as gpureclaim's sleep uses it)
+CC_HOST=${CC:-$(command -v cc || command -v gcc)}
+NV_PROGS+=(checkpoint_self)
+rm -f "$BIN/checkpoint_self"
+timeout 120 "$CC_HOST" -O2 -std=gnu11 -I"$HERE" -I"$CUDA_HOME_GUESS/include" -o "$BIN/checkpoint_self" \
+  "$HERE/checkpoint_self.c" -L"$CUDA_LIB64/stubs" -lcuda -ldl -lpthread >"$LOGS/nvcc-checkpoint_self.log" 2>&1 &
 wait
 for p in "${NV_PROGS[@]}"; do
   [ -x "$BIN/$p" ] || record FAIL "nvcc-$p" "nvcc failed, see logs/nvcc-$p.log: $(tail -n3 "$LOGS/nvcc-$p.log" | tr '\n' ' ')"
@@ -266,6 +272,11 @@ run_test torch_expandable 120 preload env PYTORCH_CUDA_ALLOC_CONF=expandable_seg
 run_test cupy 100 preload "$PY" -X faulthandler "$HERE/cupy_test.py"
 run_test jax 120 preload env XLA_PYTHON_CLIENT_PREALLOCATE=false "$PY" -X faulthandler "$HERE/jax_test.py" counts
 run_test jax_prealloc 90 preload "$PY" -X faulthandler "$HERE/jax_test.py" prealloc
+
+# ---- sleep: the driver's checkpoint API as gpureclaim uses it, then sleep/wake and peer reclaim with PyTorch ----
+have checkpoint_self && run_test checkpoint_self 90 plain "$BIN/checkpoint_self" 1024
+run_test sleep 200 plain env GPU_PART=sleep bash "$HERE/sleep_peers.sh" "$BUILD"
+run_test peers 150 plain env GPU_PART=peers bash "$HERE/sleep_peers.sh" "$BUILD"
 
 # ---- benchmarks ----
 have bench_release && run_test bench_release 120 plain "$BIN/bench_release" "$OUT/bench_release.json"
