@@ -207,6 +207,15 @@ int gr_table_lookup(unsigned ks, uint64_t key, unsigned state_mask, gr_rec_t *ou
  * the ref. Return 0 to go on, non-zero to stop (returned by gr_table_visit). Runs inside a critical section. */
 typedef int (*gr_visit_fn)(gr_ref_t *ref, const gr_rec_t *rec, void *arg);
 int gr_table_visit(gr_visit_fn fn, void *arg);
+/* Where a visit stopped, for the next to go on from there: zeroed before the first. */
+typedef struct gr_visit_pos {
+  uint64_t seq; /* the generation the visit was in */
+  uint64_t idx; /* the slot it stopped at */
+} gr_visit_pos_t;
+/* gr_table_visit that begins where the last visit with *pos stopped (at the record whose callback stopped it, or
+ * past the end), while the table is in the same generation; from the beginning otherwise, as after a
+ * migration. A release's rounds use it, so that N records cost one pass over the table, not N / round ones. */
+int gr_table_visit_from(gr_visit_pos_t *pos, gr_visit_fn fn, void *arg);
 
 /* Moves the record at ref from *expect (state, scope, aux as last read) to desired's state, scope and aux.
  * Returns 0; -EAGAIN when the record changed (then *expect holds its new version); -ENOENT when the record
@@ -223,6 +232,8 @@ size_t gr_table_bytes_peak(bool reset);
 uint64_t gr_table_capacity(void);
 /* Number of generations created so far (tests). */
 uint64_t gr_table_migrations(void);
+/* Slots a lookup in the current generation probes at most: its largest displacement + 1 (tests). */
+uint64_t gr_table_probe_bound(void);
 /* Forces a migration to a table sized for the records present (tests, and after a large release). */
 void gr_table_compact(void);
 /* Checks the table's invariants, single-threaded (tests): returns 0 or a negative line number. */
