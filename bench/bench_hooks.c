@@ -16,8 +16,10 @@
  * beside them, and gpureclaim's added figure divided by the floor-with-context's (of the mins, of the medians).
  * Shapes: K blocks live at once, allocated one after the other and then freed, newest first (LIFO) or oldest
  * first (FIFO), for K = 1, 64, 1,024 and 4,096; and an oscillation, 0 -> 50,000 -> 0 blocks repeated (FIFO),
- * where a table that resizes on the way up and down would show it. Every shape is warmed up by one cycle (or
- * a tenth of the pairs) first, so the figures are of the shape repeated, as in a program's steady loop.
+ * where a table that resizes on the way up and down would show it. Every shape is warmed up first by four
+ * cycles, or a tenth of the pairs if more: gpureclaim's table settles to the size a pattern needs within a
+ * window of as many allocations as it has slots (about 2.6 cycles of the oscillation), so the figures are of
+ * the shape repeated, as in a program's steady loop; bench_table counts the migrations on the way.
  * Routes:
  *   cuMemAlloc_v2 + cuMemFree_v2 by exported name (a program linked with -lcuda);
  *   the same through cuGetProcAddress (the CUDA runtime's route);
@@ -208,7 +210,7 @@ static int child(long n, int route, int shape) {
   }
   for (int sh = 0; sh < NSHAPES; sh++)
     for (int k = 0; k < NROUTES; k++) {
-      bench_timed_loop(k, sh, n / 10); /* warm up: at least one cycle */
+      bench_timed_loop(k, sh, n / 10 > 4 * g_shape[sh].k ? n / 10 : 4 * g_shape[sh].k); /* warm up */
       printf("%d %d %.3f\n", sh, k, timed(k, sh, n));
     }
   fflush(stdout);

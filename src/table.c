@@ -236,9 +236,10 @@ static inline uint64_t fwd_idx(uint64_t c) { return c >> FWD_IDX_SHIFT; }
  * strides that it spreads badly. 2^64/phi (Fibonacci hashing, the only multiplier until issue 28) averages 57
  * slots of displacement at 75% load for 1M keys 64 KiB apart. These eight were drawn as random odd numbers and
  * kept for their worst case: at 75% load, 1,000 to 300,000 keys, strides 2^4 to 2^30 and 3, 5 and 7 times 2^4 to
- * 2^24, each averages at most 3 slots of displacement anywhere (16 of 40,000 draws did); over a wider set
- * (strides 2^3 to 2^36 and 3, 5, 7, 9 and 11 times 2^4 to 2^26, up to 1M keys, loads 50 to 75%) the worst case
- * of each is 6 to 10 slots, where phi's is 57.
+ * 2^24, each averages at most 3 slots of displacement anywhere (16 of 22,095 draws did); of those, these had
+ * the best worst case over a wider set (strides 2^3 to 2^36 and 3, 5, 7, 9 and 11 times 2^4 to 2^26, up to 1.5M
+ * keys, loads 37.5 to 75%, generations of a power of two slots, which growth makes, and of other sizes): 9 to
+ * 15 slots, where phi's is 77.
  * A generation that does not double its predecessor takes the next multiplier: records that survive in one part
  * of the old generation (a release frees in slot order, and keeps its first 65,536 as tombstones) then spread
  * over the whole new one instead of crowding the part of it that their old order maps to (the release of 130,000
@@ -246,9 +247,9 @@ static inline uint64_t fwd_idx(uint64_t c) { return c >> FWD_IDX_SHIFT; }
  * multiplier: each run of old slots lands on twice as many new ones, in order. The key space goes into the top
  * bits. */
 static const uint64_t k_mult[] = {
-    UINT64_C(0x7b6ef656223da07d), UINT64_C(0xd92b2a0248a146af), UINT64_C(0x6f003ce446892deb),
-    UINT64_C(0x5115dce9f8b83e81), UINT64_C(0xb9c1b98c28d11f57), UINT64_C(0xb4c4dbebb5b8e915),
-    UINT64_C(0x1ec7ab94945b3d4f), UINT64_C(0x7470ab30ab10993f)};
+    UINT64_C(0x7b6ef656223da07d), UINT64_C(0xd92b2a0248a146af), UINT64_C(0xb4c4dbebb5b8e915),
+    UINT64_C(0x7470ab30ab10993f), UINT64_C(0x5115dce9f8b83e81), UINT64_C(0x0e3c5840f57134e7),
+    UINT64_C(0x1ec7ab94945b3d4f), UINT64_C(0xb9c1b98c28d11f57)};
 #define NMULT (sizeof k_mult / sizeof k_mult[0])
 static inline uint64_t hash_in(const gen_t *g, unsigned ks, uint64_t key) {
   return (key ^ ((uint64_t)ks << 61)) * g->mult;
@@ -816,9 +817,16 @@ static bool settle(gen_t *t, uint64_t i, uint32_t sg) {
 }
 
 /* ---- young records: a per-thread log in front of the table ----
- * Most blocks are freed by the thread that allocated them, soon. An allocation's record therefore goes into a
- * log of YOUNG_CAP records in its thread's record (gr_table_insert_young), with plain stores, and a free by the
- * same thread takes it from there: no compare-and-swap, no epoch section. A full log moves into the table.
+ * Most blocks are freed by the thread that allocated them. An allocation's record therefore goes into a log in
+ * its thread's record (gr_table_insert_young), with plain stores, and a free by the same thread takes it from
+ * there: no compare-and-swap, no epoch section. The log is a small open-addressing table of the thread's own
+ * (linear probing, deletion by moving later records back, so a miss stops at the first empty slot): 16 slots
+ * in the thread record, then a mapping that doubles while three quarters of it are used, up to
+ * YOUNG_MAX_SLOTS (GR_YOUNG_MAX records, 320 KiB); a full log of that size moves into the table. So a thread
+ * that keeps K blocks live and frees them itself (K = 64, 1,024, 4,096: a training step's activations, a
+ * server's requests) does it all in its log, at the cost of the one-block pair, where a log of the 16 newest
+ * sent every record past the 16th through the table and made each free of one search the log first. The log
+ * counts as table memory (gr_table_bytes).
  *
  * Everyone else sees the logs through a drain (gr_table_drain): gr_table_visit drains first, and a take or a
  * lookup of an address that finds nothing in the table drains and looks again (a block freed by another
@@ -830,27 +838,43 @@ static bool settle(gen_t *t, uint64_t i, uint32_t sg) {
  * With asymmetric barriers (epoch.c) the owner's fence is a compiler fence and the drainer's barrier is
  * membarrier: either the owner's op = 1 is visible to the drainer, which then waits for the op to end, or the
  * owner's load sees drain raised. Without them both sides use sequentially consistent operations. An owner
- * never waits and a drainer waits only for log operations, which never wait: no cycle. A drainer that is an
- * owner itself moves its own log directly (it is outside any log operation when it drains).
+ * never waits and a drainer waits only for log operations, which never wait: no cycle (the longest, an insert
+ * that finds the largest log full, moves its 6,144 records into the table first). A drainer that is an owner
+ * itself moves its own log directly (it is outside any log operation when it drains).
  * A reader that drains sees every record whose insert returned before the drain began; a record inserted
  * meanwhile is one the reader may or may not see, as with an insert into the table that races a visit. The
  * context-destroy protocol (track.c) relies on exactly that: its visit drains after the destroy's barrier, so
  * an allocation whose record the drain missed sees the destroy's sequence change after its insert. */
 
-#define YOUNG_CAP 16
-
+#define YOUNG_INLINE 16      /* slots in the thread record, where a log begins */
+#define YOUNG_MAX_SLOTS 8192 /* slots a log grows to at most */
+#define YOUNG_PERIOD 1024    /* young inserts of a thread between two of its size checks of the table */
 /* Inserts that bypass a log after a free by another thread had to drain it (see drain()). */
 #define YOUNG_COOL 1024
+/* The log's hash: the high bits of key * this multiplier, one of the table's (hash_in): the one that spreads
+ * arithmetic progressions best over a log's sizes (12 to 6,144 keys in 16 to 8,192 slots, the strides of
+ * hash_in's wider set: at most 6 slots of displacement on average, against 35 for the table's first). */
+#define YOUNG_MULT UINT64_C(0x5115dce9f8b83e81)
 
 typedef struct young {
-  _Atomic uint32_t op;    /* 1 while the owner is inside a log operation */
-  _Atomic uint32_t drain; /* raised by a drainer */
-  _Atomic uint32_t n;     /* records in rec[] */
-  _Atomic uint32_t cool;  /* inserts left that go straight to the table */
-  gr_packed_t rec[YOUNG_CAP];
+  _Atomic uint32_t op;        /* 1 while the owner is inside a log operation */
+  _Atomic uint32_t drain;     /* raised by a drainer */
+  _Atomic uint32_t n;         /* records in the log */
+  _Atomic uint32_t cool;      /* inserts left that go straight to the table */
+  _Atomic uint32_t countdown; /* inserts left before the next one takes young_insert_slow (0 at first) */
+  /* The slots (empty: ctl 0; a young record is LIVE), written by whoever holds the log: */
+  uint32_t lim;      /* records they may hold: three quarters of them */
+  uint32_t mask;     /* slots - 1 */
+  uint32_t shift;    /* 64 - log2(slots) */
+  gr_packed_t *slot; /* NULL before the first insert, then inl, or a mapping of `mapped` bytes */
+  size_t mapped;
+  gr_packed_t inl[YOUNG_INLINE];
 } young_t;
 
 _Static_assert(sizeof(young_t) <= GR_THREAD_YOUNG_BYTES, "epoch.h: GR_THREAD_YOUNG_BYTES");
+_Static_assert(GR_YOUNG_MAX == YOUNG_MAX_SLOTS / 4 * 3, "table.h: GR_YOUNG_MAX");
+_Static_assert((YOUNG_MAX_SLOTS & (YOUNG_MAX_SLOTS - 1)) == 0 && (YOUNG_INLINE & (YOUNG_INLINE - 1)) == 0,
+               "a log's slots are a power of two");
 
 static pthread_mutex_t g_drain_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -878,17 +902,104 @@ static inline bool young_enter(young_t *y, bool asym) {
 
 static inline void young_exit(young_t *y) { atomic_store_explicit(&y->op, 0, memory_order_release); }
 
-/* Moves y's records into the table, oldest first (by its owner inside a log operation, or by a drainer that
- * holds it). A record the table has no memory for stays in the log. Returns the number moved. */
+static inline uint32_t young_home(const young_t *y, uint64_t key) {
+  return (uint32_t)((key * YOUNG_MULT) >> y->shift);
+}
+
+/* Empties slot i of y's log, moving back the records after it in its run that may take its place, so that no
+ * probe ever has to pass an empty slot. */
+GR_TABLE_COLD static void young_del_run(young_t *y, uint32_t i) {
+  gr_packed_t *s = y->slot;
+  uint32_t mask = y->mask;
+  for (uint32_t j = (i + 1) & mask; s[j].ctl != 0; j = (j + 1) & mask)
+    if (((j - young_home(y, s[j].key)) & mask) >= ((j - i) & mask)) { /* its home is not after i */
+      s[i] = s[j];
+      i = j;
+    }
+  s[i].ctl = 0;
+}
+
+static inline void young_del(young_t *y, uint32_t i) {
+  if (GR_TABLE_UNLIKELY(y->slot[(i + 1) & y->mask].ctl != 0))
+    young_del_run(y, i);
+  else
+    y->slot[i].ctl = 0;
+}
+
+/* Puts p into y's log, which has room. newest: p is the newest record of its key, so it goes before any other
+ * of that key in probe order (a record of a block freed where no hook saw it), and a lookup finds it first, as
+ * the first match in the table decides; a growth puts records back in their order instead. */
+static void young_place(young_t *y, gr_packed_t p, bool newest) {
+  gr_packed_t *s = y->slot;
+  for (uint32_t i = young_home(y, p.key);; i = (i + 1) & y->mask) {
+    if (s[i].ctl == 0) {
+      s[i] = p;
+      return;
+    }
+    if (newest && s[i].key == p.key) {
+      gr_packed_t older = s[i];
+      s[i] = p;
+      p = older;
+    }
+  }
+}
+
+/* The first slot of y's log after an empty one: walking the slots from there meets each run in probe order. */
+static uint32_t young_run_start(const young_t *y) {
+  uint32_t e = 0;
+  while (y->slot[e].ctl != 0) /* there is an empty slot: n < lim < slots */
+    e++;
+  return (e + 1) & y->mask;
+}
+
+/* Doubles y's log (by its owner, inside a log operation): false when it is as large as it gets or no memory. */
+GR_TABLE_COLD static bool young_grow(young_t *y) {
+  uint32_t slots = y->mask + 1;
+  if (slots >= YOUNG_MAX_SLOTS)
+    return false;
+  size_t bytes = (size_t)slots * 2 * sizeof(gr_packed_t);
+  void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED)
+    return false;
+  count_bytes((ptrdiff_t)bytes);
+  gr_packed_t *old = y->slot;
+  uint32_t omask = y->mask, i = young_run_start(y);
+  size_t omapped = y->mapped;
+  y->slot = m; /* zeroes: every slot empty */
+  y->mapped = bytes;
+  y->mask = 2 * slots - 1;
+  y->shift--;
+  y->lim = 2 * slots / 4 * 3;
+  for (uint32_t k = 0; k < slots; k++, i = (i + 1) & omask)
+    if (old[i].ctl != 0)
+      young_place(y, old[i], false);
+  if (omapped) {
+    munmap(old, omapped);
+    count_bytes(-(ptrdiff_t)omapped);
+  }
+  return true;
+}
+
+/* Moves y's records into the table (by its owner inside a log operation, or by a drainer that holds it), each
+ * run of slots in probe order. A record the table has no memory for stays in the log. Returns the number
+ * moved. */
 static size_t young_move(young_t *y) {
-  uint32_t n = atomic_load_explicit(&y->n, memory_order_relaxed), i = 0;
-  while (i < n && gr_table_insert_ks(&y->rec[i], GR_KS_ADDR) == 0)
-    i++;
-  if (i > 0 && i < n)
-    memmove(&y->rec[0], &y->rec[i], (n - i) * sizeof y->rec[0]);
+  uint32_t n = atomic_load_explicit(&y->n, memory_order_relaxed), moved = 0;
+  if (n == 0)
+    return 0;
+  for (uint32_t k = 0, i = young_run_start(y); k <= y->mask && moved < n;) {
+    if (y->slot[i].ctl == 0) {
+      k++, i = (i + 1) & y->mask;
+      continue;
+    }
+    if (gr_table_insert_ks(&y->slot[i], GR_KS_ADDR) != 0)
+      break;
+    young_del(y, i); /* a later record of the run may take slot i: it is looked at next */
+    moved++;
+  }
   /* Release: a reader that sees the smaller count (gr_table_drain's first look) sees the records in the table. */
-  atomic_store_explicit(&y->n, n - i, memory_order_release);
-  return i;
+  atomic_store_explicit(&y->n, n - moved, memory_order_release);
+  return moved;
 }
 
 /* The table's insert of a record held by value: its own copy escapes, not the caller's, which can then stay in
@@ -896,6 +1007,52 @@ static size_t young_move(young_t *y) {
  * copy's 16-byte loads straddling the hook's 8-byte stores could not be forwarded (perf once found that stall
  * taking a fifth of the allocation hook's time). */
 GR_COLD static int insert_ks_copy(gr_packed_t p) { return gr_table_insert_ks(&p, GR_KS_ADDR); }
+
+/* An insert into y's log that the straight path leaves (inside a log operation): the log is full (it grows, or
+ * moves into the table), or p meets an older record of its key. False when p must go to the table after all. */
+GR_TABLE_COLD static bool young_put(young_t *y, gr_packed_t p) {
+  if (atomic_load_explicit(&y->n, memory_order_relaxed) >= y->lim && !young_grow(y)) {
+    young_move(y);
+    if (atomic_load_explicit(&y->n, memory_order_relaxed) >= y->lim)
+      return false; /* the table has no room: as a direct insert would fail */
+  }
+  young_place(y, p, true);
+  atomic_store_explicit(&y->n, atomic_load_explicit(&y->n, memory_order_relaxed) + 1, memory_order_relaxed);
+  return true;
+}
+
+/* Young inserts count towards the table's size windows (check_size), though their records are not in it. */
+GR_TABLE_COLD static void young_period(void) {
+  gr_epoch_enter();
+  gen_t *g = load_root();
+  if (g)
+    check_size(g, 0, YOUNG_PERIOD);
+  gr_epoch_exit();
+}
+
+/* The insert whose countdown ran out: one of a cool-down (straight to the table, see drain()), or the end of a
+ * period of YOUNG_PERIOD (the size check), or the thread's first (the log is set up). */
+GR_TABLE_COLD static int young_insert_slow(young_t *y, gr_packed_t p, bool asym) {
+  uint32_t cool = atomic_load_explicit(&y->cool, memory_order_relaxed);
+  if (cool != 0) {
+    atomic_store_explicit(&y->cool, cool - 1, memory_order_relaxed); /* a heuristic: a lost update is harmless */
+    return insert_ks_copy(p);
+  }
+  atomic_store_explicit(&y->countdown, YOUNG_PERIOD, memory_order_relaxed);
+  if (y->slot)
+    young_period();
+  if (!young_enter(y, asym))
+    return insert_ks_copy(p);
+  if (!y->slot) {
+    y->slot = y->inl;
+    y->mask = YOUNG_INLINE - 1;
+    y->shift = 64 - 4;
+    y->lim = YOUNG_INLINE / 4 * 3;
+  }
+  bool placed = young_put(y, p);
+  young_exit(y);
+  return placed ? 0 : insert_ks_copy(p);
+}
 
 GR_HOT_INLINE int gr_table_insert_young(const gr_packed_t *p) {
   return gr_table_insert_young_v(gr_epoch_t_rec, *p, atomic_load_explicit(&gr_epoch_asym, memory_order_relaxed) != 0);
@@ -905,27 +1062,30 @@ GR_HOT_INLINE int gr_table_insert_young_v(gr_thread_rec_t *me, gr_packed_t p, bo
   if (GR_TABLE_UNLIKELY(!me))
     return insert_ks_copy(p);
   young_t *y = young_of(me);
-  uint32_t cool = atomic_load_explicit(&y->cool, memory_order_relaxed);
-  if (GR_TABLE_UNLIKELY(cool != 0)) {
-    atomic_store_explicit(&y->cool, cool - 1, memory_order_relaxed); /* a heuristic: a lost update is harmless */
-    return insert_ks_copy(p);
-  }
+  uint32_t cd = atomic_load_explicit(&y->countdown, memory_order_relaxed);
+  if (GR_TABLE_UNLIKELY(cd == 0))
+    return young_insert_slow(y, p, asym);
+  atomic_store_explicit(&y->countdown, cd - 1, memory_order_relaxed);
   if (GR_TABLE_UNLIKELY(!young_enter(y, asym)))
     return insert_ks_copy(p);
   uint32_t n = atomic_load_explicit(&y->n, memory_order_relaxed);
-  if (GR_TABLE_UNLIKELY(n == YOUNG_CAP)) {
-    young_move(y);
-    n = atomic_load_explicit(&y->n, memory_order_relaxed);
-    if (n == YOUNG_CAP) { /* the table has no room: as a direct insert would fail */
-      young_exit(y);
-      return insert_ks_copy(p);
+  if (GR_TABLE_LIKELY(n < y->lim)) {
+    gr_packed_t *s = y->slot;
+    for (uint32_t i = young_home(y, p.key);; i = (i + 1) & y->mask) {
+      if (GR_TABLE_LIKELY(s[i].ctl == 0)) {
+        gr_packed_t *d = &s[i];
+        d->ctl = p.ctl, d->key = p.key, d->w1 = p.w1, d->w2 = p.w2, d->w3 = p.w3;
+        atomic_store_explicit(&y->n, n + 1, memory_order_relaxed);
+        young_exit(y);
+        return 0;
+      }
+      if (GR_TABLE_UNLIKELY(s[i].key == p.key))
+        break;
     }
   }
-  gr_packed_t *d = &y->rec[n];
-  d->ctl = p.ctl, d->key = p.key, d->w1 = p.w1, d->w2 = p.w2, d->w3 = p.w3;
-  atomic_store_explicit(&y->n, n + 1, memory_order_relaxed);
+  bool placed = young_put(y, p);
   young_exit(y);
-  return 0;
+  return placed ? 0 : insert_ks_copy(p);
 }
 
 /* Copies a young record out word by word. Its allocation wrote it moments ago with 8-byte stores, which may still
@@ -950,19 +1110,19 @@ static GR_HOT_INLINE int young_find(uint64_t key, unsigned state_mask, unsigned 
       !young_enter(y, atomic_load_explicit(&gr_epoch_asym, memory_order_relaxed) != 0))
     return -ENOENT;
   int rc = -ENOENT;
-  /* Read again inside the operation: a whole drain may have emptied the log since the look above. */
-  uint32_t n = atomic_load_explicit(&y->n, memory_order_relaxed), i = n - 1;
-  if (GR_TABLE_UNLIKELY(n == 0))
-    goto out;
-  /* The newest record is the usual hit (a block freed before the next allocation): it is tried first, on the
-   * straight path; the newest record of key decides, as the first match in the table does. */
-  if (GR_TABLE_UNLIKELY(y->rec[i].key != key)) {
-    while (i-- > 0 && y->rec[i].key != key)
-      ;
-    if (i == UINT32_MAX)
+  /* A drain may have emptied the log since the look above: then the probe meets an empty slot at once (a log,
+   * once set up, keeps its slots). */
+  gr_packed_t *s = y->slot;
+  /* The first record of key in probe order is its newest (young_place): it decides, as the first match in the
+   * table does. */
+  uint32_t i = young_home(y, key);
+  for (;; i = (i + 1) & y->mask) {
+    if (GR_TABLE_UNLIKELY(s[i].ctl == 0))
       goto out;
+    if (GR_TABLE_LIKELY(s[i].key == key))
+      break;
   }
-  gr_packed_t *q = &y->rec[i];
+  gr_packed_t *q = &s[i];
   /* A young record is LIVE: only its owner writes the log, and every state change (a release's claim or orphan
    * mark, a destroy's detach) is made in the table, after a drain. */
   GR_ASSERT(gr_pk_state(q) == GR_ST_LIVE);
@@ -970,9 +1130,8 @@ static GR_HOT_INLINE int young_find(uint64_t key, unsigned state_mask, unsigned 
     if (out)
       copy_out(out, q);
     if (take) {
-      if (GR_TABLE_UNLIKELY(i != n - 1)) /* the newest (the usual case) just leaves */
-        *q = y->rec[n - 1];
-      atomic_store_explicit(&y->n, n - 1, memory_order_relaxed);
+      young_del(y, i);
+      atomic_store_explicit(&y->n, atomic_load_explicit(&y->n, memory_order_relaxed) - 1, memory_order_relaxed);
     }
     rc = 0;
   }
@@ -1031,8 +1190,10 @@ static size_t drain(bool cool) {
         sched_yield();
     atomic_thread_fence(memory_order_acquire);
     moved += young_move(y);
-    if (cool)
+    if (cool) {
       atomic_store_explicit(&y->cool, YOUNG_COOL, memory_order_relaxed);
+      atomic_store_explicit(&y->countdown, 0, memory_order_relaxed); /* the next insert reads cool */
+    }
     atomic_store_explicit(&y->drain, 0, memory_order_release);
   }
   pthread_mutex_unlock(&g_drain_mu);
@@ -1040,7 +1201,8 @@ static size_t drain(bool cool) {
   return moved;
 }
 
-/* In the child after fork(): the table is emptied, and so are the logs (their owners may be gone mid-operation). */
+/* In the child after fork(): the table is emptied, and so are the logs (their owners may be gone mid-operation);
+ * each starts over in its thread record. */
 static void young_atfork_child(void) {
   for (gr_thread_rec_t *r = gr_epoch_first(); r; r = r->next) {
     young_t *y = young_of(r);
@@ -1048,6 +1210,14 @@ static void young_atfork_child(void) {
     atomic_store_explicit(&y->drain, 0, memory_order_relaxed);
     atomic_store_explicit(&y->n, 0, memory_order_relaxed);
     atomic_store_explicit(&y->cool, 0, memory_order_relaxed);
+    atomic_store_explicit(&y->countdown, 0, memory_order_relaxed);
+    if (y->mapped) {
+      munmap(y->slot, y->mapped);
+      count_bytes(-(ptrdiff_t)y->mapped);
+    }
+    y->slot = NULL;
+    y->mapped = 0;
+    memset(y->inl, 0, sizeof y->inl);
   }
   pthread_mutex_init(&g_drain_mu, NULL);
 }

@@ -180,6 +180,8 @@ int gr_table_insert_young(const gr_packed_t *p);
  * the record by value (the hot path builds it in registers and it goes straight into the log) and asym, the
  * caller's reading of gr_epoch_asym, which it uses for every step of its insert (track.c, op_begin). */
 int gr_table_insert_young_v(gr_thread_rec_t *me, gr_packed_t p, bool asym);
+/* Records a thread's log of young records holds at most; an insert that finds it full moves them into the table. */
+#define GR_YOUNG_MAX 6144
 /* Moves every thread's young records into the table (gr_table_visit does it first). Returns the number moved. */
 size_t gr_table_drain(void);
 
