@@ -369,7 +369,9 @@ static gen_t *new_gen(uint64_t cap, uint64_t mult, uint64_t records) {
     if (spare)
       unmap_now(spare);
     size_t bytes = gen_bytes(cap);
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    /* Populated at once: a migration writes records all over it, and one call faults its pages in for less than a
+     * fault each costs (a table growing to a million records: 170 ns per insert, against 235 that way). */
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
     if (p == MAP_FAILED)
       return NULL;
     g = p; /* mmap gives zeroes: every slot EMPTY, counters 0 */
@@ -958,7 +960,7 @@ GR_TABLE_COLD static bool young_grow(young_t *y) {
   if (slots >= YOUNG_MAX_SLOTS)
     return false;
   size_t bytes = (size_t)slots * 2 * sizeof(gr_packed_t);
-  void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (m == MAP_FAILED)
     return false;
   count_bytes((ptrdiff_t)bytes);
