@@ -50,15 +50,17 @@
  *       when every slot is DONE, and only then does the root move to the next generation.
  *   I5  The number of records equals inserts minus deletes (sum of the per-thread counters of epoch.c).
  *
- * Sizing (check_size; every 32nd table insert of a thread and every insert that probed 24 slots check)
+ * Sizing (check_size: every 32nd table insert of a thread, every insert that probed 24 slots, and every
+ * YOUNG_PERIOD-th young insert of a thread check)
  *   Growth: a generation more than 75% live (epoch.c's approximate count, confirmed with the exact sum; so the
  *   load may pass 75% by up to 62 records per inserting thread) is replaced by one twice as large, with the
  *   same multiplier. (Linear probing with inserts into the first free slot degrades fast past 75%: a churn at a
  *   constant 78% load cost 120 ns per insert+take, at 66% 25 ns.) A million records take 11 migrations.
- *   Settling: a generation keeps a window, as many inserts (g_inserts) as it has slots, and the most records it
- *   was seen holding meanwhile (its peak, noted at the checks). When a window ends and the generation maps more
- *   than SETTLE_BYTES per record of that peak, it is replaced by one sized for the peak at 68% load (61 bytes a
- *   record), hashing with the next multiplier, if that saves an eighth at least; else the next window begins.
+ *   Settling: a generation keeps a window, as many inserts (g_inserts: into the table or a young log) as it has
+ *   slots, and the most records it was seen holding meanwhile (its peak, noted at the checks). When a window
+ *   ends and the generation maps more than SETTLE_BYTES per record of that peak, it is replaced by one sized for
+ *   the peak at 68% load (61 bytes a record), hashing with the next multiplier, if that saves an eighth at
+ *   least; else the next window begins.
  *   A delete never migrates. So memory follows what the program holds over a window, not what it holds at one
  *   moment: right after growing, a table maps up to 107 bytes a record (37.5% load) until a window has passed;
  *   an oscillation 0 -> K -> 0 settles once, to its peak, and then never migrates (a cycle has K inserts, and
@@ -188,8 +190,8 @@ static _Atomic size_t g_bytes;
 static _Atomic size_t g_bytes_peak; /* high-water mark of g_bytes since the last gr_table_bytes_peak(true) */
 static _Atomic uint64_t g_migrations;
 static _Atomic uint64_t g_gen_seq;  /* generations made so far, never decremented: gen_t.seq */
-/* Inserts so far, give or take: a thread adds its table inserts 32 at a time. The size windows are counted in
- * them. */
+/* Inserts so far, give or take: a thread adds its table inserts 32 at a time and its young ones YOUNG_PERIOD at
+ * a time. The size windows are counted in them. */
 static _Atomic uint64_t g_inserts;
 static GR_TLS_IE unsigned t_ops;     /* operations of this thread: reclamation every 64th */
 
@@ -662,8 +664,8 @@ static inline void note_peak(gen_t *g, uint64_t records) {
     ;
 }
 
-/* The size check, every 32nd insert of a thread into the table (counted: 32) and after an insert that probed
- * LONG_PROBE slots (counted: 0).
+/* The size check, every 32nd insert of a thread into the table (counted: 32), after an insert that probed
+ * LONG_PROBE slots (counted: 0) and every YOUNG_PERIOD-th young insert of a thread (counted: YOUNG_PERIOD).
  * Growth: a generation past its growth load is replaced by one twice as large. The load comes from epoch.c's
  * approximate count (one load); a long probe, the sign of a full table, sums the exact per-thread counts. (A long
  * probe alone is no reason to rebuild: records of one key, left by frees that took a route gpureclaim does not
