@@ -34,10 +34,23 @@
  * once with twice as many, and divides the difference of the instruction counts by `pairs` (so one-time costs
  * cancel). The shape is one of the short names below (default 1: one block live at a time). Needs valgrind.
  *
+ * `bench_hooks --scale [rounds] [N ...]` (default 3 rounds, N = 100000 1000000) measures gpureclaim with N blocks
+ * live, on the null driver, each child as above: N allocations by cuMemAlloc_v2 then N frees oldest first (three
+ * cycles to warm up, in which gpureclaim's table grows and then settles to its size, then one timed: ns per
+ * allocation and per free; bench_table times the growth), without anything preloaded, with
+ * gpureclaim and with the floor tracker reading the context and a clock (built with a table of 2^21 slots,
+ * BENCH_FLOOR21_LIB, so that a million blocks leave it half empty). The gpureclaim child then reads, through
+ * its public API: the table's bytes per block right after N allocations and again after 3 N more (freeing the
+ * oldest, allocating a new one: the table settles within a window of as many allocations as it has slots); the
+ * time of gpureclaim_snapshot() with N blocks live and the file's bytes per block; the time of
+ * gpureclaim_release(GPURECLAIM_ORPHANED) of N blocks whose scope ended (thread CPU and wall).
+ *
  * Driver directories: BENCH_NULL_DIR and BENCH_SIM_DIR (environment), else the build tree's. Children are
  * multi-threaded processes, as every process that initialised CUDA is (both drivers start a thread in cuInit).
  * Each child reports which libcuda it loaded, and the parent refuses figures from the wrong one.
  */
+#include "gpureclaim.h"
+
 #include <cuda.h>
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -48,6 +61,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -60,6 +74,9 @@
 #endif
 #ifndef BENCH_FLOOR_LIB_DEFAULT
 #define BENCH_FLOOR_LIB_DEFAULT ""
+#endif
+#ifndef BENCH_FLOOR21_LIB_DEFAULT
+#define BENCH_FLOOR21_LIB_DEFAULT ""
 #endif
 
 #define NROUTES 4
@@ -244,7 +261,8 @@ static int cmpd(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-static char g_self[PATH_MAX], g_lib[PATH_MAX], g_floor[PATH_MAX], g_dir[NDRV][PATH_MAX];
+static char g_self[PATH_MAX], g_lib[PATH_MAX], g_floor[PATH_MAX], g_floor21[PATH_MAX], g_dir[NDRV][PATH_MAX];
+static bool g_scale; /* --scale: the floor with the larger table */
 
 /* Child environment: the driver's directory first on LD_LIBRARY_PATH, the preload (mode) or none. */
 static void child_env(int drv, int mode) {
@@ -257,7 +275,7 @@ static void child_env(int drv, int mode) {
     setenv("LD_PRELOAD", g_lib, 1);
     setenv("GPURECLAIM_STATUS", "0", 1); /* no files from a benchmark */
   } else if (mode == M_FLOOR || mode == M_FLOOR_CTX) {
-    setenv("LD_PRELOAD", g_floor, 1);
+    setenv("LD_PRELOAD", g_scale ? g_floor21 : g_floor, 1);
     if (mode == M_FLOOR_CTX)
       setenv("FLOOR_CTX", "1", 1);
   } else {
@@ -387,6 +405,181 @@ static void min_med(double *v, long n, double *mn, double *md) {
   *md = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+/* ---- --scale ---- */
+
+static double wall_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+#define SCALE_KEYS 9
+static const char *const g_scale_key[SCALE_KEYS] = {"alloc", "free", "grown", "steady", "snap_ms", "snap_bytes",
+                                                    "rel_cpu_ms", "rel_wall_ms", "released"};
+
+/* What one child measures with n blocks live ("key value" lines, g_scale_key). */
+static int scale_child(long n) {
+  CUdevice dev;
+  CUcontext ctx;
+  pthread_t th;
+  if (pthread_create(&th, NULL, waiter, NULL) != 0 || cuInit(0) || cuDeviceGet(&dev, 0) ||
+      cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx))
+    return 2;
+  print_driver();
+  CUdeviceptr *p = malloc((size_t)n * sizeof *p);
+  int (*stats)(int, gpureclaim_stats_t *) = (int (*)(int, gpureclaim_stats_t *))dlsym(RTLD_DEFAULT, "gpureclaim_stats");
+  gpureclaim_stats_t st = {.size = sizeof st};
+  if (!p)
+    return 2;
+  for (int c = 0; c < 4; c++) { /* three cycles to warm up (the table grows, then settles), one timed */
+    bool timed = c == 3;
+    double t0 = cpu_ns();
+    for (long i = 0; i < n; i++)
+      if (cuMemAlloc_v2(&p[i], 512) != CUDA_SUCCESS)
+        return 2;
+    double t1 = cpu_ns();
+    if (c == 0 && stats && stats(-1, &st) == 0) /* the table has just grown from its smallest size */
+      printf("grown %.3f\n", (double)st.table_bytes / (double)n);
+    for (long i = 0; i < n; i++)
+      if (cuMemFree_v2(p[i]) != CUDA_SUCCESS)
+        return 2;
+    if (timed)
+      printf("alloc %.3f\nfree %.3f\n", (t1 - t0) / (double)n, (cpu_ns() - t1) / (double)n);
+  }
+  int (*snap)(const char *) = (int (*)(const char *))dlsym(RTLD_DEFAULT, "gpureclaim_snapshot");
+  uint64_t (*begin)(void) = (uint64_t(*)(void))dlsym(RTLD_DEFAULT, "gpureclaim_scope_begin");
+  int (*end)(uint64_t, unsigned) = (int (*)(uint64_t, unsigned))dlsym(RTLD_DEFAULT, "gpureclaim_scope_end");
+  int (*rel)(unsigned, gpureclaim_report_t *) =
+      (int (*)(unsigned, gpureclaim_report_t *))dlsym(RTLD_DEFAULT, "gpureclaim_release");
+  if (!stats || !snap || !begin || !end || !rel)
+    return 0; /* not gpureclaim */
+  for (long i = 0; i < n; i++)
+    if (cuMemAlloc_v2(&p[i], 512) != CUDA_SUCCESS)
+      return 2;
+  for (long j = 0; j < 3 * n; j++) /* n live all along: the oldest freed, a new one allocated */
+    if (cuMemFree_v2(p[j % n]) != CUDA_SUCCESS || cuMemAlloc_v2(&p[j % n], 512) != CUDA_SUCCESS)
+      return 2;
+  stats(-1, &st);
+  printf("steady %.3f\n", (double)st.table_bytes / (double)n);
+  /* A directory of its own for the snapshot: in the test's run directory when CTest runs it, else the temporary
+   * directory. */
+  const char *base = getenv("GPURECLAIM_RUNDIR") ? getenv("GPURECLAIM_RUNDIR") : getenv("TMPDIR");
+  char dir[PATH_MAX], path[PATH_MAX + 16];
+  snprintf(dir, sizeof dir, "%s/bench_hooks.XXXXXX", base && *base ? base : "/tmp");
+  if (!mkdtemp(dir))
+    return 2;
+  snprintf(path, sizeof path, "%s/snap.json", dir);
+  double t0 = wall_ns();
+  int rc = snap(path);
+  double ms = (wall_ns() - t0) / 1e6;
+  struct stat sb;
+  if (rc != 0 || stat(path, &sb) != 0)
+    return 2;
+  printf("snap_ms %.3f\nsnap_bytes %.3f\n", ms, (double)sb.st_size / (double)n);
+  unlink(path);
+  rmdir(dir);
+  for (long i = 0; i < n; i++)
+    if (cuMemFree_v2(p[i]) != CUDA_SUCCESS)
+      return 2;
+  uint64_t scope = begin();
+  for (long i = 0; i < n; i++)
+    if (cuMemAlloc_v2(&p[i], 512) != CUDA_SUCCESS)
+      return 2;
+  if (end(scope, 0) != 0)
+    return 2;
+  gpureclaim_report_t r = {.size = sizeof r};
+  double c0 = cpu_ns(), w0 = wall_ns();
+  rc = rel(GPURECLAIM_ORPHANED, &r);
+  printf("rel_cpu_ms %.3f\nrel_wall_ms %.3f\nreleased %llu\n", (cpu_ns() - c0) / 1e6, (wall_ns() - w0) / 1e6,
+         (unsigned long long)r.orphaned_blocks);
+  free(p);
+  return rc == 0 ? 0 : 2;
+}
+
+/* Runs scale_child(n) with the preload of mode on the null driver; fills out[] (NAN for what it did not print). */
+static int scale_run(int mode, long n, double *out) {
+  int fd[2];
+  if (pipe(fd) != 0)
+    return -1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fd[1], 1);
+    close(fd[0]);
+    child_env(0, mode);
+    if (mode == M_FLOOR_CTX)
+      setenv("FLOOR_CTX", "1", 1);
+    char num[32];
+    snprintf(num, sizeof num, "%ld", n);
+    execl(g_self, g_self, "--scale-child", num, (char *)NULL);
+    _exit(127);
+  }
+  close(fd[1]);
+  FILE *f = fdopen(fd[0], "r");
+  char line[PATH_MAX + 64], key[64];
+  bool driver_ok = false;
+  for (int k = 0; k < SCALE_KEYS; k++)
+    out[k] = -1;
+  while (fgets(line, sizeof line, f)) {
+    double v;
+    if (!strncmp(line, "driver ", 7)) {
+      line[strcspn(line, "\n")] = '\0';
+      driver_ok = right_driver(0, line + 7);
+    } else if (sscanf(line, "%63s %lf", key, &v) == 2) {
+      for (int k = 0; k < SCALE_KEYS; k++)
+        if (!strcmp(key, g_scale_key[k]))
+          out[k] = v;
+    }
+  }
+  fclose(f);
+  int st;
+  waitpid(pid, &st, 0);
+  return WIFEXITED(st) && WEXITSTATUS(st) == 0 && driver_ok && out[0] >= 0 && out[1] >= 0 ? 0 : -1;
+}
+
+static int scale_main(long rounds, const long *sizes, int nsizes) {
+  static const int modes[3] = {M_NONE, M_GR, M_FLOOR_CTX};
+  printf("bench_hooks --scale: N blocks allocated by cuMemAlloc_v2, then freed oldest first, null driver; thread "
+         "CPU ns per operation, min and median of %ld interleaved rounds, each after three cycles to warm up\n",
+         rounds);
+  printf("(floor+ctx: the minimal tracker of bench/floor with a table of 2^21 slots, reading the context and a "
+         "clock per allocation; added: with minus without; ratio: gpureclaim's added pair / floor+ctx's)\n");
+  printf("%9s | %15s %15s | %15s %15s %15s | %15s %15s %15s | %11s\n", "N", "without alloc", "without free",
+         "added alloc", "added free", "added pair", "floor+ctx alloc", "floor+ctx free", "floor+ctx pair", "ratio");
+  static double v[3][SCALE_KEYS][64];
+  for (int k = 0; k < nsizes; k++) {
+    for (long r = 0; r < rounds; r++)
+      for (int o = 0; o < 3; o++) {
+        int m = (int)((o + r) % 3);
+        double out[SCALE_KEYS];
+        if (scale_run(modes[m], sizes[k], out) != 0) {
+          fprintf(stderr, "bench_hooks: a --scale child failed\n");
+          return 1;
+        }
+        for (int q = 0; q < SCALE_KEYS; q++)
+          v[m][q][r] = out[q];
+      }
+    double mn[3][SCALE_KEYS], md[3][SCALE_KEYS];
+    for (int m = 0; m < 3; m++)
+      for (int q = 0; q < SCALE_KEYS; q++)
+        min_med(v[m][q], rounds, &mn[m][q], &md[m][q]);
+    double gp_mn = mn[1][0] + mn[1][1] - mn[0][0] - mn[0][1], gp_md = md[1][0] + md[1][1] - md[0][0] - md[0][1];
+    double fp_mn = mn[2][0] + mn[2][1] - mn[0][0] - mn[0][1], fp_md = md[2][0] + md[2][1] - md[0][0] - md[0][1];
+    printf("%9ld | %7.1f %7.1f %7.1f %7.1f | %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f | %7.1f %7.1f %7.1f %7.1f %7.1f "
+           "%7.1f | %5.2f %5.2f\n",
+           sizes[k], mn[0][0], md[0][0], mn[0][1], md[0][1], mn[1][0] - mn[0][0], md[1][0] - md[0][0],
+           mn[1][1] - mn[0][1], md[1][1] - md[0][1], gp_mn, gp_md, mn[2][0] - mn[0][0], md[2][0] - md[0][0],
+           mn[2][1] - mn[0][1], md[2][1] - md[0][1], fp_mn, fp_md, fp_mn > 0 ? gp_mn / fp_mn : 0.0,
+           fp_md > 0 ? gp_md / fp_md : 0.0);
+    printf("%9s   gpureclaim (min, median): table %.1f / %.1f B per block after growing, %.1f / %.1f steady; snapshot "
+           "%.1f / %.1f ms, %.1f B per block; release of %ld orphans %.1f / %.1f ms CPU, %.1f / %.1f ms wall (%.0f "
+           "released)\n",
+           "", mn[1][2], md[1][2], mn[1][3], md[1][3], mn[1][4], md[1][4], md[1][5], sizes[k], mn[1][6], md[1][6],
+           mn[1][7], md[1][7], md[1][8]);
+    fflush(stdout);
+  }
+  return 0;
+}
+
 static int shape_named(const char *name) {
   for (int sh = 0; sh < NSHAPES; sh++)
     if (!strcmp(name, g_shape[sh].name))
@@ -397,6 +590,11 @@ static int shape_named(const char *name) {
 int main(int argc, char **argv) {
   if (argc > 2 && !strcmp(argv[1], "--child"))
     return child(atol(argv[2]), argc > 3 ? atoi(argv[3]) : -1, argc > 4 ? atoi(argv[4]) : 0);
+  if (argc > 2 && !strcmp(argv[1], "--scale-child"))
+    return scale_child(atol(argv[2]));
+  g_scale = argc > 1 && !strcmp(argv[1], "--scale");
+  long sizes[16] = {100000, 1000000};
+  int nsizes = 2;
   bool cg = argc > 1 && !strcmp(argv[1], "--callgrind");
   char *end = NULL;
   long rounds = 7, n = cg ? 20000 : 200000;
@@ -408,6 +606,14 @@ int main(int argc, char **argv) {
     if (argc > 3)
       cg_shape = shape_named(argv[3]), bad = bad || cg_shape < 0;
     bad = bad || argc > 4;
+  } else if (g_scale) {
+    rounds = 3;
+    if (argc > 2)
+      rounds = strtol(argv[2], &end, 10), bad = *end || rounds < 1 || rounds > 64;
+    if (argc > 3)
+      nsizes = 0;
+    for (int k = 3; k < argc && !bad; k++)
+      sizes[nsizes] = strtol(argv[k], &end, 10), bad = *end || sizes[nsizes] < 1000 || ++nsizes > 15;
   } else {
     if (argc > 1)
       rounds = strtol(argv[1], &end, 10), bad = *end || rounds < 1 || rounds > 64;
@@ -418,6 +624,7 @@ int main(int argc, char **argv) {
   if (bad) {
     fprintf(stderr, "usage: bench_hooks [rounds 1-64, default 7] [pairs per measurement >= 10, default 200000]\n"
                     "       bench_hooks --callgrind [pairs >= 10, default 20000] [shape, default 1]\n"
+                    "       bench_hooks --scale [rounds 1-64, default 3] [N >= 1000 ..., default 100000 1000000]\n"
                     "shapes:");
     for (int sh = 0; sh < NSHAPES; sh++)
       fprintf(stderr, " %s", g_shape[sh].name);
@@ -441,6 +648,12 @@ int main(int argc, char **argv) {
     fprintf(stderr, "bench_hooks: the floor tracker %s not found (set BENCH_FLOOR_LIB)\n", g_floor);
     return 1;
   }
+  fl = getenv("BENCH_FLOOR21_LIB");
+  snprintf(g_floor21, sizeof g_floor21, "%s", fl ? fl : BENCH_FLOOR21_LIB_DEFAULT);
+  if (g_scale && access(g_floor21, R_OK) != 0) {
+    fprintf(stderr, "bench_hooks: the floor tracker %s not found (set BENCH_FLOOR21_LIB)\n", g_floor21);
+    return 1;
+  }
   const char *nd = getenv("BENCH_NULL_DIR"), *sd = getenv("BENCH_SIM_DIR");
   snprintf(g_dir[0], sizeof g_dir[0], "%s", nd ? nd : BENCH_NULL_DIR_DEFAULT);
   snprintf(g_dir[1], sizeof g_dir[1], "%s", sd ? sd : BENCH_SIM_DIR_DEFAULT);
@@ -458,6 +671,8 @@ int main(int argc, char **argv) {
   }
   if (cg)
     return callgrind_main(n, cg_shape);
+  if (g_scale)
+    return scale_main(rounds, sizes, nsizes);
   static double v[NDRV][NMODES][NSHAPES][NROUTES][64], step[NSTEPS][64];
   for (int r = 0; r < rounds; r++)
     for (int d = 0; d < NDRV; d++)
