@@ -991,15 +991,31 @@ static size_t young_move(young_t *y) {
   uint32_t n = atomic_load_explicit(&y->n, memory_order_relaxed), moved = 0;
   if (n == 0)
     return 0;
-  for (uint32_t k = 0, i = young_run_start(y); k <= y->mask && moved < n;) {
-    if (y->slot[i].ctl == 0) {
-      k++, i = (i + 1) & y->mask;
+  gr_packed_t *s = y->slot;
+  uint32_t start = young_run_start(y), k = 0, i = start;
+  gr_epoch_enter(); /* one section for all the inserts (each one's own then only counts its depth) */
+  for (; k <= y->mask && moved < n; k++, i = (i + 1) & y->mask) {
+    if (s[i].ctl == 0)
       continue;
-    }
-    if (gr_table_insert_ks(&y->slot[i], GR_KS_ADDR) != 0)
+    if (gr_table_insert_ks(&s[i], GR_KS_ADDR) != 0)
       break;
-    young_del(y, i); /* a later record of the run may take slot i: it is looked at next */
+    s[i].ctl |= GR_ST_DELETED; /* marked moved: a young record is LIVE (state 2, now 7), never 0 (empty) */
     moved++;
+  }
+  gr_epoch_exit();
+  if (moved == n) { /* the usual case: every record moved, every slot empties */
+    for (uint32_t j = 0, m = 0; m < moved; j++)
+      if (s[j].ctl != 0)
+        s[j].ctl = 0, m++;
+  } else { /* the table ran out of memory: the records moved leave one by one, the others stay reachable */
+    for (uint32_t j = start, left = moved; left > 0;) {
+      if (gr_pk_state(&s[j]) == GR_ST_DELETED) {
+        young_del(y, j); /* a later record of the run may take slot j: it is looked at next */
+        left--;
+      } else {
+        j = (j + 1) & y->mask;
+      }
+    }
   }
   /* Release: a reader that sees the smaller count (gr_table_drain's first look) sees the records in the table. */
   atomic_store_explicit(&y->n, n - moved, memory_order_release);
