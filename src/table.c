@@ -371,9 +371,7 @@ static gen_t *new_gen(uint64_t cap, uint64_t mult, uint64_t records) {
     if (spare)
       unmap_now(spare);
     size_t bytes = gen_bytes(cap);
-    /* Populated at once: a migration writes records all over it, and one call faults its pages in for less than a
-     * fault each costs (a table growing to a million records: 170 ns per insert, against 235 that way). */
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
       return NULL;
     g = p; /* mmap gives zeroes: every slot EMPTY, counters 0 */
@@ -614,21 +612,31 @@ static uint64_t records_to_carry(void) {
 }
 
 /* Starts a migration of g (the root) to a generation of cap slots hashing with mult, unless one runs; returns
- * after helping. */
-static void start_migration(gen_t *g, uint64_t cap, uint64_t mult, uint64_t records) {
+ * after helping: false when no memory could be mapped for it (then the table keeps working at a higher load). */
+static bool start_migration(gen_t *g, uint64_t cap, uint64_t mult, uint64_t records) {
   gen_t *n = atomic_load_explicit(&g->next, memory_order_acquire);
   if (!n) {
     gen_t *fresh = new_gen(cap, mult, records);
     if (!fresh)
-      return; /* no memory: the table keeps working at higher load */
+      return false;
     gen_t *expected = NULL;
     if (!atomic_compare_exchange_strong_explicit(&g->next, &expected, fresh, memory_order_acq_rel,
                                                  memory_order_acquire)) {
       atomic_fetch_sub_explicit(&g_migrations, 1, memory_order_relaxed);
       unmap_now(fresh);
+    } else {
+#ifdef MADV_POPULATE_WRITE
+      /* Its pages faulted in by one call, for less than a fault each costs (a table growing to a million records:
+       * 170 ns per insert, against 235): after it is linked, so that inserts move on to it at once (mapped
+       * populated, a generation took long enough to map for eight inserting threads to fill the old one), and
+       * by the one thread whose generation won (threads racing to grow each map one; the others unmap theirs).
+       * A kernel without it (before 5.14) refuses, and the pages fault in as they are written. */
+      (void)madvise(fresh, fresh->bytes, MADV_POPULATE_WRITE);
+#endif
     }
   }
   help_migrate(g);
+  return true;
 }
 
 /* Makes t (root or root's successor) the root, finishing the migration into it first: false when the table has
@@ -643,12 +651,13 @@ static bool own_root(gen_t *t) {
   return load_root() == t;
 }
 
-/* Grows t, which is full or past its growth load: twice as many slots, the same multiplier. */
-static void need_migration(gen_t *t) {
+/* Grows t, which is full or past its growth load: twice as many slots, the same multiplier. False when no memory
+ * could be mapped for them. */
+static bool need_migration(gen_t *t) {
   if (!own_root(t))
-    return;
+    return true; /* the table moved on past t */
   uint64_t records = records_to_carry(), cap = cap_for(records, GROWN_PERMILLE);
-  start_migration(t, cap > 2 * t->cap ? cap : 2 * t->cap, t->mult, records);
+  return start_migration(t, cap > 2 * t->cap ? cap : 2 * t->cap, t->mult, records);
 }
 
 /* Replaces t by a generation sized for `records` at SETTLE_PERMILLE, hashing with the next multiplier. */
@@ -1320,12 +1329,11 @@ GR_HOT_INLINE int gr_table_insert_ks(const gr_packed_t *r, unsigned ks) {
     }
     if (placed)
       break;
-    if (!restart) {
-      if (++full_rounds > 3) { /* full, and no memory could be mapped for a larger generation */
-        rc = -ENOMEM;
-        break;
-      }
-      need_migration(t); /* a full generation: grow it, then retry */
+    /* A full generation: grow it, then retry. Only a generation that could not be mapped counts towards giving
+     * up: another thread may be making the next one (and its inserts filled this one meanwhile). */
+    if (!restart && !need_migration(t) && ++full_rounds > 3) {
+      rc = -ENOMEM; /* full, and no memory could be mapped for a larger generation */
+      break;
     }
   }
   gr_epoch_exit();
@@ -1633,8 +1641,8 @@ void gr_table_compact(void) {
       complete_migration(g);
     g = load_root();
     uint64_t records = records_to_carry();
-    start_migration(g, cap_for(records, SETTLE_PERMILLE), next_mult(g), records);
-    complete_migration(g);
+    if (start_migration(g, cap_for(records, SETTLE_PERMILLE), next_mult(g), records))
+      complete_migration(g); /* (no memory for it: the table stays as it is) */
   }
   gr_epoch_exit();
   gr_epoch_reclaim();
