@@ -3,6 +3,7 @@
  * 4, 8 and 16 threads, with many blocks held live while the threads churn.
  *
  * Usage: bench_table [seconds-per-point, default 0.2] [window, default 64] [held, default 100000] [reps, default 5]
+ *                    [N ..., default 100000 1000000]
  *   Both tables first get `held` blocks that stay live for the whole run (while they grow, the memory each maps
  *   is sampled after every insert: the peak per block is the moment an old and a new generation, or array, are
  *   mapped side by side). Then each thread inserts a block and deletes the block it inserted `window` pairs
@@ -15,6 +16,21 @@
  *   through `window` addresses).
  *   Last, memory per tracked block: steady (after the run, mapped bytes / live blocks) and the peak while
  *   growing to `held` blocks (counted from 4096 blocks on: below, the minimum sizes dominate).
+ * Then, for each N, the lock-free table at scale, alone on one thread (thread CPU time, one run each: these are
+ * counts and sizes as much as times):
+ *   grow        N records inserted into the smallest generation: ns per insert (migrations included),
+ *               migrations, and the most bytes mapped per record at any moment (from 4096 records on, sampled
+ *               every 256th insert: a migration's two generations side by side);
+ *   steady      then two windows of inserts and takes at N live (what a program's steady loop does): bytes per
+ *               record, and the migrations (the generation settling to the size it needs);
+ *   free loop   the N taken in a loop: ns per take, migrations (none: a take never migrates);
+ *   oscillation 0 -> N -> 0, eight times from the smallest generation: ns per insert+take pair over cycles 5-8,
+ *               migrations in cycle 1 (growth), in cycles 2-4 (the window that settles) and in cycles 5-8;
+ *   release     N orphans released as gpureclaim_release() does it to the table (release.c): rounds of 4,096
+ *               claims (ORPHAN -> RECLAIMING, the visit resuming where the last round stopped), then each moved
+ *               to RECLAIMED (the first 65,536: tombstones) or DELETED: ms, ns per orphan, and the probe bound
+ *               left among the tombstones once the table has been compacted to them.
+ *   The release line ends with the time of the largest N over the smallest, and their ratio.
  * BENCH_LOCKFREE_ONLY=1 skips the mutex table.
  *
  * The mutex table: one pthread mutex around an open-addressing array of 40-byte records (linear probing,
@@ -23,6 +39,7 @@
  */
 #include "table.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdatomic.h>
@@ -268,13 +285,172 @@ static void series(double secs, unsigned window, int reps, bool reuse, bool with
   }
 }
 
+/* ---- at scale: the lock-free table alone, one thread ---- */
+
+static uint64_t scale_key(uint64_t i) { return UINT64_C(0x500000000000) + i * 512; }
+
+static double wall_ms(void) { return wall_now() * 1e3; }
+
+static void scale_fill(uint64_t first, uint64_t n, unsigned state) {
+  gr_packed_t p = rec_for(0);
+  p.ctl = state;
+  for (uint64_t i = first; i < first + n; i++)
+    lf_insert(&p, scale_key(i));
+}
+
+static void scale_take(uint64_t first, uint64_t n) {
+  for (uint64_t i = first; i < first + n; i++)
+    lf_delete(scale_key(i));
+}
+
+#define ROUND 4096
+typedef struct {
+  gr_rec_t claimed[ROUND];
+  size_t n;
+} round_t;
+
+static int claim(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
+  round_t *j = arg;
+  if (r->state != GR_ST_ORPHAN)
+    return 0;
+  if (j->n == ROUND)
+    return 1; /* the next round begins with this record */
+  gr_rec_t expect = *r, want = *r;
+  want.state = GR_ST_RECLAIMING;
+  int rc;
+  while ((rc = gr_table_cas(ref, &expect, &want)) == -EAGAIN)
+    want = expect, want.state = GR_ST_RECLAIMING;
+  if (rc == 0)
+    j->claimed[j->n++] = expect;
+  return 0;
+}
+
+static int by_key(const void *a, const void *b) {
+  uint64_t x = ((const gr_rec_t *)a)->key, y = ((const gr_rec_t *)b)->key;
+  return (x > y) - (x < y);
+}
+
+static bool to_state(gr_rec_t *r, void *arg) {
+  r->state = *(const uint8_t *)arg;
+  return true;
+}
+
+/* The table's side of releasing every orphan, as release.c's free_pass does it (the driver's frees left out). */
+static uint64_t release_orphans(void) {
+  static round_t j;
+  gr_visit_pos_t pos = {0};
+  uint64_t tombs = 0;
+  bool more;
+  do {
+    j.n = 0;
+    more = gr_table_visit_from(&pos, claim, &j) != 0;
+    qsort(j.claimed, j.n, sizeof j.claimed[0], by_key);
+    for (size_t i = 0; i < j.n; i++) {
+      uint8_t st = tombs < 65536 ? GR_ST_RECLAIMED : GR_ST_DELETED;
+      tombs += st == GR_ST_RECLAIMED;
+      gr_table_update(GR_KS_ADDR, j.claimed[i].key, GR_STMASK(GR_ST_RECLAIMING), to_state, &st, NULL);
+    }
+  } while (more);
+  return tombs;
+}
+
+static void at_scale(const long *sizes, int nsizes) {
+  printf("\nat scale: the lock-free table alone, one thread, N records (thread CPU time; release: wall time too)\n");
+  printf("%9s | %-26s | %-14s | %-14s | %-29s | %s\n", "", "grow", "steady", "free loop",
+         "oscillation 0 -> N -> 0, x 8", "release of N orphans");
+  printf("%9s | %8s %6s %10s | %6s %7s | %7s %6s | %8s %6s %6s %6s | %8s %8s %8s %6s\n", "N", "ns/ins", "migr",
+         "peak B/rec", "B/rec", "migr", "ns/take", "migr", "ns/pair", "m 1", "m 2-4", "m 5-8", "CPU ms", "wall ms",
+         "ns/orph", "probes");
+  double first_ms = 0, last_ms = 0;
+  for (int k = 0; k < nsizes; k++) {
+    uint64_t n = (uint64_t)sizes[k], base = (uint64_t)k << 32;
+    /* grow, from the smallest generation */
+    gr_table_compact();
+    uint64_t m0 = gr_table_migrations();
+    gr_table_bytes_peak(true);
+    double c0 = cpu_now(), peak = 0;
+    gr_packed_t p = rec_for(0);
+    for (uint64_t i = 0; i < n; i++) {
+      lf_insert(&p, scale_key(base + i));
+      if (i + 1 >= 4096 && (i & 255) == 0) { /* sampled: the peak lasts a whole migration */
+        double per = (double)gr_table_bytes_peak(true) / (double)(i + 1);
+        peak = per > peak ? per : peak;
+      }
+    }
+    double grow_ns = (cpu_now() - c0) / (double)n;
+    uint64_t m_grow = gr_table_migrations() - m0;
+    /* steady: two windows of churn at n live */
+    m0 = gr_table_migrations();
+    uint64_t churn = 2 * gr_table_capacity() + 2 * n;
+    for (uint64_t i = 0; i < churn; i++) {
+      lf_insert(&p, scale_key(base + n + i));
+      lf_delete(scale_key(base + i));
+    }
+    gr_epoch_reclaim();
+    gr_epoch_reclaim();
+    double steady = (double)gr_table_bytes() / (double)n;
+    uint64_t m_steady = gr_table_migrations() - m0;
+    /* free loop */
+    m0 = gr_table_migrations();
+    c0 = cpu_now();
+    scale_take(base + churn, n);
+    double take_ns = (cpu_now() - c0) / (double)n;
+    uint64_t m_free = gr_table_migrations() - m0;
+    /* oscillation, from the smallest generation */
+    gr_table_compact();
+    uint64_t mc[9];
+    double osc_ns = 0;
+    mc[0] = gr_table_migrations();
+    for (int c = 0; c < 8; c++) {
+      c0 = cpu_now();
+      scale_fill(base + (uint64_t)(c & 1) * n, n, GR_ST_LIVE);
+      scale_take(base + (uint64_t)(c & 1) * n, n);
+      if (c >= 4)
+        osc_ns += cpu_now() - c0;
+      mc[c + 1] = gr_table_migrations();
+    }
+    osc_ns /= 4.0 * (double)n;
+    /* release */
+    scale_fill(base, n, GR_ST_ORPHAN);
+    c0 = cpu_now();
+    double w0 = wall_ms();
+    uint64_t tombs = release_orphans();
+    double rel_ms = (cpu_now() - c0) / 1e6, rel_wall = wall_ms() - w0;
+    gr_table_compact();
+    uint64_t probes = gr_table_probe_bound();
+    for (uint64_t i = 0; i < n; i++) /* the tombstones, as allocations of their addresses would */
+      gr_table_take(GR_KS_ADDR, scale_key(base + i), GR_STMASK(GR_ST_RECLAIMED), NULL);
+    if (tombs != (n < 65536 ? n : 65536) || gr_epoch_live_sum() != 0)
+      fprintf(stderr, "bench_table: the release left %lld records\n", (long long)gr_epoch_live_sum());
+    printf("%9llu | %8.1f %6llu %10.1f | %6.1f %7llu | %7.1f %6llu | %8.1f %6llu %6llu %6llu | %8.1f %8.1f %8.1f "
+           "%6llu\n",
+           (unsigned long long)n, grow_ns, (unsigned long long)m_grow, peak, steady, (unsigned long long)m_steady,
+           take_ns, (unsigned long long)m_free, osc_ns, (unsigned long long)(mc[1] - mc[0]),
+           (unsigned long long)(mc[4] - mc[1]), (unsigned long long)(mc[8] - mc[4]), rel_ms, rel_wall,
+           rel_ms * 1e6 / (double)n, (unsigned long long)probes);
+    fflush(stdout);
+    if (k == 0)
+      first_ms = rel_ms;
+    last_ms = rel_ms;
+  }
+  if (nsizes > 1)
+    printf("release: N = %ld took %.2fx the CPU time of N = %ld (%.1fx the records)\n", sizes[nsizes - 1],
+           first_ms > 0 ? last_ms / first_ms : 0.0, sizes[0], (double)sizes[nsizes - 1] / (double)sizes[0]);
+}
+
 int main(int argc, char **argv) {
   double secs = argc > 1 ? atof(argv[1]) : 0.2;
   long window = argc > 2 ? atol(argv[2]) : 64, held = argc > 3 ? atol(argv[3]) : 100000;
   int reps = argc > 4 ? atoi(argv[4]) : 5;
-  if (!(secs > 0) || window <= 0 || held < 0 || reps < 1 || reps > 64 || argc > 5) {
+  long sizes[16] = {100000, 1000000};
+  int nsizes = argc > 5 ? argc - 5 : 2;
+  bool bad = !(secs > 0) || window <= 0 || held < 0 || reps < 1 || reps > 64 || nsizes > 16;
+  for (int k = 5; k < argc && !bad; k++)
+    bad = (sizes[k - 5] = atol(argv[k])) < 1000 || sizes[k - 5] > 100000000;
+  if (bad) {
     fprintf(stderr, "usage: bench_table [seconds-per-point > 0, default 0.2] [window > 0, default 64] "
-                    "[held >= 0, default 100000] [reps 1-64, default 5]\n");
+                    "[held >= 0, default 100000] [reps 1-64, default 5] [N 1000-100000000 ..., up to 16, default "
+                    "100000 1000000]\n");
     return 2;
   }
   const char *only = getenv("BENCH_LOCKFREE_ONLY");
@@ -314,5 +490,10 @@ int main(int argc, char **argv) {
            g_lt.peak_per_block);
   printf("\ntable memory now: %zu bytes, %llu migrations\n", gr_table_bytes(),
          (unsigned long long)gr_table_migrations());
+
+  g_reuse = 0; /* the held blocks' keys */
+  for (long i = 0; i < held; i++) /* an empty table for what follows */
+    lf_delete(key_of(MAXT, (uint64_t)i));
+  at_scale(sizes, nsizes);
   return 0;
 }

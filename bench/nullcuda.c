@@ -3,8 +3,9 @@
  * what bench_hooks measures on it is gpureclaim's own cost and not the simulator's.
  *
  * One device, one context, one default pool, the NULL stream. Allocations come from a per-thread free list
- * (LIFO, so an allocate+free pair gets the same address back, as from a pool) and, when it is empty, from a
- * shared bump pointer: every live block has an address of its own. Sizes are not kept (a free list serves
+ * (LIFO, so an allocate+free pair gets the same address back, as from a pool; it keeps every freed address,
+ * so a program cycling through K live blocks reuses the same K addresses at any K) and, when it is empty, from
+ * a shared bump pointer: every live block has an address of its own. Sizes are not kept (a free list serves
  * every size). It answers only what gpureclaim and bench_hooks ask; anything else is not exported.
  * cuInit starts an idle thread, as libcuda does (a single-threaded process gets cheaper glibc locks).
  * Not a simulator: no checks, no stream order, no accounting. Never use it for tests.
@@ -14,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -27,9 +29,8 @@ static void *const g_ctx = &g_ctx_obj, *const g_pool = &g_pool_obj;
 static __thread void *t_cur;
 
 static _Atomic uint64_t g_bump = UINT64_C(0x7f0000000000);
-#define FREE_MAX 4096
-static __thread uint64_t t_free[FREE_MAX];
-static __thread unsigned t_nfree;
+static __thread uint64_t *t_free;
+static __thread size_t t_nfree, t_cap;
 
 static inline uint64_t take_addr(size_t bytes) {
   if (t_nfree)
@@ -37,8 +38,16 @@ static inline uint64_t take_addr(size_t bytes) {
   uint64_t stride = (bytes + 511) & ~(uint64_t)511;
   return atomic_fetch_add_explicit(&g_bump, stride ? stride : 512, memory_order_relaxed);
 }
+__attribute__((noinline)) static void grow_free(void) {
+  size_t cap = t_cap ? 2 * t_cap : 4096;
+  uint64_t *p = realloc(t_free, cap * sizeof *p);
+  if (p)
+    t_free = p, t_cap = cap;
+}
 static inline void give_addr(uint64_t p) {
-  if (t_nfree < FREE_MAX)
+  if (__builtin_expect(t_nfree == t_cap, 0))
+    grow_free();
+  if (t_nfree < t_cap)
     t_free[t_nfree++] = p;
 }
 

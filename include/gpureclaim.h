@@ -80,7 +80,7 @@ typedef struct gpureclaim_stats {
   uint64_t released_bytes;       /* bytes they gave back, all categories */
   uint64_t oom_retries;          /* allocations retried after an out-of-memory error */
   uint64_t oom_retry_successes;  /* ... that then succeeded */
-  uint64_t table_bytes;          /* memory gpureclaim's block table uses now */
+  uint64_t table_bytes;          /* memory gpureclaim's block table uses now (threads' logs of new blocks included) */
   uint64_t contexts;             /* contexts seen and not destroyed */
   uint64_t pools;                /* stream-ordered pools seen and not destroyed */
   /* Peer reclaim (GPURECLAIM_PEERS): an allocation that still failed after its own retry asks the other

@@ -201,6 +201,7 @@ typedef struct free_job {
   bool more;         /* the array could not grow: another round claims the rest */
   const gr_scope_key_t *keys; /* non-NULL: claim only under these keys (a scope's end), not by a table visit */
   size_t nkeys, next; /* next: the first key not yet looked at, across rounds */
+  gr_visit_pos_t pos; /* where the last round's visit stopped: the next one goes on from there */
   uint64_t devmask;  /* 0: any device; else only blocks of the devices whose bits are set (a peer's request) */
 } free_job_t;
 
@@ -381,8 +382,11 @@ static bool free_claimed(free_job_t *j, const gr_rec_t *expect) {
 /* One pass of a release: claim what it frees, then free it in address order; again while the claim array
  * could not hold everything. Each round holds the context gate: a context destroyed between the claim and the
  * free would take the claimed blocks with it, and the driver could hand their addresses to another context's
- * allocations before this release freed them. */
+ * allocations before this release freed them. Each round's visit goes on where the last one stopped
+ * (gr_table_visit_from), so a pass looks at each slot about once, however many rounds it takes: a round that
+ * began at the table's first slot again made a release of a million orphans scan the table 244 times. */
 static void free_pass(free_job_t *j) {
+  j->pos = (gr_visit_pos_t){0};
   do {
     gr_track_gate_enter();
     gr_track_watch(1); /* before any claim: an allocation that gets a freed address sees its RECLAIMING record */
@@ -391,7 +395,7 @@ static void free_pass(free_job_t *j) {
     if (j->keys)
       claim_keys(j);
     else
-      gr_table_visit(claim_one, j);
+      gr_table_visit_from(&j->pos, claim_one, j);
     if (j->nclaimed > 1) /* (qsort of NULL, even of nothing, is undefined) */
       qsort(j->claimed, j->nclaimed, sizeof *j->claimed, by_key);
     size_t freed = 0;
@@ -399,7 +403,8 @@ static void free_pass(free_job_t *j) {
       freed += free_claimed(j, &j->claimed[i]);
     gr_track_watch(-1);
     gr_track_gate_exit();
-    /* A round that freed nothing (the driver refused every block) would claim the same blocks again. */
+    /* A round that freed nothing (the driver refused every block, which stay claimable) ends the pass: the
+     * driver is refusing frees, and a release that is asked again claims them again. */
     if (!freed)
       break;
   } while (j->more && j->nclaimed);

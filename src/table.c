@@ -14,9 +14,9 @@
  *     w2    (the parallel array) allocation site (gr_site_t: a code address or a stack id); for mappings the
  *           VMM handle instead
  *   The table is one "generation": an mmap()ed array of cap slots, then cap site words, cap any integer; the
- *   home slot of a key is
- *   fastrange(key * 2^64/phi, cap) (Fibonacci hashing, see hash_key()). A generation is replaced by a new one
- *   (growth or shrink) through a cooperative migration; old generations are unmapped through epoch.c.
+ *   home slot of a key is fastrange(key * mult, cap), mult the generation's multiplier (see hash_in()). A
+ *   generation is replaced by a new one (growth, or a settle to the size its records need) through a
+ *   cooperative migration; old generations are unmapped through epoch.c.
  *
  * Deletion without tombstones
  *   A delete makes its slot free for good (DELETED is a free state, like EMPTY), so a changing set of keys
@@ -50,14 +50,33 @@
  *       when every slot is DONE, and only then does the root move to the next generation.
  *   I5  The number of records equals inserts minus deletes (sum of the per-thread counters of epoch.c).
  *
- * Migration (growth does not stop other threads)
- *   A thread that finds the root generation G more than 75% live (it reads epoch.c's approximate count every
- *   32nd of its inserts, and after any insert that probed 24 slots, and confirms with the exact sum; so the
- *   load may pass 75% by up to 62 records per inserting thread) or mapping more than 64 bytes per live record
- *   (about 62.5% live; a thread checks every 32nd of its changes) maps a generation N sized for 68% load and
- *   links it as G->next. (Linear probing with inserts into the first free slot degrades fast past 75%: a
- *   churn at a constant 78% load cost 120 ns per insert+take, at 66% 25 ns.) From then on inserts go to N,
- *   and every operation that sees G->next first helps: it claims a chunk of G's slots and migrates each:
+ * Sizing (check_size: every 32nd table insert of a thread, every insert that probed 24 slots, and every
+ * YOUNG_PERIOD-th young insert of a thread check)
+ *   Growth: a generation more than 75% live (epoch.c's approximate count, confirmed with the exact sum; so the
+ *   load may pass 75% by up to 62 records per inserting thread) is replaced by one twice as large, with the
+ *   same multiplier. (Linear probing with inserts into the first free slot degrades fast past 75%: a churn at a
+ *   constant 78% load cost 120 ns per insert+take, at 66% 25 ns.) A million records take 11 migrations.
+ *   Settling: a generation keeps a window, as many inserts (g_inserts: into the table or a young log) as it has
+ *   slots, and the most records it was seen holding meanwhile (its peak, noted at the checks). When a window
+ *   ends and the generation maps more than SETTLE_BYTES per record of that peak, it is replaced by one sized for
+ *   the peak at 68% load (61 bytes a record), hashing with the next multiplier, if that saves an eighth at
+ *   least; else the next window begins.
+ *   A delete never migrates. So memory follows what the program holds over a window, not what it holds at one
+ *   moment: right after growing, a table maps up to 107 bytes a record (37.5% load) until a window has passed;
+ *   an oscillation 0 -> K -> 0 settles once, to its peak, and then never migrates (a cycle has K inserts, and
+ *   a generation at most 75% full at K has more slots than that: every window sees a peak); a program that
+ *   frees a million blocks pays no migration on the way down, and the generation shrinks once it allocates
+ *   again for a window.
+ *   Cost: a growth is paid by the inserts that filled the half of the generation it doubled, a settle by the
+ *   window's inserts (at least as many as the slots it scans): amortized, every migration costs a constant per
+ *   insert, whatever the pattern of inserts and deletes. Every record is counted when sizing, in whatever
+ *   state: tombstones, records a release claimed, and the records in the threads' young logs, which a drain
+ *   moves in.
+ *
+ * Migration (it does not stop other threads)
+ *   A thread that decided a generation G needs another maps the generation N and links it as G->next. From
+ *   then on inserts go to N, and every operation that sees G->next first helps: it claims a chunk of G's slots
+ *   and migrates each:
  *     empty/deleted/busy slot:  CAS ctl -> MOVED|DONE (an insert that owned a busy slot sees its publish CAS
  *                               fail and inserts into N itself);
  *     unwritten record:         the helper runs epoch.c's asymmetric barrier once (membarrier: every thread's
@@ -85,9 +104,10 @@
  * Progress: lookup, update and take are lock-free; insert is lock-free (it may help a migration first). No
  * helper waits for an insert in progress: it freezes the slot and the inserter redoes its own work.
  * Cost: an insert is one CAS, a take one CAS; there is no shared counter (record counts are per thread).
- * Memory: 40 bytes a slot (32 + the site word) at 62.5%..75% load, so at most 64 bytes per live record once the table is past its
- * minimum size (1024 slots), plus a second generation while a migration runs (the thread that ends it frees
- * the old one on its next operation). Shrinking lags by the changes between two checks (SHRINK_EVERY).
+ * Memory: 40 bytes a slot (32 + the site word); settled, at 66% load at the peak of a window, 61 bytes per
+ * record once the table is past its minimum size (1024 slots); between a growth and the end of the next window
+ * up to 107; during a migration the old generation too (the thread that ends it frees the old one on its next
+ * operation): up to 160 bytes per record at the peak of a growth.
  */
 #include "table.h"
 #include "common.h" /* GR_ASSERT */
@@ -111,13 +131,17 @@ typedef struct slot {
 typedef struct gen {
   /* Read by every operation, written once (next) or rarely (max_disp): one cache line. */
   uint64_t cap;
+  uint64_t mult;     /* this generation's hash multiplier (hash_in) */
   uint64_t grow_at;  /* live records that call for a larger generation */
   size_t bytes;      /* mapped size */
   _Atomic(struct gen *) next;
   _Atomic uint64_t max_disp; /* largest distance from its home slot of any record placed here */
-  /* Written only while the generation is migrated: a line of their own. */
+  uint64_t seq;              /* the how-manieth generation this is (a visit resumes in the one it began) */
+  /* Written while the generation is migrated, and by the size checks: a line of their own. */
   _Alignas(64) _Atomic uint64_t cursor; /* next chunk to migrate */
   _Atomic uint64_t done;                /* slots whose migration is finished */
+  _Atomic uint64_t win_start;           /* g_inserts when this generation's current window began */
+  _Atomic uint64_t win_peak;            /* most records it was seen holding in that window */
   _Alignas(64) slot_t slots[];          /* cap of them, then cap site words (slot_w2) */
 } gen_t;
 
@@ -155,21 +179,21 @@ static inline _Atomic uint64_t *slot_w2(gen_t *g, const slot_t *s) {
 /* An insert that probed this far checks the load at once (else every 32nd insert of a thread does). */
 #define LONG_PROBE 24u
 #define CHUNK 128u
-/* Loads, in 1/1000: growth at 75% live, a new generation at 68%. A shrink follows the memory bound itself
- * (SHRINK_BYTES: with 40-byte slots, about 62.5% live). */
-#define GROW_PERMILLE 750u
-#define TARGET_PERMILLE 680u
-#define SHRINK_BYTES 64u /* a generation mapping more than this per live record is replaced by a smaller one */
-#define SHRINK_EVERY 31u /* a thread checks for a shrink every 32nd change. A table emptied quickly overshoots
-                          * SHRINK_BYTES by those changes: 65.6 B per record near 1,000 (every 256th: 144 B);
-                          * every 8th halves that and costs 1-2 ns per free */
+/* The sizing policy ("Sizing" above). Loads in 1/1000 of the slots. */
+#define GROW_PERMILLE 750u    /* a generation this full is replaced by one twice as large */
+#define GROWN_PERMILLE 500u   /* ... or larger, should it be fuller than that (a drain of many young records) */
+#define SETTLE_PERMILLE 680u  /* a generation sized for a window's peak (a settle, a shrink, a compaction) */
+#define SETTLE_BYTES 64u      /* a window whose peak got less than this per record from the generation settles */
 
 static _Atomic(gen_t *) g_root;
 static _Atomic size_t g_bytes;
 static _Atomic size_t g_bytes_peak; /* high-water mark of g_bytes since the last gr_table_bytes_peak(true) */
 static _Atomic uint64_t g_migrations;
+static _Atomic uint64_t g_gen_seq;  /* generations made so far, never decremented: gen_t.seq */
+/* Inserts so far, give or take: a thread adds its table inserts 32 at a time and its young ones YOUNG_PERIOD at
+ * a time. The size windows are counted in them. */
+static _Atomic uint64_t g_inserts;
 static GR_TLS_IE unsigned t_ops;     /* operations of this thread: reclamation every 64th */
-static GR_TLS_IE unsigned t_changes; /* updates of this thread: a shrink check every 32nd (takes: epoch.c's count) */
 
 static inline unsigned ctl_state(uint64_t c) { return (unsigned)(c & ST_MASK); }
 static inline uint32_t ctl_sgen(uint64_t c) { return (uint32_t)((c >> SGEN_SHIFT) & SGEN_MASK); }
@@ -206,12 +230,31 @@ static inline uint32_t fwd_src(uint64_t c) { return (uint32_t)((c >> FWD_SRC_SHI
 static inline uint32_t fwd_dst(uint64_t c) { return (uint32_t)((c >> FWD_DST_SHIFT) & SGEN_MASK); }
 static inline uint64_t fwd_idx(uint64_t c) { return c >> FWD_IDX_SHIFT; }
 
-/* Fibonacci hashing: home() takes the high bits of key * 2^64/phi. Device addresses come in arithmetic
- * progressions (a driver hands out aligned chunks in order), which this spreads almost evenly over the slots
- * (the three-distance theorem), so probe runs stay shorter than with a hash that looks random; other keys
- * fare as with any multiplicative hash. The key space goes into the top bits. */
-static inline uint64_t hash_key(unsigned ks, uint64_t key) {
-  return (key ^ ((uint64_t)ks << 61)) * UINT64_C(0x9E3779B97F4A7C15);
+/* Multiplicative hashing: home() takes the high bits of key * mult, the generation's multiplier. Device
+ * addresses come in arithmetic progressions (a driver hands out aligned chunks in order), which a multiplier
+ * spreads almost evenly over the slots (the three-distance theorem), so probe runs, and the probe bound, stay
+ * shorter than with a hash that looks random (whose runs at 66% load reach 50-100 slots among 100,000 keys);
+ * other keys fare as with any multiplicative hash. How evenly depends on the stride: each multiplier has
+ * strides that it spreads badly. 2^64/phi (Fibonacci hashing, the only multiplier until issue 28) averages 57
+ * slots of displacement at 75% load for 1M keys 64 KiB apart. These eight were drawn as random odd numbers and
+ * kept for their worst case: at 75% load, 1,000 to 300,000 keys, strides 2^4 to 2^30 and 3, 5 and 7 times 2^4 to
+ * 2^24, each averages at most 3 slots of displacement anywhere (16 of 22,095 draws did); of those, these had
+ * the best worst case over a wider set (strides 2^3 to 2^36 and 3, 5, 7, 9 and 11 times 2^4 to 2^26, up to 1.5M
+ * keys, loads 37.5 to 75%, generations of a power of two slots, which growth makes, and of other sizes): 9 to
+ * 15 slots, where phi's is 77.
+ * A generation that does not double its predecessor takes the next multiplier: records that survive in one part
+ * of the old generation (a release frees in slot order, and keeps its first 65,536 as tombstones) then spread
+ * over the whole new one instead of crowding the part of it that their old order maps to (the release of 130,000
+ * orphans, which took 2 s: probes of 66,000 slots in a generation sized for 80,000 records). A growth keeps the
+ * multiplier: each run of old slots lands on twice as many new ones, in order. The key space goes into the top
+ * bits. */
+static const uint64_t k_mult[] = {
+    UINT64_C(0x7b6ef656223da07d), UINT64_C(0xd92b2a0248a146af), UINT64_C(0xb4c4dbebb5b8e915),
+    UINT64_C(0x7470ab30ab10993f), UINT64_C(0x5115dce9f8b83e81), UINT64_C(0x0e3c5840f57134e7),
+    UINT64_C(0x1ec7ab94945b3d4f), UINT64_C(0xb9c1b98c28d11f57)};
+#define NMULT (sizeof k_mult / sizeof k_mult[0])
+static inline uint64_t hash_in(const gen_t *g, unsigned ks, uint64_t key) {
+  return (key ^ ((uint64_t)ks << 61)) * g->mult;
 }
 static inline uint64_t home(const gen_t *g, uint64_t h) {
   return (uint64_t)(((unsigned __int128)h * g->cap) >> 64);
@@ -286,10 +329,12 @@ static _Atomic(gen_t *) g_spare;
 
 static size_t gen_bytes(uint64_t cap) { return sizeof(gen_t) + cap * (sizeof(slot_t) + sizeof(uint64_t)); }
 
+static void count_bytes(ptrdiff_t bytes);
+
 static void unmap_now(gen_t *g) {
   size_t bytes = g->bytes;
   munmap(g, bytes);
-  atomic_fetch_sub_explicit(&g_bytes, bytes, memory_order_relaxed);
+  count_bytes(-(ptrdiff_t)bytes);
 }
 
 static void unmap_gen(void *p, size_t bytes) {
@@ -303,7 +348,17 @@ static void unmap_gen(void *p, size_t bytes) {
   unmap_now(g);
 }
 
-static gen_t *new_gen(uint64_t cap) {
+/* Counts bytes mapped (negative: unmapped) for the table, its peak included. */
+static void count_bytes(ptrdiff_t bytes) {
+  size_t now = atomic_fetch_add_explicit(&g_bytes, (size_t)bytes, memory_order_relaxed) + (size_t)bytes;
+  size_t pk = atomic_load_explicit(&g_bytes_peak, memory_order_relaxed);
+  while (bytes > 0 && now > pk &&
+         !atomic_compare_exchange_weak_explicit(&g_bytes_peak, &pk, now, memory_order_relaxed, memory_order_relaxed))
+    ;
+}
+
+/* A generation of cap slots hashing with mult, its window starting now with `records` in it. */
+static gen_t *new_gen(uint64_t cap, uint64_t mult, uint64_t records) {
   if (cap < MIN_CAP)
     cap = MIN_CAP;
   gen_t *spare = atomic_exchange_explicit(&g_spare, NULL, memory_order_acq_rel);
@@ -321,16 +376,24 @@ static gen_t *new_gen(uint64_t cap) {
       return NULL;
     g = p; /* mmap gives zeroes: every slot EMPTY, counters 0 */
     g->bytes = bytes;
-    size_t now = atomic_fetch_add_explicit(&g_bytes, bytes, memory_order_relaxed) + bytes;
-    size_t pk = atomic_load_explicit(&g_bytes_peak, memory_order_relaxed);
-    while (now > pk && !atomic_compare_exchange_weak_explicit(&g_bytes_peak, &pk, now, memory_order_relaxed,
-                                                              memory_order_relaxed))
-      ;
+    count_bytes((ptrdiff_t)bytes);
   }
   g->cap = cap;
+  g->mult = mult;
   g->grow_at = cap * GROW_PERMILLE / 1000;
+  g->seq = atomic_fetch_add_explicit(&g_gen_seq, 1, memory_order_relaxed) + 1;
+  atomic_store_explicit(&g->win_start, atomic_load_explicit(&g_inserts, memory_order_relaxed), memory_order_relaxed);
+  atomic_store_explicit(&g->win_peak, records, memory_order_relaxed);
   atomic_fetch_add_explicit(&g_migrations, 1, memory_order_relaxed);
   return g;
+}
+
+/* The multiplier of a generation that follows g without doubling it ("Multiplicative hashing" above). */
+static uint64_t next_mult(const gen_t *g) {
+  size_t i = 0;
+  while (i < NMULT && k_mult[i] != g->mult)
+    i++;
+  return k_mult[(i + 1) % NMULT];
 }
 
 static inline gen_t *load_root(void) { return atomic_load_explicit(&g_root, memory_order_seq_cst); }
@@ -338,7 +401,7 @@ static inline gen_t *load_root(void) { return atomic_load_explicit(&g_root, memo
 int gr_table_init(void) {
   if (load_root())
     return 0;
-  gen_t *g = new_gen(MIN_CAP);
+  gen_t *g = new_gen(MIN_CAP, k_mult[0], 0);
   if (!g)
     return -ENOMEM;
   gen_t *expected = NULL;
@@ -358,7 +421,7 @@ static slot_t *chase(gen_t **g, slot_t *s, uint64_t *cp, uint32_t sg);
  * or n->cap when n is full or is itself being migrated (then this copy is not needed any more). */
 static uint64_t reserve_copy(gen_t *n, unsigned ks, uint64_t key, uint64_t meta, unsigned st, uint64_t w1,
                              uint64_t w2, uint64_t w3, uint32_t *sg) {
-  uint64_t i = home(n, hash_key(ks, key));
+  uint64_t i = home(n, hash_in(n, ks, key));
   for (uint64_t probes = 0; probes < n->cap; probes++, i = nexti(n, i)) {
     slot_t *s = &n->slots[i];
     uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
@@ -529,56 +592,124 @@ static void move_root(gen_t *g) {
   }
 }
 
-static uint64_t sized_cap(void) {
-  uint64_t live = (uint64_t)gr_epoch_live_sum();
-  /* Headroom for inserts made while the migration runs. */
-  uint64_t cap = (live + live / 32 + 32) * 1000 / TARGET_PERMILLE + 1;
+/* ---- sizing ---- */
+
+/* Slots for `records` records at a load of permille/1000, with headroom for the inserts made while the migration
+ * runs. */
+static uint64_t cap_for(uint64_t records, unsigned permille) {
+  uint64_t cap = (records + records / 32 + 32) * 1000 / permille + 1;
   return cap < MIN_CAP ? MIN_CAP : cap;
 }
 
-/* Starts a migration of g (the root) unless one runs; returns after helping. */
-static void start_migration(gen_t *g) {
+static uint64_t young_total(void);
+
+/* Records a generation must carry: those in the table (tombstones, claimed and released records included: the
+ * per-thread counts count every record until it is DELETED) and those in the threads' young logs, which the
+ * next drain moves into it. */
+static uint64_t records_to_carry(void) {
+  int64_t live = gr_epoch_live_sum();
+  return (live > 0 ? (uint64_t)live : 0) + young_total();
+}
+
+/* Starts a migration of g (the root) to a generation of cap slots hashing with mult, unless one runs; returns
+ * after helping: false when no memory could be mapped for it (then the table keeps working at a higher load). */
+static bool start_migration(gen_t *g, uint64_t cap, uint64_t mult, uint64_t records) {
   gen_t *n = atomic_load_explicit(&g->next, memory_order_acquire);
   if (!n) {
-    gen_t *fresh = new_gen(sized_cap());
+    gen_t *fresh = new_gen(cap, mult, records);
     if (!fresh)
-      return; /* no memory: the table keeps working at higher load */
+      return false;
     gen_t *expected = NULL;
     if (!atomic_compare_exchange_strong_explicit(&g->next, &expected, fresh, memory_order_acq_rel,
                                                  memory_order_acquire)) {
       atomic_fetch_sub_explicit(&g_migrations, 1, memory_order_relaxed);
       unmap_now(fresh);
+    } else {
+#ifdef MADV_POPULATE_WRITE
+      /* Its pages faulted in by one call, for less than a fault each costs (a table growing to a million records:
+       * 170 ns per insert, against 235): after it is linked, so that inserts move on to it at once (mapped
+       * populated, a generation took long enough to map for eight inserting threads to fill the old one), and
+       * by the one thread whose generation won (threads racing to grow each map one; the others unmap theirs).
+       * A kernel without it (before 5.14) refuses, and the pages fault in as they are written. */
+      (void)madvise(fresh, fresh->bytes, MADV_POPULATE_WRITE);
+#endif
     }
   }
   help_migrate(g);
+  return true;
 }
 
-/* Called when gen t (root or root's successor) needs a migration. */
-static void need_migration(gen_t *t) {
+/* Makes t (root or root's successor) the root, finishing the migration into it first: false when the table has
+ * moved on past t meanwhile (then t needs nothing any more). */
+static bool own_root(gen_t *t) {
   gen_t *root = load_root();
-  if (root != t) {
-    if (atomic_load_explicit(&root->next, memory_order_acquire) != t)
-      return; /* already moved on */
-    complete_migration(root);
-    if (load_root() != t)
-      return;
-  }
-  start_migration(t);
+  if (root == t)
+    return true;
+  if (atomic_load_explicit(&root->next, memory_order_acquire) != t)
+    return false; /* already moved on */
+  complete_migration(root);
+  return load_root() == t;
 }
 
-/* After an insert into t that probed `probes` slots: a generation past its growth load is replaced. The load
- * comes from epoch.c's approximate count (one load); a long probe, the sign of a full table, sums the exact
- * per-thread counts. (A long probe alone is no reason to rebuild: records of one key, left by frees that took
- * a route gpureclaim does not see, cluster again in any generation.) */
-static void check_load(gen_t *t, uint64_t probes) {
+/* Grows t, which is full or past its growth load: twice as many slots, the same multiplier. False when no memory
+ * could be mapped for them. */
+static bool need_migration(gen_t *t) {
+  if (!own_root(t))
+    return true; /* the table moved on past t */
+  uint64_t records = records_to_carry(), cap = cap_for(records, GROWN_PERMILLE);
+  return start_migration(t, cap > 2 * t->cap ? cap : 2 * t->cap, t->mult, records);
+}
+
+/* Replaces t by a generation sized for `records` at SETTLE_PERMILLE, hashing with the next multiplier. */
+static void settle_gen(gen_t *t, uint64_t records) {
+  if (own_root(t))
+    start_migration(t, cap_for(records, SETTLE_PERMILLE), next_mult(t), records);
+}
+
+static inline void note_peak(gen_t *g, uint64_t records) {
+  uint64_t p = atomic_load_explicit(&g->win_peak, memory_order_relaxed);
+  while (records > p &&
+         !atomic_compare_exchange_weak_explicit(&g->win_peak, &p, records, memory_order_relaxed, memory_order_relaxed))
+    ;
+}
+
+/* The size check, every 32nd insert of a thread into the table (counted: 32), after an insert that probed
+ * LONG_PROBE slots (counted: 0) and every YOUNG_PERIOD-th young insert of a thread (counted: YOUNG_PERIOD).
+ * Growth: a generation past its growth load is replaced by one twice as large. The load comes from epoch.c's
+ * approximate count (one load); a long probe, the sign of a full table, sums the exact per-thread counts. (A long
+ * probe alone is no reason to rebuild: records of one key, left by frees that took a route gpureclaim does not
+ * see, cluster again in any generation.) Otherwise the count is noted as a candidate for the window's peak, and
+ * a window that is over (as many inserts as the generation has slots since it began) either settles the
+ * generation or begins the next window. */
+static void check_size(gen_t *t, uint64_t probes, uint64_t counted) {
+  if (counted)
+    atomic_fetch_add_explicit(&g_inserts, counted, memory_order_relaxed);
   if (atomic_load_explicit(&t->next, memory_order_acquire))
     return;
   /* The approximation can read high for good (a thread that freed more than it allocated keeps a negative
    * batch): growth always confirms with the exact sum, or it would rebuild a generation of the same size
    * over and over. */
-  if ((probes >= LONG_PROBE || (uint64_t)gr_epoch_live_approx() + 1 >= t->grow_at) &&
-      (uint64_t)gr_epoch_live_sum() + 1 >= t->grow_at)
+  int64_t approx = gr_epoch_live_approx();
+  uint64_t la = approx > 0 ? (uint64_t)approx : 0;
+  if ((probes >= LONG_PROBE || la + 1 >= t->grow_at) && (uint64_t)gr_epoch_live_sum() + 1 >= t->grow_at) {
     need_migration(t);
+    return;
+  }
+  note_peak(t, la);
+  uint64_t now = atomic_load_explicit(&g_inserts, memory_order_relaxed);
+  uint64_t start = atomic_load_explicit(&t->win_start, memory_order_relaxed);
+  if (now - start < t->cap ||
+      !atomic_compare_exchange_strong_explicit(&t->win_start, &start, now, memory_order_relaxed,
+                                               memory_order_relaxed))
+    return; /* the window goes on, or another thread ends it */
+  uint64_t records = records_to_carry(), peak = atomic_load_explicit(&t->win_peak, memory_order_relaxed);
+  peak = peak > records ? peak : records;
+  /* Settled when the window's peak had more than SETTLE_BYTES per record; only for a gain of an eighth at
+   * least (a table at its minimum size, or one barely past the bound, is left alone). */
+  if (t->bytes > (uint64_t)SETTLE_BYTES * peak && gen_bytes(cap_for(peak, SETTLE_PERMILLE)) <= t->bytes / 8 * 7)
+    settle_gen(t, peak);
+  else
+    atomic_store_explicit(&t->win_peak, records, memory_order_relaxed); /* the next window starts from now */
 }
 
 /* ---- probing ---- */
@@ -618,9 +749,8 @@ typedef enum { FIND_OK, FIND_NONE } find_t;
  * name its slot, and cp and rec its consistent contents. */
 static find_t find(gen_t *g, unsigned ks, uint64_t key, unsigned mask, gen_t **gp, uint64_t *ip, uint64_t *cp,
                    gr_rec_t *rec) {
-  uint64_t h = hash_key(ks, key);
   for (; g; g = atomic_load_explicit(&g->next, memory_order_acquire)) {
-    uint64_t i = home(g, h), len = probe_len(g);
+    uint64_t i = home(g, hash_in(g, ks, key)), len = probe_len(g);
     for (uint64_t probes = 0; probes < len; probes++, i = nexti(g, i)) {
       slot_t *s = &g->slots[i];
       uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
@@ -672,8 +802,6 @@ static find_t find(gen_t *g, unsigned ks, uint64_t key, unsigned mask, gen_t **g
   return FIND_NONE;
 }
 
-GR_TABLE_COLD static void maybe_shrink(void);
-
 static inline void maybe_reclaim(void) {
   if (__builtin_expect((++t_ops & 63) == 0, 0) && gr_epoch_pending())
     gr_epoch_reclaim();
@@ -702,9 +830,16 @@ static bool settle(gen_t *t, uint64_t i, uint32_t sg) {
 }
 
 /* ---- young records: a per-thread log in front of the table ----
- * Most blocks are freed by the thread that allocated them, soon. An allocation's record therefore goes into a
- * log of YOUNG_CAP records in its thread's record (gr_table_insert_young), with plain stores, and a free by the
- * same thread takes it from there: no compare-and-swap, no epoch section. A full log moves into the table.
+ * Most blocks are freed by the thread that allocated them. An allocation's record therefore goes into a log in
+ * its thread's record (gr_table_insert_young), with plain stores, and a free by the same thread takes it from
+ * there: no compare-and-swap, no epoch section. The log is a small open-addressing table of the thread's own
+ * (linear probing, deletion by moving later records back, so a miss stops at the first empty slot): 16 slots
+ * in the thread record, then a mapping that doubles while three quarters of it are used, up to
+ * YOUNG_MAX_SLOTS (GR_YOUNG_MAX records, 320 KiB); a full log of that size moves into the table. So a thread
+ * that keeps K blocks live and frees them itself (K = 64, 1,024, 4,096: a training step's activations, a
+ * server's requests) does it all in its log, at the cost of the one-block pair, where a log of the 16 newest
+ * sent every record past the 16th through the table and made each free of one search the log first. The log
+ * counts as table memory (gr_table_bytes).
  *
  * Everyone else sees the logs through a drain (gr_table_drain): gr_table_visit drains first, and a take or a
  * lookup of an address that finds nothing in the table drains and looks again (a block freed by another
@@ -716,27 +851,43 @@ static bool settle(gen_t *t, uint64_t i, uint32_t sg) {
  * With asymmetric barriers (epoch.c) the owner's fence is a compiler fence and the drainer's barrier is
  * membarrier: either the owner's op = 1 is visible to the drainer, which then waits for the op to end, or the
  * owner's load sees drain raised. Without them both sides use sequentially consistent operations. An owner
- * never waits and a drainer waits only for log operations, which never wait: no cycle. A drainer that is an
- * owner itself moves its own log directly (it is outside any log operation when it drains).
+ * never waits and a drainer waits only for log operations, which never wait: no cycle (the longest, an insert
+ * that finds the largest log full, moves its 6,144 records into the table first). A drainer that is an owner
+ * itself moves its own log directly (it is outside any log operation when it drains).
  * A reader that drains sees every record whose insert returned before the drain began; a record inserted
  * meanwhile is one the reader may or may not see, as with an insert into the table that races a visit. The
  * context-destroy protocol (track.c) relies on exactly that: its visit drains after the destroy's barrier, so
  * an allocation whose record the drain missed sees the destroy's sequence change after its insert. */
 
-#define YOUNG_CAP 16
-
+#define YOUNG_INLINE 16      /* slots in the thread record, where a log begins */
+#define YOUNG_MAX_SLOTS 8192 /* slots a log grows to at most */
+#define YOUNG_PERIOD 1024    /* young inserts of a thread between two of its size checks of the table */
 /* Inserts that bypass a log after a free by another thread had to drain it (see drain()). */
 #define YOUNG_COOL 1024
+/* The log's hash: the high bits of key * this multiplier, one of the table's (hash_in): the one that spreads
+ * arithmetic progressions best over a log's sizes (12 to 6,144 keys in 16 to 8,192 slots, the strides of
+ * hash_in's wider set: at most 6 slots of displacement on average, against 35 for the table's first). */
+#define YOUNG_MULT UINT64_C(0x5115dce9f8b83e81)
 
 typedef struct young {
-  _Atomic uint32_t op;    /* 1 while the owner is inside a log operation */
-  _Atomic uint32_t drain; /* raised by a drainer */
-  _Atomic uint32_t n;     /* records in rec[] */
-  _Atomic uint32_t cool;  /* inserts left that go straight to the table */
-  gr_packed_t rec[YOUNG_CAP];
+  _Atomic uint32_t op;        /* 1 while the owner is inside a log operation */
+  _Atomic uint32_t drain;     /* raised by a drainer */
+  _Atomic uint32_t n;         /* records in the log */
+  _Atomic uint32_t cool;      /* inserts left that go straight to the table */
+  _Atomic uint32_t countdown; /* inserts left before the next one takes young_insert_slow (0 at first) */
+  /* The slots (empty: ctl 0; a young record is LIVE), written by whoever holds the log: */
+  uint32_t lim;      /* records they may hold: three quarters of them */
+  uint32_t mask;     /* slots - 1 */
+  uint32_t shift;    /* 64 - log2(slots) */
+  gr_packed_t *slot; /* NULL before the first insert, then inl, or a mapping of `mapped` bytes */
+  size_t mapped;
+  gr_packed_t inl[YOUNG_INLINE];
 } young_t;
 
 _Static_assert(sizeof(young_t) <= GR_THREAD_YOUNG_BYTES, "epoch.h: GR_THREAD_YOUNG_BYTES");
+_Static_assert(GR_YOUNG_MAX == YOUNG_MAX_SLOTS / 4 * 3, "table.h: GR_YOUNG_MAX");
+_Static_assert((YOUNG_MAX_SLOTS & (YOUNG_MAX_SLOTS - 1)) == 0 && (YOUNG_INLINE & (YOUNG_INLINE - 1)) == 0,
+               "a log's slots are a power of two");
 
 static pthread_mutex_t g_drain_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -764,17 +915,120 @@ static inline bool young_enter(young_t *y, bool asym) {
 
 static inline void young_exit(young_t *y) { atomic_store_explicit(&y->op, 0, memory_order_release); }
 
-/* Moves y's records into the table, oldest first (by its owner inside a log operation, or by a drainer that
- * holds it). A record the table has no memory for stays in the log. Returns the number moved. */
+static inline uint32_t young_home(const young_t *y, uint64_t key) {
+  return (uint32_t)((key * YOUNG_MULT) >> y->shift);
+}
+
+/* Empties slot i of y's log, moving back the records after it in its run that may take its place, so that no
+ * probe ever has to pass an empty slot. */
+GR_TABLE_COLD static void young_del_run(young_t *y, uint32_t i) {
+  gr_packed_t *s = y->slot;
+  uint32_t mask = y->mask;
+  for (uint32_t j = (i + 1) & mask; s[j].ctl != 0; j = (j + 1) & mask)
+    if (((j - young_home(y, s[j].key)) & mask) >= ((j - i) & mask)) { /* its home is not after i */
+      s[i] = s[j];
+      i = j;
+    }
+  s[i].ctl = 0;
+}
+
+static inline void young_del(young_t *y, uint32_t i) {
+  if (GR_TABLE_UNLIKELY(y->slot[(i + 1) & y->mask].ctl != 0))
+    young_del_run(y, i);
+  else
+    y->slot[i].ctl = 0;
+}
+
+/* Puts p into y's log, which has room. newest: p is the newest record of its key, so it goes before any other
+ * of that key in probe order (a record of a block freed where no hook saw it), and a lookup finds it first, as
+ * the first match in the table decides; a growth puts records back in their order instead. */
+static void young_place(young_t *y, gr_packed_t p, bool newest) {
+  gr_packed_t *s = y->slot;
+  for (uint32_t i = young_home(y, p.key);; i = (i + 1) & y->mask) {
+    if (s[i].ctl == 0) {
+      s[i] = p;
+      return;
+    }
+    if (newest && s[i].key == p.key) {
+      gr_packed_t older = s[i];
+      s[i] = p;
+      p = older;
+    }
+  }
+}
+
+/* The first slot of y's log after an empty one: walking the slots from there meets each run in probe order. */
+static uint32_t young_run_start(const young_t *y) {
+  uint32_t e = 0;
+  while (y->slot[e].ctl != 0) /* there is an empty slot: n < lim < slots */
+    e++;
+  return (e + 1) & y->mask;
+}
+
+/* Doubles y's log (by its owner, inside a log operation): false when it is as large as it gets or no memory. */
+GR_TABLE_COLD static bool young_grow(young_t *y) {
+  uint32_t slots = y->mask + 1;
+  if (slots >= YOUNG_MAX_SLOTS)
+    return false;
+  size_t bytes = (size_t)slots * 2 * sizeof(gr_packed_t);
+  void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (m == MAP_FAILED)
+    return false;
+  count_bytes((ptrdiff_t)bytes);
+  gr_packed_t *old = y->slot;
+  uint32_t omask = y->mask, i = young_run_start(y);
+  size_t omapped = y->mapped;
+  y->slot = m; /* zeroes: every slot empty */
+  y->mapped = bytes;
+  y->mask = 2 * slots - 1;
+  y->shift--;
+  y->lim = 2 * slots / 4 * 3;
+  for (uint32_t k = 0; k < slots; k++, i = (i + 1) & omask)
+    if (old[i].ctl != 0)
+      young_place(y, old[i], false);
+  if (omapped) {
+    munmap(old, omapped);
+    count_bytes(-(ptrdiff_t)omapped);
+  }
+  return true;
+}
+
+/* Moves y's records into the table (by its owner inside a log operation, or by a drainer that holds it), each
+ * run of slots in probe order. A record the table has no memory for stays in the log. Returns the number
+ * moved. */
 static size_t young_move(young_t *y) {
-  uint32_t n = atomic_load_explicit(&y->n, memory_order_relaxed), i = 0;
-  while (i < n && gr_table_insert_ks(&y->rec[i], GR_KS_ADDR) == 0)
-    i++;
-  if (i > 0 && i < n)
-    memmove(&y->rec[0], &y->rec[i], (n - i) * sizeof y->rec[0]);
+  uint32_t n = atomic_load_explicit(&y->n, memory_order_relaxed), moved = 0;
+  if (n == 0)
+    return 0;
+  gr_packed_t *s = y->slot;
+  uint32_t start = young_run_start(y), k = 0, i = start;
+  gr_epoch_enter(); /* one section for all the inserts (each one's own then only counts its depth) */
+  for (; k <= y->mask && moved < n; k++, i = (i + 1) & y->mask) {
+    if (s[i].ctl == 0)
+      continue;
+    if (gr_table_insert_ks(&s[i], GR_KS_ADDR) != 0)
+      break;
+    s[i].ctl |= GR_ST_DELETED; /* marked moved: a young record is LIVE (state 2, now 7), never 0 (empty) */
+    moved++;
+  }
+  gr_epoch_exit();
+  if (moved == n) { /* the usual case: every record moved, every slot empties */
+    for (uint32_t j = 0, m = 0; m < moved; j++)
+      if (s[j].ctl != 0)
+        s[j].ctl = 0, m++;
+  } else { /* the table ran out of memory: the records moved leave one by one, the others stay reachable */
+    for (uint32_t j = start, left = moved; left > 0;) {
+      if (gr_pk_state(&s[j]) == GR_ST_DELETED) {
+        young_del(y, j); /* a later record of the run may take slot j: it is looked at next */
+        left--;
+      } else {
+        j = (j + 1) & y->mask;
+      }
+    }
+  }
   /* Release: a reader that sees the smaller count (gr_table_drain's first look) sees the records in the table. */
-  atomic_store_explicit(&y->n, n - i, memory_order_release);
-  return i;
+  atomic_store_explicit(&y->n, n - moved, memory_order_release);
+  return moved;
 }
 
 /* The table's insert of a record held by value: its own copy escapes, not the caller's, which can then stay in
@@ -782,6 +1036,52 @@ static size_t young_move(young_t *y) {
  * copy's 16-byte loads straddling the hook's 8-byte stores could not be forwarded (perf once found that stall
  * taking a fifth of the allocation hook's time). */
 GR_COLD static int insert_ks_copy(gr_packed_t p) { return gr_table_insert_ks(&p, GR_KS_ADDR); }
+
+/* An insert into y's log that the straight path leaves (inside a log operation): the log is full (it grows, or
+ * moves into the table), or p meets an older record of its key. False when p must go to the table after all. */
+GR_TABLE_COLD static bool young_put(young_t *y, gr_packed_t p) {
+  if (atomic_load_explicit(&y->n, memory_order_relaxed) >= y->lim && !young_grow(y)) {
+    young_move(y);
+    if (atomic_load_explicit(&y->n, memory_order_relaxed) >= y->lim)
+      return false; /* the table has no room: as a direct insert would fail */
+  }
+  young_place(y, p, true);
+  atomic_store_explicit(&y->n, atomic_load_explicit(&y->n, memory_order_relaxed) + 1, memory_order_relaxed);
+  return true;
+}
+
+/* Young inserts count towards the table's size windows (check_size), though their records are not in it. */
+GR_TABLE_COLD static void young_period(void) {
+  gr_epoch_enter();
+  gen_t *g = load_root();
+  if (g)
+    check_size(g, 0, YOUNG_PERIOD);
+  gr_epoch_exit();
+}
+
+/* The insert whose countdown ran out: one of a cool-down (straight to the table, see drain()), or the end of a
+ * period of YOUNG_PERIOD (the size check), or the thread's first (the log is set up). */
+GR_TABLE_COLD static int young_insert_slow(young_t *y, gr_packed_t p, bool asym) {
+  uint32_t cool = atomic_load_explicit(&y->cool, memory_order_relaxed);
+  if (cool != 0) {
+    atomic_store_explicit(&y->cool, cool - 1, memory_order_relaxed); /* a heuristic: a lost update is harmless */
+    return insert_ks_copy(p);
+  }
+  atomic_store_explicit(&y->countdown, YOUNG_PERIOD, memory_order_relaxed);
+  if (y->slot)
+    young_period();
+  if (!young_enter(y, asym))
+    return insert_ks_copy(p);
+  if (!y->slot) {
+    y->slot = y->inl;
+    y->mask = YOUNG_INLINE - 1;
+    y->shift = 64 - 4;
+    y->lim = YOUNG_INLINE / 4 * 3;
+  }
+  bool placed = young_put(y, p);
+  young_exit(y);
+  return placed ? 0 : insert_ks_copy(p);
+}
 
 GR_HOT_INLINE int gr_table_insert_young(const gr_packed_t *p) {
   return gr_table_insert_young_v(gr_epoch_t_rec, *p, atomic_load_explicit(&gr_epoch_asym, memory_order_relaxed) != 0);
@@ -791,27 +1091,30 @@ GR_HOT_INLINE int gr_table_insert_young_v(gr_thread_rec_t *me, gr_packed_t p, bo
   if (GR_TABLE_UNLIKELY(!me))
     return insert_ks_copy(p);
   young_t *y = young_of(me);
-  uint32_t cool = atomic_load_explicit(&y->cool, memory_order_relaxed);
-  if (GR_TABLE_UNLIKELY(cool != 0)) {
-    atomic_store_explicit(&y->cool, cool - 1, memory_order_relaxed); /* a heuristic: a lost update is harmless */
-    return insert_ks_copy(p);
-  }
+  uint32_t cd = atomic_load_explicit(&y->countdown, memory_order_relaxed);
+  if (GR_TABLE_UNLIKELY(cd == 0))
+    return young_insert_slow(y, p, asym);
+  atomic_store_explicit(&y->countdown, cd - 1, memory_order_relaxed);
   if (GR_TABLE_UNLIKELY(!young_enter(y, asym)))
     return insert_ks_copy(p);
   uint32_t n = atomic_load_explicit(&y->n, memory_order_relaxed);
-  if (GR_TABLE_UNLIKELY(n == YOUNG_CAP)) {
-    young_move(y);
-    n = atomic_load_explicit(&y->n, memory_order_relaxed);
-    if (n == YOUNG_CAP) { /* the table has no room: as a direct insert would fail */
-      young_exit(y);
-      return insert_ks_copy(p);
+  if (GR_TABLE_LIKELY(n < y->lim)) {
+    gr_packed_t *s = y->slot;
+    for (uint32_t i = young_home(y, p.key);; i = (i + 1) & y->mask) {
+      if (GR_TABLE_LIKELY(s[i].ctl == 0)) {
+        gr_packed_t *d = &s[i];
+        d->ctl = p.ctl, d->key = p.key, d->w1 = p.w1, d->w2 = p.w2, d->w3 = p.w3;
+        atomic_store_explicit(&y->n, n + 1, memory_order_relaxed);
+        young_exit(y);
+        return 0;
+      }
+      if (GR_TABLE_UNLIKELY(s[i].key == p.key))
+        break;
     }
   }
-  gr_packed_t *d = &y->rec[n];
-  d->ctl = p.ctl, d->key = p.key, d->w1 = p.w1, d->w2 = p.w2, d->w3 = p.w3;
-  atomic_store_explicit(&y->n, n + 1, memory_order_relaxed);
+  bool placed = young_put(y, p);
   young_exit(y);
-  return 0;
+  return placed ? 0 : insert_ks_copy(p);
 }
 
 /* Copies a young record out word by word. Its allocation wrote it moments ago with 8-byte stores, which may still
@@ -836,19 +1139,19 @@ static GR_HOT_INLINE int young_find(uint64_t key, unsigned state_mask, unsigned 
       !young_enter(y, atomic_load_explicit(&gr_epoch_asym, memory_order_relaxed) != 0))
     return -ENOENT;
   int rc = -ENOENT;
-  /* Read again inside the operation: a whole drain may have emptied the log since the look above. */
-  uint32_t n = atomic_load_explicit(&y->n, memory_order_relaxed), i = n - 1;
-  if (GR_TABLE_UNLIKELY(n == 0))
-    goto out;
-  /* The newest record is the usual hit (a block freed before the next allocation): it is tried first, on the
-   * straight path; the newest record of key decides, as the first match in the table does. */
-  if (GR_TABLE_UNLIKELY(y->rec[i].key != key)) {
-    while (i-- > 0 && y->rec[i].key != key)
-      ;
-    if (i == UINT32_MAX)
+  /* A drain may have emptied the log since the look above: then the probe meets an empty slot at once (a log,
+   * once set up, keeps its slots). */
+  gr_packed_t *s = y->slot;
+  /* The first record of key in probe order is its newest (young_place): it decides, as the first match in the
+   * table does. */
+  uint32_t i = young_home(y, key);
+  for (;; i = (i + 1) & y->mask) {
+    if (GR_TABLE_UNLIKELY(s[i].ctl == 0))
       goto out;
+    if (GR_TABLE_LIKELY(s[i].key == key))
+      break;
   }
-  gr_packed_t *q = &y->rec[i];
+  gr_packed_t *q = &s[i];
   /* A young record is LIVE: only its owner writes the log, and every state change (a release's claim or orphan
    * mark, a destroy's detach) is made in the table, after a drain. */
   GR_ASSERT(gr_pk_state(q) == GR_ST_LIVE);
@@ -856,9 +1159,8 @@ static GR_HOT_INLINE int young_find(uint64_t key, unsigned state_mask, unsigned 
     if (out)
       copy_out(out, q);
     if (take) {
-      if (GR_TABLE_UNLIKELY(i != n - 1)) /* the newest (the usual case) just leaves */
-        *q = y->rec[n - 1];
-      atomic_store_explicit(&y->n, n - 1, memory_order_relaxed);
+      young_del(y, i);
+      atomic_store_explicit(&y->n, atomic_load_explicit(&y->n, memory_order_relaxed) - 1, memory_order_relaxed);
     }
     rc = 0;
   }
@@ -875,6 +1177,13 @@ out:
 static size_t drain(bool cool);
 
 size_t gr_table_drain(void) { return drain(false); }
+
+static uint64_t young_total(void) {
+  uint64_t n = 0;
+  for (gr_thread_rec_t *r = gr_epoch_first(); r; r = r->next)
+    n += atomic_load_explicit(&young_of(r)->n, memory_order_relaxed);
+  return n;
+}
 
 static size_t drain(bool cool) {
   gr_thread_rec_t *self = gr_epoch_t_rec, *first = gr_epoch_first();
@@ -910,8 +1219,10 @@ static size_t drain(bool cool) {
         sched_yield();
     atomic_thread_fence(memory_order_acquire);
     moved += young_move(y);
-    if (cool)
+    if (cool) {
       atomic_store_explicit(&y->cool, YOUNG_COOL, memory_order_relaxed);
+      atomic_store_explicit(&y->countdown, 0, memory_order_relaxed); /* the next insert reads cool */
+    }
     atomic_store_explicit(&y->drain, 0, memory_order_release);
   }
   pthread_mutex_unlock(&g_drain_mu);
@@ -919,7 +1230,8 @@ static size_t drain(bool cool) {
   return moved;
 }
 
-/* In the child after fork(): the table is emptied, and so are the logs (their owners may be gone mid-operation). */
+/* In the child after fork(): the table is emptied, and so are the logs (their owners may be gone mid-operation);
+ * each starts over in its thread record. */
 static void young_atfork_child(void) {
   for (gr_thread_rec_t *r = gr_epoch_first(); r; r = r->next) {
     young_t *y = young_of(r);
@@ -927,6 +1239,14 @@ static void young_atfork_child(void) {
     atomic_store_explicit(&y->drain, 0, memory_order_relaxed);
     atomic_store_explicit(&y->n, 0, memory_order_relaxed);
     atomic_store_explicit(&y->cool, 0, memory_order_relaxed);
+    atomic_store_explicit(&y->countdown, 0, memory_order_relaxed);
+    if (y->mapped) {
+      munmap(y->slot, y->mapped);
+      count_bytes(-(ptrdiff_t)y->mapped);
+    }
+    y->slot = NULL;
+    y->mapped = 0;
+    memset(y->inl, 0, sizeof y->inl);
   }
   pthread_mutex_init(&g_drain_mu, NULL);
 }
@@ -942,7 +1262,6 @@ GR_HOT_INLINE int gr_table_insert_pk(const gr_packed_t *r) {
 }
 
 GR_HOT_INLINE int gr_table_insert_ks(const gr_packed_t *r, unsigned ks) {
-  uint64_t h = hash_key(ks, r->key);
   uint64_t w1 = r->w1, w3 = r->w3, meta = r->ctl;
   unsigned state = gr_pk_state(r);
   GR_ASSERT(state == GR_ST_LIVE || state == GR_ST_ORPHAN); /* a record enters the table owned */
@@ -965,7 +1284,7 @@ GR_HOT_INLINE int gr_table_insert_ks(const gr_packed_t *r, unsigned ks) {
       help_migrate(g);
     else
       t = g;
-    uint64_t i = home(t, h);
+    uint64_t i = home(t, hash_in(t, ks, r->key));
     bool restart = false, placed = false;
     for (uint64_t probes = 0; probes < t->cap; probes++, i = nexti(t, i)) {
       slot_t *s = &t->slots[i];
@@ -1005,17 +1324,16 @@ GR_HOT_INLINE int gr_table_insert_ks(const gr_packed_t *r, unsigned ks) {
       }
       placed = true;
       if (GR_TABLE_UNLIKELY(probes >= LONG_PROBE) || GR_TABLE_UNLIKELY((nth & 31) == 0))
-        check_load(t, probes);
+        check_size(t, probes, (nth & 31) == 0 ? 32 : 0);
       break;
     }
     if (placed)
       break;
-    if (!restart) {
-      if (++full_rounds > 3) { /* full, and no memory could be mapped for a larger generation */
-        rc = -ENOMEM;
-        break;
-      }
-      need_migration(t); /* a full generation: grow it, then retry */
+    /* A full generation: grow it, then retry. Only a generation that could not be mapped counts towards giving
+     * up: another thread may be making the next one (and its inserts filled this one meanwhile). */
+    if (!restart && !need_migration(t) && ++full_rounds > 3) {
+      rc = -ENOMEM; /* full, and no memory could be mapped for a larger generation */
+      break;
     }
   }
   gr_epoch_exit();
@@ -1054,24 +1372,8 @@ int gr_table_update(unsigned ks, uint64_t key, unsigned state_mask, gr_edit_fn f
     /* Changed, moved or gone: look it up again. */
   }
   gr_epoch_exit();
-  if (rc == 0 && (++t_changes & SHRINK_EVERY) == 0)
-    maybe_shrink();
   maybe_reclaim();
   return rc;
-}
-
-/* Every 32nd change of a thread: a generation below its shrink load is replaced by a smaller one. */
-GR_TABLE_COLD static void maybe_shrink(void) {
-  gr_epoch_enter();
-  gen_t *g = load_root();
-  /* The bound is on mapped bytes (header and page rounding included), so it holds as measured: at most
-   * SHRINK_BYTES per live record once the table is past its minimum size. The approximate count can read
-   * high by a batch per thread, so it only filters (with 1/16 to spare); the exact sum decides. */
-  if (g && g->cap > MIN_CAP && !atomic_load_explicit(&g->next, memory_order_acquire) &&
-      (uint64_t)gr_epoch_live_approx() * (SHRINK_BYTES - SHRINK_BYTES / 16) < g->bytes &&
-      (uint64_t)gr_epoch_live_sum() * SHRINK_BYTES < g->bytes)
-    start_migration(g);
-  gr_epoch_exit();
 }
 
 typedef struct {
@@ -1129,7 +1431,7 @@ static GR_HOT_INLINE int take_kind_pk(unsigned ks, uint64_t key, unsigned state_
   }
   if (GR_TABLE_UNLIKELY(atomic_load_explicit(&g->next, memory_order_acquire) != NULL))
     goto general;
-  uint64_t i = home(g, hash_key(ks, key)), len = probe_len(g);
+  uint64_t i = home(g, hash_in(g, ks, key)), len = probe_len(g);
   for (uint64_t probes = 0; probes < len; probes++, i = nexti(g, i)) {
     slot_t *s = &g->slots[i];
     uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
@@ -1162,12 +1464,10 @@ static GR_HOT_INLINE int take_kind_pk(unsigned ks, uint64_t key, unsigned state_
     break;
   }
   gr_epoch_exit();
-  /* Every 32nd delete of a thread (its count, epoch.c): the shrink check and reclamation. */
-  if (rc == 0 && GR_TABLE_UNLIKELY((gr_epoch_count_del() & SHRINK_EVERY) == 0)) {
-    maybe_shrink();
-    if (gr_epoch_pending())
-      gr_epoch_reclaim();
-  }
+  /* Every 32nd delete of a thread (its count, epoch.c): reclamation. (No size check: a delete never calls for
+   * a migration; the window that lets a generation settle is counted in inserts.) */
+  if (rc == 0 && GR_TABLE_UNLIKELY((gr_epoch_count_del() & 31) == 0) && gr_epoch_pending())
+    gr_epoch_reclaim();
   return rc;
 general:
   gr_epoch_exit();
@@ -1264,7 +1564,9 @@ int gr_table_cas(gr_ref_t *ref, gr_rec_t *expect, const gr_rec_t *desired) {
   }
 }
 
-int gr_table_visit(gr_visit_fn fn, void *arg) {
+int gr_table_visit(gr_visit_fn fn, void *arg) { return gr_table_visit_from(NULL, fn, arg); }
+
+int gr_table_visit_from(gr_visit_pos_t *pos, gr_visit_fn fn, void *arg) {
   int rc = 0;
   /* Every record whose insert returned before now is in the table, not in a log (the barrier first: a log's
    * count written before the visit began is then seen). */
@@ -1276,7 +1578,8 @@ int gr_table_visit(gr_visit_fn fn, void *arg) {
     complete_migration(g);
     g = load_root();
   }
-  for (uint64_t i = 0; g && i < g->cap && rc == 0; i++) {
+  uint64_t i = pos && g && pos->seq == g->seq ? pos->idx : 0;
+  for (; g && i < g->cap; i++) {
     slot_t *s = &g->slots[i];
     gen_t *sg = g;
     uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
@@ -1293,8 +1596,11 @@ int gr_table_visit(gr_visit_fn fn, void *arg) {
       continue;
     }
     gr_ref_t ref = {.gen = sg, .idx = (uint64_t)(s - sg->slots), .slotgen = ctl_sgen(c)};
-    rc = fn(&ref, &r, arg);
+    if ((rc = fn(&ref, &r, arg)) != 0)
+      break; /* a resumed visit begins with this record */
   }
+  if (pos && g)
+    *pos = (gr_visit_pos_t){.seq = g->seq, .idx = i};
   gr_epoch_exit();
   maybe_reclaim();
   return rc;
@@ -1319,6 +1625,14 @@ uint64_t gr_table_capacity(void) {
 
 uint64_t gr_table_migrations(void) { return atomic_load_explicit(&g_migrations, memory_order_relaxed); }
 
+uint64_t gr_table_probe_bound(void) {
+  gr_epoch_enter();
+  gen_t *g = load_root();
+  uint64_t n = g ? probe_len(g) : 0;
+  gr_epoch_exit();
+  return n;
+}
+
 void gr_table_compact(void) {
   gr_epoch_enter();
   gen_t *g = load_root();
@@ -1326,8 +1640,9 @@ void gr_table_compact(void) {
     if (atomic_load_explicit(&g->next, memory_order_acquire))
       complete_migration(g);
     g = load_root();
-    start_migration(g);
-    complete_migration(g);
+    uint64_t records = records_to_carry();
+    if (start_migration(g, cap_for(records, SETTLE_PERMILLE), next_mult(g), records))
+      complete_migration(g); /* (no memory for it: the table stays as it is) */
   }
   gr_epoch_exit();
   gr_epoch_reclaim();
@@ -1356,7 +1671,7 @@ int gr_table_check(void) {
     if (read_slot(g, s, c, &r, &w1) != READ_OK)
       return -__LINE__; /* quiescent: every record is written */
     /* I1: within the probe bound of its home slot. */
-    uint64_t h = home(g, hash_key(rec_ks(w1), r.key));
+    uint64_t h = home(g, hash_in(g, rec_ks(w1), r.key));
     if ((i >= h ? i - h : i + g->cap - h) > max_disp)
       return -__LINE__;
   }

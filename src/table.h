@@ -180,6 +180,8 @@ int gr_table_insert_young(const gr_packed_t *p);
  * the record by value (the hot path builds it in registers and it goes straight into the log) and asym, the
  * caller's reading of gr_epoch_asym, which it uses for every step of its insert (track.c, op_begin). */
 int gr_table_insert_young_v(gr_thread_rec_t *me, gr_packed_t p, bool asym);
+/* Records a thread's log of young records holds at most; an insert that finds it full moves them into the table. */
+#define GR_YOUNG_MAX 6144
 /* Moves every thread's young records into the table (gr_table_visit does it first). Returns the number moved. */
 size_t gr_table_drain(void);
 
@@ -207,6 +209,15 @@ int gr_table_lookup(unsigned ks, uint64_t key, unsigned state_mask, gr_rec_t *ou
  * the ref. Return 0 to go on, non-zero to stop (returned by gr_table_visit). Runs inside a critical section. */
 typedef int (*gr_visit_fn)(gr_ref_t *ref, const gr_rec_t *rec, void *arg);
 int gr_table_visit(gr_visit_fn fn, void *arg);
+/* Where a visit stopped, for the next to go on from there: zeroed before the first. */
+typedef struct gr_visit_pos {
+  uint64_t seq; /* the generation the visit was in */
+  uint64_t idx; /* the slot it stopped at */
+} gr_visit_pos_t;
+/* gr_table_visit that begins where the last visit with *pos stopped (at the record whose callback stopped it, or
+ * past the end), while the table is in the same generation; from the beginning otherwise, as after a
+ * migration. A release's rounds use it, so that N records cost one pass over the table, not N / round ones. */
+int gr_table_visit_from(gr_visit_pos_t *pos, gr_visit_fn fn, void *arg);
 
 /* Moves the record at ref from *expect (state, scope, aux as last read) to desired's state, scope and aux.
  * Returns 0; -EAGAIN when the record changed (then *expect holds its new version); -ENOENT when the record
@@ -223,6 +234,8 @@ size_t gr_table_bytes_peak(bool reset);
 uint64_t gr_table_capacity(void);
 /* Number of generations created so far (tests). */
 uint64_t gr_table_migrations(void);
+/* Slots a lookup in the current generation probes at most: its largest displacement + 1 (tests). */
+uint64_t gr_table_probe_bound(void);
 /* Forces a migration to a table sized for the records present (tests, and after a large release). */
 void gr_table_compact(void);
 /* Checks the table's invariants, single-threaded (tests): returns 0 or a negative line number. */

@@ -35,7 +35,8 @@
  * Routes: the four entry points bench_hooks times, by exported name and through cuGetProcAddress (a dlsym
  * override hands out a wrapper of cuGetProcAddress_v2, which wraps what it returns for those four names).
  * Frees of pointers it never saw go to the driver unchanged. No growth, no migration, no reclamation: a
- * table of 2^20 slots is enough for a benchmark that holds one block at a time.
+ * table of 2^20 slots is enough for a benchmark that holds up to 50,000 blocks at a time, and one of 2^21
+ * (FLOOR_BITS=21, libgrfloor21.so) for a million.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -55,7 +56,10 @@ typedef void *CUstream;
 #define TLS __thread __attribute__((tls_model("initial-exec")))
 #define LIKELY(x) __builtin_expect(!!(x), 1)
 
-#define BITS 20
+#ifndef FLOOR_BITS
+#define FLOOR_BITS 20 /* built with 21 too, as libgrfloor21.so: room for bench_hooks --scale's million blocks */
+#endif
+#define BITS FLOOR_BITS
 #define CAP (UINT64_C(1) << BITS)
 #define TOMB UINT64_C(1)
 

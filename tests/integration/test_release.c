@@ -754,3 +754,51 @@ Test(release, late_frees_are_recognised_for_65536_addresses_at_a_time, .timeout 
   cr_assert_eq(simcuda_calls("cuMemFree_v2") - calls, 1, "the one past the bound reached the driver");
   cr_assert_eq(refused, 1, "which refused it (the block was freed)");
 }
+
+/* At scale, every step checked against the driver's own count: blocks that go up and down (20,000 live, more
+ * than a thread's log of young records holds, so their records pass through the table too), six times, newest
+ * or oldest freed first; then one release of 100,000 orphans, more than the 65,536 tombstones a release keeps
+ * (the size at which a release slowed down by orders of magnitude, its rounds visiting the whole table again
+ * and its tombstones crowding a shrunken generation), and allocations that get those addresses back. */
+Test(release, an_oscillation_and_a_release_of_100000_orphans_agree_with_the_driver, .timeout = 120) {
+  enum { K = 20000, N = 100000 };
+  static CUdeviceptr p[N];
+  uint64_t base = h_sim(-1, NULL).live_blocks, grbase = h_grs(-1).live_blocks;
+  for (int c = 0; c < 6; c++) {
+    for (int i = 0; i < K; i++)
+      OK(cuMemAlloc(&p[i], 512));
+    cr_assert_eq(h_grs(-1).live_blocks - grbase, K, "cycle %d: gpureclaim counts %llu blocks", c,
+                 (unsigned long long)(h_grs(-1).live_blocks - grbase));
+    cr_assert_eq(h_sim(-1, NULL).live_blocks - base, K);
+    if (c == 5)
+      cr_assert(h_table_matches_sim("the oscillation's last peak"));
+    for (int i = 0; i < K; i++)
+      OK(cuMemFree(p[c & 1 ? i : K - 1 - i]));
+    cr_assert_eq(h_grs(-1).live_blocks, grbase, "cycle %d: blocks left after freeing all", c);
+    cr_assert_eq(h_sim(-1, NULL).live_blocks, base);
+  }
+  uint64_t s = gpureclaim_scope_begin();
+  for (int i = 0; i < N; i++)
+    OK(cuMemAlloc(&p[i], 512));
+  cr_assert_eq(gpureclaim_scope_end(s, 0), 0);
+  cr_assert_eq(h_grs(-1).orphan_blocks, N);
+  gpureclaim_report_t r = {.size = sizeof r};
+  uint64_t late = h_grs(-1).late_frees;
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &r), 0);
+  cr_assert_eq(r.orphaned_blocks, N, "the release reported %llu of %d orphans", (unsigned long long)r.orphaned_blocks,
+               N);
+  cr_assert_eq(r.failed_blocks, 0);
+  cr_assert_eq(h_sim(-1, NULL).live_blocks, base, "the driver still holds blocks the release reported freed");
+  cr_assert_eq(h_grs(-1).orphan_blocks, 0);
+  cr_assert_eq(h_grs(-1).live_blocks, grbase);
+  cr_assert(h_table_matches_sim("releasing 100,000 orphans"));
+  /* The driver hands the freed addresses out again: each allocation replaces its address's tombstone, and a
+   * late free of a released block that no allocation got back is still swallowed. */
+  for (int i = 0; i < K; i++)
+    OK(cuMemAlloc(&p[i], 512));
+  cr_assert(h_table_matches_sim("allocating over the tombstones"));
+  for (int i = 0; i < K; i++)
+    OK(cuMemFree(p[i]));
+  cr_assert_eq(h_sim(-1, NULL).live_blocks, base);
+  cr_assert_eq(h_grs(-1).late_frees, late, "a free of a new block passed as a late free");
+}

@@ -62,16 +62,112 @@ Test(young, a_record_is_taken_back_by_its_thread_without_reaching_the_table) {
   cr_assert_eq(gr_epoch_live_sum(), 0);
 }
 
-Test(young, the_newest_records_stay_in_the_log_and_a_full_log_moves_into_the_table) {
-  for (uint64_t i = 0; i < 17; i++) {
+/* A thread keeps thousands of blocks live and frees them itself, newest first or oldest first: every record
+ * stays in its log (the table's count never moves), the log's memory is counted as the table's, and each
+ * record comes back once. A log of the 16 newest sent every record past the 16th through the table. */
+static void cycle(uint64_t base, uint64_t k, bool fifo) {
+  gr_packed_t out;
+  for (uint64_t i = 0; i < k; i++) {
+    gr_packed_t p = young_rec(addr(base + i), KIND_DEVICE);
+    p.w1 += i; /* the size tells the records apart */
+    cr_assert_eq(gr_table_insert_young(&p), 0);
+  }
+  cr_assert_eq(gr_epoch_live_sum(), 0, "%llu live: records went to the table", (unsigned long long)k);
+  for (uint64_t j = 0; j < k; j++) {
+    uint64_t i = fifo ? j : k - 1 - j;
+    cr_assert_eq(take(addr(base + i), &out), 0, "record %llu of %llu lost", (unsigned long long)i,
+                 (unsigned long long)k);
+    cr_assert_eq(gr_pk_size(&out), 4096 + i);
+  }
+  cr_assert_eq(take(addr(base), &out), -ENOENT, "a record taken twice");
+}
+
+Test(young, a_thread_keeps_thousands_of_its_blocks_in_its_log) {
+  size_t before = gr_table_bytes();
+  for (int round = 0; round < 3; round++) {
+    cycle(10000, 64, false);
+    cycle(10000, 64, true);
+    cycle(20000, 4096, false);
+    cycle(20000, 4096, true);
+  }
+  cr_assert_eq(gr_epoch_live_sum(), 0);
+  cr_assert_geq(gr_table_bytes(), before + 4096 * sizeof(gr_packed_t), "the log's memory is not counted");
+}
+
+/* GR_YOUNG_MAX records fill a log; the next insert moves them all into the table, and they are still found. */
+Test(young, a_full_log_moves_into_the_table) {
+  for (uint64_t i = 0; i < GR_YOUNG_MAX; i++) {
     gr_packed_t p = young_rec(addr(i), KIND_DEVICE);
     cr_assert_eq(gr_table_insert_young(&p), 0);
   }
-  cr_assert_eq(gr_epoch_live_sum(), 16, "the 17th insert should have moved the 16 before it into the table");
-  gr_packed_t out;
-  for (uint64_t i = 17; i-- > 0;)
+  cr_assert_eq(gr_epoch_live_sum(), 0, "a log that is not full yet moved into the table");
+  gr_packed_t p = young_rec(addr(GR_YOUNG_MAX), KIND_DEVICE), out;
+  cr_assert_eq(gr_table_insert_young(&p), 0);
+  cr_assert_eq(gr_epoch_live_sum(), GR_YOUNG_MAX, "the full log did not move into the table");
+  for (uint64_t i = GR_YOUNG_MAX + 1; i-- > 0;)
     cr_assert_eq(take(addr(i), &out), 0, "record %llu lost", (unsigned long long)i);
   cr_assert_eq(gr_epoch_live_sum(), 0);
+}
+
+/* Takes in a random order from a log that grew, of pseudo-random addresses (an arithmetic progression spreads
+ * so evenly that its records never share a run of slots): records move back over the slots freed before them,
+ * and each one is found, once. */
+static uint64_t xorshift(uint64_t *x) {
+  *x ^= *x << 13, *x ^= *x >> 7, *x ^= *x << 17;
+  return *x;
+}
+
+Test(young, takes_in_any_order_from_a_grown_log_find_each_record_once) {
+  enum { N = 3000 };
+  static uint64_t key[N], order[N];
+  uint64_t x = 88172645463325252ull;
+  for (uint64_t i = 0; i < N; i++) {
+    key[i] = UINT64_C(0x300000000000) + (xorshift(&x) & UINT64_C(0xffffffffe00)); /* distinct: checked below */
+    for (uint64_t j = 0; j < i; j++)
+      cr_assert_neq(key[j], key[i]);
+    gr_packed_t p = young_rec(key[i], KIND_DEVICE);
+    p.w1 += i;
+    cr_assert_eq(gr_table_insert_young(&p), 0);
+    order[i] = i;
+  }
+  for (uint64_t i = N - 1; i > 0; i--) {
+    uint64_t j = xorshift(&x) % (i + 1), t = order[i];
+    order[i] = order[j], order[j] = t;
+  }
+  cr_assert_eq(gr_epoch_live_sum(), 0);
+  gr_packed_t out;
+  for (uint64_t k = 0; k < N; k++) {
+    uint64_t i = order[k];
+    cr_assert_eq(take(key[i], &out), 0, "record %llu lost after %llu takes", (unsigned long long)i,
+                 (unsigned long long)k);
+    cr_assert_eq(gr_pk_size(&out), 4096 + i);
+    /* Found in the log: a take that misses there drains the log into the table, and finds it there. */
+    cr_assert_eq(gr_epoch_live_sum(), 0, "take %llu missed the log", (unsigned long long)k);
+  }
+  for (uint64_t i = 0; i < N; i++)
+    cr_assert_eq(take(key[i], &out), -ENOENT, "record %llu taken twice", (unsigned long long)i);
+  cr_assert_eq(gr_epoch_live_sum(), 0);
+}
+
+/* Two records of one address in a log (the first block was freed where no hook saw it, and the driver handed the
+ * address out again): a free takes the newest, as the first match in the table decides, and the older one is
+ * still there, before and after the log grows. */
+Test(young, the_newest_record_of_an_address_is_found_first) {
+  gr_packed_t older = young_rec(addr(900), KIND_DEVICE), newer = older, out;
+  newer.w1 += 1;
+  cr_assert_eq(gr_table_insert_young(&older), 0);
+  cr_assert_eq(gr_table_insert_young(&newer), 0);
+  for (uint64_t i = 0; i < 500; i++) { /* the log grows past its 16 slots meanwhile */
+    gr_packed_t p = young_rec(addr(1000 + i), KIND_DEVICE);
+    cr_assert_eq(gr_table_insert_young(&p), 0);
+  }
+  cr_assert_eq(gr_epoch_live_sum(), 0);
+  cr_assert_eq(take(addr(900), &out), 0);
+  cr_assert_eq(gr_pk_size(&out), 4097, "the older record was found first");
+  cr_assert_eq(take(addr(900), &out), 0, "the older record was lost");
+  cr_assert_eq(gr_pk_size(&out), 4096);
+  for (uint64_t i = 0; i < 500; i++)
+    cr_assert_eq(take(addr(1000 + i), &out), 0);
 }
 
 /* A free usually takes the newest record; these take older ones, the oldest and the last one left, each of which
@@ -272,9 +368,12 @@ static void *owner(void *arg) {
   return NULL;
 }
 
+static _Atomic uint64_t g_drains;
+
 static void *drainer(void *arg) {
   (void)arg;
   while (!atomic_load(&g_stop)) {
+    atomic_fetch_add(&g_drains, 1);
     gr_table_drain();
     int n = 0;
     gr_table_visit(count, &n);
@@ -293,6 +392,52 @@ Test(young, drains_racing_the_owner_lose_nothing, .timeout = 120) {
   gr_packed_t out;
   for (uint64_t i = 0; i < RACE_N; i++)
     cr_assert_eq(take(addr(1000 + i), &out), -ENOENT, "record %llu found twice", (unsigned long long)i);
+}
+
+/* The same with thousands of records live in the owner's log: it grows (a mapping replaces the thread record's
+ * slots, then a larger one), fills and moves into the table, while another thread drains and visits; the owner
+ * frees newest first and oldest first. Every free finds its record once. Run under ThreadSanitizer too. */
+static _Atomic int g_grown; /* rounds whose log held more than its 16 inline slots can (12) */
+
+static void *grower(void *arg) {
+  (void)arg;
+  cr_assert_not_null(gr_epoch_self());
+  gr_packed_t out;
+  static const uint64_t live[] = {40, 700, 3000, GR_YOUNG_MAX + 500};
+  uint64_t base = 50000;
+  while (atomic_load(&g_drains) == 0) /* the drainer is running */
+    sched_yield();
+  for (int round = 0; round < 24; round++) {
+    uint64_t k = live[round % 4];
+    for (uint64_t i = 0; i < k; i++) {
+      gr_packed_t p = young_rec(addr(base + i), KIND_DEVICE);
+      if (gr_table_insert_young(&p) != 0)
+        atomic_fetch_add(&g_missed, 1);
+    }
+    if ((uint64_t)gr_epoch_live_sum() + 12 < k) /* the rest in the log, which grew for them */
+      atomic_fetch_add(&g_grown, 1);
+    for (uint64_t j = 0; j < k; j++) {
+      uint64_t i = round & 1 ? j : k - 1 - j;
+      if (take(addr(base + i), &out) != 0 || out.key != addr(base + i))
+        atomic_fetch_add(&g_missed, 1);
+    }
+    base += k;
+  }
+  atomic_store(&g_stop, 1);
+  return NULL;
+}
+
+Test(young, drains_racing_a_growing_log_lose_nothing, .timeout = 120) {
+  pthread_t a, b;
+  cr_assert_eq(pthread_create(&a, NULL, grower, NULL), 0);
+  cr_assert_eq(pthread_create(&b, NULL, drainer, NULL), 0);
+  pthread_join(a, NULL);
+  pthread_join(b, NULL);
+  cr_assert_eq(atomic_load(&g_missed), 0, "%d frees missed their record", atomic_load(&g_missed));
+  cr_assert_eq(gr_epoch_live_sum(), 0, "records left in the table");
+  cr_assert_gt(atomic_load(&g_drains), 1, "the drainer never ran beside the owner");
+  cr_assert_gt(atomic_load(&g_grown), 0, "the owner's log never grew: the drains kept it empty");
+  cr_assert_eq(gr_table_check(), 0);
 }
 
 /* A thread that starts after another exited may get the exited thread's record, and with it its log: it takes
