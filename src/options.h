@@ -51,7 +51,7 @@
     (0, "backtrace", GR_RUN_FLAG, "1", NULL, "a short backtrace per allocation for leak reports"))                \
   X(VERBOSE, verbose, level, 2, "0", "0, 1 or 2",                                                                 \
     ('v', "verbose", GR_RUN_OPTIONAL, "1", "N",                                                                   \
-     "informational (1) or debugging (2) messages; N only\nwith \"=\" (run --verbose 2 CMD runs 2)"))             \
+     "informational (1) or debugging (2) messages; N only\nafter \"=\" (--verbose=2)"))                             \
   X(PEERS, peers, peers, 0, "ask,give", "a list of ask, give, sleep, or off",                                     \
     (0, "peers", GR_RUN_VALUE, NULL, "WHAT",                                                                      \
      "peer reclaim: ask,give (default), ask, give, sleep, off\n(ask: an out-of-memory asks the other gpureclaim " \

@@ -915,33 +915,40 @@ static int write_prometheus(const char *path, const ps_view_t *v, const ps_filte
 
 /* ---- the command ---- */
 
-static const char g_ps_help[] =
-    "usage: gpureclaim ps [-i GPUS] [-s FIELD] [--json | --query FIELDS [--format table|csv|json] |\n"
-    "                     --prometheus FILE]\n"
-    "Your processes running gpureclaim, largest first, with totals per GPU.\n"
-    "\n"
-    "  -i, --gpu GPUS       only these GPUs: ordinals or UUIDs (a unique prefix does), comma-separated,\n"
-    "                       as nvidia-smi -i takes them; each process's figures are then those GPUs' only.\n"
-    "                       An ordinal is each process's own (CUDA_VISIBLE_DEVICES renumbers); an ambiguous\n"
-    "                       prefix, or a GPU none of your running processes can see, is an error (exit 2)\n"
-    "  -s, --sort FIELD     held (default), cached, releasable, orphan, live, pinned, releases (largest\n"
-    "                       first), pid, command, gpu\n"
-    "      --json           one JSON array, one object per process (docs/PROTOCOL.md)\n"
-    "  -q, --query FIELDS   only these fields, comma-separated, in this order: pid, command, program,\n"
-    "                       answered, gpu, gpu_uuid, held, live, cached, pool_cached, framework_reserved,\n"
-    "                       framework_in_use, framework_releasable, orphan, releasable, pinned, releases,\n"
-    "                       released, last_release, signal, error\n"
-    "  -f, --format FMT     table (default), csv (a header line, then bytes as integers), csv,noheader,\n"
-    "                       or json\n"
-    "      --prometheus FILE  node_exporter's textfile format to FILE (atomically; - for standard output)\n"
-    "  -h, --help           this help\n"
-    "\n"
-    "GPU table: USED and TOTAL as the driver reports them (nvidia-smi's figures); HELD: what gpureclaim tracks\n"
-    "in its processes there (live blocks and pools' unused memory); RELEASABLE: what they could give back\n"
-    "(cached and orphaned); OTHER: USED - HELD (contexts' own memory, memory gpureclaim does not see, other\n"
-    "processes). Processes: HELD; CACHED: pools' unused memory and framework caches' releasable part (PyTorch:\n"
-    "reserved - allocated - non-releasable, as torch.cuda.memory_summary() splits it); ORPHAN: memory of ended\n"
-    "scopes; PINNED: pinned host memory; REL: releases so far.\n";
+enum { O_PROMETHEUS = 256 };
+static const cmd_opt_t g_opts[] = {
+    {'i', 'i', "gpu", CMD_ARG, "GPUS", "only these GPUs: indices as nvidia-smi numbers them, or UUIDs (a unique\n"
+                                      "prefix does), comma-separated, as nvidia-smi -i takes them; each process's\n"
+                                      "figures are then those GPUs' only. An ambiguous prefix, or a GPU none of\n"
+                                      "your running processes can see, is an error (exit 2)"},
+    {'S', 'S', "sort", CMD_ARG, "FIELD", "held (default), cached, releasable, orphan, live, pinned, releases\n"
+                                        "(largest first), pid, command, gpu"},
+    {'j', 'j', "json", CMD_NOARG, NULL, "one JSON array, one object per process (docs/PROTOCOL.md)"},
+    {'q', 'q', "query", CMD_ARG, "FIELDS", "only these fields, comma-separated, in this order: pid, command, program,\n"
+                                          "answered, gpu, gpu_uuid, held, live, cached, pool_cached,\n"
+                                          "framework_reserved, framework_in_use, framework_releasable, orphan,\n"
+                                          "releasable, pinned, releases, released, last_release, signal, state,\n"
+                                          "host, error"},
+    {'f', 'f', "format", CMD_ARG, "FMT", "table (default), csv (a header line, then bytes as integers),\n"
+                                        "csv,noheader, or json"},
+    {O_PROMETHEUS, 0, "prometheus", CMD_ARG, "FILE", "node_exporter's textfile format to FILE (atomically; - for\n"
+                                                    "standard output)"},
+    {0}};
+
+const cmd_spec_t cmd_ps_spec = {
+    .name = "ps",
+    .usage = "ps [-i GPUS] [-S FIELD] [--json | --query FIELDS [--format table|csv|json] | --prometheus FILE]",
+    .summary = "your processes running gpureclaim: device memory held, cached (pools and framework caches),\n"
+               "      orphaned, pinned host memory, releases; with a table of their GPUs",
+    .text = "Your processes running gpureclaim, largest first, with totals per GPU.\n",
+    .opts = g_opts,
+    .tail = "GPU table: USED and TOTAL as the driver reports them (nvidia-smi's figures); HELD: what gpureclaim tracks\n"
+            "in its processes there (live blocks and pools' unused memory); RELEASABLE: what they could give back\n"
+            "(cached and orphaned); OTHER: USED - HELD (contexts' own memory, memory gpureclaim does not see, other\n"
+            "processes). Processes: HELD; CACHED: pools' unused memory and framework caches' releasable part (PyTorch:\n"
+            "reserved - allocated - non-releasable, as torch.cuda.memory_summary() splits it); ORPHAN: memory of ended\n"
+            "scopes; PINNED: pinned host memory; REL: releases so far.\n",
+};
 
 /* Options shared by ps and top (ps.h); the rest are each command's. */
 typedef struct ps_opts {
@@ -971,45 +978,18 @@ static int parse_query(const char *s, ps_opts_t *o) {
   return 0;
 }
 
-/* getopt_long's '?': an option without its value, or an unknown one. */
-static int bad_option(char **av, int ind, int opt, const char *cmd, const char *with_value) {
-  const char *arg = av[ind - 1];
-  if (opt && strchr(with_value, opt))
-    fprintf(stderr, "gpureclaim: %s: %s needs a value\n(see gpureclaim %s --help)\n", cmd, arg, cmd);
-  else
-    fprintf(stderr, "gpureclaim: %s: unknown option: %s\n(see gpureclaim %s --help)\n", cmd, arg, cmd);
-  return EX_USAGE;
-}
-
 int cmd_ps(int argc, char **argv) {
-  static const struct option longs[] = {
-      {"gpu", required_argument, NULL, 'i'},   {"sort", required_argument, NULL, 's'},
-      {"json", no_argument, NULL, 'j'},        {"query", required_argument, NULL, 'q'},
-      {"format", required_argument, NULL, 'f'}, {"prometheus", required_argument, NULL, 'P'},
-      {"help", no_argument, NULL, 'h'},        {NULL, 0, NULL, 0}};
   ps_opts_t o = {.sort = ps_sort_key("held"), .fmt = OUT_TABLE, .header = true};
   bool json = false, fmt_given = false;
-  /* The arguments after the subcommand's name, or (as main() passes them to commands that parse their own
-   * --help) with the name first: "ps" is no valid argument of ps's either way. */
-  if (argc > 0 && !strcmp(argv[0], "ps")) {
-    argc--;
-    argv++;
-  }
-  char *av[argc + 2];
-  av[0] = "gpureclaim ps";
-  for (int i = 0; i < argc; i++)
-    av[i + 1] = argv[i];
-  av[argc + 1] = NULL;
-  opterr = 0;
-  optind = 0; /* from the start, in every call (tests call it more than once) */
+  optind = 1;
   int c;
-  while ((c = getopt_long(argc + 1, av, "+i:s:q:f:h", longs, NULL)) != -1) {
+  while ((c = cmd_getopt(argc, argv, &cmd_ps_spec)) != -1) {
     switch (c) {
     case 'i':
       if (!ps_parse_filter(optarg, &o.filter))
         return cmd_usage_error("ps: bad --gpu %s (ordinals or UUIDs, comma-separated)", optarg);
       break;
-    case 's':
+    case 'S':
       if ((o.sort = ps_sort_key(optarg)) < 0)
         return cmd_usage_error("ps: unknown --sort field %s", optarg);
       break;
@@ -1026,19 +1006,19 @@ int cmd_ps(int argc, char **argv) {
       else if (!strcmp(optarg, "json")) o.fmt = OUT_JSON;
       else return cmd_usage_error("ps: unknown --format %s (table, csv, csv,noheader or json)", optarg);
       break;
-    case 'P':
+    case O_PROMETHEUS:
       if (!*optarg)
         return cmd_usage_error("ps: --prometheus needs a file (or - for standard output)%s", "");
       o.prom = optarg;
       break;
     case 'h':
-      return cmd_help(g_ps_help);
+      return cmd_help(&cmd_ps_spec);
     default:
-      return bad_option(av, optind, optopt, "ps", "isqf");
+      return EX_USAGE;
     }
   }
-  if (optind < argc + 1)
-    return cmd_usage_error("ps: unexpected argument: %s", av[optind]);
+  if (optind < argc)
+    return cmd_usage_error("ps: unexpected argument: %s", argv[optind]);
   if (json && fmt_given && o.fmt != OUT_JSON)
     return cmd_usage_error("ps: --json and --format %s are two formats: give one", o.fmt == OUT_CSV ? "csv" : "table");
   if (json)

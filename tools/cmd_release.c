@@ -489,27 +489,32 @@ static void *tick(void *arg) {
   return NULL;
 }
 
-static const char g_help[] =
-    "usage: gpureclaim release [options] PID...\n"
-    "       gpureclaim release [options] --all\n"
-    "       gpureclaim release [options] --gpu UUID|INDEX\n"
-    "Asks each process to give back memory and prints what it gave back (bytes, milliseconds) and each\n"
-    "device's free memory before and after. Over the process's control socket; with --signal, or when\n"
-    "nothing listens there, by its release signal, waiting for its status file to report the release.\n"
-    "\n"
-    "  -a, --all          every process of yours running gpureclaim\n"
-    "  -g, --gpu GPU      every process of yours on that GPU: its UUID (a unique prefix does) or its index\n"
-    "                     as ps shows it (each process's own ordinal: with CUDA_VISIBLE_DEVICES, use the UUID);\n"
-    "                     an ambiguous prefix, or a GPU none of your processes can see, is an error (exit 2)\n"
-    "  -w, --what WHAT    cached, orphaned, all, comma-separated (default: the process's GPURECLAIM_ON_SIGNAL;\n"
-    "                     by signal it must match that)\n"
-    "  -t, --timeout S    how long to wait, in seconds (default 30), for the processes asked at once (32 at a\n"
-    "                     time). A request the process has not begun when it passes is withdrawn; one it has\n"
-    "                     begun cannot be, and the command says so (the process finishes it: see ps). On a\n"
-    "                     terminal, a wait longer than a second shows its progress on standard error.\n"
-    "  -s, --signal       by the release signal even when the control socket answers\n"
-    "  -j, --json         one JSON array of results (the report formats of docs/PROTOCOL.md)\n"
-    "  -h, --help         this text\n";
+static const cmd_opt_t g_opts[] = {
+    {'a', 'a', "all", CMD_NOARG, NULL, "every process of yours running gpureclaim"},
+    {'g', 'g', "gpu", CMD_ARG, "GPU", "every process of yours on that GPU: its index as nvidia-smi numbers it, or its\n"
+                                     "UUID (a unique prefix does); an ambiguous prefix, or a GPU none of your\n"
+                                     "processes can see, is an error (exit 2)"},
+    {'w', 'w', "what", CMD_ARG, "WHAT", "cached, orphaned, all, comma-separated (default: the process's\n"
+                                       "GPURECLAIM_ON_SIGNAL; by signal it must match that)"},
+    {'t', 't', "timeout", CMD_ARG, "S", "how long to wait, in seconds (default 30), for the processes asked at once\n"
+                                       "(32 at a time). A request the process has not begun when it passes is\n"
+                                       "withdrawn; one it has begun cannot be, and the command says so (the process\n"
+                                       "finishes it: see ps). On a terminal, a wait longer than a second shows its\n"
+                                       "progress on standard error."},
+    {'s', 's', "signal", CMD_NOARG, NULL, "by the release signal even when the control socket answers"},
+    {'j', 'j', "json", CMD_NOARG, NULL, "one JSON array of results (the report formats of docs/PROTOCOL.md)"},
+    {0}};
+
+const cmd_spec_t cmd_release_spec = {
+    .name = "release",
+    .usage = "release [options] PID...\nrelease [options] --all\nrelease [options] --gpu GPU",
+    .summary = "give back memory (cached and orphaned by default) and print what came back",
+    .text = "Asks each process to give back memory and prints what it gave back (bytes, milliseconds) and each\n"
+            "device's free memory before and after. Over the process's control socket; with --signal, or when\n"
+            "nothing listens there, by its release signal, waiting for its status file to report the release.\n",
+    .opts = g_opts,
+    .tail = "",
+};
 
 int cmd_release(int argc, char **argv) {
   request_t rq = {NULL, 0, 30, false};
@@ -519,17 +524,9 @@ int cmd_release(int argc, char **argv) {
   pid_t *pids = calloc((size_t)argc + 1, sizeof *pids);
   size_t npids = 0;
   int rc = EX_OK;
-  static const struct option longopts[] = {{"what", required_argument, NULL, 'w'},
-                                           {"timeout", required_argument, NULL, 't'},
-                                           {"all", no_argument, NULL, 'a'},
-                                           {"gpu", required_argument, NULL, 'g'},
-                                           {"signal", no_argument, NULL, 's'},
-                                           {"json", no_argument, NULL, 'j'},
-                                           {"help", no_argument, NULL, 'h'},
-                                           {NULL, 0, NULL, 0}};
   optind = 1;
   int c;
-  while (rc == EX_OK && (c = cmd_getopt(argc, argv, ":w:t:g:asjh", longopts)) != -1) {
+  while (rc == EX_OK && (c = cmd_getopt(argc, argv, &cmd_release_spec)) != -1) {
     switch (c) {
     case 'w':
       rq.what = optarg;
@@ -557,7 +554,7 @@ int cmd_release(int argc, char **argv) {
       break;
     case 'h':
       free(pids);
-      return cmd_help(g_help);
+      return cmd_help(&cmd_release_spec);
     default:
       rc = EX_USAGE;
     }

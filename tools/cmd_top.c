@@ -25,20 +25,27 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char g_top_help[] =
-    "usage: gpureclaim top [-d SECONDS] [-n N] [-i GPUS] [-s FIELD] [--json]\n"
-    "ps, refreshed. On a terminal, a full-screen view; keys:\n"
-    "  Up/Down, k/j   select a process        r   release it (what its GPURECLAIM_ON_SIGNAL says)\n"
-    "  s              snapshot it, to gpureclaim-snapshot-PID-TIME.json in the current directory\n"
-    "  > / <          next / previous sort     space  refresh now        q, ^C   quit\n"
-    "Not on a terminal (or with --json), frames are printed one after another.\n"
-    "\n"
-    "  -d, --interval S     seconds between refreshes (default 2, at least 0.1)\n"
-    "  -n, --iterations N   stop after N frames (default: until q or ^C)\n"
-    "  -i, --gpu GPUS       only these GPUs (ordinals or UUIDs, comma-separated), as ps -i\n"
-    "  -s, --sort FIELD     as ps --sort (default held)\n"
-    "      --json           one JSON array per frame, one per line (JSON Lines)\n"
-    "  -h, --help           this help\n";
+static const cmd_opt_t g_opts[] = {
+    {'d', 'd', "interval", CMD_ARG, "S", "seconds between refreshes (default 2, at least 0.1)"},
+    {'n', 'n', "iterations", CMD_ARG, "N", "stop after N frames (default: until q or ^C)"},
+    {'i', 'i', "gpu", CMD_ARG, "GPUS", "only these GPUs (indices as nvidia-smi numbers them, or UUIDs,\n"
+                                      "comma-separated), as ps -i"},
+    {'S', 'S', "sort", CMD_ARG, "FIELD", "as ps --sort (default held)"},
+    {'j', 'j', "json", CMD_NOARG, NULL, "one JSON array per frame, one per line (JSON Lines)"},
+    {0}};
+
+const cmd_spec_t cmd_top_spec = {
+    .name = "top",
+    .usage = "top [-d S] [-n N] [-i GPUS] [-S FIELD] [--json]",
+    .summary = "ps, refreshed every S seconds (default 2); full screen on a terminal",
+    .text = "ps, refreshed. On a terminal, a full-screen view; keys:\n"
+            "  Up/Down, k/j   select a process        r   release it (what its GPURECLAIM_ON_SIGNAL says)\n"
+            "  s              snapshot it, to gpureclaim-snapshot-PID-TIME.json in the current directory\n"
+            "  > / <          next / previous sort     space  refresh now        q, ^C   quit\n"
+            "Not on a terminal (or with --json), frames are printed one after another.\n",
+    .opts = g_opts,
+    .tail = "",
+};
 
 typedef struct top_opts {
   double interval;
@@ -371,38 +378,11 @@ static int full_screen(top_opts_t *o) {
 }
 #endif
 
-/* getopt_long's '?': an option without its value, or an unknown one. */
-static int bad_option(char **av, int ind, int opt, const char *cmd, const char *with_value) {
-  const char *arg = av[ind - 1];
-  if (opt && strchr(with_value, opt))
-    fprintf(stderr, "gpureclaim: %s: %s needs a value\n(see gpureclaim %s --help)\n", cmd, arg, cmd);
-  else
-    fprintf(stderr, "gpureclaim: %s: unknown option: %s\n(see gpureclaim %s --help)\n", cmd, arg, cmd);
-  return EX_USAGE;
-}
-
 int cmd_top(int argc, char **argv) {
-  static const struct option longs[] = {
-      {"interval", required_argument, NULL, 'd'}, {"iterations", required_argument, NULL, 'n'},
-      {"gpu", required_argument, NULL, 'i'},      {"sort", required_argument, NULL, 's'},
-      {"json", no_argument, NULL, 'j'},           {"help", no_argument, NULL, 'h'},
-      {NULL, 0, NULL, 0}};
   top_opts_t o = {.interval = 2, .iterations = -1, .sort = ps_sort_key("held")};
-  /* The arguments after the subcommand's name, or (as main() passes them to commands that parse their own
-   * --help) with the name first: "top" is no valid argument of top's either way. */
-  if (argc > 0 && !strcmp(argv[0], "top")) {
-    argc--;
-    argv++;
-  }
-  char *av[argc + 2];
-  av[0] = "gpureclaim top";
-  for (int i = 0; i < argc; i++)
-    av[i + 1] = argv[i];
-  av[argc + 1] = NULL;
-  opterr = 0;
-  optind = 0;
+  optind = 1;
   int c;
-  while ((c = getopt_long(argc + 1, av, "+d:n:i:s:h", longs, NULL)) != -1) {
+  while ((c = cmd_getopt(argc, argv, &cmd_top_spec)) != -1) {
     char *end;
     switch (c) {
     case 'd':
@@ -419,18 +399,18 @@ int cmd_top(int argc, char **argv) {
       if (!ps_parse_filter(optarg, &o.filter))
         return cmd_usage_error("top: bad --gpu %s (ordinals or UUIDs, comma-separated)", optarg);
       break;
-    case 's':
+    case 'S':
       if ((o.sort = ps_sort_key(optarg)) < 0)
         return cmd_usage_error("top: unknown --sort field %s (the fields are ps's, as ps --help lists them)", optarg);
       break;
     case 'j': cmd_set_json(true); break;
-    case 'h': return cmd_help(g_top_help);
+    case 'h': return cmd_help(&cmd_top_spec);
     default:
-      return bad_option(av, optind, optopt, "top", "dnis");
+      return EX_USAGE;
     }
   }
-  if (optind < argc + 1)
-    return cmd_usage_error("top: unexpected argument: %s", av[optind]);
+  if (optind < argc)
+    return cmd_usage_error("top: unexpected argument: %s", argv[optind]);
   if (!cmd_json_out() && isatty(STDIN_FILENO) && isatty(STDOUT_FILENO))
     return full_screen(&o);
   return plain(&o);

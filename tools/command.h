@@ -63,17 +63,49 @@ void cmd_set_json(bool on);
 void cmd_json_str(FILE *f, const char *s);
 void cmd_json_dump(FILE *f, const jnode_t *n); /* n == NULL: null */
 
+/* ---- The subcommands' options, each written once (help.c) ----
+ * A subcommand's options are one table of cmd_opt_t: its getopt_long tables, its --help, the option lists of
+ * `gpureclaim --help` and the completions' and manual's checks (tests/cli/test_cli_docs.py) all come from it. */
+enum { CMD_NOARG, CMD_ARG, CMD_OPTARG }; /* takes no value, a value, a value only after "=" */
+typedef struct cmd_opt {
+  int val;             /* what cmd_getopt() returns for it: its short letter, or a value from 256 */
+  char shortopt;       /* 0: none */
+  const char *longopt; /* without the dashes */
+  int has_arg;         /* CMD_NOARG, CMD_ARG, CMD_OPTARG */
+  const char *arg;     /* the value's name in the help (FIELD, S, ...) */
+  const char *help;    /* its lines of --help, "\n" between them */
+} cmd_opt_t;
+
+typedef struct cmd_spec {
+  const char *name;     /* "ps" */
+  const char *usage;    /* what follows "usage: gpureclaim " (lines after the first begin with the name too) */
+  const char *summary;  /* one line for `gpureclaim --help` */
+  const char *text;     /* what it does, before the options ("" for nothing) */
+  const cmd_opt_t *opts; /* ended by an entry whose longopt is NULL; -h/--help is added by help.c */
+  const char *tail;     /* after the options ("" for nothing) */
+  bool in_order;        /* options end at the first operand (run: the program's own options follow it) */
+} cmd_spec_t;
+
+/* The specs, in the order `gpureclaim --help` lists them. */
+const cmd_spec_t *cmd_run_spec(void);
+extern const cmd_spec_t cmd_ps_spec, cmd_top_spec, cmd_release_spec, cmd_snapshot_spec, cmd_sleep_spec,
+    cmd_wake_spec;
+
 /* Shared by the subcommands' argument parsers. */
 int cmd_usage_error(const char *fmt, const char *arg); /* prints, returns EX_USAGE */
 bool cmd_parse_seconds(const char *s, double *out);     /* 0..86400 */
-struct option;
-/* getopt_long for subcommands whose argv[0] is their name: returns the option, -1 after the last one (optind
- * then indexes the first operand), or -2 after printing a usage error that names the subcommand and the
- * option (unknown, missing its value, or given a value it does not take). Set optind = 1 before the first
- * call. */
-int cmd_getopt(int argc, char **argv, const char *shortopts, const struct option *longopts);
-/* Prints a subcommand's --help text, then the exit statuses, on stdout; returns EX_HELP. */
-int cmd_help(const char *text);
+/* getopt_long over a spec's options, for subcommands whose argv[0] is their name: returns the option's val, 'h'
+ * for -h/--help, -1 after the last option (optind then indexes the first operand), or -2 after printing a
+ * usage error that names the subcommand and the option (unknown, with what was maybe meant; missing its
+ * value; given a value it does not take). Set optind = 1 before the first call. */
+int cmd_getopt(int argc, char **argv, const cmd_spec_t *spec);
+/* Prints a subcommand's --help (usage, text, options, tail), then the exit statuses, on stdout; returns
+ * EX_HELP. */
+int cmd_help(const cmd_spec_t *spec);
+/* `gpureclaim --help`: every subcommand's usage, summary and options. */
+void cmd_print_usage(FILE *f);
+/* The candidate closest to word (a prefix of one, or a small edit distance), or NULL: "did you mean". */
+const char *cmd_nearest(const char *word, const char *const *cands, size_t n);
 bool cmd_parse_pid(const char *s, pid_t *out);
 /* The command line to show for a process: paths shortened to file names ("python3 train.py --steps 5"), in
  * buf; with --json the whole command line as recorded. */

@@ -163,13 +163,16 @@ class FakeTest(unittest.TestCase):
             return [r["pid"] for r in json.loads(self.cmd("ps", "--json", *args, check=0).stdout)]
         self.assertEqual(pids(), [big.pid, small.pid], "largest first")
         self.assertEqual(pids("--sort", "pid"), sorted([big.pid, small.pid]))
-        self.assertEqual(pids("-s", "orphan"), [big.pid, small.pid])
+        self.assertEqual(pids("-S", "orphan"), [big.pid, small.pid])
         self.assertEqual(self.cmd("ps", "--sort", "bogus", check=2).stdout, "")
         # One hint, naming the command run (ps's printed its hint twice, top's pointed at ps and at top).
         for cmd in ("ps", "top"):
-            err = self.cmd(cmd, "-s", "bogus", check=2).stderr
+            err = self.cmd(cmd, "-S", "bogus", check=2).stderr
             self.assertEqual(err.count("(see gpureclaim"), 1, err)
             self.assertIn("(see gpureclaim %s --help)" % cmd, err)
+            # -s is --signal in run and release: here it is refused, naming the sort's own short option.
+            err = self.cmd(cmd, "-s", "held", check=2).stderr
+            self.assertIn("%s: unknown option: -s (did you mean -S or --sort?)" % cmd, err)
         # -t 0: refused by every command that takes it, with the same true range.
         for cmd in ("sleep", "wake", "release", "snapshot"):
             for t in ("0", "-1", "86401"):
