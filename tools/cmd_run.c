@@ -112,10 +112,23 @@ static char *preload_list(const char *old, const char *lib) {
   return out;
 }
 
+/* What a refused value lacks, and for an existing run directory that is not private, how to fix it. */
+static const char *with_fix(const char *var, const char *value, const char *expected, char *buf, size_t len) {
+  struct stat st;
+  if (strcmp(var, "GPURECLAIM_RUNDIR") != 0 || value[0] != '/' || lstat(value, &st) != 0)
+    return expected;
+  char fix[300];
+  cmd_rundir_fix(value, &st, fix, sizeof fix);
+  snprintf(buf, len, "%s; %s", expected, fix);
+  return buf;
+}
+
 /* Sets var to value after the library's own parser for var accepted it, and then check (if any). */
 static int set_checked_by(const char *var, const char *value, int (*check)(const char *), const char *check_expected) {
   const char *expected = "";
-  if (gr_opt_check(var, value, &expected) != 0 || (check && check(value) != 0 && (expected = check_expected))) {
+  char fixed[600];
+  if (gr_opt_check(var, value, &expected) != 0 ||
+      (check && check(value) != 0 && (expected = with_fix(var, value, check_expected, fixed, sizeof fixed)))) {
     fprintf(stderr, "gpureclaim: run: bad value for %s: %s (expected %s)\n(see gpureclaim run --help)\n", var, value,
             expected);
     return EX_USAGE;
@@ -168,9 +181,11 @@ static int chk_default_rundir(void) {
   struct stat st;
   if (o->disable || !o->status || lstat(o->rundir, &st) != 0 || chk_rundir(o->rundir) == 0)
     return EX_OK;
+  char fix[300];
+  cmd_rundir_fix(o->rundir, &st, fix, sizeof fix);
   fprintf(stderr, "gpureclaim: run: bad run directory %s (the default; GPURECLAIM_RUNDIR is not set): expected an "
-                  "existing directory of yours with mode 0700 (owner uid %u, mode %04o)\n",
-          o->rundir, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777));
+                  "existing directory of yours with mode 0700 (owner uid %u, mode %04o); %s\n",
+          o->rundir, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777), fix);
   return EX_USAGE;
 }
 
@@ -245,6 +260,7 @@ static int chk_environment(void) {
     size_t len = eq ? (size_t)(eq - *e) : strlen(*e);
     snprintf(var, sizeof var, "%.*s", (int)len, *e);
     const char *v = eq ? eq + 1 : "", *expected = "";
+    char fixed[600];
     /* A name too long for var is no library variable: gr_opt_check() then says so as for any unknown one. */
     int rc = len < sizeof var ? gr_opt_check(var, v, &expected) : -ENOENT;
     if (rc == -ENOENT) {
@@ -264,7 +280,7 @@ static int chk_environment(void) {
     }
     for (size_t k = 0; rc == 0 && k < GR_ARRAY_LEN(g_checks); k++)
       if (!strcmp(var, g_checks[k].var) && g_checks[k].check(v) != 0) {
-        expected = g_checks[k].expected;
+        expected = with_fix(var, v, g_checks[k].expected, fixed, sizeof fixed);
         rc = -EINVAL;
       }
     if (rc != 0) {

@@ -272,6 +272,13 @@ static void snapshot_selected(screen_t *s, const top_opts_t *o) {
   }
 }
 
+/* Notes of the command (a stale status file removed, ...) while the screen is ncurses': shown on the message
+ * line, never written to the terminal under it. */
+static void note_to_screen(const char *note, void *arg) {
+  screen_t *s = arg;
+  snprintf(s->msg, sizeof s->msg, "%s", note);
+}
+
 static volatile sig_atomic_t g_quit;
 static void on_quit(int sig) {
   (void)sig;
@@ -300,6 +307,7 @@ static int full_screen(top_opts_t *o) {
   curs_set(0);
   screen_t s;
   memset(&s, 0, sizeof s);
+  cmd_set_note_sink(note_to_screen, &s);
   long frames = 0;
   int rc = EX_OK;
   bool again = true;
@@ -363,8 +371,11 @@ static int full_screen(top_opts_t *o) {
     }
   }
 out:
+  cmd_set_note_sink(NULL, NULL);
   endwin();
   delscreen(scr);
+  if (rc != EX_OK && s.msg[0]) /* why top ends (a run directory refused): on the terminal, now the shell's */
+    fprintf(stderr, "gpureclaim: %s\n", s.msg);
   ps_free(&s.v);
   return rc;
 }

@@ -24,8 +24,17 @@ typedef struct proc {
   char error[480];   /* why cmd_find() did not find it (also printed to stderr) */
 } proc_t;
 
+/* Notes on what the command did on the way (a stale status file removed, a file ignored, a directory refused):
+ * on standard error, or, while top owns the terminal, handed to the sink it set (a line written to a terminal
+ * that ncurses draws on scrolls it, and every later redraw lands on the wrong row). */
+__attribute__((format(printf, 1, 2))) void cmd_note(const char *fmt, ...);
+void cmd_set_note_sink(void (*sink)(const char *note, void *arg), void *arg); /* NULL: standard error again */
+
 /* The run directory the library uses (same rules); NULL when absent, or with a message if unsafe. */
 const char *cmd_rundir(bool quiet);
+/* What to do about a run directory that is not private (chmod 700 DIR, ...), in buf. */
+struct stat;
+void cmd_rundir_fix(const char *dir, const struct stat *st, char *buf, size_t len);
 /* Whether cmd_rundir() refused the directory (someone else's, or open to others). */
 bool cmd_rundir_refused(void);
 /* Every live process of this user with a status file; stale files are removed and status files claiming

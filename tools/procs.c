@@ -26,23 +26,58 @@
 
 static bool g_rundir_refused;
 
+static void (*g_note_sink)(const char *, void *);
+static void *g_note_arg;
+
+void cmd_set_note_sink(void (*sink)(const char *note, void *arg), void *arg) {
+  g_note_sink = sink;
+  g_note_arg = arg;
+}
+
+void cmd_note(const char *fmt, ...) {
+  char text[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(text, sizeof text, fmt, ap);
+  va_end(ap);
+  if (g_note_sink)
+    g_note_sink(text, g_note_arg);
+  else
+    fprintf(stderr, "gpureclaim: %s\n", text);
+}
+
 bool cmd_rundir_refused(void) { return g_rundir_refused; }
+
+void cmd_rundir_fix(const char *dir, const struct stat *st, char *buf, size_t len) {
+  if (S_ISLNK(st->st_mode))
+    snprintf(buf, len, "it is a symbolic link; name the directory itself");
+  else if (!S_ISDIR(st->st_mode))
+    snprintf(buf, len, "it is not a directory; remove it (rm %s) or set GPURECLAIM_RUNDIR to a directory of yours", dir);
+  else if (st->st_uid != geteuid())
+    snprintf(buf, len, "it belongs to uid %u; set GPURECLAIM_RUNDIR to a directory of yours (mode 0700)",
+             (unsigned)st->st_uid);
+  else
+    snprintf(buf, len, "fix it with chmod 700 %s", dir);
+}
 
 const char *cmd_rundir(bool quiet) {
   const char *dir = gr_opt()->rundir;
   struct stat st;
   if (lstat(dir, &st) != 0) {
     if (!quiet && errno != ENOENT)
-      fprintf(stderr, "gpureclaim: cannot read %s: %s\n", dir, strerror(errno));
+      cmd_note("cannot read %s: %s", dir, strerror(errno));
     return NULL; /* no process has used it yet */
   }
   /* The library's rule (docs/PROTOCOL.md): a directory someone else owns or can write could hold status files
    * and sockets planted to make us signal or trust the wrong process. */
   if (!gr_dir_is_private(&st)) {
-    if (!g_rundir_refused)
-      fprintf(stderr, "gpureclaim: %s is not a directory private to you (owner uid %u, mode %04o; expected uid %u, "
-                      "mode 0700); refusing to use it\n",
-              dir, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777), (unsigned)geteuid());
+    if (!g_rundir_refused) {
+      char fix[300];
+      cmd_rundir_fix(dir, &st, fix, sizeof fix);
+      cmd_note("%s is not a directory private to you (owner uid %u, mode %04o; expected uid %u, mode 0700); "
+               "refusing to use it: %s",
+               dir, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777), (unsigned)geteuid(), fix);
+    }
     g_rundir_refused = true;
     return NULL;
   }
@@ -160,7 +195,7 @@ static void remove_stale(const char *dir, pid_t pid, const char *why) {
   unlink(path);
   snprintf(path, sizeof path, "%s/%d.sock", dir, (int)pid);
   unlink(path);
-  fprintf(stderr, "gpureclaim: removed the stale status file of pid %d (%s)\n", (int)pid, why);
+  cmd_note("removed the stale status file of pid %d (%s)", (int)pid, why);
 }
 
 /* Loads pid's status file from dir: LOAD_OK, or why not (stale files are removed on the way). */
@@ -260,7 +295,7 @@ static void remove_stale_temp(const char *dir, const char *name) {
   if (lstat(path, &st) != 0 || !writer_gone((pid_t)writer, st.st_mtime))
     return;
   if (unlink(path) == 0)
-    fprintf(stderr, "gpureclaim: removed %s, a temporary file of pid %ld, which is gone\n", path, writer);
+    cmd_note("removed %s, a temporary file of pid %ld, which is gone", path, writer);
 }
 
 static const char *user_name(uid_t uid, char *buf, size_t len) {
@@ -303,12 +338,12 @@ size_t cmd_list(proc_t **out) {
       n++;
     } else if (r == LOAD_FOREIGN) {
       char who[64];
-      fprintf(stderr, "gpureclaim: ignoring the status file of pid %ld: it belongs to %s, not you\n", pid,
+      cmd_note("ignoring the status file of pid %ld: it belongs to %s, not you", pid,
               user_name(v[n].foreign_uid, who, sizeof who));
     } else if (r == LOAD_UNREADABLE) {
-      fprintf(stderr, "gpureclaim: ignoring %s/%s: not a valid status file\n", dir, e->d_name);
+      cmd_note("ignoring %s/%s: not a valid status file", dir, e->d_name);
     } else if (r == LOAD_NOT_REGULAR) {
-      fprintf(stderr, "gpureclaim: ignoring %s/%s: not a regular file (a FIFO, link, device or directory)\n", dir,
+      cmd_note("ignoring %s/%s: not a regular file (a FIFO, link, device or directory)", dir,
               e->d_name);
     }
   }

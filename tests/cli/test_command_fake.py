@@ -786,6 +786,7 @@ class FakeTest(unittest.TestCase):
         for args in (("ps",), ("ps", "--json"), ("release", "--all"), ("top", "--iterations", "1")):
             p = self.cmd(*args, check=1)
             self.assertIn("is not a directory private to you", p.stderr)
+            self.assertIn("refusing to use it: fix it with chmod 700 %s\n" % self.rundir, p.stderr, "the fix")
             self.assertEqual(p.stdout.strip("[]\n"), "", args)
         # A pid given: exit 1 as well (--help), not 3: whether it runs gpureclaim cannot be told.
         for args in (("release", str(f.pid)), ("release", "--signal", str(f.pid)), ("snapshot", str(f.pid))):
@@ -805,11 +806,13 @@ class FakeTest(unittest.TestCase):
         os.chmod(self.rundir, 0o700)
         if os.geteuid() == 0:  # someone else's directory, even private, is not ours to trust
             os.chown(self.rundir, 65534, 65534)
-            self.assertIn("owner uid 65534", self.cmd("ps", check=1).stderr)
+            err = self.cmd("ps", check=1).stderr
+            self.assertIn("owner uid 65534", err)
+            self.assertIn("it belongs to uid 65534; set GPURECLAIM_RUNDIR to a directory of yours", err)
             os.chown(self.rundir, 0, 0)
         link = os.path.join(self.tmp, "link")
         os.symlink(self.rundir, link)
-        self.cmd("ps", check=1, env=dict(self.env, GPURECLAIM_RUNDIR=link))
+        self.assertIn("it is a symbolic link", self.cmd("ps", check=1, env=dict(self.env, GPURECLAIM_RUNDIR=link)).stderr)
 
     def test_no_run_directory_yet(self):
         self.assertIn("no process of yours", self.cmd("ps", check=0).stdout)
@@ -897,6 +900,7 @@ class FakeTest(unittest.TestCase):
                             (bad, p.stderr))
         self.assertIn("expected 0, 1 or 2", self.cmd("run", "--verbose=3", "--", "true").stderr)
         self.assertIn("mode 0700", self.cmd("run", "--rundir", open_dir, "--", "true").stderr)
+        self.assertIn("fix it with chmod 700 %s)" % open_dir, self.cmd("run", "--rundir", open_dir, "--", "true").stderr)
         self.assertIn("a file you can write", self.cmd("run", "--log", "/nonexistent/x", "--", "true").stderr)
         self.assertEqual(self.run_env("--log", "/dev/null")["GPURECLAIM_LOG"], "/dev/null", "a device is a file")
         # The same values in the environment reach the program too: refused the same way.
@@ -925,6 +929,7 @@ class FakeTest(unittest.TestCase):
         p = self.cmd("run", "--", "sh", "-c", "echo ran", env=denv, check=2)
         self.assertIn("bad run directory %s (the default; GPURECLAIM_RUNDIR is not set)" % default, p.stderr)
         self.assertIn("mode 0755", p.stderr)
+        self.assertIn("fix it with chmod 700 %s" % default, p.stderr)
         self.assertNotIn("ran", p.stdout)
         self.assertEqual(self.cmd("run", "--no-status", "--", "sh", "-c", "echo ran", env=denv, check=0).stdout,
                          "ran\n")

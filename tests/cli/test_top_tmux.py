@@ -8,6 +8,7 @@ Environment (set by CTest): as test_command.py. Skips, saying why, only where tm
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -116,6 +117,43 @@ class TopInTmux(unittest.TestCase):
         self.tmux("send-keys", "q")
         self.wait_for("TOP-EXITED 0", "top ending on q")
         self.wait_for("TERMINAL-RESTORED", "the terminal's mode after q")
+
+    def test_a_process_that_ends_leaves_the_screen_intact(self):
+        """A listed process killed (its status file stays behind): top removes the file and says so on its message
+        line. The note went to standard error, under ncurses: the terminal scrolled a line and every later frame
+        landed a row off ("U7ED", the dead process still listed), for good."""
+        other = Held(self.env)
+        try:
+            self.start("--interval", "0.2")
+            self.wait_for(" 2 processes ", "both processes in the title")
+            lines = self.wait_for("%d 0 " % other.pid, "the second process's row")
+            os.kill(other.pid, signal.SIGKILL)
+            other.p.wait(timeout=60)
+            note = "removed the stale status file of pid %d (the process is gone)" % other.pid
+            lines = self.wait_for(note, "the note on the message line")
+            lines = self.wait_for(" 1 process ", "the title once the process is gone")
+            self.assertTrue(lines[0].startswith("gpureclaim top - "), lines)
+            self.assertEqual(lines[1], "")
+            self.assertEqual(lines[2].split(), ["GPU", "UUID", "USED", "TOTAL", "HELD", "RELEASABLE", "OTHER"], lines)
+            i = 3
+            while lines[i].strip():
+                self.assertRegex(lines[i], r"^\s*\d+ GPU-[0-9a-f]+\s+\S+ [KMG]?i?B\s", lines)
+                i += 1
+            self.assertEqual(lines[i + 1].split()[:3], ["PID", "GPU", "HELD"], lines)
+            self.assertRegex(lines[i + 2], r"^\s*%d 0\s+72\.0 MiB\s" % self.held.pid, lines)
+            self.assertFalse([l for l in lines if l.lstrip().startswith("%d " % other.pid)], lines)
+            self.assertIn(note, lines[-1])
+            self.assertEqual(len(lines), 24, "the pane scrolled")
+            self.check_fits(lines, 80)
+            # The next frames stay intact too (a space refreshes at once).
+            self.tmux("send-keys", " ")
+            lines = self.wait_for("q quit", "the key line after the note")
+            self.assertTrue(lines[0].startswith("gpureclaim top - "), lines)
+            self.assertEqual(lines[2].split()[:2], ["GPU", "UUID"], lines)
+        finally:
+            other.close()
+        self.tmux("send-keys", "q")
+        self.wait_for("TOP-EXITED 0", "top ending on q")
 
     def test_fits_a_narrow_terminal_and_follows_a_resize(self):
         # A command line that is not ASCII: drawn as characters, and cut without wrapping either.
