@@ -21,7 +21,7 @@ typedef struct proc {
   jnode_t *status;  /* the parsed status file */
   uid_t foreign_uid; /* the owner a refused status file claims */
   char path[4200];
-  char error[480];   /* why cmd_find() did not find it (also printed to stderr) */
+  char error[2048];  /* why cmd_find() did not find it (also printed to stderr) */
 } proc_t;
 
 /* Notes on what the command did on the way (a stale status file removed, a file ignored, a directory refused):
@@ -37,13 +37,21 @@ struct stat;
 void cmd_rundir_fix(const char *dir, const struct stat *st, char *buf, size_t len);
 /* Whether cmd_rundir() refused the directory (someone else's, or open to others). */
 bool cmd_rundir_refused(void);
-/* Every live process of this user with a status file; stale files are removed and status files claiming
- * another user are ignored (both noted on stderr). */
+/* Every live process of this user with a status file, in every run directory it reads (cmd_rundirs_at()); stale
+ * files are removed and status files claiming another user are ignored (both noted: cmd_note()). */
 size_t cmd_list(proc_t **out);
 /* One process by pid. Returns 0, EX_FAILED when the run directory is refused (cmd_rundir() printed why), or
  * EX_NOPROC after printing why (unknown pid, another user's process or status file, no gpureclaim, an invalid
  * status file). */
 int cmd_find(pid_t pid, proc_t *out);
+/* cmd_find() printing nothing, and without looking for children that run gpureclaim. */
+int cmd_find_quiet(pid_t pid, proc_t *out);
+/* The processes under pid (children, theirs, ...), at most max, parents before children. */
+size_t cmd_descendants(pid_t pid, pid_t *out, size_t max);
+/* The run directories the last cmd_list() read: [0] the command's own (it may not exist), then those where
+ * processes of this user started elsewhere have their control sockets. */
+size_t cmd_rundirs_count(void);
+const char *cmd_rundirs_at(size_t i);
 void cmd_free(proc_t *p);
 /* Whether the process of p's status file still runs: its pid has its start time, and is not a zombie. */
 bool cmd_alive(const proc_t *p);
@@ -65,9 +73,28 @@ extern const char cmd_why_timed_out[];
 /* Re-reads a process's status file. */
 jnode_t *cmd_read_status(const proc_t *p);
 
+/* nvml.c: the machine's GPUs as nvidia-smi numbers them (NVML, loaded by the command on first use). */
+#define CMD_MAX_GPUS 64
+typedef struct cmd_gpu {
+  int index;     /* nvidia-smi's */
+  char uuid[96]; /* "GPU-..." */
+  bool have_mem;
+  uint64_t free, total; /* the device's memory as NVML reports it (nvidia-smi's figures) */
+} cmd_gpu_t;
+/* Whether NVML answers; *why (may be NULL) says why not. */
+bool cmd_nvml_ok(const char **why);
+/* The machine's GPUs in nvidia-smi's order; 0 with *why when NVML cannot be loaded. */
+size_t cmd_nvml_gpus(const cmd_gpu_t **out, const char **why);
+/* nvidia-smi's index of the GPU with that UUID; -1 when NVML does not know it (or cannot be loaded). */
+int cmd_nvml_index(const char *uuid);
+/* Reads every GPU's memory figures again (top, each frame). */
+void cmd_nvml_refresh(void);
+
 /* output.c: numbers for people, JSON for programs. */
 const char *cmd_bytes(uint64_t v, char *buf, size_t len);                   /* "1.5 GiB" */
 bool cmd_json_out(void);                                                    /* --json given */
+/* A CLOCK_REALTIME time in milliseconds as ISO 8601, local time with its offset: 2026-11-28T15:20:01.123+01:00. */
+const char *cmd_iso_time(int64_t ms, char *buf, size_t len);
 void cmd_set_json(bool on);
 void cmd_json_str(FILE *f, const char *s);
 void cmd_json_dump(FILE *f, const jnode_t *n); /* n == NULL: null */

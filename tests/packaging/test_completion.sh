@@ -83,7 +83,9 @@ got="$(GPURECLAIM_RUNDIR="$rundir" complete_words gpureclaim release '' | tr '\n
 [[ "$got" == "$holdpid " ]] || bad "release: offered pids '$got', expected '$holdpid'"
 got="$(GPURECLAIM_RUNDIR="$rundir" complete_words gpureclaim snapshot --json '' | tr '\n' ' ')"
 [[ "$got" == "$holdpid " ]] || bad "snapshot: offered pids '$got', expected '$holdpid'"
-[[ -z "$(GPURECLAIM_RUNDIR="$rundir" complete_words gpureclaim ps '')" ]] || bad "ps offers pids"
+got="$(GPURECLAIM_RUNDIR="$rundir" complete_words gpureclaim ps '' | tr '\n' ' ')" # ps PID... lists those
+[[ "$got" == "$holdpid " ]] || bad "ps: offered pids '$got', expected '$holdpid'"
+[[ -z "$(GPURECLAIM_RUNDIR="$rundir" complete_words gpureclaim top '')" ]] || bad "top offers pids"
 if command -v zsh >/dev/null; then # the zsh function's pid list, _describe replaced by a printer
   got="$(GPURECLAIM_RUNDIR="$rundir" zsh -f -c 'source <(sed "\$d" "$1"); _describe() { print -l -- ${(P)4}; }
          _gpureclaim_pids' _ "$src/completions/_gpureclaim" | cut -d: -f1 | tr '\n' ' ')"
