@@ -60,7 +60,7 @@ _gpureclaim() {
     fi
     ;;
   ps) opts="--gpu --sort --json --query --format --prometheus --label --loop --help" valued="--gpu --sort --query --format --prometheus --label --loop" ;;
-  release) opts="--all --gpu --what --timeout --signal --json --help" valued="--gpu --what --timeout" ;;
+  release) opts="--all --gpu --what --timeout --signal --json --tree --help" valued="--gpu --what --timeout" ;;
   snapshot) opts="--json --leaks --timeout --help" valued="--timeout" ;;
   sleep | wake) opts="--timeout --json --help" valued="--timeout" ;;
   top) opts="--interval --iterations --gpu --sort --json --help" valued="--interval --iterations --gpu --sort" ;;

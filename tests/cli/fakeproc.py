@@ -8,7 +8,7 @@ refusals without the library, and to make it misbehave in ways the library never
                                [--log FILE]
                                [--other-release-first] [--old-status] [--die-on-signal] [--barrier N]
                                [--framework] [--scale N] [--sleeping]
-                               [--log-connects]
+                               [--log-connects] [--goes-to-sleep] [--die-on-release]
 
 Prints "ready PID" once the status file and the socket exist; exits when stdin closes. Every request line and
 every signal it receives is appended to --log, so a test can tell that nothing reached it.
@@ -167,7 +167,10 @@ class Fake:
                     "devices": scaled(DEVICES, n), "pools": [{"pool": "0xp0", "device": 0,
                                                              "reserved_bytes": 3 * GiB // 2, "used_bytes": GiB // 2}],
                     "gpus": GPUS, "frameworks": scaled(FRAMEWORKS, n) if self.args.framework else []}
-        if (line.startswith("release") and self.args.sleeping) and not self.args.old_library:
+        if line.startswith("release") and self.args.die_on_release:
+            self.log("request " + line)
+            os._exit(0)  # mid-release: its status file stays; its parent has not reaped it yet
+        if (line.startswith("release") and (self.args.sleeping or self.args.goes_to_sleep)) and not self.args.old_library:
             return {"ok": False, "error": "the process sleeps: its device memory is on the host, nothing to release"}
         if line == "release" or line.startswith("release "):
             what = line[8:] or "cached,orphaned"
@@ -202,7 +205,8 @@ class Fake:
             elif mode == "refuse":
                 conn.sendall(json.dumps({"ok": False, "error": "gpureclaim is disabled in this process"}).encode())
             elif mode == "normal":
-                if line.split(" ")[0] == "release-begun" and not self.args.old_library and not self.args.sleeping:
+                if (line.split(" ")[0] == "release-begun" and not self.args.old_library and not self.args.sleeping
+                        and not self.args.goes_to_sleep and not self.args.die_on_release):
                     conn.sendall(b'{"ok": true, "begun": true}\n')
                 conn.sendall(json.dumps(self.answer(line)).encode() + b"\n")
             # "close": nothing at all
@@ -283,6 +287,9 @@ def main():
     ap.add_argument("--scale", type=int, default=1, help="every byte count of the stats times N")
     ap.add_argument("--sleeping", action="store_true", help="asleep (gpureclaim sleep): a release is refused")
     ap.add_argument("--log-connects", action="store_true", help="log each connection as it is accepted")
+    ap.add_argument("--goes-to-sleep", action="store_true",
+                    help="awake in its status file, asleep when asked to release (it went to sleep meanwhile)")
+    ap.add_argument("--die-on-release", action="store_true", help="exit when asked to release, answering nothing")
     ap.add_argument("--log")
     Fake(ap.parse_args()).run()
 

@@ -235,6 +235,30 @@ class CommandTest(unittest.TestCase):
         p = run("release", str(quiet.pid), env=self.env, check=3)
         self.assertIn("it runs with GPURECLAIM_STATUS=0: no status file, no control socket", p.stderr)
 
+    def test_a_launcher_and_its_workers(self):
+        """gpureclaim run -- torchrun (accelerate, a wrapper script): the launcher never uses CUDA, its workers
+        do. release $! said "not running gpureclaim" with no hint; it names the children that do, and --tree
+        releases the launcher's whole tree."""
+        h = Held(self.env, program="sh", args=("-c", HOLD + "; true"))  # sh forks hold: its worker
+        self.held.append(h)
+        launcher = h.p.pid  # gpureclaim run exec'd sh
+        self.assertNotEqual(launcher, h.pid)
+        p = run("release", str(launcher), env=self.env, check=3)
+        self.assertIn("process %d is not running gpureclaim" % launcher, p.stderr)
+        self.assertIn("its child process %d (hold) runs gpureclaim: --tree acts on %d and every process under it"
+                      % (h.pid, launcher), p.stderr)
+        out = json.loads(run("release", "--tree", str(launcher), "--json", env=self.env, check=0).stdout)
+        self.assertEqual([(x["pid"], x["ok"], x["report"]["pool_bytes"]) for x in out], [(h.pid, True, 64 * MiB)])
+        self.assertEqual(h.sim()[1], 0, "the worker's pool was not trimmed")
+        run("release", "--tree", "--all", env=self.env, check=2)
+        plain = subprocess.Popen(["sleep", "30"])
+        try:
+            p = run("release", "--tree", str(plain.pid), env=self.env, check=3)
+            self.assertIn("libgpureclaim is not loaded in it", p.stderr)
+        finally:
+            plain.kill()
+            plain.wait()
+
     def test_without_nvml_gpus_are_named_by_uuid(self):
         """Where NVML cannot be loaded (no driver, a container given the compute libraries only), ps works and
         says so: GPUs named by UUID, numbers each process's own."""
@@ -294,9 +318,17 @@ class CommandTest(unittest.TestCase):
         again = run("sleep", str(h.pid), env=self.env, check=0)
         self.assertEqual(again.stdout, "%d: already asleep (3.0 MiB on the host)\n" % h.pid,
                          "a process already asleep is said so, and only so")
-        refused = run("release", str(h.pid), env=self.env)
-        self.assertEqual(refused.returncode, 1, refused)
-        self.assertIn("sleeps", refused.stdout + refused.stderr)
+        asleep = run("release", str(h.pid), env=self.env, check=0)  # not a failure: nothing is on the device
+        self.assertEqual(asleep.stdout, "%d (hold): asleep, nothing on the device to release (3.0 MiB kept in host "
+                                        "memory; gpureclaim wake %d or its next CUDA call brings it back)\n"
+                                        % (h.pid, h.pid))
+        self.assertEqual(json.loads(run("release", "--all", "--json", env=self.env, check=0).stdout),
+                         [{"pid": h.pid, "ok": True, "via": "socket", "asleep": True, "host_bytes": 3 * MiB,
+                           "report": None}])
+        t = ps_json(env=self.env)[0]
+        self.assertEqual((t["held_bytes"], t["host_bytes"]), (0, 3 * MiB), "asleep, it holds nothing on the GPU")
+        gpu = json.loads(run("ps", "--json", env=self.env, check=0).stdout)["gpus"][0]
+        self.assertEqual(gpu["held_bytes"], 0, "the GPU table counted a sleeping process's memory as HELD")
         woke = run("wake", str(h.pid), env=self.env, check=0)
         self.assertRegex(woke.stdout, r"^%d: awake: 3\.0 MiB back on the device" % h.pid)
         self.assertEqual(ps_json(env=self.env)[0]["state"], "awake")

@@ -567,6 +567,38 @@ class FakeTest(unittest.TestCase):
             f.p.stdin.close()
             f.p.stdout.close()
 
+    def test_a_process_asleep_is_no_failure_of_a_release(self):
+        """release -a, -g and PID exited 1 whenever a process was asleep, so a cron job failed whenever idle
+        sleep was on: a process asleep has nothing on the device to release, and says so, exit status 0."""
+        awake, asleep, racing = self.fake(), self.fake("--sleeping", "--log-connects"), self.fake("--goes-to-sleep")
+        for args in (("--all",), ("-g", "1"), (str(asleep.pid),), (str(racing.pid), str(awake.pid))):
+            p = self.cmd("release", *args, check=0)
+            self.assertEqual(p.stderr, "", args)
+        p = self.cmd("release", str(asleep.pid), check=0)
+        self.assertEqual(p.stdout, "%d (fakeproc train.py --fake \"quoted\" --out=/tmp/x): asleep, nothing on the device "
+                                   "to release (3.0 GiB kept in host memory; gpureclaim wake %d or its next CUDA call "
+                                   "brings it back)\n" % (asleep.pid, asleep.pid))
+        out = json.loads(self.cmd("release", "--all", "--json", check=0).stdout)
+        by = {x["pid"]: x for x in out}
+        self.assertEqual((by[asleep.pid]["ok"], by[asleep.pid]["asleep"], by[asleep.pid]["report"]), (True, True, None))
+        self.assertEqual((by[racing.pid]["ok"], by[racing.pid]["asleep"]), (True, True))
+        self.assertTrue(by[awake.pid]["ok"])
+        self.assertNotIn("asleep", by[awake.pid])
+        # The one asleep by its status file is not asked to release: once a snapshot asked now is answered, every
+        # connection made before is in its log (it accepts them in order): -g's stats request, and the snapshot.
+        self.cmd("snapshot", str(asleep.pid), check=0)
+        self.assertEqual(self.received().count("connect %d" % asleep.pid), 2)
+
+    def test_a_process_that_exits_during_a_release_over_its_socket(self):
+        """It exited with status 1 ("closed the connection without answering") where --help says 3."""
+        f = self.fake("--die-on-release")
+        p = self.cmd("release", str(f.pid), check=3)
+        self.assertIn("%d did not release: the process exited" % f.pid, p.stderr)
+        f.p.wait()
+        self.fakes.remove(f)
+        f.p.stdin.close()
+        f.p.stdout.close()
+
     def test_ps_asks_processes_at_once(self):
         """Each --barrier fake answers only once every fake has its request: asked one after another, the first
         would wait for the others until ps gave up on it. (No measured time decides.)"""
