@@ -573,7 +573,10 @@ void ps_gpu_line(const ps_gpu_t *g, char *buf, size_t len, int width) {
 /* Below 100 columns PINNED and HOST make way for COMMAND (which began past column 80 with them); STATE stays,
  * before the command, where a cut never hides it. */
 #define ROW_FMT_NARROW "%7s %-5.5s %10s %10s %10s %4s %-8s %s"
+/* Below 70 columns ORPHAN and REL go too. */
+#define ROW_FMT_TINY "%7s %-5.5s %10s %10s %-8s %s"
 static bool narrow(int width) { return width > 0 && width < 100; }
+static bool tiny(int width) { return width > 0 && width < 70; }
 
 /* What the process is doing, in STATE: its sleep state (awake, sleeping, waking), or, not answering, stopped
  * (SIGSTOP, ^Z, a debugger) or silent. */
@@ -586,7 +589,9 @@ static const char *row_state(const ps_row_t *r) {
 }
 
 void ps_row_header(char *buf, size_t len, int width) {
-  if (narrow(width))
+  if (tiny(width))
+    snprintf(buf, len, ROW_FMT_TINY, "PID", "GPU", "HELD", "CACHED", "STATE", "COMMAND");
+  else if (narrow(width))
     snprintf(buf, len, ROW_FMT_NARROW, "PID", "GPU", "HELD", "CACHED", "ORPHAN", "REL", "STATE", "COMMAND");
   else
     snprintf(buf, len, ROW_FMT, "PID", "GPU", "HELD", "CACHED", "ORPHAN", "PINNED", "REL", "STATE", "HOST",
@@ -621,7 +626,9 @@ void ps_row_line(const ps_row_t *r, char *buf, size_t len, int width) {
     if (l < sizeof cmdline)
       snprintf(cmdline + l, sizeof cmdline - l, "]");
   }
-  if (narrow(width))
+  if (tiny(width))
+    snprintf(buf, len, ROW_FMT_TINY, pid, r->gpus, b1, b2, row_state(r), cmdline);
+  else if (narrow(width))
     snprintf(buf, len, ROW_FMT_NARROW, pid, r->gpus, b1, b2, b3, rel, row_state(r), cmdline);
   else
     snprintf(buf, len, ROW_FMT, pid, r->gpus, b1, b2, b3, b4, rel, row_state(r), host, cmdline);
