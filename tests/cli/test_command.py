@@ -916,11 +916,47 @@ try:
 except ValueError:
     pass
 assert gpureclaim.enabled()
+
+# sleep() and wake(), as the command's sleep and wake: the live 1 MiB to the host and back, contents kept.
+ones = ctypes.create_string_buffer(b"\x07" * 4096)
+rt.cudaMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+assert rt.cudaMemcpy(p, ones, 4096, 1) == 0
+assert gpureclaim.state() == {"state": "awake", "host_bytes": 0}, gpureclaim.state()
+r = gpureclaim.sleep()
+assert r["slept"] and not r["already"] and r["moved_bytes"] == 1 << 20 and r["reason"] is None, r
+assert r["trigger"] == "api", r
+assert gpureclaim.state() == {"state": "sleeping", "host_bytes": 1 << 20}, gpureclaim.state()
+again = gpureclaim.sleep()
+assert again["already"] and again["slept"], again
+gpureclaim.wake()
+assert gpureclaim.state()["state"] == "awake"
+back = ctypes.create_string_buffer(4096)
+assert rt.cudaMemcpy(back, p, 4096, 2) == 0 and back.raw == ones.raw[:4096]
+assert gpureclaim.__version__ == gpureclaim.version()
 print("ok", gpureclaim.version())
 '''
         p = self.script(code)
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertIn("ok 0.1.0", p.stdout)
+
+    def test_pytorch_pinned_host_cache_is_released(self):
+        """A release of cached memory also empties PyTorch's pinned host memory cache
+        (torch._C._host_emptyCache(), where it exists): a stand-in torch (tests/cli/hoststub) keeps two pinned
+        blocks cached."""
+        stub = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hoststub")
+        code = ("import sys; sys.path.insert(0, %r); import torch, gpureclaim\n"
+                "torch.pin_and_cache(1 << 20); torch.pin_and_cache(2 << 20)\n"
+                "assert gpureclaim.stats()['host_pinned_bytes'] == 3 << 20, gpureclaim.stats()\n"
+                "r = gpureclaim.release('orphaned')\n"
+                "assert torch._C.empty_calls == 0, 'emptied on a release of orphans only'\n"
+                "r = gpureclaim.release()\n"
+                "assert torch._C.empty_calls == 1, torch._C.empty_calls\n"
+                "assert gpureclaim.stats()['host_pinned_bytes'] == 0, gpureclaim.stats()\n"
+                "assert r['framework_bytes'] == 0, r  # host memory is not device bytes\n"
+                "print('ok')\n") % stub
+        p = self.script(code)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stdout, "ok\n")
 
     def test_disabled(self):
         p = self.script("import gpureclaim\n"

@@ -74,6 +74,10 @@ class NamesTest(unittest.TestCase):
         words = {n: v for v, n in LISTS["what"].items()}
         words.update({n: v for v, n in LISTS["what_alias"].items()})
         self.assertEqual(g._WHAT, words)
+        self.assertEqual(g._SLEEP_STATES, LISTS["sleep_state"])
+        # Its __version__ is the project's (it has no other source at run time: the package is plain files).
+        version = re.search(r"project\(gpureclaim VERSION ([0-9.]+)", read("CMakeLists.txt")).group(1)
+        self.assertEqual(g.__version__, version)
 
     def test_gpu_tests(self):
         self.check_module(load(os.path.join(SRC, "tests", "gpu", "grshim.py"), "grshim"), "")
