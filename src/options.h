@@ -27,7 +27,7 @@
  *               GR_RUN_VALUE (takes a value), GR_RUN_FLAG (sets the variable to set) or GR_RUN_OPTIONAL (a value
  *               only after "=", else set); help is its lines of `run --help` ("\n" between them)
  *
- * The order is run --help's. What C cannot generate (README.md's table, gpureclaim(1) and (7), the shell
+ * The order is run --help's. What C cannot generate (docs/LIBRARY.md's table, gpureclaim(1) and (7), the shell
  * completions) tests/cli/test_names_docs.py checks against this list, as tests/cli/layout.c prints it.
  */
 #define GR_OPT_YESNO "1/0/yes/no/on/off"

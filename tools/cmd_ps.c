@@ -707,7 +707,7 @@ void ps_print_table(FILE *f, const ps_view_t *v, const ps_filter_t *flt, bool fo
     ps_print_frameworks(f, &v->rows[i], flt, width);
   }
   if (!v->n) {
-    /* Where it looked: a job started elsewhere has another run directory (README, "Where processes are"). */
+    /* Where it looked: a job started elsewhere has another run directory (docs/COMMAND.md, "Where processes are found"). */
     struct stat st;
     const char *own = cmd_rundirs_at(0);
     fprintf(f, "(no process of yours is running gpureclaim%s; looked in %s%s)\n",
@@ -1268,7 +1268,9 @@ static int write_prometheus(const char *path, const ps_view_t *v, const ps_filte
 /* ---- the command ---- */
 
 enum { O_PROMETHEUS = 256, O_LABEL };
-static const cmd_opt_t g_opts[] = {
+/* --query's help names every field of g_fields, in order: made from that list (ps_query_help()). */
+static char g_query_help[1024] = "only these fields, comma-separated, in this order";
+static cmd_opt_t g_opts[] = {
     {'i', 'i', "gpu", CMD_ARG, "GPUS", "only these GPUs: indices as nvidia-smi numbers them, or UUIDs (a unique\n"
                                       "prefix does), comma-separated, as nvidia-smi -i takes them; each process's\n"
                                       "figures are then those GPUs' only. An ambiguous prefix, or a GPU none of\n"
@@ -1276,11 +1278,7 @@ static const cmd_opt_t g_opts[] = {
     {'S', 'S', "sort", CMD_ARG, "FIELD", "held (default), cached, releasable, orphan, live, pinned, releases\n"
                                         "(largest first), pid, command, gpu"},
     {'j', 'j', "json", CMD_NOARG, NULL, "one JSON array, one object per process (docs/PROTOCOL.md)"},
-    {'q', 'q', "query", CMD_ARG, "FIELDS", "only these fields, comma-separated, in this order: pid, command, program,\n"
-                                          "answered, gpu, gpu_uuid, held, live, cached, pool_cached,\n"
-                                          "framework_reserved, framework_in_use, framework_releasable, orphan,\n"
-                                          "releasable, pinned, releases, released, last_release, signal, state,\n"
-                                          "host, error"},
+    {'q', 'q', "query", CMD_ARG, "FIELDS", g_query_help},
     {'f', 'f', "format", CMD_ARG, "FMT", "table (default), csv (a header line, then bytes as integers) or json;\n"
                                         "with noheader and nounits (bytes as integers) as nvidia-smi takes them:\n"
                                         "csv,noheader,nounits (any order, any case)"},
@@ -1376,6 +1374,27 @@ static int parse_format(const char *s, ps_opts_t *o) {
   return EX_OK;
 }
 
+/* --query's help: "only these fields, ...: pid, command, ..." wrapped at 75 columns. */
+static void ps_query_help(void) {
+  size_t n = strlen(g_query_help), col = n;
+  if (strchr(g_query_help, ':'))
+    return; /* made already */
+  n += (size_t)snprintf(g_query_help + n, sizeof g_query_help - n, ":");
+  col++;
+  for (size_t i = 0; i < NFIELDS && n < sizeof g_query_help; i++) {
+    size_t w = strlen(g_fields[i].name) + 2;
+    if (col + w > 75) {
+      n += (size_t)snprintf(g_query_help + n, sizeof g_query_help - n, "\n%s%s", g_fields[i].name,
+                            i + 1 < NFIELDS ? "," : "");
+      col = w - 1;
+    } else {
+      n += (size_t)snprintf(g_query_help + n, sizeof g_query_help - n, " %s%s", g_fields[i].name,
+                            i + 1 < NFIELDS ? "," : "");
+      col += w;
+    }
+  }
+}
+
 /* ^C and SIGTERM end ps --loop between two rounds (exit status 0, as they end nvidia-smi -l). */
 static volatile sig_atomic_t g_stop;
 static void on_stop(int sig) {
@@ -1415,6 +1434,7 @@ static int ps_once(ps_opts_t *o, bool first, bool *found) {
 int cmd_ps(int argc, char **argv) {
   ps_opts_t o = {.sort = ps_sort_key("held"), .fmt = OUT_TABLE, .header = true, .units = true};
   bool json = false, fmt_given = false;
+  ps_query_help();
   optind = 1;
   int c;
   while ((c = cmd_getopt(argc, argv, &cmd_ps_spec)) != -1) {

@@ -399,7 +399,7 @@ static jnode_t *release_one(const proc_t *p, const request_t *rq, const jnode_t 
         *why = why_asleep;
       return ans;
     }
-    if (!cmd_alive(p)) { /* it exited meanwhile: exit status 3, as for a release by signal */
+    if (!cmd_alive(p) || cmd_exiting(p->pid)) { /* it exited meanwhile: exit status 3, as by signal */
       *why = why_exited;
       return NULL;
     }

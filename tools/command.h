@@ -53,6 +53,9 @@ size_t cmd_descendants(pid_t pid, pid_t *out, size_t max);
 size_t cmd_rundirs_count(void);
 const char *cmd_rundirs_at(size_t i);
 void cmd_free(proc_t *p);
+/* Whether pid's main thread is exiting (PF_EXITING in /proc/PID/stat), or pid is gone. A process whose sockets the
+ * kernel closed as it exits is exiting, though not a zombie yet: its sockets close before its threads are. */
+bool cmd_exiting(pid_t pid);
 /* Whether the process of p's status file still runs: its pid has its start time, and is not a zombie. */
 bool cmd_alive(const proc_t *p);
 /* Connects to p's control socket and hangs up at once: 0 when something listens, 1 when the status file names

@@ -737,6 +737,25 @@ int cmd_find(pid_t pid, proc_t *out) {
   return rc;
 }
 
+bool cmd_exiting(pid_t pid) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return true; /* gone */
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0)
+    return true;
+  buf[n] = '\0';
+  const char *q = strrchr(buf, ')');
+  unsigned long flags = 0;
+  /* after the command: state ppid pgrp session tty_nr tpgid flags */
+  if (!q || sscanf(q + 1, " %*c %*d %*d %*d %*d %*d %lu", &flags) != 1)
+    return false;
+  return (flags & 0x4) != 0; /* PF_EXITING */
+}
+
 bool cmd_alive(const proc_t *p) {
   int64_t ticks = jint(p->status, "start_ticks", 0);
   return ticks > 0 && proc_start(p->pid, NULL) == (uint64_t)ticks;

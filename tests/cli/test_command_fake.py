@@ -101,7 +101,7 @@ class FakeTest(unittest.TestCase):
         return out.decode().replace("\r\n", "\n")
 
     def test_ps_on_80_columns_shows_the_command(self):
-        """README's 80-column example: PINNED and HOST make way for COMMAND, which the wide layout began past
+        """docs/COMMAND.md's 80-column example: PINNED and HOST make way for COMMAND, which the wide layout began past
         column 80 (so it was cut off); STATE stays, before the command (after it, a sleeping process's marker was
         cut off: "python3 nb.py [sl"). A wide terminal keeps every column."""
         f = self.fake()

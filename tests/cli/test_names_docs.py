@@ -5,7 +5,7 @@ tests/cli/layout.c prints them (`layout names`):
 - docs/PROTOCOL.md's lists of kinds, block and sleep states and triggers;
 - the name tables of python/gpureclaim/ and of the GPU tests (tests/gpu/: grshim.py's ctypes shim, the
   DEVICE_KINDS of the framework tests): the same numbers for the same names;
-- README.md's table of variables: one row per option, none for a variable that is not one, its default first;
+- docs/LIBRARY.md's table of variables: one row per option, none for a variable that is not one, its default first;
 - gpureclaim(7): an entry per variable, none for one that is not (but the command's own GPURECLAIM_LIBRARY);
 - gpureclaim(1): an entry per `run` option, naming the variable it sets;
 - the bash and zsh completions: every `run` option, and exactly the ones that take a value as taking one (bash
@@ -113,15 +113,15 @@ class NamesTest(unittest.TestCase):
 
 class OptionDocsTest(unittest.TestCase):
     def test_readme_table(self):
-        text = read("README.md")
+        text = read("docs", "LIBRARY.md")
         section = text[text.index("\n## Configuration\n"):]
         section = section[:section.index("\n## ", 1)]
         rows = dict(re.findall(r"(?m)^\| `(GPURECLAIM_[A-Z_]+)` \| ([^|]*) \|", section))
-        self.assertEqual(sorted(rows), sorted(OPTIONS), "README.md's table of variables")
+        self.assertEqual(sorted(rows), sorted(OPTIONS), "docs/LIBRARY.md's table of variables")
         for name, o in OPTIONS.items():
             if o["default"] is not None:
                 self.assertTrue(rows[name].startswith("`%s`" % o["default"]),
-                                "README.md: %s's default is %r, the table says %r" % (name, o["default"], rows[name]))
+                                "docs/LIBRARY.md: %s's default is %r, the table says %r" % (name, o["default"], rows[name]))
 
     def test_man7_entries(self):
         entries = set(re.findall(r"(?m)^\.B (GPURECLAIM_[A-Z_]+)$", read("docs", "man", "gpureclaim.7")))
@@ -134,7 +134,8 @@ class OptionDocsTest(unittest.TestCase):
         paragraphs = run.split("\n.TP\n")[1:]
         for opt, (var, how) in RUN.items():
             esc = "\\-\\-" + opt.replace("-", "\\-")
-            para = [p for p in paragraphs if re.match(r"\.B[IR]? %s(\s|\[|$)" % re.escape(esc), p)]
+            # .BI \-\-opt " value", or with its short option first: .BR \-s ", " \-\-opt " \fIvalue\fR"
+            para = [p for p in paragraphs if re.match(r'\.B[IR]? (\\-\w ", " )?%s(\s|\[|$)' % re.escape(esc), p)]
             self.assertEqual(len(para), 1, "gpureclaim(1): no entry (.TP) for run --%s" % opt)
             self.assertIn(var, para[0], "gpureclaim(1): run --%s does not name %s" % (opt, var))
 
@@ -155,7 +156,8 @@ class OptionDocsTest(unittest.TestCase):
         text = read("completions", "_gpureclaim")
         run = text[text.index("\n  run)\n"):]
         run = run[:run.index(";;")]
-        named = dict(re.findall(r"'--([a-z-]+)(=-\[|=\[|\[)", run))
+        # '--opt=[...' or, with a short option, '(-o --opt)'{-o,--opt=}'[...'
+        named = {o: k.replace("}'", "") for o, k in re.findall(r"--([a-z-]+)(=-\[|=\[|\[|=\}'\[|\}'\[)", run)}
         named.pop("help", None)
         want = {o: {"value": "=[", "flag": "[", "optional": "=-["}[how] for o, (_, how) in RUN.items()}
         self.assertEqual(named, want, "zsh: run's options (=[ takes a value, =-[ an optional one after =)")

@@ -95,7 +95,7 @@ fi
 # zsh: the same options, and the file loads as a completion function.
 zcomp="$src/completions/_gpureclaim"
 for o in $(grep -o -- '--[a-z][a-z-]*' <<<"$help" | sort -u); do
-  grep -qE -- "$o(\\[|=)" "$zcomp" || bad "the zsh completion does not name $o"
+  grep -qE -- "$o(\\[|=|\\})" "$zcomp" || bad "the zsh completion does not name $o"
 done
 if command -v zsh >/dev/null; then
   zsh -n "$zcomp" || bad "zsh: syntax error in _gpureclaim"
