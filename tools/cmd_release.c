@@ -650,8 +650,7 @@ int cmd_release(int argc, char **argv) {
       pids = more;
     for (size_t i = 0; more && i < v.n; i++) {
       if (!v.rows[i].stats) {
-        fprintf(stderr, "gpureclaim: %d is not answering, so its GPUs are unknown: not released\n",
-                (int)v.rows[i].p.pid);
+        fprintf(stderr, "gpureclaim: %d is not answering (%s): not released\n", (int)v.rows[i].p.pid, v.rows[i].why);
         continue;
       }
       pids[npids++] = v.rows[i].p.pid;
