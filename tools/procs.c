@@ -347,8 +347,9 @@ static bool default_named(const char *dir) {
 }
 
 /* Calls fn(dir, pid, arg) for each socket path in /proc/net/unix that names a run directory's control socket
- * (DIR/PID.sock); for inode != 0, only the socket with that inode. */
-static void each_socket(unsigned long inode, void (*fn)(const char *dir, pid_t pid, void *arg), void *arg) {
+ * (DIR/PID.sock); with ninodes > 0, only for the sockets of those inodes. One pass over the file. */
+static void each_socket(const unsigned long *inodes, size_t ninodes, void (*fn)(const char *dir, pid_t pid, void *arg),
+                        void *arg) {
   FILE *f = fopen("/proc/net/unix", "re");
   if (!f)
     return;
@@ -363,7 +364,10 @@ static void each_socket(unsigned long inode, void (*fn)(const char *dir, pid_t p
         ino = strtoul(tok, NULL, 10);
     }
     char *path = tok ? strtok_r(NULL, "\n", &save) : NULL;
-    if (!path || path[0] != '/' || (inode && ino != inode))
+    bool wanted = ninodes == 0;
+    for (size_t i = 0; i < ninodes && !wanted; i++)
+      wanted = inodes[i] == ino;
+    if (!path || path[0] != '/' || !wanted)
       continue;
     char *slash = strrchr(path, '/'), *end;
     long pid = strtol(slash + 1, &end, 10);
@@ -389,7 +393,7 @@ static void find_dirs(void) {
   g_ndirs = 0;
   snprintf(g_dirs[g_ndirs++], sizeof g_dirs[0], "%s", gr_opt()->rundir);
   if (!getenv("GPURECLAIM_RUNDIR"))
-    each_socket(0, add_found_dir, NULL);
+    each_socket(NULL, 0, add_found_dir, NULL);
 }
 
 /* The value of name in pid's environment as it started (/proc/PID/environ), in buf; NULL when absent. */
@@ -470,20 +474,21 @@ static size_t pid_dirs(pid_t pid, char (*dirs)[4200], size_t max) {
   snprintf(fdpath, sizeof fdpath, "/proc/%d/fd", (int)pid);
   DIR *d = opendir(fdpath);
   struct dirent *e;
-  while (d && (e = readdir(d)) && n < max) {
+  unsigned long inodes[256];
+  size_t ni = 0;
+  while (d && (e = readdir(d)) && ni < 256) {
     char link[64 + sizeof e->d_name], target[64];
     snprintf(link, sizeof link, "%s/%s", fdpath, e->d_name);
     ssize_t l = readlink(link, target, sizeof target - 1);
     if (l <= 0)
       continue;
     target[l] = '\0';
-    unsigned long ino;
-    if (sscanf(target, "socket:[%lu]", &ino) == 1) {
-      size_t before = n;
-      sock_dirs_t sd = {pid, dirs, &n};
-      each_socket(ino, add_sock_dir, &sd);
-      (void)before;
-    }
+    if (sscanf(target, "socket:[%lu]", &inodes[ni]) == 1)
+      ni++;
+  }
+  if (ni && n < max) {
+    sock_dirs_t sd = {pid, dirs, &n};
+    each_socket(inodes, ni, add_sock_dir, &sd);
   }
   if (d)
     closedir(d);
@@ -694,17 +699,18 @@ static int find(pid_t pid, proc_t *out, bool quiet) {
   char dirs[6][4200];
   size_t nd = 0;
   snprintf(dirs[nd++], sizeof dirs[0], "%s", gr_opt()->rundir);
-  char more[4][4200];
-  size_t nm = pid_dirs(pid, more, 4);
-  for (size_t i = 0; i < nm; i++) {
-    struct stat st;
-    if (!have_dir(dirs, nd, more[i]) && lstat(more[i], &st) == 0 && gr_dir_is_private(&st))
-      memcpy(dirs[nd++], more[i], sizeof dirs[0]);
-  }
-  int r = LOAD_ABSENT;
-  for (size_t i = 0; i < nd && r == LOAD_ABSENT; i++)
-    if (i > 0 || dir)
+  int r = dir ? load(dirs[0], pid, out) : LOAD_ABSENT;
+  if (r == LOAD_ABSENT) { /* not in ours: where its environment and its socket say */
+    char more[4][4200];
+    size_t nm = pid_dirs(pid, more, 4);
+    for (size_t i = 0; i < nm; i++) {
+      struct stat st;
+      if (!have_dir(dirs, nd, more[i]) && lstat(more[i], &st) == 0 && gr_dir_is_private(&st))
+        memcpy(dirs[nd++], more[i], sizeof dirs[0]);
+    }
+    for (size_t i = 1; i < nd && r == LOAD_ABSENT; i++)
       r = load(dirs[i], pid, out);
+  }
   if (r == LOAD_FOREIGN) {
     snprintf(out->error, sizeof out->error, "the status file of process %d says it belongs to %s: refused",
              (int)pid, user_name(out->foreign_uid, who, sizeof who));
