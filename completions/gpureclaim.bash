@@ -59,8 +59,8 @@ _gpureclaim() {
       return 0
     fi
     ;;
-  ps) opts="--gpu --sort --json --query --format --prometheus --help" valued="--gpu --sort --query --format --prometheus" ;;
-  release) opts="--all --gpu --what --timeout --signal --json --help" valued="--gpu --what --timeout" ;;
+  ps) opts="--gpu --sort --json --query --format --prometheus --label --loop --help" valued="--gpu --sort --query --format --prometheus --label --loop" ;;
+  release) opts="--all --gpu --what --timeout --signal --json --tree --help" valued="--gpu --what --timeout" ;;
   snapshot) opts="--json --leaks --timeout --help" valued="--timeout" ;;
   sleep | wake) opts="--timeout --json --help" valued="--timeout" ;;
   top) opts="--interval --iterations --gpu --sort --json --help" valued="--interval --iterations --gpu --sort" ;;
@@ -89,7 +89,7 @@ _gpureclaim() {
     run:--log | ps:--prometheus) mapfile -t COMPREPLY < <(compgen -f -- "$val") ;;
     ps:--sort | top:--sort)
       mapfile -t COMPREPLY < <(compgen -W "held cached releasable orphan live pinned releases pid command gpu" -- "$val") ;;
-    ps:--format) mapfile -t COMPREPLY < <(compgen -W "table csv csv,noheader json" -- "$val") ;;
+    ps:--format) mapfile -t COMPREPLY < <(compgen -W "table csv csv,noheader csv,noheader,nounits json" -- "$val") ;;
     run:--rundir) mapfile -t COMPREPLY < <(compgen -d -- "$val") ;;
     run:--verbose) mapfile -t COMPREPLY < <(compgen -W "0 1 2" -- "$val") ;;
     *) ;; # a number: nothing to offer
@@ -103,7 +103,7 @@ _gpureclaim() {
     return 0
   fi
   case $sub in
-  release | snapshot | sleep | wake) mapfile -t COMPREPLY < <(compgen -W "$(_gpureclaim_pids)" -- "$cur") ;;
+  ps | release | snapshot | sleep | wake) mapfile -t COMPREPLY < <(compgen -W "$(_gpureclaim_pids)" -- "$cur") ;;
   esac
   return 0
 }

@@ -62,8 +62,12 @@ int main(int argc, char **argv) {
     }
     /* ... serve requests with the model ... */
     gpureclaim_scope_end(scope, GPURECLAIM_FREE_NOW); /* unload: every block of the model goes */
-    gpureclaim_stats_t s = {.size = sizeof s};
-    gpureclaim_stats(-1, &s);
+    gpureclaim_stats_t s = {.size = sizeof s}; /* .size first: without it the call fails (-EINVAL) */
+    int rc = gpureclaim_stats(-1, &s);
+    if (rc != 0) {
+      fprintf(stderr, "inference: gpureclaim_stats: %s\n", strerror(-rc));
+      return 1;
+    }
     if (it == 0)
       baseline = s.live_bytes;
     printf("iteration %2ld: live %6.1f MiB, released so far %8.1f MiB\n", it, (double)s.live_bytes / MiB,

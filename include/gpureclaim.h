@@ -17,7 +17,7 @@
  *  - gpureclaim never changes what a CUDA call returns, except for the out-of-memory retry (GPURECLAIM_OOM_RETRY,
  *    then GPURECLAIM_PEERS) and a free of a pointer that a release already freed (see gpureclaim_scope_end).
  *
- * Configuration is read once, from the environment; README.md lists every GPURECLAIM_* variable.
+ * Configuration is read once, from the environment; docs/LIBRARY.md lists every GPURECLAIM_* variable.
  */
 #ifndef GPURECLAIM_H
 #define GPURECLAIM_H
@@ -75,7 +75,7 @@ typedef struct gpureclaim_stats {
   uint64_t ctx_destroyed_bytes;
   uint64_t untracked_frees;      /* frees of pointers gpureclaim never saw, passed to the driver unchanged */
   uint64_t late_frees;           /* frees of pointers a release had already freed, swallowed */
-  uint64_t untracked_routes;     /* entry points handed out unwrapped (see README, "Limits") */
+  uint64_t untracked_routes;     /* entry points handed out unwrapped (docs/LIBRARY.md, "Limits") */
   uint64_t releases;             /* releases run */
   uint64_t released_bytes;       /* bytes they gave back, all categories */
   uint64_t oom_retries;          /* allocations retried after an out-of-memory error */
@@ -260,7 +260,7 @@ GPURECLAIM_API int gpureclaim_unregister_releaser(int id);
  * call goes on, as does gpureclaim_wake(). A wake first waits, up to GPURECLAIM_WAKE_TIMEOUT seconds, for the
  * device to have room for what comes back; without room the process stays asleep and intact, and the waiting
  * call returns CUDA_ERROR_OUT_OF_MEMORY (cudaErrorMemoryAllocation through the runtime); the next call tries
- * again. README.md, "Sleep and wake", says which calls gpureclaim cannot see.
+ * again. docs/LIBRARY.md, "Sleep and wake", says which calls gpureclaim cannot see.
  * ---------------------------------------------------------------------------------------------------------- */
 
 typedef enum gpureclaim_sleep_state {

@@ -27,7 +27,7 @@
  *               GR_RUN_VALUE (takes a value), GR_RUN_FLAG (sets the variable to set) or GR_RUN_OPTIONAL (a value
  *               only after "=", else set); help is its lines of `run --help` ("\n" between them)
  *
- * The order is run --help's. What C cannot generate (README.md's table, gpureclaim(1) and (7), the shell
+ * The order is run --help's. What C cannot generate (docs/LIBRARY.md's table, gpureclaim(1) and (7), the shell
  * completions) tests/cli/test_names_docs.py checks against this list, as tests/cli/layout.c prints it.
  */
 #define GR_OPT_YESNO "1/0/yes/no/on/off"
@@ -51,7 +51,7 @@
     (0, "backtrace", GR_RUN_FLAG, "1", NULL, "a short backtrace per allocation for leak reports"))                \
   X(VERBOSE, verbose, level, 2, "0", "0, 1 or 2",                                                                 \
     ('v', "verbose", GR_RUN_OPTIONAL, "1", "N",                                                                   \
-     "informational (1) or debugging (2) messages; N only\nwith \"=\" (run --verbose 2 CMD runs 2)"))             \
+     "informational (1) or debugging (2) messages; N only\nafter \"=\" (--verbose=2)"))                             \
   X(PEERS, peers, peers, 0, "ask,give", "a list of ask, give, sleep, or off",                                     \
     (0, "peers", GR_RUN_VALUE, NULL, "WHAT",                                                                      \
      "peer reclaim: ask,give (default), ask, give, sleep, off\n(ask: an out-of-memory asks the other gpureclaim " \

@@ -1,6 +1,6 @@
 /*
  * peer.c -- peer reclaim: an out-of-memory in one process is relieved by the other gpureclaim processes of the
- * same user on the same GPU (GPURECLAIM_PEERS, GPURECLAIM_PEER_TIMEOUT; README, "Peer reclaim").
+ * same user on the same GPU (GPURECLAIM_PEERS, GPURECLAIM_PEER_TIMEOUT; docs/LIBRARY.md, "Peer reclaim").
  *
  * Both sides, the serving of a request apart (give.c):
  *   - giving: the status file's "peer" object says, per GPU UUID this process holds memory on, what it holds and

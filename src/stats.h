@@ -34,7 +34,7 @@ static inline bool gr_kind_is_device_memory(unsigned kind) {
 void gr_stats_peer_ask(bool ok, uint64_t received);
 void gr_stats_peer_give(uint64_t given);
 
-/* Entries handed out unwrapped because their ABI could not be proven (README, "Limits"): counted by the hooks
+/* Entries handed out unwrapped because their ABI could not be proven (docs/LIBRARY.md, "Limits"): counted by the hooks
  * (procaddr.c, dlsym.c), read with the other counters. */
 extern _Atomic uint64_t gr_untracked_routes;
 

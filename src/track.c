@@ -47,7 +47,7 @@
 
 /* RECLAIMED tombstones in the table, per key space: addresses (GR_KS_ADDR) and VMM handles (GR_KS_HANDLE).
  * Each has its own bound: a driver that never hands a handle value out again leaves handle tombstones in place
- * for good, and they must not use up the addresses' room. README.md and gpureclaim.h state the bounds. */
+ * for good, and they must not use up the addresses' room. docs/LIBRARY.md and gpureclaim.h state the bounds. */
 static _Atomic uint64_t g_reclaimed[2];
 static const uint64_t k_max_reclaimed[2] = {65536, 4096};
 /* Release rounds and context destroys in progress (gr_track_watch); next to g_reclaimed, read with it. */

@@ -14,12 +14,15 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <signal.h>
+#include <time.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* ---- reading the stats answer ---- */
@@ -39,7 +42,14 @@ static uint64_t pool_cached(const jnode_t *s) {
   return reserved > used ? reserved - used : 0;
 }
 
-/* Whether device d is among those shown. */
+/* Whether GPUs are numbered as nvidia-smi numbers them (NVML answers), for this run of the command. */
+static bool g_nvml;
+
+/* The number a GPU is shown by: nvidia-smi's; without NVML, the process's own ordinal d. -1: unknown. */
+static int gpu_number(int d, const char *uuid) { return g_nvml ? cmd_nvml_index(uuid) : d; }
+
+/* Whether device d (a process's ordinal, its GPU's UUID uuid) is among those shown. An index is nvidia-smi's
+ * (each process's own ordinal only without NVML); a UUID or a prefix of one names a GPU whatever the process. */
 static bool selected(const ps_filter_t *f, int d, const char *uuid) {
   if (!f || !f->n)
     return true;
@@ -48,7 +58,7 @@ static bool selected(const ps_filter_t *f, int d, const char *uuid) {
     char *end;
     long v = strtol(s, &end, 10);
     if (*s && !*end) {
-      if (v == d)
+      if (v == gpu_number(d, uuid))
         return true;
       continue;
     }
@@ -82,23 +92,26 @@ bool ps_parse_filter(const char *s, ps_filter_t *f) {
   return f->n > 0;
 }
 
-/* The UUID of device d from a process's `stats` gpus, else its status file's; "" if unknown. */
+/* The UUID of device d from a process's `stats` gpus, else its status file's (`gpus`, then `peer`); "" if
+ * unknown. */
 static const char *uuid_of(const ps_row_t *r, int d) {
-  const jnode_t *srcs[2] = {arr(r->stats, "gpus"), arr(r->p.status, "gpus")};
-  for (int k = 0; k < 2; k++)
+  const jnode_t *srcs[3] = {arr(r->stats, "gpus"), arr(r->p.status, "gpus"), arr(jget(r->p.status, "peer"), "gpus")};
+  for (int k = 0; k < 3; k++)
     for (size_t i = 0; srcs[k] && i < srcs[k]->n; i++)
-      if (jint(&srcs[k]->kids[i], "device", -1) == d)
+      if (jint(&srcs[k]->kids[i], "device", -1) == d && jstr(&srcs[k]->kids[i], "uuid", NULL))
         return jstr(&srcs[k]->kids[i], "uuid", "");
   return "";
 }
 
-/* A GPU is one UUID: processes number devices each their own way (CUDA_VISIBLE_DEVICES), so the ordinal only
- * names GPUs whose UUID is unknown (and the first ordinal seen is shown). */
+/* A GPU is one UUID: processes number devices each their own way (CUDA_VISIBLE_DEVICES), so an ordinal only
+ * names GPUs whose UUID is unknown (and the first ordinal seen is kept). */
 static ps_gpu_t *gpu_of(ps_view_t *v, int d, const char *uuid) {
   for (size_t i = 0; i < v->ngpus; i++)
     if (uuid && *uuid && v->gpus[i].uuid[0] ? !strcmp(v->gpus[i].uuid, uuid) : v->gpus[i].device == d) {
       if (!v->gpus[i].uuid[0] && uuid && *uuid)
         snprintf(v->gpus[i].uuid, sizeof v->gpus[i].uuid, "%s", uuid);
+      if (v->gpus[i].device < 0)
+        v->gpus[i].device = d;
       return &v->gpus[i];
     }
   if (v->ngpus == PS_MAX_GPUS)
@@ -106,23 +119,76 @@ static ps_gpu_t *gpu_of(ps_view_t *v, int d, const char *uuid) {
   ps_gpu_t *g = &v->gpus[v->ngpus++];
   memset(g, 0, sizeof *g);
   g->device = d;
+  g->index = g_nvml ? cmd_nvml_index(uuid) : -1;
   snprintf(g->uuid, sizeof g->uuid, "%s", uuid ? uuid : "");
   return g;
 }
 
+/* The sleep state from the status file ("awake", "sleeping", "waking"; "awake" for a library without sleep). */
+static const char *sleep_state(const ps_row_t *r) {
+  return jstr(jget(r->p.status, "sleep"), "state", gr_sleep_state_name(GPURECLAIM_STATE_AWAKE));
+}
+static uint64_t sleep_host(const ps_row_t *r) { return u64(jget(r->p.status, "sleep"), "host_bytes"); }
+
+/* One GPU's figures of a process. */
+typedef struct dev_figs {
+  uint64_t live, pool_cached, orphan, fw_reserved, fw_allocated, fw_releasable;
+} dev_figs_t;
+
+/* Process r's figures on its device d: from its stats answer, else (stale) from its status file's `peer`. */
+static dev_figs_t dev_figures(const ps_row_t *r, int d) {
+  dev_figs_t x = {0};
+  if (r->stats) {
+    const jnode_t *devs = arr(r->stats, "devices"), *fws = arr(r->stats, "frameworks");
+    for (size_t k = 0; devs && k < devs->n; k++)
+      if (jint(&devs->kids[k], "device", -1) == d) {
+        x.live += u64(&devs->kids[k], "live_bytes");
+        x.pool_cached += pool_cached(&devs->kids[k]);
+        x.orphan += u64(&devs->kids[k], "orphan_bytes");
+      }
+    for (size_t k = 0; fws && k < fws->n; k++)
+      if (jint(&fws->kids[k], "device", -1) == d) {
+        x.fw_reserved += u64(&fws->kids[k], "reserved_bytes");
+        x.fw_allocated += u64(&fws->kids[k], "allocated_bytes");
+        x.fw_releasable += u64(&fws->kids[k], "releasable_bytes");
+      }
+  } else {
+    const jnode_t *pg = arr(jget(r->p.status, "peer"), "gpus");
+    for (size_t k = 0; pg && k < pg->n; k++)
+      if (jint(&pg->kids[k], "device", -1) == d) {
+        uint64_t held = u64(&pg->kids[k], "held_bytes"), pc = u64(&pg->kids[k], "pool_cached_bytes");
+        x.live += held > pc ? held - pc : 0;
+        x.pool_cached += pc;
+        x.orphan += u64(&pg->kids[k], "orphan_bytes");
+        x.fw_releasable += u64(&pg->kids[k], "framework_bytes");
+      }
+  }
+  return x;
+}
+
 /* Sums a process's figures over the GPUs shown, and adds them to those GPUs' totals. false when it uses none
- * of them (answering processes only: one that does not answer is shown, as it may). */
+ * of them (one whose GPUs are unknown is shown, as it may). A sleeping process keeps nothing on its GPUs: its
+ * memory is counted on the host. */
 static bool figures(ps_view_t *v, ps_row_t *r, const ps_filter_t *f) {
+  r->asleep = strcmp(sleep_state(r), gr_sleep_state_name(GPURECLAIM_STATE_AWAKE)) != 0;
+  r->host = sleep_host(r);
   r->pinned = u64(jget(r->stats, "total"), "host_pinned_bytes");
-  if (!r->stats) {
+  /* Not answering: its status file's last figures, when it has them (`peer`, rewritten as they change). */
+  const jnode_t *peer_gpus = arr(jget(r->p.status, "peer"), "gpus");
+  r->stale = !r->stats && peer_gpus;
+  if (r->stale)
+    r->figures_ms = jint(r->p.status, "updated_ms", 0);
+  if (!r->stats && !r->stale) {
     snprintf(r->gpus, sizeof r->gpus, "?");
+    snprintf(r->ordinals, sizeof r->ordinals, "?");
     return true;
   }
   int used[PS_MAX_GPUS];
   size_t nused = 0;
   /* The GPUs it uses: blocks or pools there, a context there, or a framework cache there. */
-  const jnode_t *lists[3] = {arr(r->stats, "devices"), arr(r->stats, "gpus"), arr(r->stats, "frameworks")};
-  for (int k = 0; k < 3; k++)
+  const jnode_t *lists[4] = {arr(r->stats, "devices"), arr(r->stats, "gpus"), arr(r->stats, "frameworks"),
+                             r->stats ? NULL : peer_gpus};
+  for (int k = 0; k < 4; k++)
     for (size_t i = 0; lists[k] && i < lists[k]->n; i++) {
       int d = (int)jint(&lists[k]->kids[i], "device", -1);
       bool seen = d < 0;
@@ -131,49 +197,49 @@ static bool figures(ps_view_t *v, ps_row_t *r, const ps_filter_t *f) {
       if (!seen && nused < PS_MAX_GPUS && selected(f, d, uuid_of(r, d)))
         used[nused++] = d;
     }
-  for (size_t i = 1; i < nused; i++) /* in order */
-    for (size_t j = i; j > 0 && used[j - 1] > used[j]; j--) {
+  /* In the order of the numbers shown (nvidia-smi's, or its own ordinals). */
+  for (size_t i = 1; i < nused; i++)
+    for (size_t j = i; j > 0; j--) {
+      int a = gpu_number(used[j - 1], uuid_of(r, used[j - 1])), b = gpu_number(used[j], uuid_of(r, used[j]));
+      if ((unsigned)a <= (unsigned)b) /* unknown (-1) last */
+        break;
       int t = used[j];
       used[j] = used[j - 1];
       used[j - 1] = t;
     }
-  size_t gl = 0, ul = 0;
-  r->gpus[0] = r->uuids[0] = '\0';
+  size_t gl = 0, ol = 0, ul = 0;
+  r->gpus[0] = r->ordinals[0] = r->uuids[0] = '\0';
   for (size_t i = 0; i < nused; i++) {
     int d = used[i];
     const char *uuid = uuid_of(r, d);
-    gl += (size_t)snprintf(r->gpus + gl, gl < sizeof r->gpus ? sizeof r->gpus - gl : 0, "%s%d", i ? "," : "", d);
+    int num = gpu_number(d, uuid);
+    char nb[16] = "?";
+    if (num >= 0)
+      snprintf(nb, sizeof nb, "%d", num);
+    gl += (size_t)snprintf(r->gpus + gl, gl < sizeof r->gpus ? sizeof r->gpus - gl : 0, "%s%s", i ? "," : "", nb);
+    ol += (size_t)snprintf(r->ordinals + ol, ol < sizeof r->ordinals ? sizeof r->ordinals - ol : 0, "%s%d",
+                           i ? "," : "", d);
     ul += (size_t)snprintf(r->uuids + ul, ul < sizeof r->uuids ? sizeof r->uuids - ul : 0, "%s%s", i ? "," : "",
                            *uuid ? uuid : "?");
-    uint64_t live = 0, pc = 0, orphan = 0, fr = 0, fa = 0, frel = 0;
-    const jnode_t *devs = arr(r->stats, "devices"), *fws = arr(r->stats, "frameworks"), *gpus = arr(r->stats, "gpus");
-    for (size_t k = 0; devs && k < devs->n; k++)
-      if (jint(&devs->kids[k], "device", -1) == d) {
-        live += u64(&devs->kids[k], "live_bytes");
-        pc += pool_cached(&devs->kids[k]);
-        orphan += u64(&devs->kids[k], "orphan_bytes");
-      }
-    for (size_t k = 0; fws && k < fws->n; k++)
-      if (jint(&fws->kids[k], "device", -1) == d) {
-        fr += u64(&fws->kids[k], "reserved_bytes");
-        fa += u64(&fws->kids[k], "allocated_bytes");
-        frel += u64(&fws->kids[k], "releasable_bytes");
-      }
-    r->live += live;
-    r->pool_cached += pc;
-    r->orphan += orphan;
-    r->fw_reserved += fr;
-    r->fw_allocated += fa;
-    r->fw_releasable += frel;
+    dev_figs_t x = dev_figures(r, d);
+    if (r->asleep) /* on the host: nothing of it on the device, nothing a release could give there */
+      x = (dev_figs_t){0};
+    r->live += x.live;
+    r->pool_cached += x.pool_cached;
+    r->orphan += x.orphan;
+    r->fw_reserved += x.fw_reserved;
+    r->fw_allocated += x.fw_allocated;
+    r->fw_releasable += x.fw_releasable;
     ps_gpu_t *g = gpu_of(v, d, uuid);
     if (!g)
       continue;
     g->procs++;
-    g->held += live + pc;
-    g->cached += pc + frel;
-    g->orphan += orphan;
-    g->releasable += pc + frel + orphan;
-    for (size_t k = 0; gpus && k < gpus->n; k++)
+    g->held += x.live + x.pool_cached;
+    g->cached += x.pool_cached + x.fw_releasable;
+    g->orphan += x.orphan;
+    g->releasable += x.pool_cached + x.fw_releasable + x.orphan;
+    const jnode_t *gpus = arr(r->stats, "gpus");
+    for (size_t k = 0; !v->nvml && gpus && k < gpus->n; k++) /* NVML's figures, else the processes' */
       if (jint(&gpus->kids[k], "device", -1) == d && jget(&gpus->kids[k], "total_bytes")) {
         uint64_t fb = u64(&gpus->kids[k], "free_bytes"), tb = u64(&gpus->kids[k], "total_bytes");
         /* Each process read them at its own moment: the most used is the latest enough. */
@@ -184,8 +250,10 @@ static bool figures(ps_view_t *v, ps_row_t *r, const ps_filter_t *f) {
         }
       }
   }
-  if (!nused)
+  if (!nused) {
     snprintf(r->gpus, sizeof r->gpus, "-");
+    snprintf(r->ordinals, sizeof r->ordinals, "-");
+  }
   r->held = r->live + r->pool_cached;
   r->cached = r->pool_cached + r->fw_releasable;
   r->releasable = r->cached + r->orphan;
@@ -194,8 +262,27 @@ static bool figures(ps_view_t *v, ps_row_t *r, const ps_filter_t *f) {
 
 /* ---- collecting and sorting ---- */
 
+/* Whether pid is stopped (SIGSTOP, ^Z, a debugger): it would answer nothing until it continues, and asking it
+ * would cost ps its 2 s (top: each frame). */
+static bool stopped(pid_t pid) {
+  char path[64], buf[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *fp = fopen(path, "re");
+  if (!fp)
+    return false;
+  size_t n = fread(buf, 1, sizeof buf - 1, fp);
+  fclose(fp);
+  buf[n] = '\0';
+  const char *p = strrchr(buf, ')');
+  return p && p[1] == ' ' && (p[2] == 'T' || p[2] == 't');
+}
+
 static void ask_stats(void *arg) {
   ps_row_t *r = arg;
+  if ((r->stopped = stopped(r->p.pid))) {
+    r->why = "it is stopped (SIGSTOP, ^Z or a debugger): it answers once it continues";
+    return;
+  }
   r->stats = cmd_ask(&r->p, "stats", 2.0, &r->why, NULL);
   if (r->stats && !jbool(r->stats, "ok", false)) {
     r->why = "it refused the stats request";
@@ -255,17 +342,19 @@ static int by_key(const void *a, const void *b) {
   return c ? c : x->p.pid < y->p.pid ? -1 : x->p.pid > y->p.pid;
 }
 
-static int by_device(const void *a, const void *b) {
+static int by_number(const void *a, const void *b) {
   const ps_gpu_t *x = a, *y = b;
+  if (x->index != y->index) /* nvidia-smi's order; GPUs NVML does not know last */
+    return (unsigned)x->index < (unsigned)y->index ? -1 : 1;
   return x->device - y->device;
 }
 
 /* Adds the GPUs r reports to v->known: those it uses (as figures() finds them) and those its status file says
  * it can see, used or not. */
 static void note_known(ps_view_t *v, const ps_row_t *r) {
-  const jnode_t *lists[4] = {arr(r->stats, "devices"), arr(r->stats, "gpus"), arr(r->stats, "frameworks"),
-                             arr(r->p.status, "gpus")};
-  for (int k = 0; k < 4; k++)
+  const jnode_t *lists[5] = {arr(r->stats, "devices"), arr(r->stats, "gpus"), arr(r->stats, "frameworks"),
+                             arr(r->p.status, "gpus"), arr(jget(r->p.status, "peer"), "gpus")};
+  for (int k = 0; k < 5; k++)
     for (size_t i = 0; lists[k] && i < lists[k]->n; i++) {
       int d = (int)jint(&lists[k]->kids[i], "device", -1);
       if (d < 0)
@@ -283,30 +372,48 @@ static void note_known(ps_view_t *v, const ps_row_t *r) {
 }
 
 int ps_check_filter(const ps_view_t *v, const ps_filter_t *f, const char *cmd) {
+  const cmd_gpu_t *mg = NULL;
+  size_t nm = v->nvml ? cmd_nvml_gpus(&mg, NULL) : 0;
   for (size_t i = 0; f && i < f->n; i++) {
-    ps_filter_t one = {1, {{0}}};
+    ps_filter_t one = {1, {{0}}, 0, {0}};
     memcpy(one.sel[0], f->sel[i], sizeof one.sel[0]);
-    const char *uuids[PS_MAX_GPUS];
+    char *end;
+    (void)strtol(one.sel[0], &end, 10);
+    bool number = *one.sel[0] && !*end;
+    const char *uuids[2 * PS_MAX_GPUS];
     size_t nu = 0;
     bool any = false;
-    for (size_t j = 0; j < v->nknown; j++) {
-      if (!selected(&one, v->known[j].device, v->known[j].uuid))
+    /* The candidates: the machine's GPUs (NVML), and the GPUs the processes report. */
+    for (size_t j = 0; j < nm + v->nknown; j++) {
+      const char *u = j < nm ? mg[j].uuid : v->known[j - nm].uuid;
+      int d = j < nm ? -1 : v->known[j - nm].device;
+      if (j >= nm && v->nvml && number)
+        continue; /* an index is nvidia-smi's: the machine's list says which exist */
+      if (!selected(&one, d, u))
         continue;
       any = true;
       bool dup = false;
       for (size_t k = 0; k < nu && !dup; k++)
-        dup = !strcmp(uuids[k], v->known[j].uuid);
-      if (!dup && v->known[j].uuid[0])
-        uuids[nu++] = v->known[j].uuid;
+        dup = !strcmp(uuids[k], u);
+      if (!dup && u[0])
+        uuids[nu++] = u;
     }
-    char *end;
-    (void)strtol(one.sel[0], &end, 10);
-    bool ordinal = *one.sel[0] && !*end;
-    if (!ordinal && nu > 1) {
+    if (!number && nu > 1) {
       fprintf(stderr, "gpureclaim: %s: GPU %s is ambiguous: it begins", cmd, one.sel[0]);
       for (size_t k = 0; k < nu; k++)
         fprintf(stderr, "%s %s", k ? (k + 1 == nu ? " and" : ",") : "", uuids[k]);
       fprintf(stderr, " (give more of the UUID)\n");
+      return EX_USAGE;
+    }
+    if (!any && v->nvml) {
+      fprintf(stderr, "gpureclaim: %s: no GPU %s on this machine: its GPUs are ", cmd, one.sel[0]);
+      if (!nm)
+        fprintf(stderr, "none (NVML lists no GPU)");
+      else if (number)
+        fprintf(stderr, "%d to %d", mg[0].index, mg[nm - 1].index);
+      for (size_t k = 0; !number && k < nm; k++)
+        fprintf(stderr, "%s%s", k ? ", " : "", mg[k].uuid);
+      fprintf(stderr, ", as nvidia-smi -L lists them\n");
       return EX_USAGE;
     }
     if (!any && v->nknown) { /* (with no process of yours at all, nothing says which GPUs exist: none is used) */
@@ -317,8 +424,40 @@ int ps_check_filter(const ps_view_t *v, const ps_filter_t *f, const char *cmd) {
   return EX_OK;
 }
 
+/* Whether pid is among those given (none given: every one). */
+static bool pid_wanted(const ps_filter_t *f, pid_t pid) {
+  if (!f || !f->npids)
+    return true;
+  for (size_t i = 0; i < f->npids; i++)
+    if (f->pids[i] == pid)
+      return true;
+  return false;
+}
+
 void ps_collect(ps_view_t *v, const ps_filter_t *f, int sort_key) {
   memset(v, 0, sizeof *v);
+  v->nvml = g_nvml = cmd_nvml_ok(&v->nvml_why);
+  cmd_nvml_refresh();
+  v->time_ms = (int64_t)gr_wall_ms();
+  if (gethostname(v->host, sizeof v->host) != 0)
+    v->host[0] = '\0';
+  v->host[sizeof v->host - 1] = '\0';
+  /* With NVML, the GPU table has every GPU of the machine (those selected), in nvidia-smi's order, as
+   * nvidia-smi's does: one no process of yours uses shows its USED all as OTHER. */
+  const cmd_gpu_t *mg;
+  size_t nm = cmd_nvml_gpus(&mg, NULL);
+  for (size_t i = 0; i < nm && v->ngpus < PS_MAX_GPUS; i++) {
+    if (!selected(f, -1, mg[i].uuid))
+      continue;
+    ps_gpu_t *g = &v->gpus[v->ngpus++];
+    memset(g, 0, sizeof *g);
+    g->index = mg[i].index;
+    g->device = -1;
+    snprintf(g->uuid, sizeof g->uuid, "%s", mg[i].uuid);
+    g->have_mem = mg[i].have_mem;
+    g->free = mg[i].free;
+    g->total = mg[i].total;
+  }
   proc_t *ps;
   size_t n = cmd_list(&ps);
   v->rows = calloc(n ? n : 1, sizeof *v->rows);
@@ -328,11 +467,33 @@ void ps_collect(ps_view_t *v, const ps_filter_t *f, int sort_key) {
     free(ps);
     return;
   }
+  size_t kept = 0;
   for (size_t i = 0; i < n; i++) {
-    v->rows[i].p = ps[i];
-    v->rows[i].why = "";
+    if (!pid_wanted(f, ps[i].pid)) {
+      cmd_free(&ps[i]);
+      continue;
+    }
+    v->rows[kept].p = ps[i];
+    v->rows[kept++].why = "";
   }
   free(ps);
+  /* A pid given that no directory read has (its own run directory is elsewhere, and GPURECLAIM_RUNDIR names
+   * one): looked for where its environment and its socket say, as release PID does. */
+  for (size_t i = 0; f && i < f->npids; i++) {
+    bool have = false;
+    for (size_t k = 0; k < kept && !have; k++)
+      have = v->rows[k].p.pid == f->pids[i];
+    ps_row_t *more = have ? NULL : realloc(v->rows, (kept + 1) * sizeof *v->rows);
+    if (!more)
+      continue;
+    v->rows = more;
+    memset(&v->rows[kept], 0, sizeof v->rows[kept]);
+    if (cmd_find_quiet(f->pids[i], &v->rows[kept].p) == EX_OK)
+      v->rows[kept++].why = "";
+    else
+      cmd_free(&v->rows[kept].p);
+  }
+  n = kept;
   cmd_each_at_once(v->rows, n, sizeof *v->rows, ask_stats); /* a silent process costs its 2 s once */
   for (size_t i = 0; i < n; i++)
     note_known(v, &v->rows[i]);
@@ -346,7 +507,7 @@ void ps_collect(ps_view_t *v, const ps_filter_t *f, int sort_key) {
   if (v->n)
     qsort(v->rows, v->n, sizeof *v->rows, by_key);
   if (v->ngpus)
-    qsort(v->gpus, v->ngpus, sizeof *v->gpus, by_device);
+    qsort(v->gpus, v->ngpus, sizeof *v->gpus, by_number);
 }
 
 void ps_free(ps_view_t *v) {
@@ -384,34 +545,54 @@ void ps_gpu_header(char *buf, size_t len, int width) {
   cut(buf, len, width);
 }
 
+/* A GPU's number as shown: nvidia-smi's index; "?" for a GPU NVML does not know, "-" without NVML (the UUID
+ * names it; the processes' ordinals disagree under CUDA_VISIBLE_DEVICES). */
+static const char *gpu_label(const ps_gpu_t *g, char *buf, size_t len) {
+  if (g->index >= 0)
+    snprintf(buf, len, "%d", g->index);
+  else
+    snprintf(buf, len, "%s", g_nvml ? "?" : "-");
+  return buf;
+}
+
 void ps_gpu_line(const ps_gpu_t *g, char *buf, size_t len, int width) {
-  char b1[32] = "?", b2[32] = "?", b3[32], b4[32], b5[32] = "?";
+  char b1[32] = "?", b2[32] = "?", b3[32], b4[32], b5[32] = "?", num[16];
   if (g->have_mem) {
     uint64_t used = g->total > g->free ? g->total - g->free : 0;
     b(used, b1, sizeof b1);
     b(g->total, b2, sizeof b2);
     b(used > g->held ? used - g->held : 0, b5, sizeof b5);
   }
-  snprintf(buf, len, "%3d %-*.*s %10s %10s %10s %10s %10s", g->device, uuid_width(width), uuid_width(width),
-           g->uuid[0] ? g->uuid : "?", b1, b2, b(g->held, b3, sizeof b3), b(g->releasable, b4, sizeof b4), b5);
+  snprintf(buf, len, "%3s %-*.*s %10s %10s %10s %10s %10s", gpu_label(g, num, sizeof num), uuid_width(width),
+           uuid_width(width), g->uuid[0] ? g->uuid : "?", b1, b2, b(g->held, b3, sizeof b3),
+           b(g->releasable, b4, sizeof b4), b5);
   cut(buf, len, width);
 }
 
 #define ROW_FMT "%7s %-5.5s %10s %10s %10s %10s %4s %-8s %10s %s"
-/* Below 100 columns STATE and HOST make way for COMMAND (which began past column 80 with them); a process
- * that is not awake says so after its command instead. */
-#define ROW_FMT_NARROW "%7s %-5.5s %10s %10s %10s %10s %4s %s"
+/* Below 100 columns PINNED and HOST make way for COMMAND (which began past column 80 with them); STATE stays,
+ * before the command, where a cut never hides it. */
+#define ROW_FMT_NARROW "%7s %-5.5s %10s %10s %10s %4s %-8s %s"
+/* Below 70 columns ORPHAN and REL go too. */
+#define ROW_FMT_TINY "%7s %-5.5s %10s %10s %-8s %s"
 static bool narrow(int width) { return width > 0 && width < 100; }
+static bool tiny(int width) { return width > 0 && width < 70; }
 
-/* The sleep state from the status file ("awake", "sleeping", "waking"; "awake" for a library without sleep). */
-static const char *sleep_state(const ps_row_t *r) {
-  return jstr(jget(r->p.status, "sleep"), "state", gr_sleep_state_name(GPURECLAIM_STATE_AWAKE));
+/* What the process is doing, in STATE: its sleep state (awake, sleeping, waking), or, not answering, stopped
+ * (SIGSTOP, ^Z, a debugger) or silent. */
+static const char *row_state(const ps_row_t *r) {
+  if (r->stopped)
+    return "stopped";
+  if (!r->stats && !r->asleep)
+    return "silent";
+  return sleep_state(r);
 }
-static uint64_t sleep_host(const ps_row_t *r) { return u64(jget(r->p.status, "sleep"), "host_bytes"); }
 
 void ps_row_header(char *buf, size_t len, int width) {
-  if (narrow(width))
-    snprintf(buf, len, ROW_FMT_NARROW, "PID", "GPU", "HELD", "CACHED", "ORPHAN", "PINNED", "REL", "COMMAND");
+  if (tiny(width))
+    snprintf(buf, len, ROW_FMT_TINY, "PID", "GPU", "HELD", "CACHED", "STATE", "COMMAND");
+  else if (narrow(width))
+    snprintf(buf, len, ROW_FMT_NARROW, "PID", "GPU", "HELD", "CACHED", "ORPHAN", "REL", "STATE", "COMMAND");
   else
     snprintf(buf, len, ROW_FMT, "PID", "GPU", "HELD", "CACHED", "ORPHAN", "PINNED", "REL", "STATE", "HOST",
              "COMMAND");
@@ -420,29 +601,37 @@ void ps_row_header(char *buf, size_t len, int width) {
 
 void ps_row_line(const ps_row_t *r, char *buf, size_t len, int width) {
   char pid[16], b1[32] = "?", b2[32] = "?", b3[32] = "?", b4[32] = "?", rel[24], cmdline[512], host[32] = "-";
-  if (sleep_host(r))
-    b(sleep_host(r), host, sizeof host);
+  if (r->host)
+    b(r->host, host, sizeof host);
   snprintf(pid, sizeof pid, "%d", (int)r->p.pid);
   snprintf(rel, sizeof rel, "%lld", (long long)jint(r->p.status, "releases", 0));
-  if (r->stats) {
+  if (r->stats || r->stale) { /* stale: the status file's last figures (STATE says why they are not live) */
     b(r->held, b1, sizeof b1);
     b(r->cached, b2, sizeof b2);
     b(r->orphan, b3, sizeof b3);
-    b(r->pinned, b4, sizeof b4);
   }
+  if (r->stats)
+    b(r->pinned, b4, sizeof b4);
   cmd_command_of(&r->p, cmdline, sizeof cmdline);
   if (!r->stats) {
     size_t l = strlen(cmdline);
-    snprintf(cmdline + l, sizeof cmdline - l, " [not answering: %s]", r->why);
+    l += (size_t)snprintf(cmdline + l, sizeof cmdline - l, " [not answering: %s", r->why);
+    if (r->stale && l < sizeof cmdline) {
+      long long age = r->figures_ms > 0 ? ((long long)gr_wall_ms() - r->figures_ms) / 1000 : -1;
+      if (age >= 0)
+        l += (size_t)snprintf(cmdline + l, sizeof cmdline - l, "; figures of its status file, %lld s old", age);
+      else
+        l += (size_t)snprintf(cmdline + l, sizeof cmdline - l, "; figures of its status file");
+    }
+    if (l < sizeof cmdline)
+      snprintf(cmdline + l, sizeof cmdline - l, "]");
   }
-  if (narrow(width)) {
-    size_t l = strlen(cmdline);
-    if (strcmp(sleep_state(r), gr_sleep_state_name(GPURECLAIM_STATE_AWAKE)))
-      snprintf(cmdline + l, sizeof cmdline - l, " [%s, %s on host]", sleep_state(r), host);
-    snprintf(buf, len, ROW_FMT_NARROW, pid, r->gpus, b1, b2, b3, b4, rel, cmdline);
-  } else {
-    snprintf(buf, len, ROW_FMT, pid, r->gpus, b1, b2, b3, b4, rel, sleep_state(r), host, cmdline);
-  }
+  if (tiny(width))
+    snprintf(buf, len, ROW_FMT_TINY, pid, r->gpus, b1, b2, row_state(r), cmdline);
+  else if (narrow(width))
+    snprintf(buf, len, ROW_FMT_NARROW, pid, r->gpus, b1, b2, b3, rel, row_state(r), cmdline);
+  else
+    snprintf(buf, len, ROW_FMT, pid, r->gpus, b1, b2, b3, b4, rel, row_state(r), host, cmdline);
   cut(buf, len, width);
 }
 
@@ -466,7 +655,16 @@ void ps_print_frameworks(FILE *f, const ps_row_t *r, const ps_filter_t *flt, int
     char b1[32], b2[32], b3[32], b4[32], name[64], head[160], tail[160], line[400];
     snprintf(name, sizeof name, "%s", jstr(x, "framework", "?"));
     cmd_printable(name);
-    snprintf(head, sizeof head, "%8s%s on GPU %d: %s reserved = %s in use", "", name, d, b(res, b1, sizeof b1),
+    /* The GPU as the tables number it, and as the process numbers it when that differs (its cuda:N). */
+    int num = gpu_number(d, uuid_of(r, d));
+    char gpu[48];
+    if (num < 0)
+      snprintf(gpu, sizeof gpu, "its cuda:%d", d);
+    else if (num != d)
+      snprintf(gpu, sizeof gpu, "%d (its cuda:%d)", num, d);
+    else
+      snprintf(gpu, sizeof gpu, "%d", num);
+    snprintf(head, sizeof head, "%8s%s on GPU %s: %s reserved = %s in use", "", name, gpu, b(res, b1, sizeof b1),
              b(al, b2, sizeof b2));
     snprintf(tail, sizeof tail, "+ %s releasable + %s non-releasable", b(rel, b3, sizeof b3), b(kept, b4, sizeof b4));
     snprintf(line, sizeof line, "%s %s", head, tail);
@@ -508,10 +706,28 @@ void ps_print_table(FILE *f, const ps_view_t *v, const ps_filter_t *flt, bool fo
     fprintf(f, "%s\n", line);
     ps_print_frameworks(f, &v->rows[i], flt, width);
   }
-  if (!v->n)
-    fprintf(f, "(no process of yours is running gpureclaim%s)\n", flt && flt->n ? " on the GPUs selected" : "");
-  else if (footnote && v->ngpus)
+  if (!v->n) {
+    /* Where it looked: a job started elsewhere has another run directory (docs/COMMAND.md, "Where processes are found"). */
+    struct stat st;
+    const char *own = cmd_rundirs_at(0);
+    fprintf(f, "(no process of yours is running gpureclaim%s; looked in %s%s)\n",
+            flt && flt->n ? " on the GPUs selected" : "", own,
+            lstat(own, &st) != 0 ? ", which does not exist yet" : "");
+  } else if (footnote && v->ngpus) {
     fprintf(f, "\n%s", g_footnote);
+  }
+  for (size_t i = 0; footnote && v->n && cmd_rundirs_count() > 1 && i < cmd_rundirs_count(); i++)
+    fprintf(f, "%s%s%s\n", i ? "  " : "Run directories read: ", cmd_rundirs_at(i),
+            i ? (i + 1 < cmd_rundirs_count() ? "," : " (processes started elsewhere)") : " (yours),");
+  if (footnote && v->n && !v->nvml)
+    fprintf(f, "GPU numbers are each process's own CUDA ordinals (CUDA_VISIBLE_DEVICES\n"
+               "renumbers them): NVML cannot be loaded, ps --json says why. A UUID names\n"
+               "one GPU whatever the process.\n");
+  bool stale = false;
+  for (size_t i = 0; i < v->n; i++)
+    stale |= v->rows[i].stale;
+  if (footnote && stale)
+    fprintf(f, "A stopped or silent process shows its status file's last figures.\n");
 }
 
 /* ---- --query fields: table, CSV, JSON ---- */
@@ -531,6 +747,7 @@ static const field_t g_fields[] = {
     {"answered", "ANSWERED", F_BOOL, false},
     {"gpu", "GPU", F_STR, true},
     {"gpu_uuid", "GPU UUID", F_STR, true},
+    {"cuda_device", "CUDA DEVICE", F_STR, true},
     {"held", "HELD", F_BYTES, true},
     {"live", "LIVE", F_BYTES, true},
     {"cached", "CACHED", F_BYTES, true},
@@ -548,6 +765,8 @@ static const field_t g_fields[] = {
     {"state", "STATE", F_STR, false},
     {"host", "HOST", F_BYTES, false},
     {"error", "ERROR", F_STR, false},
+    {"timestamp", "TIMESTAMP", F_STR, false},
+    {"hostname", "HOSTNAME", F_STR, false},
 };
 #define NFIELDS (sizeof g_fields / sizeof g_fields[0])
 
@@ -559,7 +778,7 @@ static int field_index(const char *name, size_t n) {
 }
 
 /* A field's value: *num for numbers, bytes and booleans, else the string. */
-static const char *field_value(const ps_row_t *r, int i, uint64_t *num, char *buf, size_t len) {
+static const char *field_value(const ps_view_t *v, const ps_row_t *r, int i, uint64_t *num, char *buf, size_t len) {
   *num = 0;
   const char *name = g_fields[i].name;
   if (!strcmp(name, "pid")) *num = (uint64_t)r->p.pid;
@@ -568,6 +787,7 @@ static const char *field_value(const ps_row_t *r, int i, uint64_t *num, char *bu
   else if (!strcmp(name, "answered")) *num = r->stats != NULL;
   else if (!strcmp(name, "gpu")) return r->gpus;
   else if (!strcmp(name, "gpu_uuid")) return r->uuids;
+  else if (!strcmp(name, "cuda_device")) return r->ordinals;
   else if (!strcmp(name, "held")) *num = r->held;
   else if (!strcmp(name, "live")) *num = r->live;
   else if (!strcmp(name, "cached")) *num = r->cached;
@@ -585,8 +805,10 @@ static const char *field_value(const ps_row_t *r, int i, uint64_t *num, char *bu
     *num = u64(lr, "cached_bytes") + u64(lr, "orphaned_bytes") + u64(lr, "all_bytes");
   } else if (!strcmp(name, "signal")) return jstr(r->p.status, "signal", "?");
   else if (!strcmp(name, "state")) return sleep_state(r);
-  else if (!strcmp(name, "host")) *num = sleep_host(r);
+  else if (!strcmp(name, "host")) *num = r->host;
   else if (!strcmp(name, "error")) return r->stats ? "" : r->why;
+  else if (!strcmp(name, "timestamp")) return cmd_iso_time(v->time_ms, buf, len);
+  else if (!strcmp(name, "hostname")) return v->host;
   return NULL;
 }
 
@@ -606,7 +828,7 @@ static void csv_str(FILE *f, const char *s) {
 
 enum { OUT_TABLE, OUT_CSV, OUT_JSON };
 
-static void print_query(FILE *f, const ps_view_t *v, const int *q, size_t nq, int fmt, bool header) {
+static void print_query(FILE *f, const ps_view_t *v, const int *q, size_t nq, int fmt, bool header, bool units) {
   char buf[512], num[32];
   if (fmt == OUT_JSON)
     fputc('[', f);
@@ -615,7 +837,7 @@ static void print_query(FILE *f, const ps_view_t *v, const int *q, size_t nq, in
       fprintf(f, "%s%s", k ? "," : "", g_fields[q[k]].name);
     fputc('\n', f);
   }
-  if (fmt == OUT_TABLE) {
+  if (fmt == OUT_TABLE && header) {
     for (size_t k = 0; k < nq; k++)
       fprintf(f, "%s%*s", k ? " " : "", g_fields[q[k]].type == F_STR ? -12 : 10, g_fields[q[k]].header);
     fputc('\n', f);
@@ -627,7 +849,7 @@ static void print_query(FILE *f, const ps_view_t *v, const int *q, size_t nq, in
     for (size_t k = 0; k < nq; k++) {
       const field_t *fd = &g_fields[q[k]];
       uint64_t n;
-      const char *s = field_value(r, q[k], &n, buf, sizeof buf);
+      const char *s = field_value(v, r, q[k], &n, buf, sizeof buf);
       bool unknown = fd->from_stats && !r->stats;
       if (fmt == OUT_JSON) {
         fprintf(f, "%s\"%s\":", k ? "," : "", fd->name);
@@ -655,7 +877,7 @@ static void print_query(FILE *f, const ps_view_t *v, const int *q, size_t nq, in
         fprintf(f, "%-12s", cmd_printable(tmp));
       } else if (fd->type == F_BOOL) {
         fprintf(f, fmt == OUT_CSV ? "%s" : "%10s", n ? "yes" : "no");
-      } else if (fd->type == F_BYTES && fmt == OUT_TABLE) {
+      } else if (fd->type == F_BYTES && fmt == OUT_TABLE && units) {
         fprintf(f, "%10s", b(n, num, sizeof num));
       } else {
         fprintf(f, fmt == OUT_CSV ? "%llu" : "%10llu", (unsigned long long)n);
@@ -667,7 +889,7 @@ static void print_query(FILE *f, const ps_view_t *v, const int *q, size_t nq, in
     fputs("]\n", f);
 }
 
-/* ---- --json: one array of objects (docs/PROTOCOL.md) ---- */
+/* ---- --json: one object, the GPU table and the processes (docs/PROTOCOL.md) ---- */
 
 /* A number of the stats answer, or null when the process did not answer. */
 static void json_num(FILE *f, const char *key, const ps_row_t *r, uint64_t v) {
@@ -677,12 +899,8 @@ static void json_num(FILE *f, const char *key, const ps_row_t *r, uint64_t v) {
     fprintf(f, ",\"%s\":null", key);
 }
 
-static void json_list(FILE *f, const char *key, const ps_row_t *r, const char *list, bool strings) {
-  fprintf(f, ",\"%s\":", key);
-  if (!r->stats) {
-    fputs("null", f);
-    return;
-  }
+/* A comma-separated list as a JSON array ("-": empty); numbers as numbers, "?" as null. */
+static void json_list_of(FILE *f, const char *list, bool strings) {
   fputc('[', f);
   if (strcmp(list, "-"))
     for (const char *p = list; *p;) {
@@ -691,7 +909,9 @@ static void json_list(FILE *f, const char *key, const ps_row_t *r, const char *l
       snprintf(item, sizeof item, "%.*s", (int)n, p);
       if (p != list)
         fputc(',', f);
-      if (strings)
+      if (!strcmp(item, "?"))
+        fputs("null", f);
+      else if (strings)
         cmd_json_str(f, item);
       else
         fputs(item, f);
@@ -700,64 +920,146 @@ static void json_list(FILE *f, const char *key, const ps_row_t *r, const char *l
   fputc(']', f);
 }
 
-void ps_print_json(FILE *f, const ps_view_t *v, const ps_filter_t *flt) {
-  fputc('[', f);
-  for (size_t i = 0; i < v->n; i++) {
-    const ps_row_t *r = &v->rows[i];
-    char prog[256];
-    cmd_program_of(&r->p, prog, sizeof prog);
-    fprintf(f, "%s{\"pid\":%d,\"command\":", i ? "," : "", (int)r->p.pid);
-    cmd_json_str(f, cmd_command_of(&r->p, NULL, 0));
-    fputs(",\"program\":", f);
-    cmd_json_str(f, prog);
-    fprintf(f, ",\"answered\":%s", r->stats ? "true" : "false");
-    if (!r->stats) {
-      fputs(",\"error\":", f);
-      cmd_json_str(f, r->why);
-    }
-    json_list(f, "devices", r, r->gpus, false);
-    json_list(f, "gpu_uuids", r, r->uuids, true);
-    json_num(f, "live_blocks", r, u64(jget(r->stats, "total"), "live_blocks"));
-    json_num(f, "live_bytes", r, r->live);
-    json_num(f, "held_bytes", r, r->held);
-    json_num(f, "cached_bytes", r, r->cached);
-    json_num(f, "pool_cached_bytes", r, r->pool_cached);
-    json_num(f, "orphan_bytes", r, r->orphan);
-    json_num(f, "releasable_bytes", r, r->releasable);
-    json_num(f, "pinned_bytes", r, r->pinned);
-    json_num(f, "released_bytes", r, u64(jget(r->stats, "total"), "released_bytes"));
-    fputs(",\"frameworks\":", f);
-    if (!r->stats) {
-      fputs("null", f);
-    } else {
-      const jnode_t *fws = arr(r->stats, "frameworks");
-      size_t shown = 0;
-      fputc('[', f);
-      for (size_t k = 0; fws && k < fws->n; k++) {
-        const jnode_t *x = &fws->kids[k];
-        int d = (int)jint(x, "device", -1);
-        if (!selected(flt, d, uuid_of(r, d)))
-          continue;
-        uint64_t res = u64(x, "reserved_bytes"), al = u64(x, "allocated_bytes"), rel = u64(x, "releasable_bytes");
-        fprintf(f, "%s{\"framework\":", shown++ ? "," : "");
-        cmd_json_str(f, jstr(x, "framework", "?"));
-        fprintf(f, ",\"device\":%d,\"reserved_bytes\":%llu,\"in_use_bytes\":%llu,\"releasable_bytes\":%llu,"
-                   "\"non_releasable_bytes\":%llu}",
-                d, (unsigned long long)res, (unsigned long long)al, (unsigned long long)rel,
-                (unsigned long long)(res > al + rel ? res - al - rel : 0));
-      }
-      fputc(']', f);
-    }
-    fputs(",\"state\":", f);
-    cmd_json_str(f, sleep_state(r));
-    fprintf(f, ",\"host_bytes\":%llu", (unsigned long long)sleep_host(r));
-    fprintf(f, ",\"releases\":%lld,\"signal\":", (long long)jint(r->p.status, "releases", 0));
-    cmd_json_str(f, jstr(r->p.status, "signal", "?"));
-    fputs(",\"last_release\":", f);
-    cmd_json_dump(f, jget(r->p.status, "last_release"));
-    fputc('}', f);
+static void json_list(FILE *f, const char *key, const ps_row_t *r, const char *list, bool strings) {
+  fprintf(f, ",\"%s\":", key);
+  if (!r->stats)
+    fputs("null", f);
+  else
+    json_list_of(f, list, strings);
+}
+
+static void json_rundir(FILE *f, const ps_row_t *r) {
+  char dir[4200];
+  snprintf(dir, sizeof dir, "%s", r->p.path);
+  char *slash = strrchr(dir, '/');
+  if (slash)
+    *slash = '\0';
+  cmd_json_str(f, dir);
+}
+
+static void json_process(FILE *f, const ps_row_t *r, const ps_filter_t *flt) {
+  char prog[256];
+  cmd_program_of(&r->p, prog, sizeof prog);
+  fprintf(f, "{\"pid\":%d,\"command\":", (int)r->p.pid);
+  cmd_json_str(f, cmd_command_of(&r->p, NULL, 0));
+  fputs(",\"program\":", f);
+  cmd_json_str(f, prog);
+  fputs(",\"rundir\":", f);
+  json_rundir(f, r);
+  fprintf(f, ",\"answered\":%s,\"stopped\":%s", r->stats ? "true" : "false", r->stopped ? "true" : "false");
+  if (!r->stats) {
+    fputs(",\"error\":", f);
+    cmd_json_str(f, r->why);
   }
-  fputs("]\n", f);
+  json_list(f, "gpus", r, r->gpus, false);
+  json_list(f, "devices", r, r->ordinals, false);
+  json_list(f, "gpu_uuids", r, r->uuids, true);
+  json_num(f, "live_blocks", r, r->asleep ? 0 : u64(jget(r->stats, "total"), "live_blocks"));
+  json_num(f, "live_bytes", r, r->live);
+  json_num(f, "held_bytes", r, r->held);
+  json_num(f, "cached_bytes", r, r->cached);
+  json_num(f, "pool_cached_bytes", r, r->pool_cached);
+  json_num(f, "orphan_bytes", r, r->orphan);
+  json_num(f, "releasable_bytes", r, r->releasable);
+  json_num(f, "pinned_bytes", r, r->pinned);
+  json_num(f, "released_bytes", r, u64(jget(r->stats, "total"), "released_bytes"));
+  fputs(",\"frameworks\":", f);
+  if (!r->stats) {
+    fputs("null", f);
+  } else {
+    const jnode_t *fws = arr(r->stats, "frameworks");
+    size_t shown = 0;
+    fputc('[', f);
+    for (size_t k = 0; fws && k < fws->n; k++) {
+      const jnode_t *x = &fws->kids[k];
+      int d = (int)jint(x, "device", -1);
+      if (!selected(flt, d, uuid_of(r, d)))
+        continue;
+      uint64_t res = u64(x, "reserved_bytes"), al = u64(x, "allocated_bytes"), rel = u64(x, "releasable_bytes");
+      int num = gpu_number(d, uuid_of(r, d));
+      fprintf(f, "%s{\"framework\":", shown++ ? "," : "");
+      cmd_json_str(f, jstr(x, "framework", "?"));
+      fprintf(f, ",\"device\":%d,\"gpu\":", d);
+      if (num >= 0)
+        fprintf(f, "%d", num);
+      else
+        fputs("null", f);
+      fprintf(f, ",\"reserved_bytes\":%llu,\"in_use_bytes\":%llu,\"releasable_bytes\":%llu,"
+                 "\"non_releasable_bytes\":%llu}",
+              (unsigned long long)res, (unsigned long long)al, (unsigned long long)rel,
+              (unsigned long long)(res > al + rel ? res - al - rel : 0));
+    }
+    fputc(']', f);
+  }
+  /* Not answering: what its status file last said (`peer`), and when. */
+  if (r->stale) {
+    fprintf(f, ",\"last_known\":{\"time_ms\":%lld,\"gpus\":", (long long)r->figures_ms);
+    json_list_of(f, r->gpus, false);
+    fputs(",\"devices\":", f);
+    json_list_of(f, r->ordinals, false);
+    fputs(",\"gpu_uuids\":", f);
+    json_list_of(f, r->uuids, true);
+    fprintf(f, ",\"held_bytes\":%llu,\"pool_cached_bytes\":%llu,\"orphan_bytes\":%llu,\"framework_releasable_bytes\":%llu}",
+            (unsigned long long)r->held, (unsigned long long)r->pool_cached, (unsigned long long)r->orphan,
+            (unsigned long long)r->fw_releasable);
+  }
+  fputs(",\"state\":", f);
+  cmd_json_str(f, sleep_state(r));
+  fprintf(f, ",\"host_bytes\":%llu", (unsigned long long)r->host);
+  fprintf(f, ",\"releases\":%lld,\"signal\":", (long long)jint(r->p.status, "releases", 0));
+  cmd_json_str(f, jstr(r->p.status, "signal", "?"));
+  fputs(",\"last_release\":", f);
+  cmd_json_dump(f, jget(r->p.status, "last_release"));
+  fputc('}', f);
+}
+
+void ps_print_json(FILE *f, const ps_view_t *v, const ps_filter_t *flt) {
+  char when[64];
+  fputs("{\"host\":", f);
+  cmd_json_str(f, v->host);
+  fprintf(f, ",\"time_ms\":%lld,\"time\":\"%s\",\"gpu_numbering\":\"%s\",\"nvml_error\":", (long long)v->time_ms,
+          cmd_iso_time(v->time_ms, when, sizeof when), v->nvml ? "nvidia-smi" : "cuda_ordinals");
+  if (v->nvml)
+    fputs("null", f);
+  else
+    cmd_json_str(f, v->nvml_why ? v->nvml_why : "");
+  fputs(",\"rundirs\":[", f);
+  for (size_t i = 0; i < cmd_rundirs_count(); i++) {
+    if (i)
+      fputc(',', f);
+    cmd_json_str(f, cmd_rundirs_at(i));
+  }
+  fputs("],\"gpus\":[", f);
+  for (size_t i = 0; i < v->ngpus; i++) {
+    const ps_gpu_t *g = &v->gpus[i];
+    fputs(i ? ",{\"index\":" : "{\"index\":", f);
+    if (g->index >= 0)
+      fprintf(f, "%d", g->index);
+    else
+      fputs("null", f);
+    fputs(",\"uuid\":", f);
+    if (g->uuid[0])
+      cmd_json_str(f, g->uuid);
+    else
+      fputs("null", f);
+    uint64_t used = g->total > g->free ? g->total - g->free : 0;
+    if (g->have_mem)
+      fprintf(f, ",\"used_bytes\":%llu,\"total_bytes\":%llu,\"other_bytes\":%llu", (unsigned long long)used,
+              (unsigned long long)g->total, (unsigned long long)(used > g->held ? used - g->held : 0));
+    else
+      fputs(",\"used_bytes\":null,\"total_bytes\":null,\"other_bytes\":null", f);
+    fprintf(f, ",\"held_bytes\":%llu,\"cached_bytes\":%llu,\"orphan_bytes\":%llu,\"releasable_bytes\":%llu,"
+               "\"processes\":%u}",
+            (unsigned long long)g->held, (unsigned long long)g->cached, (unsigned long long)g->orphan,
+            (unsigned long long)g->releasable, g->procs);
+  }
+  fputs("],\"processes\":[", f);
+  for (size_t i = 0; i < v->n; i++) {
+    if (i)
+      fputc(',', f);
+    json_process(f, &v->rows[i], flt);
+  }
+  fputs("]}\n", f);
 }
 
 /* ---- Prometheus text format, for node_exporter's textfile collector ---- */
@@ -780,15 +1082,65 @@ static void prom_escaped(FILE *f, const char *s) {
   }
 }
 
+/* Labels every sample gets (ps --label NAME=VALUE: which pod, job or host the file is about). */
+#define MAX_LABELS 16
+static const char *g_label_names[MAX_LABELS], *g_label_values[MAX_LABELS];
+static size_t g_nlabels;
+
+/* pid, then for a per-device sample the process's own ordinal (device), nvidia-smi's number (gpu) and the
+ * UUID (uuid), as DCGM's exporter labels its series, then the program's name and the --label labels. */
 static void prom_labels(FILE *f, const ps_row_t *r, long long device) {
   char prog[256];
   cmd_program_of(&r->p, prog, sizeof prog);
   fprintf(f, "{pid=\"%d\",", (int)r->p.pid);
-  if (device >= 0)
+  if (device >= 0) {
+    const char *uuid = uuid_of(r, (int)device);
+    int num = g_nvml ? cmd_nvml_index(uuid) : -1;
     fprintf(f, "device=\"%lld\",", device);
+    if (num >= 0)
+      fprintf(f, "gpu=\"%d\",", num);
+    if (*uuid) {
+      fputs("uuid=\"", f);
+      prom_escaped(f, uuid);
+      fputs("\",", f);
+    }
+  }
   fputs("command=\"", f);
   prom_escaped(f, prog); /* the program's name only: whole command lines would make unbounded label values */
-  fputs("\"}", f);
+  fputc('"', f);
+  for (size_t i = 0; i < g_nlabels; i++) {
+    fprintf(f, ",%s=\"", g_label_names[i]);
+    prom_escaped(f, g_label_values[i]);
+    fputc('"', f);
+  }
+  fputc('}', f);
+}
+
+/* Parses --label NAME=VALUE: a Prometheus label name of our own (not pid, device, gpu, uuid or command, and not
+ * beginning with __), any value. */
+static int add_label(char *arg) {
+  char *eq = strchr(arg, '=');
+  static const char *const taken[] = {"pid", "device", "gpu", "uuid", "command"};
+  if (!eq || eq == arg)
+    return cmd_usage_error("ps: bad --label %s (NAME=VALUE)", arg);
+  *eq = '\0';
+  bool ok = (isalpha((unsigned char)arg[0]) || arg[0] == '_') && strncmp(arg, "__", 2) != 0;
+  for (const char *c = arg; ok && *c; c++)
+    ok = isalnum((unsigned char)*c) || *c == '_';
+  for (size_t i = 0; ok && i < sizeof taken / sizeof taken[0]; i++)
+    ok = strcmp(arg, taken[i]) != 0;
+  for (size_t i = 0; ok && i < g_nlabels; i++)
+    ok = strcmp(arg, g_label_names[i]) != 0;
+  if (!ok) {
+    *eq = '=';
+    return cmd_usage_error("ps: bad --label %s (a name of letters, digits and _, not pid, device, gpu, uuid or "
+                           "command, not beginning with __, given once)", arg);
+  }
+  if (g_nlabels == MAX_LABELS)
+    return cmd_usage_error("ps: at most 16 --label%s", "");
+  g_label_names[g_nlabels] = arg;
+  g_label_values[g_nlabels++] = eq + 1;
+  return EX_OK;
 }
 
 /* What a release of cached memory gives back on one device: its pools' unused memory and its framework
@@ -915,52 +1267,74 @@ static int write_prometheus(const char *path, const ps_view_t *v, const ps_filte
 
 /* ---- the command ---- */
 
-static const char g_ps_help[] =
-    "usage: gpureclaim ps [-i GPUS] [-s FIELD] [--json | --query FIELDS [--format table|csv|json] |\n"
-    "                     --prometheus FILE]\n"
-    "Your processes running gpureclaim, largest first, with totals per GPU.\n"
-    "\n"
-    "  -i, --gpu GPUS       only these GPUs: ordinals or UUIDs (a unique prefix does), comma-separated,\n"
-    "                       as nvidia-smi -i takes them; each process's figures are then those GPUs' only.\n"
-    "                       An ordinal is each process's own (CUDA_VISIBLE_DEVICES renumbers); an ambiguous\n"
-    "                       prefix, or a GPU none of your running processes can see, is an error (exit 2)\n"
-    "  -s, --sort FIELD     held (default), cached, releasable, orphan, live, pinned, releases (largest\n"
-    "                       first), pid, command, gpu\n"
-    "      --json           one JSON array, one object per process (docs/PROTOCOL.md)\n"
-    "  -q, --query FIELDS   only these fields, comma-separated, in this order: pid, command, program,\n"
-    "                       answered, gpu, gpu_uuid, held, live, cached, pool_cached, framework_reserved,\n"
-    "                       framework_in_use, framework_releasable, orphan, releasable, pinned, releases,\n"
-    "                       released, last_release, signal, error\n"
-    "  -f, --format FMT     table (default), csv (a header line, then bytes as integers), csv,noheader,\n"
-    "                       or json\n"
-    "      --prometheus FILE  node_exporter's textfile format to FILE (atomically; - for standard output)\n"
-    "  -h, --help           this help\n"
-    "\n"
-    "GPU table: USED and TOTAL as the driver reports them (nvidia-smi's figures); HELD: what gpureclaim tracks\n"
-    "in its processes there (live blocks and pools' unused memory); RELEASABLE: what they could give back\n"
-    "(cached and orphaned); OTHER: USED - HELD (contexts' own memory, memory gpureclaim does not see, other\n"
-    "processes). Processes: HELD; CACHED: pools' unused memory and framework caches' releasable part (PyTorch:\n"
-    "reserved - allocated - non-releasable, as torch.cuda.memory_summary() splits it); ORPHAN: memory of ended\n"
-    "scopes; PINNED: pinned host memory; REL: releases so far.\n";
+enum { O_PROMETHEUS = 256, O_LABEL };
+/* --query's help names every field of g_fields, in order: made from that list (ps_query_help()). */
+static char g_query_help[1024] = "only these fields, comma-separated, in this order";
+static cmd_opt_t g_opts[] = {
+    {'i', 'i', "gpu", CMD_ARG, "GPUS", "only these GPUs: indices as nvidia-smi numbers them, or UUIDs (a unique\n"
+                                      "prefix does), comma-separated, as nvidia-smi -i takes them; each process's\n"
+                                      "figures are then those GPUs' only. An ambiguous prefix, or a GPU none of\n"
+                                      "your running processes can see, is an error (exit 2)"},
+    {'S', 'S', "sort", CMD_ARG, "FIELD", "held (default), cached, releasable, orphan, live, pinned, releases\n"
+                                        "(largest first), pid, command, gpu"},
+    {'j', 'j', "json", CMD_NOARG, NULL, "one JSON array, one object per process (docs/PROTOCOL.md)"},
+    {'q', 'q', "query", CMD_ARG, "FIELDS", g_query_help},
+    {'f', 'f', "format", CMD_ARG, "FMT", "table (default), csv (a header line, then bytes as integers) or json;\n"
+                                        "with noheader and nounits (bytes as integers) as nvidia-smi takes them:\n"
+                                        "csv,noheader,nounits (any order, any case)"},
+    {O_PROMETHEUS, 0, "prometheus", CMD_ARG, "FILE", "node_exporter's textfile format to FILE (atomically; - for\n"
+                                                    "standard output)"},
+    {O_LABEL, 0, "label", CMD_ARG, "NAME=VALUE", "a label every Prometheus sample gets (pod=..., job=...);\n"
+                                                "repeat for more"},
+    {'l', 'l', "loop", CMD_ARG, "S", "again every S seconds until ^C, as nvidia-smi -l: a CSV header once,\n"
+                                    "JSON one object (or array) per line, the Prometheus file rewritten"},
+    {0}};
+
+const cmd_spec_t cmd_ps_spec = {
+    .name = "ps",
+    .usage = "ps [options] [PID...]",
+    .summary = "your processes running gpureclaim: device memory held, cached (pools and framework caches),\n"
+               "      orphaned, pinned host memory, releases; with a table of their GPUs",
+    .text = "Your processes running gpureclaim (those given, or all), largest first, with totals per GPU.\n",
+    .opts = g_opts,
+    .tail = "GPU table: USED and TOTAL as the driver reports them (nvidia-smi's figures); HELD: what gpureclaim tracks\n"
+            "in its processes there (live blocks and pools' unused memory); RELEASABLE: what they could give back\n"
+            "(cached and orphaned); OTHER: USED - HELD (contexts' own memory, memory gpureclaim does not see, other\n"
+            "processes). Processes: HELD; CACHED: pools' unused memory and framework caches' releasable part (PyTorch:\n"
+            "reserved - allocated - non-releasable, as torch.cuda.memory_summary() splits it); ORPHAN: memory of ended\n"
+            "scopes; PINNED: pinned host memory; REL: releases so far.\n",
+};
 
 /* Options shared by ps and top (ps.h); the rest are each command's. */
 typedef struct ps_opts {
   ps_filter_t filter;
   int sort;
   int fmt;
-  bool header;
+  bool header, units; /* --format's noheader and nounits */
+  double loop;        /* --loop S: again every S seconds (0: once) */
   int query[NFIELDS * 2];
   size_t nquery;
   const char *prom;
 } ps_opts_t;
 
+/* --query FIELDS: names, comma-separated, spaces around them allowed ('pid, held', as nvidia-smi takes them). */
 static int parse_query(const char *s, ps_opts_t *o) {
   o->nquery = 0;
   while (*s) {
-    size_t n = strcspn(s, ",");
-    int i = field_index(s, n);
+    s += strspn(s, " \t");
+    size_t n = strcspn(s, ","), m = n;
+    while (m > 0 && (s[m - 1] == ' ' || s[m - 1] == '\t'))
+      m--;
+    int i = field_index(s, m);
     if (i < 0 || o->nquery == sizeof o->query / sizeof o->query[0]) {
-      fprintf(stderr, "gpureclaim: ps: unknown field in --query: %.*s (see gpureclaim ps --help)\n", (int)n, s);
+      const char *names[NFIELDS];
+      for (size_t k = 0; k < NFIELDS; k++)
+        names[k] = g_fields[k].name;
+      char word[64];
+      snprintf(word, sizeof word, "%.*s", (int)(m < 60 ? m : 60), s);
+      const char *near = cmd_nearest(word, names, NFIELDS);
+      fprintf(stderr, "gpureclaim: ps: unknown field in --query: %s%s%s%s\n(see gpureclaim ps --help)\n", word,
+              near ? " (did you mean " : "", near ? near : "", near ? "?)" : "");
       return -1;
     }
     o->query[o->nquery++] = i;
@@ -971,45 +1345,105 @@ static int parse_query(const char *s, ps_opts_t *o) {
   return 0;
 }
 
-/* getopt_long's '?': an option without its value, or an unknown one. */
-static int bad_option(char **av, int ind, int opt, const char *cmd, const char *with_value) {
-  const char *arg = av[ind - 1];
-  if (opt && strchr(with_value, opt))
-    fprintf(stderr, "gpureclaim: %s: %s needs a value\n(see gpureclaim %s --help)\n", cmd, arg, cmd);
-  else
-    fprintf(stderr, "gpureclaim: %s: unknown option: %s\n(see gpureclaim %s --help)\n", cmd, arg, cmd);
-  return EX_USAGE;
+/* --format: table, csv or json, with noheader and nounits, comma-separated, any order and case
+ * ("csv,noheader,nounits", "CSV"), as nvidia-smi's --format takes them. */
+static int parse_format(const char *s, ps_opts_t *o) {
+  int fmt = -1;
+  bool header = true, units = true;
+  for (const char *p = s; *p;) {
+    p += strspn(p, " ");
+    size_t n = strcspn(p, ","), m = n;
+    while (m > 0 && p[m - 1] == ' ')
+      m--;
+    int f = -2;
+    if (m == 5 && !strncasecmp(p, "table", 5)) f = OUT_TABLE;
+    else if (m == 3 && !strncasecmp(p, "csv", 3)) f = OUT_CSV;
+    else if (m == 4 && !strncasecmp(p, "json", 4)) f = OUT_JSON;
+    else if (m == 8 && !strncasecmp(p, "noheader", 8)) header = false, f = -1;
+    else if (m == 7 && !strncasecmp(p, "nounits", 7)) units = false, f = -1;
+    if (f == -2 || (f >= 0 && fmt >= 0 && f != fmt))
+      return cmd_usage_error("ps: unknown --format %s (table, csv or json; with noheader, nounits: csv,noheader,nounits)",
+                             s);
+    if (f >= 0)
+      fmt = f;
+    p += n + (p[n] == ',');
+  }
+  o->fmt = fmt >= 0 ? fmt : OUT_TABLE;
+  o->header = header;
+  o->units = units;
+  return EX_OK;
+}
+
+/* --query's help: "only these fields, ...: pid, command, ..." wrapped at 75 columns. */
+static void ps_query_help(void) {
+  size_t n = strlen(g_query_help), col = n;
+  if (strchr(g_query_help, ':'))
+    return; /* made already */
+  n += (size_t)snprintf(g_query_help + n, sizeof g_query_help - n, ":");
+  col++;
+  for (size_t i = 0; i < NFIELDS && n < sizeof g_query_help; i++) {
+    size_t w = strlen(g_fields[i].name) + 2;
+    if (col + w > 75) {
+      n += (size_t)snprintf(g_query_help + n, sizeof g_query_help - n, "\n%s%s", g_fields[i].name,
+                            i + 1 < NFIELDS ? "," : "");
+      col = w - 1;
+    } else {
+      n += (size_t)snprintf(g_query_help + n, sizeof g_query_help - n, " %s%s", g_fields[i].name,
+                            i + 1 < NFIELDS ? "," : "");
+      col += w;
+    }
+  }
+}
+
+/* ^C and SIGTERM end ps --loop between two rounds (exit status 0, as they end nvidia-smi -l). */
+static volatile sig_atomic_t g_stop;
+static void on_stop(int sig) {
+  (void)sig;
+  g_stop = 1;
+}
+
+/* One round of ps: collect, check, print. */
+static int ps_once(ps_opts_t *o, bool first, bool *found) {
+  ps_view_t v;
+  ps_collect(&v, &o->filter, o->sort);
+  int rc = EX_OK;
+  if (cmd_rundir_refused()) /* said why; an empty table would read as "nothing running" */
+    rc = EX_FAILED;
+  else if ((rc = ps_check_filter(&v, &o->filter, "ps")) != EX_OK)
+    ;
+  else if (o->prom)
+    rc = write_prometheus(o->prom, &v, &o->filter);
+  else if (o->nquery)
+    print_query(stdout, &v, o->query, o->nquery, o->fmt, o->header && first, o->units);
+  else if (o->fmt == OUT_JSON)
+    ps_print_json(stdout, &v, &o->filter);
+  else {
+    if (o->loop > 0) {
+      char when[64];
+      printf("%sgpureclaim ps - %s\n\n", first ? "" : "\n", cmd_iso_time(v.time_ms, when, sizeof when));
+    }
+    ps_print_table(stdout, &v, &o->filter, first);
+  }
+  for (size_t i = 0; i < o->filter.npids; i++) /* the pids given that were found */
+    for (size_t k = 0; k < v.n; k++)
+      found[i] |= v.rows[k].p.pid == o->filter.pids[i];
+  ps_free(&v);
+  return rc;
 }
 
 int cmd_ps(int argc, char **argv) {
-  static const struct option longs[] = {
-      {"gpu", required_argument, NULL, 'i'},   {"sort", required_argument, NULL, 's'},
-      {"json", no_argument, NULL, 'j'},        {"query", required_argument, NULL, 'q'},
-      {"format", required_argument, NULL, 'f'}, {"prometheus", required_argument, NULL, 'P'},
-      {"help", no_argument, NULL, 'h'},        {NULL, 0, NULL, 0}};
-  ps_opts_t o = {.sort = ps_sort_key("held"), .fmt = OUT_TABLE, .header = true};
+  ps_opts_t o = {.sort = ps_sort_key("held"), .fmt = OUT_TABLE, .header = true, .units = true};
   bool json = false, fmt_given = false;
-  /* The arguments after the subcommand's name, or (as main() passes them to commands that parse their own
-   * --help) with the name first: "ps" is no valid argument of ps's either way. */
-  if (argc > 0 && !strcmp(argv[0], "ps")) {
-    argc--;
-    argv++;
-  }
-  char *av[argc + 2];
-  av[0] = "gpureclaim ps";
-  for (int i = 0; i < argc; i++)
-    av[i + 1] = argv[i];
-  av[argc + 1] = NULL;
-  opterr = 0;
-  optind = 0; /* from the start, in every call (tests call it more than once) */
+  ps_query_help();
+  optind = 1;
   int c;
-  while ((c = getopt_long(argc + 1, av, "+i:s:q:f:h", longs, NULL)) != -1) {
+  while ((c = cmd_getopt(argc, argv, &cmd_ps_spec)) != -1) {
     switch (c) {
     case 'i':
       if (!ps_parse_filter(optarg, &o.filter))
-        return cmd_usage_error("ps: bad --gpu %s (ordinals or UUIDs, comma-separated)", optarg);
+        return cmd_usage_error("ps: bad --gpu %s (indices or UUIDs, comma-separated)", optarg);
       break;
-    case 's':
+    case 'S':
       if ((o.sort = ps_sort_key(optarg)) < 0)
         return cmd_usage_error("ps: unknown --sort field %s", optarg);
       break;
@@ -1020,52 +1454,74 @@ int cmd_ps(int argc, char **argv) {
       break;
     case 'f':
       fmt_given = true;
-      if (!strcmp(optarg, "table")) o.fmt = OUT_TABLE;
-      else if (!strcmp(optarg, "csv")) o.fmt = OUT_CSV;
-      else if (!strcmp(optarg, "csv,noheader") || !strcmp(optarg, "noheader,csv")) o.fmt = OUT_CSV, o.header = false;
-      else if (!strcmp(optarg, "json")) o.fmt = OUT_JSON;
-      else return cmd_usage_error("ps: unknown --format %s (table, csv, csv,noheader or json)", optarg);
+      if (parse_format(optarg, &o) != EX_OK)
+        return EX_USAGE;
       break;
-    case 'P':
+    case O_PROMETHEUS:
       if (!*optarg)
         return cmd_usage_error("ps: --prometheus needs a file (or - for standard output)%s", "");
       o.prom = optarg;
       break;
+    case O_LABEL:
+      if (add_label(optarg) != EX_OK)
+        return EX_USAGE;
+      break;
+    case 'l':
+      if (!cmd_parse_seconds(optarg, &o.loop) || o.loop < 0.1)
+        return cmd_usage_error("ps: bad --loop %s (0.1 to 86400 seconds)", optarg);
+      break;
     case 'h':
-      return cmd_help(g_ps_help);
+      return cmd_help(&cmd_ps_spec);
     default:
-      return bad_option(av, optind, optopt, "ps", "isqf");
+      return EX_USAGE;
     }
   }
-  if (optind < argc + 1)
-    return cmd_usage_error("ps: unexpected argument: %s", av[optind]);
+  /* ps PID...: only those processes (nvidia-smi's habit, and procps' ps -p). */
+  for (int i = optind; i < argc; i++)
+    if (o.filter.npids == PS_MAX_PIDS || !cmd_parse_pid(argv[i], &o.filter.pids[o.filter.npids++]))
+      return cmd_usage_error("ps: not a pid: %s", argv[i]);
   if (json && fmt_given && o.fmt != OUT_JSON)
     return cmd_usage_error("ps: --json and --format %s are two formats: give one", o.fmt == OUT_CSV ? "csv" : "table");
   if (json)
     o.fmt = OUT_JSON;
   if (o.prom && json)
     return cmd_usage_error("ps: --json and --prometheus are two formats: give one%s", "");
-  if (o.prom && (o.fmt != OUT_TABLE || o.nquery))
+  if (o.prom && (fmt_given || o.nquery))
     return cmd_usage_error("ps: --prometheus is a format of its own: give no --json, --query or --format%s", "");
+  if (g_nlabels && !o.prom)
+    return cmd_usage_error("ps: --label labels the Prometheus samples: give --prometheus FILE too%s", "");
   if (o.fmt == OUT_CSV && !o.nquery) /* every field, in the help's order */
     for (size_t i = 0; i < NFIELDS; i++)
       o.query[o.nquery++] = (int)i;
   cmd_set_json(o.fmt == OUT_JSON);
-  ps_view_t v;
-  ps_collect(&v, &o.filter, o.sort);
-  int rc = EX_OK;
-  if (cmd_rundir_refused()) /* said why; an empty table would read as "nothing running" */
-    rc = EX_FAILED;
-  else if ((rc = ps_check_filter(&v, &o.filter, "ps")) != EX_OK)
-    ;
-  else if (o.prom)
-    rc = write_prometheus(o.prom, &v, &o.filter);
-  else if (o.nquery)
-    print_query(stdout, &v, o.query, o.nquery, o.fmt, o.header);
-  else if (o.fmt == OUT_JSON)
-    ps_print_json(stdout, &v, &o.filter);
-  else
-    ps_print_table(stdout, &v, &o.filter, true);
-  ps_free(&v);
+  bool found[PS_MAX_PIDS] = {false};
+  int rc = ps_once(&o, true, found);
+  if (o.loop > 0 && rc == EX_OK) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    while (rc == EX_OK && !g_stop) {
+      errno = 0;
+      if (fflush(stdout) != 0 || ferror(stdout))
+        break; /* main() reports it (a reader gone: nothing) */
+      struct timespec ts = {(time_t)o.loop, (long)((o.loop - (double)(time_t)o.loop) * 1e9)};
+      while (!g_stop && nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+      if (!g_stop)
+        rc = ps_once(&o, false, found);
+    }
+  }
+  /* A pid given that runs no gpureclaim: why (as release PID says it), exit status 3. */
+  for (size_t i = 0; rc == EX_OK && i < o.filter.npids; i++)
+    if (!found[i]) {
+      proc_t p;
+      if (cmd_find(o.filter.pids[i], &p) == EX_OK) /* it runs gpureclaim, on other GPUs than those selected */
+        cmd_free(&p);
+      else
+        rc = EX_NOPROC;
+    }
   return rc;
 }

@@ -70,6 +70,14 @@ static bool catches(pid_t pid, int sig, const char **why) {
 
 /* release_by_signal()'s *why when the process ended before its release was seen: exit status 3. */
 static const char why_exited[] = "the process exited";
+/* release_one()'s *why for a process asleep: its device memory is on the host, there is nothing to release on the
+ * device; not a failure (a cron job releasing everything must not fail because idle sleep is on). */
+static const char why_asleep[] = "asleep";
+
+static bool is_asleep(const jnode_t *status) {
+  const char *state = jstr(jget(status, "sleep"), "state", "awake");
+  return strcmp(state, "awake") != 0;
+}
 static const char why_stale_socket[] = "nothing listens on its control socket any more: the process no longer runs "
                                        "the gpureclaim that wrote its status file (exec?); no signal sent";
 
@@ -362,6 +370,15 @@ static jnode_t *release_one(const proc_t *p, const request_t *rq, const jnode_t 
                             const char **via, _Atomic int *begun) {
   *rep = NULL;
   *via = "socket";
+  jnode_t *now = cmd_read_status(p);
+  bool asleep = is_asleep(now ? now : p->status);
+  if (now) {
+    jdelete(now);
+  }
+  if (asleep) {
+    *why = why_asleep;
+    return NULL;
+  }
   if (!rq->by_signal) {
     bool no_listener = false;
     jnode_t *ans = ask_release(p, rq->what, rq->timeout, why, &no_listener, begun);
@@ -378,7 +395,13 @@ static jnode_t *release_one(const proc_t *p, const request_t *rq, const jnode_t 
         return ans;
       *rep = NULL;
       *why = jstr(ans, "error", "it answered without a report");
+      if (!strncmp(*why, "the process sleeps", 18)) /* it went to sleep meanwhile */
+        *why = why_asleep;
       return ans;
+    }
+    if (!cmd_alive(p) || cmd_exiting(p->pid)) { /* it exited meanwhile: exit status 3, as by signal */
+      *why = why_exited;
+      return NULL;
     }
     if (!no_listener)
       return NULL;
@@ -489,47 +512,84 @@ static void *tick(void *arg) {
   return NULL;
 }
 
-static const char g_help[] =
-    "usage: gpureclaim release [options] PID...\n"
-    "       gpureclaim release [options] --all\n"
-    "       gpureclaim release [options] --gpu UUID|INDEX\n"
-    "Asks each process to give back memory and prints what it gave back (bytes, milliseconds) and each\n"
-    "device's free memory before and after. Over the process's control socket; with --signal, or when\n"
-    "nothing listens there, by its release signal, waiting for its status file to report the release.\n"
-    "\n"
-    "  -a, --all          every process of yours running gpureclaim\n"
-    "  -g, --gpu GPU      every process of yours on that GPU: its UUID (a unique prefix does) or its index\n"
-    "                     as ps shows it (each process's own ordinal: with CUDA_VISIBLE_DEVICES, use the UUID);\n"
-    "                     an ambiguous prefix, or a GPU none of your processes can see, is an error (exit 2)\n"
-    "  -w, --what WHAT    cached, orphaned, all, comma-separated (default: the process's GPURECLAIM_ON_SIGNAL;\n"
-    "                     by signal it must match that)\n"
-    "  -t, --timeout S    how long to wait, in seconds (default 30), for the processes asked at once (32 at a\n"
-    "                     time). A request the process has not begun when it passes is withdrawn; one it has\n"
-    "                     begun cannot be, and the command says so (the process finishes it: see ps). On a\n"
-    "                     terminal, a wait longer than a second shows its progress on standard error.\n"
-    "  -s, --signal       by the release signal even when the control socket answers\n"
-    "  -j, --json         one JSON array of results (the report formats of docs/PROTOCOL.md)\n"
-    "  -h, --help         this text\n";
+/* --tree: each pid given, then the processes under it, those that run gpureclaim (a pid given that runs none
+ * and has none under it stays, for cmd_find() to say why). 0, or -1 out of memory. */
+static int expand_trees(pid_t **pids, size_t *npids) {
+  size_t n = 0, cap = 64;
+  pid_t *all = malloc(cap * sizeof *all);
+  pid_t *kids = malloc(4096 * sizeof *kids);
+  for (size_t i = 0; all && kids && i < *npids; i++) {
+    size_t nk = cmd_descendants((*pids)[i], kids, 4096), before = n;
+    for (size_t k = 0; k <= nk; k++) {
+      pid_t x = k == 0 ? (*pids)[i] : kids[k - 1];
+      bool dup = false;
+      for (size_t j = 0; j < n && !dup; j++)
+        dup = all[j] == x;
+      proc_t t;
+      if (dup || cmd_find_quiet(x, &t) != EX_OK)
+        continue;
+      cmd_free(&t);
+      if (n == cap) {
+        pid_t *more = realloc(all, (cap *= 2) * sizeof *all);
+        if (!more)
+          break;
+        all = more;
+      }
+      all[n++] = x;
+    }
+    if (n == before && n < cap)
+      all[n++] = (*pids)[i];
+  }
+  free(kids);
+  if (!all)
+    return -1;
+  free(*pids);
+  *pids = all;
+  *npids = n;
+  return 0;
+}
+
+static const cmd_opt_t g_opts[] = {
+    {'a', 'a', "all", CMD_NOARG, NULL, "every process of yours running gpureclaim"},
+    {'g', 'g', "gpu", CMD_ARG, "GPU", "every process of yours on that GPU: its index as nvidia-smi numbers it, or its\n"
+                                     "UUID (a unique prefix does); an ambiguous prefix, or a GPU none of your\n"
+                                     "processes can see, is an error (exit 2)"},
+    {'w', 'w', "what", CMD_ARG, "WHAT", "cached, orphaned, all, comma-separated (default: the process's\n"
+                                       "GPURECLAIM_ON_SIGNAL; by signal it must match that)"},
+    {'t', 't', "timeout", CMD_ARG, "S", "how long to wait, in seconds (default 30), for the processes asked at once\n"
+                                       "(32 at a time). A request the process has not begun when it passes is\n"
+                                       "withdrawn; one it has begun cannot be, and the command says so (the process\n"
+                                       "finishes it: see ps). On a terminal, a wait longer than a second shows its\n"
+                                       "progress on standard error."},
+    {'s', 's', "signal", CMD_NOARG, NULL, "by the release signal even when the control socket answers"},
+    {'j', 'j', "json", CMD_NOARG, NULL, "one JSON array of results (the report formats of docs/PROTOCOL.md)"},
+    {'T', 'T', "tree", CMD_NOARG, NULL, "each PID and every process under it (children, theirs, ...) that runs\n"
+                                        "gpureclaim: a launcher's workers (torchrun, accelerate, a script)"},
+    {0}};
+
+const cmd_spec_t cmd_release_spec = {
+    .name = "release",
+    .usage = "release [options] PID...\nrelease [options] --tree PID...\nrelease [options] --all\n"
+             "release [options] --gpu GPU",
+    .summary = "give back memory (cached and orphaned by default) and print what came back",
+    .text = "Asks each process to give back memory and prints what it gave back (bytes, milliseconds) and each\n"
+            "device's free memory before and after. Over the process's control socket; with --signal, or when\n"
+            "nothing listens there, by its release signal, waiting for its status file to report the release.\n",
+    .opts = g_opts,
+    .tail = "",
+};
 
 int cmd_release(int argc, char **argv) {
   request_t rq = {NULL, 0, 30, false};
-  bool all = false, by_gpu = false;
+  bool all = false, by_gpu = false, tree = false;
   ps_filter_t gpu;
   const char *gpu_arg = "";
   pid_t *pids = calloc((size_t)argc + 1, sizeof *pids);
   size_t npids = 0;
   int rc = EX_OK;
-  static const struct option longopts[] = {{"what", required_argument, NULL, 'w'},
-                                           {"timeout", required_argument, NULL, 't'},
-                                           {"all", no_argument, NULL, 'a'},
-                                           {"gpu", required_argument, NULL, 'g'},
-                                           {"signal", no_argument, NULL, 's'},
-                                           {"json", no_argument, NULL, 'j'},
-                                           {"help", no_argument, NULL, 'h'},
-                                           {NULL, 0, NULL, 0}};
   optind = 1;
   int c;
-  while (rc == EX_OK && (c = cmd_getopt(argc, argv, ":w:t:g:asjh", longopts)) != -1) {
+  while (rc == EX_OK && (c = cmd_getopt(argc, argv, &cmd_release_spec)) != -1) {
     switch (c) {
     case 'w':
       rq.what = optarg;
@@ -552,12 +612,15 @@ int cmd_release(int argc, char **argv) {
     case 's':
       rq.by_signal = true;
       break;
+    case 'T':
+      tree = true;
+      break;
     case 'j':
       cmd_set_json(true);
       break;
     case 'h':
       free(pids);
-      return cmd_help(g_help);
+      return cmd_help(&cmd_release_spec);
     default:
       rc = EX_USAGE;
     }
@@ -567,6 +630,8 @@ int cmd_release(int argc, char **argv) {
       rc = cmd_usage_error("release: not a pid: %s", argv[i]);
   if (rc == EX_OK && all && npids > 0)
     rc = cmd_usage_error("release: give pids or --all, not both%s", "");
+  else if (rc == EX_OK && tree && (all || by_gpu))
+    rc = cmd_usage_error("release: --tree takes pids, not --all or --gpu%s", "");
   else if (rc == EX_OK && by_gpu && (all || npids > 0))
     rc = cmd_usage_error("release: give pids, --all or --gpu, only one of them%s", "");
   else if (rc == EX_OK && !all && !by_gpu && !npids)
@@ -585,8 +650,7 @@ int cmd_release(int argc, char **argv) {
       pids = more;
     for (size_t i = 0; more && i < v.n; i++) {
       if (!v.rows[i].stats) {
-        fprintf(stderr, "gpureclaim: %d is not answering, so its GPUs are unknown: not released\n",
-                (int)v.rows[i].p.pid);
+        fprintf(stderr, "gpureclaim: %d is not answering (%s): not released\n", (int)v.rows[i].p.pid, v.rows[i].why);
         continue;
       }
       pids[npids++] = v.rows[i].p.pid;
@@ -619,8 +683,13 @@ int cmd_release(int argc, char **argv) {
     else if (!n && !cmd_json_out())
       printf("(no process of yours is running gpureclaim)\n");
   } else {
-    procs = calloc(npids, sizeof *procs);
-    found = calloc(npids, sizeof *found);
+    if (tree && expand_trees(&pids, &npids) != 0) {
+      fprintf(stderr, "gpureclaim: out of memory\n");
+      free(pids);
+      return EX_FAILED;
+    }
+    procs = calloc(npids ? npids : 1, sizeof *procs);
+    found = calloc(npids ? npids : 1, sizeof *found);
     if (!procs || !found) {
       fprintf(stderr, "gpureclaim: out of memory\n");
       free(procs);
@@ -672,7 +741,22 @@ int cmd_release(int argc, char **argv) {
       }
       continue;
     }
-    if (cmd_json_out()) {
+    if (j->why == why_asleep) { /* nothing on the device: not a failure */
+      jnode_t *st = cmd_read_status(p);
+      uint64_t host = (uint64_t)jint(jget(st ? st : p->status, "sleep"), "host_bytes", 0);
+      if (st) {
+        jdelete(st);
+      }
+      if (cmd_json_out()) {
+        printf("%s{\"pid\":%d,\"ok\":true,\"via\":\"%s\",\"asleep\":true,\"host_bytes\":%llu,\"report\":null}",
+               i ? "," : "", (int)p->pid, j->via, (unsigned long long)host);
+      } else {
+        char cmdline[256], hb[32];
+        printf("%d (%s): asleep, nothing on the device to release (%s kept in host memory; gpureclaim wake %d or "
+               "its next CUDA call brings it back)\n",
+               (int)p->pid, cmd_command_of(p, cmdline, sizeof cmdline), cmd_bytes(host, hb, sizeof hb), (int)p->pid);
+      }
+    } else if (cmd_json_out()) {
       printf("%s{\"pid\":%d,\"ok\":%s,\"via\":\"%s\"", i ? "," : "", (int)p->pid, j->rep ? "true" : "false",
              j->via);
       if (j->rep) {
@@ -688,7 +772,7 @@ int cmd_release(int argc, char **argv) {
     } else {
       fprintf(stderr, "gpureclaim: %d did not release: %s\n", (int)p->pid, j->why);
     }
-    if (!j->rep && rc == EX_OK)
+    if (!j->rep && j->why != why_asleep && rc == EX_OK)
       rc = j->why == why_exited ? EX_NOPROC : EX_FAILED;
     if (j->ans) {
       jdelete(j->ans);

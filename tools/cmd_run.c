@@ -112,10 +112,23 @@ static char *preload_list(const char *old, const char *lib) {
   return out;
 }
 
+/* What a refused value lacks, and for an existing run directory that is not private, how to fix it. */
+static const char *with_fix(const char *var, const char *value, const char *expected, char *buf, size_t len) {
+  struct stat st;
+  if (strcmp(var, "GPURECLAIM_RUNDIR") != 0 || value[0] != '/' || lstat(value, &st) != 0)
+    return expected;
+  char fix[300];
+  cmd_rundir_fix(value, &st, fix, sizeof fix);
+  snprintf(buf, len, "%s; %s", expected, fix);
+  return buf;
+}
+
 /* Sets var to value after the library's own parser for var accepted it, and then check (if any). */
 static int set_checked_by(const char *var, const char *value, int (*check)(const char *), const char *check_expected) {
   const char *expected = "";
-  if (gr_opt_check(var, value, &expected) != 0 || (check && check(value) != 0 && (expected = check_expected))) {
+  char fixed[600];
+  if (gr_opt_check(var, value, &expected) != 0 ||
+      (check && check(value) != 0 && (expected = with_fix(var, value, check_expected, fixed, sizeof fixed)))) {
     fprintf(stderr, "gpureclaim: run: bad value for %s: %s (expected %s)\n(see gpureclaim run --help)\n", var, value,
             expected);
     return EX_USAGE;
@@ -168,9 +181,11 @@ static int chk_default_rundir(void) {
   struct stat st;
   if (o->disable || !o->status || lstat(o->rundir, &st) != 0 || chk_rundir(o->rundir) == 0)
     return EX_OK;
+  char fix[300];
+  cmd_rundir_fix(o->rundir, &st, fix, sizeof fix);
   fprintf(stderr, "gpureclaim: run: bad run directory %s (the default; GPURECLAIM_RUNDIR is not set): expected an "
-                  "existing directory of yours with mode 0700 (owner uid %u, mode %04o)\n",
-          o->rundir, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777));
+                  "existing directory of yours with mode 0700 (owner uid %u, mode %04o); %s\n",
+          o->rundir, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777), fix);
   return EX_USAGE;
 }
 
@@ -245,18 +260,27 @@ static int chk_environment(void) {
     size_t len = eq ? (size_t)(eq - *e) : strlen(*e);
     snprintf(var, sizeof var, "%.*s", (int)len, *e);
     const char *v = eq ? eq + 1 : "", *expected = "";
+    char fixed[600];
     /* A name too long for var is no library variable: gr_opt_check() then says so as for any unknown one. */
     int rc = len < sizeof var ? gr_opt_check(var, v, &expected) : -ENOENT;
     if (rc == -ENOENT) {
       if (!strcmp(var, "GPURECLAIM_LIBRARY")) /* the command's own (find_library) */
         continue;
-      fprintf(stderr, "gpureclaim: run: unknown variable in the environment: %.*s (misspelt? gpureclaim would "
-                      "ignore it; see gpureclaim --help)\n", (int)len, *e);
+      /* The names either reads, for "did you mean". */
+      const char *names[GR_ARRAY_LEN(g_opts) + 1];
+      size_t nn = 0;
+      for (size_t k = 0; k < GR_ARRAY_LEN(g_opts); k++)
+        names[nn++] = g_opts[k].var;
+      names[nn++] = "GPURECLAIM_LIBRARY";
+      const char *near = len < sizeof var ? cmd_nearest(var, names, nn) : NULL;
+      fprintf(stderr, "gpureclaim: run: unknown variable in the environment: %.*s (%s%s%sgpureclaim would ignore it; "
+                      "gpureclaim run --help lists every variable)\n",
+              (int)len, *e, near ? "did you mean " : "misspelt? ", near ? near : "", near ? "? " : "");
       return EX_USAGE;
     }
     for (size_t k = 0; rc == 0 && k < GR_ARRAY_LEN(g_checks); k++)
       if (!strcmp(var, g_checks[k].var) && g_checks[k].check(v) != 0) {
-        expected = g_checks[k].expected;
+        expected = with_fix(var, v, g_checks[k].expected, fixed, sizeof fixed);
         rc = -EINVAL;
       }
     if (rc != 0) {
@@ -310,87 +334,82 @@ static void check_driver(void) {
             err ? err : "libcuda.so.1 not found");
 }
 
-static const char g_help_head[] =
-    "usage: gpureclaim run [options] [--] CMD ARGS...\n"
-    "Runs CMD with libgpureclaim.so.0 prepended to LD_PRELOAD (after sanitizer runtimes; any other\n"
-    "libgpureclaim there is dropped). Options set the GPURECLAIM_* variables; a bad value, given here or\n"
-    "already in the environment, is refused before CMD starts. Options end at \"--\" or at CMD.\n"
-    "\n";
-static const char g_help_tail[] =
-    "  -h, --help            this text\n"
-    "\n"
-    "The library is found next to the command (../LIBDIR/libgpureclaim.so.0, or src/ in a build tree), or\n"
-    "set GPURECLAIM_LIBRARY. When no CUDA driver (libcuda.so.1) can be loaded, run says so before CMD starts.\n";
+/* run's spec, made once from g_opts: each option's help ends its first line with the variable it sets. */
+static cmd_opt_t g_spec_opts[GR_ARRAY_LEN(g_opts) + 1];
+static char g_spec_help[GR_ARRAY_LEN(g_opts)][400];
+static char g_spec_tail[4096];
+static cmd_spec_t g_spec = {
+    .name = "run",
+    .usage = "run [options] [--] CMD ARGS...",
+    .summary = "run CMD with gpureclaim preloaded (prepended to LD_PRELOAD)",
+    .text = "Runs CMD with libgpureclaim.so.0 prepended to LD_PRELOAD (after sanitizer runtimes; any other\n"
+            "libgpureclaim there is dropped). Options set the GPURECLAIM_* variables; a bad value, given here or\n"
+            "already in the environment, is refused before CMD starts. Options end at \"--\" or at CMD.\n",
+    .opts = g_spec_opts,
+    .tail = g_spec_tail,
+    .in_order = true,
+};
 
-/* The help text: each option's lines from g_opts, the variable it sets at the end of the first. */
-static int run_help(void) {
-  char text[8192];
-  size_t n = (size_t)snprintf(text, sizeof text, "%s", g_help_head);
-  for (size_t k = 0; k < GR_ARRAY_LEN(g_opts) && n < sizeof text; k++) {
+/* The option's val: its short letter, else 256 + its row. */
+static int opt_val(size_t k) { return g_opts[k].shortopt ? g_opts[k].shortopt : 256 + (int)k; }
+
+const cmd_spec_t *cmd_run_spec(void) {
+  if (g_spec_opts[0].longopt)
+    return &g_spec;
+  size_t n = 0;
+  for (size_t k = 0; k < GR_ARRAY_LEN(g_opts); k++) {
     const run_opt_t *o = &g_opts[k];
     if (o->how == GR_RUN_NONE)
       continue;
-    char opt[64], var[64];
-    snprintf(opt, sizeof opt, "%c%c%c --%s%s%s%s", o->shortopt ? '-' : ' ', o->shortopt ? o->shortopt : ' ',
-             o->shortopt ? ',' : ' ', o->longopt,
-             o->how == GR_RUN_VALUE      ? " "
-             : o->how == GR_RUN_OPTIONAL ? "[="
-                                         : "",
-             o->meta ? o->meta : "", o->how == GR_RUN_OPTIONAL ? "]" : "");
+    char var[64];
     snprintf(var, sizeof var, "%s%s%s", o->var, o->how == GR_RUN_FLAG ? "=" : "", o->how == GR_RUN_FLAG ? o->set : "");
-    const char *line = o->help;
-    size_t len = strcspn(line, "\n");
-    n += (size_t)snprintf(text + n, sizeof text - n, "  %-20s  %-55.*s %s\n", opt, (int)len, line, var);
-    for (line += len; *line && n < sizeof text; line += len) {
-      line++;
-      len = strcspn(line, "\n");
-      n += (size_t)snprintf(text + n, sizeof text - n, "%24s%.*s\n", "", (int)len, line);
-    }
+    size_t first = strcspn(o->help, "\n");
+    snprintf(g_spec_help[n], sizeof g_spec_help[n], "%-55.*s %s%s", (int)first, o->help, var, o->help + first);
+    g_spec_opts[n] = (cmd_opt_t){opt_val(k), o->shortopt, o->longopt,
+                                 o->how == GR_RUN_VALUE ? CMD_ARG : o->how == GR_RUN_OPTIONAL ? CMD_OPTARG : CMD_NOARG,
+                                 o->meta, g_spec_help[n]};
+    n++;
   }
-  if (n < sizeof text)
-    snprintf(text + n, sizeof text - n, "%s", g_help_tail);
-  return cmd_help(text);
+  /* Every variable either reads, the ones without an option too: the whole list in one place. */
+  size_t t = (size_t)snprintf(g_spec_tail, sizeof g_spec_tail,
+                              "Variables without an option of run (set them in the environment; gpureclaim(7) says more):\n");
+#define RUN_HOW_(shortopt, longopt, how, set, meta, help) how
+#define TAIL_ROW_(ID, field, kind, bound, def, expected, run)                                                          \
+  if (RUN_HOW_ run == GR_RUN_NONE && t < sizeof g_spec_tail)                                                         \
+    t += (size_t)snprintf(g_spec_tail + t, sizeof g_spec_tail - t, "  %-26s %s (default %s)\n", "GPURECLAIM_" #ID,      \
+                          expected, def ? def : "none");
+  GR_OPTIONS(TAIL_ROW_)
+#undef TAIL_ROW_
+#undef RUN_HOW_
+  if (t < sizeof g_spec_tail)
+    snprintf(g_spec_tail + t, sizeof g_spec_tail - t,
+             "  %-26s the library run preloads (the command's own; default: the one installed beside it)\n"
+             "\n"
+             "The library is found next to the command (../LIBDIR/libgpureclaim.so.0, or src/ in a build tree), or\n"
+             "set GPURECLAIM_LIBRARY. When no CUDA driver (libcuda.so.1) can be loaded, run says so before CMD\n"
+             "starts. A GPURECLAIM_ variable that neither reads is refused as a misspelling.\n",
+             "GPURECLAIM_LIBRARY");
+  return &g_spec;
 }
 
 int cmd_run(int argc, char **argv) {
-  /* getopt's tables from g_opts: an option's val is its short letter, else 256 + its index. */
-  struct option longopts[GR_ARRAY_LEN(g_opts) + 2];
-  char shortopts[2 * GR_ARRAY_LEN(g_opts) + 8] = "+:";
-  size_t nl = 0, ns = 2;
-  for (size_t k = 0; k < GR_ARRAY_LEN(g_opts); k++) {
-    if (g_opts[k].how == GR_RUN_NONE)
-      continue;
-    int val = g_opts[k].shortopt ? g_opts[k].shortopt : 256 + (int)k;
-    longopts[nl++] = (struct option){g_opts[k].longopt,
-                                     g_opts[k].how == GR_RUN_VALUE      ? required_argument
-                                     : g_opts[k].how == GR_RUN_OPTIONAL ? optional_argument
-                                                                        : no_argument,
-                                     NULL, val};
-    if (g_opts[k].shortopt) { /* -v takes no value: -v2 is not --verbose=2 */
-      shortopts[ns++] = g_opts[k].shortopt;
-      if (g_opts[k].how == GR_RUN_VALUE)
-        shortopts[ns++] = ':';
-    }
-  }
-  longopts[nl++] = (struct option){"help", no_argument, NULL, 'h'};
-  longopts[nl] = (struct option){NULL, 0, NULL, 0};
-  shortopts[ns++] = 'h';
-  shortopts[ns] = '\0';
+  const cmd_spec_t *spec = cmd_run_spec();
+  const run_opt_t *bare = NULL; /* the last option, when it takes a value only after "=" and was given none */
   optind = 1;
   int c;
-  /* "+": options end at the program (whose own options follow it). */
-  while ((c = cmd_getopt(argc, argv, shortopts, longopts)) != -1) {
+  /* In order: options end at the program (whose own options follow it). */
+  while ((c = cmd_getopt(argc, argv, spec)) != -1) {
     if (c == -2)
       return EX_USAGE;
     if (c == 'h')
-      return run_help();
+      return cmd_help(spec);
     size_t k = 0;
-    while (k < GR_ARRAY_LEN(g_opts) &&
-           !(g_opts[k].how != GR_RUN_NONE && (g_opts[k].shortopt ? g_opts[k].shortopt : 256 + (int)k) == c))
+    while (k < GR_ARRAY_LEN(g_opts) && !(g_opts[k].how != GR_RUN_NONE && opt_val(k) == c))
       k++;
     if (k == GR_ARRAY_LEN(g_opts))
       return cmd_usage_error("run: unknown option: %s", argv[optind - 1]);
     const run_opt_t *o = &g_opts[k];
+    bare = o->how == GR_RUN_OPTIONAL && !optarg ? o : NULL;
     int rc = EX_OK;
     if (o->how == GR_RUN_VALUE && !strcmp(optarg, "--")) /* the end of run's options, not a value */
       return cmd_usage_error("run: --%s needs a value", o->longopt);
@@ -404,6 +423,14 @@ int cmd_run(int argc, char **argv) {
   int i = optind;
   if (i >= argc)
     return cmd_usage_error("run: give the program to run (gpureclaim run [options] -- CMD ARGS...)%s", "");
+  /* `run --verbose 2 CMD` would run a program named 2: surely a level meant as --verbose=2. A program named so
+   * runs after "--". */
+  if (bare && strcmp(argv[i - 1], "--") != 0 && argv[i][0] && strspn(argv[i], "0123456789") == strlen(argv[i])) {
+    fprintf(stderr, "gpureclaim: run: --%s takes its value after \"=\": give --%s=%s (as written, %s would be run "
+                    "as the program; put -- before a program of that name)\n(see gpureclaim run --help)\n",
+            bare->longopt, bare->longopt, argv[i], argv[i]);
+    return EX_USAGE;
+  }
   int env_rc = chk_environment();
   if (env_rc == EX_OK)
     env_rc = chk_default_rundir();

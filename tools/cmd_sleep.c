@@ -19,21 +19,39 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char g_sleep_help[] =
-    "usage: gpureclaim sleep PID [-t S] [-j]      (--timeout --json)\n"
-    "  Gives back all of the process's device memory, live memory included: a release of cached and orphaned\n"
-    "  memory first, then the rest moves to host memory (the driver's checkpoint API, driver 570 or later).\n"
-    "  The process carries on unchanged: its next CUDA call wakes it (or gpureclaim wake PID).\n"
-    "  -t, --timeout S   how long to wait for threads inside CUDA calls before refusing, and for the process to\n"
-    "                    begin (a stopped or busy process: the sleep is then not begun) (default 10)\n"
-    "  -j, --json        the report as JSON\n";
+static const cmd_opt_t g_sleep_opts[] = {
+    {'t', 't', "timeout", CMD_ARG, "S", "how long to wait for threads inside CUDA calls before refusing, and for the\n"
+                                       "process to begin (a stopped or busy process: the sleep is then not begun)\n"
+                                       "(default 10)"},
+    {'j', 'j', "json", CMD_NOARG, NULL, "the report as JSON"},
+    {0}};
 
-static const char g_wake_help[] =
-    "usage: gpureclaim wake PID [-t S] [-j]       (--timeout --json)\n"
-    "  Wakes a sleeping process now: its device memory comes back once the device has room (the process waits\n"
-    "  up to its GPURECLAIM_WAKE_TIMEOUT, and stays asleep and intact without room).\n"
-    "  -t, --timeout S   how long to wait for the answer (default 60)\n"
-    "  -j, --json        the answer as JSON\n";
+const cmd_spec_t cmd_sleep_spec = {
+    .name = "sleep",
+    .usage = "sleep [options] PID",
+    .summary = "all of its device memory to host memory (cached and orphaned released first); its next CUDA\n"
+               "      call wakes it",
+    .text = "Gives back all of the process's device memory, live memory included: a release of cached and orphaned\n"
+            "memory first, then the rest moves to host memory (the driver's checkpoint API, driver 570 or later).\n"
+            "The process carries on unchanged: its next CUDA call wakes it (or gpureclaim wake PID).\n",
+    .opts = g_sleep_opts,
+    .tail = "",
+};
+
+static const cmd_opt_t g_wake_opts[] = {
+    {'t', 't', "timeout", CMD_ARG, "S", "how long to wait for the answer (default 60)"},
+    {'j', 'j', "json", CMD_NOARG, NULL, "the answer as JSON"},
+    {0}};
+
+const cmd_spec_t cmd_wake_spec = {
+    .name = "wake",
+    .usage = "wake [options] PID",
+    .summary = "wake a sleeping process now (it waits for room on the device, up to its GPURECLAIM_WAKE_TIMEOUT)",
+    .text = "Wakes a sleeping process now: its device memory comes back once the device has room (the process waits\n"
+            "up to its GPURECLAIM_WAKE_TIMEOUT, and stays asleep and intact without room).\n",
+    .opts = g_wake_opts,
+    .tail = "",
+};
 
 static double jnum(const jnode_t *o, const char *key, double dflt) {
   const jnode_t *v = jget(o, key);
@@ -133,18 +151,16 @@ static jnode_t *exchange(const proc_t *p, const char *request, double timeout, d
 }
 
 static int run(int argc, char **argv, bool sleeping) {
-  static const struct option longopts[] = {
-      {"timeout", required_argument, NULL, 't'}, {"json", no_argument, NULL, 'j'}, {"help", no_argument, NULL, 'h'},
-      {NULL, 0, NULL, 0}};
+  const cmd_spec_t *spec = sleeping ? &cmd_sleep_spec : &cmd_wake_spec;
   double timeout = sleeping ? 10 : 60;
   bool json = false;
   optind = 1;
   int c;
-  while ((c = cmd_getopt(argc, argv, "t:jh", longopts)) != -1) {
+  while ((c = cmd_getopt(argc, argv, spec)) != -1) {
     if (c == -2)
       return EX_USAGE;
     if (c == 'h')
-      return cmd_help(sleeping ? g_sleep_help : g_wake_help);
+      return cmd_help(spec);
     if (c == 'j')
       json = true;
     if (c == 't' && (!cmd_parse_seconds(optarg, &timeout) || timeout <= 0)) /* as release and snapshot have it */

@@ -103,28 +103,30 @@ static void print_leaks(const jnode_t *l) {
   }
 }
 
-static const char g_help[] =
-    "usage: gpureclaim snapshot [options] PID\n"
-    "The process's live blocks grouped by device, context, kind and calling library, largest first, with\n"
-    "orphans counted; or its leak report. Asked over its control socket (docs/PROTOCOL.md).\n"
-    "\n"
-    "  -l, --leaks        the leak report instead: blocks never freed, by library and caller\n"
-    "  -j, --json         the answer as JSON (the formats of docs/PROTOCOL.md)\n"
-    "  -t, --timeout S    how long to wait for the answer, in seconds (default 30; a stopped process gives none)\n"
-    "  -h, --help         this text\n";
+static const cmd_opt_t g_opts[] = {
+    {'l', 'l', "leaks", CMD_NOARG, NULL, "the leak report instead: blocks never freed, by library and caller"},
+    {'j', 'j', "json", CMD_NOARG, NULL, "the answer as JSON (the formats of docs/PROTOCOL.md)"},
+    {'t', 't', "timeout", CMD_ARG, "S", "how long to wait for the answer, in seconds (default 30; a stopped process\n"
+                                       "gives none)"},
+    {0}};
+
+const cmd_spec_t cmd_snapshot_spec = {
+    .name = "snapshot",
+    .usage = "snapshot [options] PID",
+    .summary = "live blocks grouped by device, context, kind and calling library; --leaks: the leak report",
+    .text = "The process's live blocks grouped by device, context, kind and calling library, largest first, with\n"
+            "orphans counted; or its leak report. Asked over its control socket (docs/PROTOCOL.md).\n",
+    .opts = g_opts,
+    .tail = "",
+};
 
 int cmd_snapshot(int argc, char **argv) {
-  static const struct option longopts[] = {{"json", no_argument, NULL, 'j'},
-                                           {"leaks", no_argument, NULL, 'l'},
-                                           {"timeout", required_argument, NULL, 't'},
-                                           {"help", no_argument, NULL, 'h'},
-                                           {NULL, 0, NULL, 0}};
   bool leaks = false;
   pid_t pid = 0;
   double timeout = 30;
   optind = 1;
   int c;
-  while ((c = cmd_getopt(argc, argv, ":jlt:h", longopts)) != -1) {
+  while ((c = cmd_getopt(argc, argv, &cmd_snapshot_spec)) != -1) {
     switch (c) {
     case 'j':
       cmd_set_json(true);
@@ -137,7 +139,7 @@ int cmd_snapshot(int argc, char **argv) {
         return cmd_usage_error("snapshot: bad timeout %s (seconds, more than 0 and at most 86400)", optarg);
       break;
     case 'h':
-      return cmd_help(g_help);
+      return cmd_help(&cmd_snapshot_spec);
     default:
       return EX_USAGE;
     }

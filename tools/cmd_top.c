@@ -25,20 +25,30 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char g_top_help[] =
-    "usage: gpureclaim top [-d SECONDS] [-n N] [-i GPUS] [-s FIELD] [--json]\n"
-    "ps, refreshed. On a terminal, a full-screen view; keys:\n"
-    "  Up/Down, k/j   select a process        r   release it (what its GPURECLAIM_ON_SIGNAL says)\n"
-    "  s              snapshot it, to gpureclaim-snapshot-PID-TIME.json in the current directory\n"
-    "  > / <          next / previous sort     space  refresh now        q, ^C   quit\n"
-    "Not on a terminal (or with --json), frames are printed one after another.\n"
-    "\n"
-    "  -d, --interval S     seconds between refreshes (default 2, at least 0.1)\n"
-    "  -n, --iterations N   stop after N frames (default: until q or ^C)\n"
-    "  -i, --gpu GPUS       only these GPUs (ordinals or UUIDs, comma-separated), as ps -i\n"
-    "  -s, --sort FIELD     as ps --sort (default held)\n"
-    "      --json           one JSON array per frame, one per line (JSON Lines)\n"
-    "  -h, --help           this help\n";
+static const cmd_opt_t g_opts[] = {
+    {'d', 'd', "interval", CMD_ARG, "S", "seconds between refreshes (default 2, at least 0.1)"},
+    {'n', 'n', "iterations", CMD_ARG, "N", "stop after N frames (default: until q or ^C)"},
+    {'i', 'i', "gpu", CMD_ARG, "GPUS", "only these GPUs (indices as nvidia-smi numbers them, or UUIDs,\n"
+                                      "comma-separated), as ps -i"},
+    {'S', 'S', "sort", CMD_ARG, "FIELD", "as ps --sort (default held)"},
+    {'j', 'j', "json", CMD_NOARG, NULL, "one JSON object per frame (ps --json's), one per line (JSON Lines)"},
+    {0}};
+
+const cmd_spec_t cmd_top_spec = {
+    .name = "top",
+    .usage = "top [-d S] [-n N] [-i GPUS] [-S FIELD] [--json]",
+    .summary = "ps, refreshed every S seconds (default 2); full screen on a terminal",
+    .text = "ps, refreshed. On a terminal, a full-screen view; keys (h or ? shows them there too):\n"
+            "  Up/Down, k/j   select a process        r   release it (what its GPURECLAIM_ON_SIGNAL says)\n"
+            "  s              snapshot it, to gpureclaim-snapshot-PID-TIME.json in the current directory\n"
+            "  > / <          next / previous sort     space  refresh now        q, ^C   quit\n"
+            "  Left/Right     scroll the tables sideways (every column); Home: back\n"
+            "Colours (unless NO_COLOR is set): blue asleep, yellow not answering.\n"
+            "Not on a terminal (or with --json), frames are printed one after another (--json: ps --json's object,\n"
+            "one per line, each with its time).\n",
+    .opts = g_opts,
+    .tail = "",
+};
 
 typedef struct top_opts {
   double interval;
@@ -82,7 +92,7 @@ static int plain(const top_opts_t *o) {
       return EX_FAILED;
     }
     if (cmd_json_out()) {
-      ps_print_json(stdout, &v, &o->filter); /* one array per line: JSON Lines */
+      ps_print_json(stdout, &v, &o->filter); /* one object per line: JSON Lines */
     } else {
       time_t now = time(NULL);
       char ts[64];
@@ -108,49 +118,123 @@ typedef struct screen {
   ps_view_t v;
   pid_t selected; /* followed across refreshes by pid */
   size_t sel, top;
+  int hscroll;    /* columns the tables are scrolled to the left (Left/Right); 0: fitted to the terminal */
+  bool help;      /* the keys are shown (h, ?) */
+  bool colour;
   char msg[512];
 } screen_t;
 
-static void line_at(int y, const char *s, attr_t attr) {
+/* Colour pairs: asleep (its memory is on the host), not answering, the title and headers, a message. */
+enum { C_ASLEEP = 1, C_SILENT, C_HEAD, C_MSG };
+
+static attr_t colour(const screen_t *s, int pair) { return s->colour ? COLOR_PAIR(pair) : 0; }
+
+/* s after its first n characters (UTF-8), for a line scrolled n columns to the left. */
+static const char *skip_chars(const char *str, int n) {
+  while (*str && n > 0) {
+    str++;
+    while (((unsigned char)*str & 0xc0) == 0x80)
+      str++;
+    n--;
+  }
+  return str;
+}
+
+static void line_at(int y, const char *str, attr_t attr) {
   if (y < 0 || y >= LINES)
     return;
   move(y, 0);
+  clrtoeol();
   attron(attr);
-  addnstr(s, COLS); /* ps_* lines are cut to COLS already; a byte-limited copy cannot wrap either */
+  addnstr(str, COLS); /* at most COLS bytes, so at most COLS characters: it never wraps */
   for (int x = getcurx(stdscr); attr && x < COLS && getcury(stdscr) == y; x++)
     addch(' '); /* the bar across the whole line */
   attroff(attr);
 }
 
+/* Prose (a message, the keys) cut at a word's end to fit width, with " ..." when cut. */
+static void prose(char *buf, size_t len, const char *text, int width) {
+  snprintf(buf, len, "%s", text);
+  if (width <= 4 || strlen(buf) <= (size_t)width)
+    return;
+  size_t w = (size_t)width - 4;
+  while (w > 0 && buf[w] != ' ')
+    w--;
+  while (w > 0 && buf[w - 1] == ' ')
+    w--;
+  if (w == 0)
+    w = (size_t)width - 4;
+  while (w > 0 && ((unsigned char)buf[w] & 0xc0) == 0x80)
+    w--;
+  snprintf(buf + w, len - w, " ...");
+}
+
+/* A table line: fitted to the terminal, or with every column when scrolled and shown from hscroll. */
+static void table_line(const screen_t *s, int y, const char *text, attr_t attr) {
+  line_at(y, s->hscroll ? skip_chars(text, s->hscroll) : text, attr);
+}
+
+static const char g_keys_short[] = "q quit  h help  r release  s snapshot  </> sort  up/down select  left/right scroll";
+
+static const char *const g_help_lines[] = {
+    "Keys",
+    "  Up, Down, k, j      select a process (PgUp, PgDn: ten at a time)",
+    "  r                   release the selected process (what its GPURECLAIM_ON_SIGNAL says)",
+    "  s                   write its snapshot to gpureclaim-snapshot-PID-TIME.json here",
+    "  > <                 next, previous sort (held, cached, releasable, ...)",
+    "  Left, Right, Home   scroll the tables sideways (every column), back",
+    "  space               refresh now",
+    "  h, ?                this help (any key closes it)",
+    "  q, ^C               quit",
+    "",
+    "STATE: awake, sleeping (its memory is on the host: gpureclaim wake PID),",
+    "waking, stopped (SIGSTOP, ^Z, a debugger), silent (not answering); the last",
+    "two show their status file's last figures. GPUs are numbered as nvidia-smi",
+    "numbers them. gpureclaim top --help and man gpureclaim say more.",
+    NULL};
+
 static void draw(screen_t *s, const top_opts_t *o) {
   char line[1024];
+  int width = s->hscroll ? 0 : COLS; /* scrolled: every column, the wide layout */
   erase();
   time_t now = time(NULL);
   char ts[64];
   strftime(ts, sizeof ts, "%H:%M:%S", localtime(&now));
-  snprintf(line, sizeof line, "gpureclaim top - %s - %zu process%s - every %.1fs - sorted by %s", ts, s->v.n,
-           s->v.n == 1 ? "" : "es", o->interval, ps_sort_name(o->sort));
-  line_at(0, line, A_BOLD);
+  snprintf(line, sizeof line, "gpureclaim top%s - %s - %zu process%s - every %.1fs - sorted by %s",
+           s->hscroll ? " (scrolled; Home: back)" : "", ts, s->v.n, s->v.n == 1 ? "" : "es", o->interval,
+           ps_sort_name(o->sort));
+  char title[1024];
+  prose(title, sizeof title, line, COLS);
+  line_at(0, title, A_BOLD | colour(s, C_HEAD));
   int y = 2;
+  if (s->help) {
+    for (int i = 0; g_help_lines[i] && y < LINES - 1; i++) {
+      prose(line, sizeof line, g_help_lines[i], COLS);
+      line_at(y++, line, i == 0 ? A_BOLD : 0);
+    }
+    line_at(LINES - 1, "any key: back to the table", A_DIM);
+    refresh();
+    return;
+  }
   if (s->v.ngpus) {
-    ps_gpu_header(line, sizeof line, COLS);
-    line_at(y++, line, A_BOLD);
+    ps_gpu_header(line, sizeof line, width);
+    table_line(s, y++, line, A_BOLD | colour(s, C_HEAD));
     for (size_t i = 0; i < s->v.ngpus && y < LINES - 4; i++) {
-      ps_gpu_line(&s->v.gpus[i], line, sizeof line, COLS);
-      line_at(y++, line, 0);
+      ps_gpu_line(&s->v.gpus[i], line, sizeof line, width);
+      table_line(s, y++, line, 0);
     }
     y++;
   }
-  ps_row_header(line, sizeof line, COLS);
-  line_at(y++, line, A_REVERSE);
-  /* The selected process's framework caches, under the table. */
+  ps_row_header(line, sizeof line, width);
+  table_line(s, y++, line, A_REVERSE);
+  /* The selected process's framework caches, under the table (two lines each rather than one cut short). */
   char *fw = NULL;
   size_t fwlen = 0;
   int fwlines = 0;
   if (s->v.n) {
     FILE *m = open_memstream(&fw, &fwlen);
     if (m) {
-      ps_print_frameworks(m, &s->v.rows[s->sel], &o->filter, 0);
+      ps_print_frameworks(m, &s->v.rows[s->sel], &o->filter, COLS);
       fclose(m);
     }
     for (size_t i = 0; fw && i < fwlen; i++)
@@ -168,19 +252,23 @@ static void draw(screen_t *s, const top_opts_t *o) {
       s->top = s->sel - (size_t)rows + 1;
   }
   for (size_t i = s->top; i < s->v.n && rows > 0 && y < LINES - 1 - fwlines; i++) {
-    ps_row_line(&s->v.rows[i], line, sizeof line, COLS);
-    line_at(y++, line, i == s->sel ? A_REVERSE | A_BOLD : 0);
+    const ps_row_t *r = &s->v.rows[i];
+    ps_row_line(r, line, sizeof line, width);
+    attr_t a = r->asleep ? colour(s, C_ASLEEP) : !r->stats ? colour(s, C_SILENT) : 0;
+    table_line(s, y++, line, i == s->sel ? A_REVERSE | A_BOLD | a : a);
   }
-  if (!s->v.n)
-    line_at(y++, o->filter.n ? "(no process of yours is running gpureclaim on the GPUs selected)"
-                             : "(no process of yours is running gpureclaim)", 0);
+  if (!s->v.n) {
+    prose(line, sizeof line, o->filter.n ? "(no process of yours is running gpureclaim on the GPUs selected)"
+                                         : "(no process of yours is running gpureclaim)", COLS);
+    line_at(y++, line, 0);
+  }
   for (char *p = fw, *nl; fwlines && p && *p && (nl = strchr(p, '\n')); p = nl + 1) {
     *nl = '\0';
     line_at(y++, p + strspn(p, " "), A_DIM);
   }
   free(fw);
-  line_at(LINES - 1, s->msg[0] ? s->msg : "q quit  r release  s snapshot  </> sort  up/down select  space refresh",
-          s->msg[0] ? A_BOLD : A_DIM);
+  prose(line, sizeof line, s->msg[0] ? s->msg : g_keys_short, COLS);
+  line_at(LINES - 1, line, s->msg[0] ? A_BOLD | colour(s, C_MSG) : A_DIM);
   refresh();
 }
 
@@ -265,6 +353,13 @@ static void snapshot_selected(screen_t *s, const top_opts_t *o) {
   }
 }
 
+/* Notes of the command (a stale status file removed, ...) while the screen is ncurses': shown on the message
+ * line, never written to the terminal under it. */
+static void note_to_screen(const char *note, void *arg) {
+  screen_t *s = arg;
+  snprintf(s->msg, sizeof s->msg, "%s", note);
+}
+
 static volatile sig_atomic_t g_quit;
 static void on_quit(int sig) {
   (void)sig;
@@ -293,6 +388,17 @@ static int full_screen(top_opts_t *o) {
   curs_set(0);
   screen_t s;
   memset(&s, 0, sizeof s);
+  /* Colour where the terminal has it, unless NO_COLOR is set (no-color.org). */
+  const char *no_colour = getenv("NO_COLOR");
+  if (has_colors() && !(no_colour && *no_colour) && start_color() == OK) {
+    use_default_colors();
+    init_pair(C_ASLEEP, COLOR_BLUE, -1);
+    init_pair(C_SILENT, COLOR_YELLOW, -1);
+    init_pair(C_HEAD, COLOR_CYAN, -1);
+    init_pair(C_MSG, COLOR_GREEN, -1);
+    s.colour = true;
+  }
+  cmd_set_note_sink(note_to_screen, &s);
   long frames = 0;
   int rc = EX_OK;
   bool again = true;
@@ -322,6 +428,10 @@ static int full_screen(top_opts_t *o) {
     int ch = getch();
     if (g_quit)
       break;
+    if (s.help && ch != ERR && ch != KEY_RESIZE) { /* any key closes the help */
+      s.help = false;
+      continue;
+    }
     switch (ch) {
     case ERR: again = gr_ms_until(&next) == 0; break;
     case 'q':
@@ -349,15 +459,33 @@ static int full_screen(top_opts_t *o) {
       s.msg[0] = '\0';
       again = true;
       break;
-    case KEY_RESIZE: break; /* drawn anew at the new size */
+    case 'h':
+    case '?':
+      s.help = true;
+      s.msg[0] = '\0';
+      break;
+    case KEY_LEFT: s.hscroll = s.hscroll > 8 ? s.hscroll - 8 : 0; break;
+    case KEY_RIGHT: s.hscroll += 8; break;
+    case KEY_HOME: s.hscroll = 0; break;
+    case KEY_RESIZE:
+      /* Drawn anew at the new size, every cell: a terminal that reflowed its lines on the resize left what
+       * ncurses believed was there elsewhere, and the diff-based redraw left those leftovers. */
+      clearok(curscr, TRUE);
+      break;
+    case 12: /* ^L: repaint everything, as in every full-screen program */
+      clearok(curscr, TRUE);
+      break;
     default:
-      snprintf(s.msg, sizeof s.msg, "unknown key; q quit  r release  s snapshot  </> sort  up/down select");
+      snprintf(s.msg, sizeof s.msg, "unknown key (h: the keys)");
       break;
     }
   }
 out:
+  cmd_set_note_sink(NULL, NULL);
   endwin();
   delscreen(scr);
+  if (rc != EX_OK && s.msg[0]) /* why top ends (a run directory refused): on the terminal, now the shell's */
+    fprintf(stderr, "gpureclaim: %s\n", s.msg);
   ps_free(&s.v);
   return rc;
 }
@@ -371,38 +499,11 @@ static int full_screen(top_opts_t *o) {
 }
 #endif
 
-/* getopt_long's '?': an option without its value, or an unknown one. */
-static int bad_option(char **av, int ind, int opt, const char *cmd, const char *with_value) {
-  const char *arg = av[ind - 1];
-  if (opt && strchr(with_value, opt))
-    fprintf(stderr, "gpureclaim: %s: %s needs a value\n(see gpureclaim %s --help)\n", cmd, arg, cmd);
-  else
-    fprintf(stderr, "gpureclaim: %s: unknown option: %s\n(see gpureclaim %s --help)\n", cmd, arg, cmd);
-  return EX_USAGE;
-}
-
 int cmd_top(int argc, char **argv) {
-  static const struct option longs[] = {
-      {"interval", required_argument, NULL, 'd'}, {"iterations", required_argument, NULL, 'n'},
-      {"gpu", required_argument, NULL, 'i'},      {"sort", required_argument, NULL, 's'},
-      {"json", no_argument, NULL, 'j'},           {"help", no_argument, NULL, 'h'},
-      {NULL, 0, NULL, 0}};
   top_opts_t o = {.interval = 2, .iterations = -1, .sort = ps_sort_key("held")};
-  /* The arguments after the subcommand's name, or (as main() passes them to commands that parse their own
-   * --help) with the name first: "top" is no valid argument of top's either way. */
-  if (argc > 0 && !strcmp(argv[0], "top")) {
-    argc--;
-    argv++;
-  }
-  char *av[argc + 2];
-  av[0] = "gpureclaim top";
-  for (int i = 0; i < argc; i++)
-    av[i + 1] = argv[i];
-  av[argc + 1] = NULL;
-  opterr = 0;
-  optind = 0;
+  optind = 1;
   int c;
-  while ((c = getopt_long(argc + 1, av, "+d:n:i:s:h", longs, NULL)) != -1) {
+  while ((c = cmd_getopt(argc, argv, &cmd_top_spec)) != -1) {
     char *end;
     switch (c) {
     case 'd':
@@ -419,18 +520,18 @@ int cmd_top(int argc, char **argv) {
       if (!ps_parse_filter(optarg, &o.filter))
         return cmd_usage_error("top: bad --gpu %s (ordinals or UUIDs, comma-separated)", optarg);
       break;
-    case 's':
+    case 'S':
       if ((o.sort = ps_sort_key(optarg)) < 0)
         return cmd_usage_error("top: unknown --sort field %s (the fields are ps's, as ps --help lists them)", optarg);
       break;
     case 'j': cmd_set_json(true); break;
-    case 'h': return cmd_help(g_top_help);
+    case 'h': return cmd_help(&cmd_top_spec);
     default:
-      return bad_option(av, optind, optopt, "top", "dnis");
+      return EX_USAGE;
     }
   }
-  if (optind < argc + 1)
-    return cmd_usage_error("top: unexpected argument: %s", av[optind]);
+  if (optind < argc)
+    return cmd_usage_error("top: unexpected argument: %s", argv[optind]);
   if (!cmd_json_out() && isatty(STDIN_FILENO) && isatty(STDOUT_FILENO))
     return full_screen(&o);
   return plain(&o);

@@ -14,6 +14,19 @@ void cmd_set_json(bool on) { g_json = on; }
 
 const char *cmd_bytes(uint64_t v, char *buf, size_t len) { return gr_log_bytes(v, buf, len); }
 
+const char *cmd_iso_time(int64_t ms, char *buf, size_t len) {
+  time_t t = (time_t)(ms / 1000);
+  struct tm tm;
+  char date[32], zone[8];
+  if (!localtime_r(&t, &tm) || !strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%S", &tm) ||
+      !strftime(zone, sizeof zone, "%z", &tm) || strlen(zone) != 5) {
+    snprintf(buf, len, "?");
+    return buf;
+  }
+  snprintf(buf, len, "%s.%03d%.3s:%s", date, (int)(ms % 1000), zone, zone + 3);
+  return buf;
+}
+
 static void put_file(void *f, const char *p, size_t n) { fwrite(p, 1, n, f); }
 void cmd_json_str(FILE *f, const char *s) { gr_json_escape(s, put_file, f); }
 

@@ -6,25 +6,33 @@
 #include "command.h"
 
 #define PS_MAX_GPUS 64
-#define PS_UUID_LEN 48
+#define PS_UUID_LEN 96
+#define PS_MAX_PIDS 256
 
 /* One process, with its figures summed over the GPUs shown (all, or those -i/--gpu selects). */
 typedef struct ps_row {
   proc_t p;
   jnode_t *stats;  /* the socket's `stats` answer, NULL if it did not answer */
   const char *why; /* ... and why not */
-  char gpus[96];   /* "0,1": the GPUs shown that it uses; "-" none, "?" unknown (not answering) */
+  bool stopped;    /* stopped (SIGSTOP, ^Z, a debugger): not asked, it cannot answer until it continues */
+  bool stale;      /* not answering, its figures are its status file's last ones (`peer`) */
+  bool asleep;     /* sleeping or waking: its device memory is on the host (host bytes), none on the GPUs */
+  char gpus[96];   /* the GPUs shown that it uses, as nvidia-smi numbers them ("0,1"; "-" none, "?" unknown) */
+  char ordinals[96]; /* the same GPUs by its own CUDA ordinals (CUDA_VISIBLE_DEVICES renumbers) */
   char uuids[PS_MAX_GPUS * 4];
   uint64_t live, held, pool_cached, orphan, pinned;
   uint64_t fw_reserved, fw_allocated, fw_releasable; /* framework caches (PyTorch, CuPy, ...) */
   uint64_t cached;     /* pool_cached + fw_releasable: what a release of cached memory gives back */
   uint64_t releasable; /* cached + orphan: what `release` (cached,orphaned) gives back */
+  uint64_t host;       /* asleep: the device memory it keeps in host memory */
+  int64_t figures_ms;  /* stale: when the status file was written (CLOCK_REALTIME ms) */
 } ps_row_t;
 
-/* One GPU: the driver's figures (as nvidia-smi shows them, when a process that uses it answered) and the sums
- * of the processes shown. */
+/* One GPU: the driver's figures (NVML's, as nvidia-smi shows them; else those of a process that uses it) and
+ * the sums of the processes shown. */
 typedef struct ps_gpu {
-  int device;
+  int index;  /* nvidia-smi's number; -1 when NVML does not know it */
+  int device; /* the ordinal some process gives it (the only number without NVML) */
   char uuid[PS_UUID_LEN];
   bool have_mem;
   uint64_t free, total;
@@ -37,19 +45,25 @@ typedef struct ps_view {
   size_t n;
   ps_gpu_t gpus[PS_MAX_GPUS];
   size_t ngpus;
-  /* Every GPU an answering process reports, selected or not (what -i/--gpu is checked against): its
-   * ordinal in some process and its UUID ("" when unknown). */
+  /* Every GPU an answering process reports, selected or not (what -i/--gpu is checked against without NVML):
+   * its ordinal in some process and its UUID ("" when unknown). */
   struct {
     int device;
     char uuid[PS_UUID_LEN];
   } known[PS_MAX_GPUS];
   size_t nknown;
+  bool nvml;            /* GPUs numbered as nvidia-smi numbers them */
+  const char *nvml_why; /* ... else why not */
+  int64_t time_ms;      /* when it was collected (CLOCK_REALTIME) */
+  char host[256];       /* the machine's name */
 } ps_view_t;
 
-/* -i/--gpu: ordinals and UUIDs (a unique prefix does, with or without "GPU-"), comma-separated. */
+/* -i/--gpu: indices (nvidia-smi's) and UUIDs (a unique prefix does, with or without "GPU-"), comma-separated. */
 typedef struct ps_filter {
   size_t n;
   char sel[PS_MAX_GPUS][PS_UUID_LEN];
+  size_t npids; /* ps PID...: only these processes */
+  pid_t pids[PS_MAX_PIDS];
 } ps_filter_t;
 
 /* The sort keys, by name ("held", "cached", ...); -1 for an unknown name. */
@@ -59,11 +73,13 @@ int ps_sort_count(void);
 /* Parses a -i/--gpu value into f; false (nothing printed) when it is malformed. */
 bool ps_parse_filter(const char *s, ps_filter_t *f);
 
-/* Asks every process of this user for its stats (at once), keeps those on the selected GPUs, sorts. */
+/* Asks every process of this user for its stats (at once), keeps those on the selected GPUs (and those of the
+ * pids given, if any), sorts. */
 void ps_collect(ps_view_t *v, const ps_filter_t *f, int sort_key);
 void ps_free(ps_view_t *v);
-/* Whether each -i/--gpu selector names a GPU some answering process reports, a UUID prefix exactly one:
- * EX_OK, or EX_USAGE after saying which selector is ambiguous (with its candidates) or names no GPU. */
+/* Whether each -i/--gpu selector names a GPU (of the machine, by NVML; else one some answering process
+ * reports), a UUID prefix exactly one: EX_OK, or EX_USAGE after saying which selector is ambiguous (with its
+ * candidates) or names no GPU. */
 int ps_check_filter(const ps_view_t *v, const ps_filter_t *f, const char *cmd);
 
 /* Table text, one line at most `width` columns (0: no limit), without the newline. */

@@ -24,7 +24,11 @@ import errno
 import os
 
 __all__ = ["NotLoaded", "version", "enabled", "stats", "release", "release_context", "scope", "blocks",
-           "snapshot", "leak_report", "CACHED", "ORPHANED", "ALL"]
+           "snapshot", "leak_report", "sleep", "wake", "state", "CACHED", "ORPHANED", "ALL", "__version__"]
+
+# This package's version: gpureclaim's (CMakeLists.txt's project version; the tests hold them together).
+# version() is the loaded library's, which may differ when the package and the library come apart.
+__version__ = "0.1.0"
 
 CACHED, ORPHANED, ALL = 0x1, 0x2, 0x4
 FREE_NOW = 0x1
@@ -32,6 +36,7 @@ _WHAT = {"cached": CACHED, "orphaned": ORPHANED, "orphans": ORPHANED, "all": ALL
 _KINDS = {1: "device", 2: "pitch", 3: "managed", 4: "async", 5: "vmm", 6: "vmm_mapping", 7: "va", 8: "host"}
 _STATES = {1: "live", 2: "orphan", 3: "released"}
 _TRIGGERS = {1: "api", 2: "signal", 3: "oom", 4: "command", 5: "scope", 6: "peer", 7: "idle", 8: "call"}
+_SLEEP_STATES = {0: "awake", 1: "sleeping", 2: "waking"}
 MAX_DEVICES = 16
 
 _u64 = ctypes.c_uint64
@@ -71,6 +76,12 @@ class _Report(ctypes.Structure):
         ("ndevices", ctypes.c_int), ("devices", _DeviceReport * MAX_DEVICES), ("peer_pid", ctypes.c_int)]
 
 
+class _SleepReport(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_size_t), ("slept", ctypes.c_int), ("trigger", ctypes.c_int)] + [(n, _u64) for n in (
+        "released_bytes", "moved_bytes", "left_bytes", "host_available_bytes", "device_freed_bytes",
+        "duration_ns")] + [("reason", ctypes.c_char * 192)]
+
+
 class _Block(ctypes.Structure):
     _fields_ = [("size", ctypes.c_size_t), ("address", _u64), ("bytes", _u64), ("kind", ctypes.c_int),
                 ("state", ctypes.c_int), ("device", ctypes.c_int), ("thread_id", ctypes.c_uint32),
@@ -100,6 +111,9 @@ def _load():
         me.gpureclaim_stats.argtypes = [ctypes.c_int, ctypes.POINTER(_Stats)]
         me.gpureclaim_snapshot.argtypes = [ctypes.c_char_p]
         me.gpureclaim_leak_report.argtypes = [ctypes.c_char_p, ctypes.c_int]
+        if hasattr(me, "gpureclaim_sleep"):  # a library with sleep and wake
+            me.gpureclaim_sleep.argtypes = [ctypes.POINTER(_SleepReport)]
+            me.gpureclaim_sleep_state.argtypes = [ctypes.POINTER(_u64)]
         _lib = me
     return _lib
 
@@ -233,3 +247,48 @@ def snapshot(path):
 def leak_report(path="-", json=False):
     """Writes the blocks never freed, grouped by calling library and address, to path ("-": stderr)."""
     _check(_load().gpureclaim_leak_report(os.fsencode(path), 1 if json else 0), "leak_report", path)
+
+
+def _sleep_lib():
+    lib = _load()
+    if not hasattr(lib, "gpureclaim_sleep"):
+        raise RuntimeError("the loaded gpureclaim (%s) has no sleep and wake: it is older than this package (%s)"
+                           % (version(), __version__))
+    return lib
+
+
+def sleep():
+    """Puts this process to sleep, as `gpureclaim sleep PID` does: a release of cached and orphaned memory, then
+    the rest of its device memory, live memory included, moves to host memory; the next CUDA call (any thread's)
+    or wake() brings it back. Returns the report as a dict (slept, released_bytes, moved_bytes, left_bytes,
+    device_freed_bytes, ms, reason; already=True when it slept already). Raises OSError when refused (errno.EBUSY:
+    a thread inside a CUDA call, IPC, a graph capture; errno.ENOSPC: no host memory for it; errno.ENOTSUP: the
+    driver's checkpoint API is missing or refused), with the reason; what the release gave back stays given back.
+    The GIL is released while it runs."""
+    r = _SleepReport(size=ctypes.sizeof(_SleepReport))
+    rc = _sleep_lib().gpureclaim_sleep(ctypes.byref(r))
+    out = {name: getattr(r, name) for name, _ in _SleepReport._fields_ if name not in ("size", "reason", "duration_ns")}
+    out["slept"] = bool(r.slept) or rc == -errno.EALREADY
+    out["trigger"] = _TRIGGERS.get(r.trigger, r.trigger)
+    out["ms"] = r.duration_ns / 1e6
+    out["reason"] = r.reason.decode(errors="replace") or None
+    out["already"] = rc == -errno.EALREADY
+    if rc < 0 and rc != -errno.EALREADY:
+        raise OSError(-rc, "sleep: %s" % (out["reason"] or os.strerror(-rc)))
+    return out
+
+
+def wake():
+    """Wakes this process now (its next CUDA call would too). Raises OSError (errno.ENOMEM) when the device had no
+    room within GPURECLAIM_WAKE_TIMEOUT: the process stays asleep and intact."""
+    rc = _sleep_lib().gpureclaim_wake()
+    if rc == -errno.ENOMEM:
+        raise OSError(errno.ENOMEM, "wake: no room on the device within GPURECLAIM_WAKE_TIMEOUT; still asleep")
+    _check(rc, "wake")
+
+
+def state():
+    """The sleep state: {"state": "awake" | "sleeping" | "waking", "host_bytes": what it keeps in host memory}."""
+    host = _u64()
+    st = _sleep_lib().gpureclaim_sleep_state(ctypes.byref(host))
+    return {"state": _SLEEP_STATES.get(st, st), "host_bytes": host.value}

@@ -4,7 +4,8 @@
  * Only when the process runs CPython (its symbols are visible) and the interpreter is up and not finalizing;
  * only for frameworks that are imported and initialised; never by freeing their blocks (docs/ARCHITECTURE.md,
  * "What may be released": freeing behind a framework's back is a use-after-free):
- *   PyTorch: torch.cuda.empty_cache(), after clearing its cuBLAS workspaces (which go back to its cache);
+ *   PyTorch: torch.cuda.empty_cache(), after clearing its cuBLAS workspaces (which go back to its cache), then
+ *            its pinned host memory cache (torch._C._host_emptyCache(), where it exists);
  *   CuPy: the default memory pool's and pinned memory pool's free_all_blocks();
  *   any module that defines a callable __gpureclaim_release__() returning the bytes it freed.
  * gr_py_caches() reads, without changing anything, what the same frameworks hold: reserved, in use, and what
@@ -133,6 +134,13 @@ static const char g_code[] =
     "        c.empty_cache()\n"
     "        return max(0, before - sum(c.memory_reserved(d) for d in range(n)))\n"
     "    step('torch.cuda.empty_cache()', torch_step)\n"
+    "    def torch_host_step():\n"
+    "        c = getattr(t, 'cuda', None) if t is not None else None\n"
+    "        h = getattr(getattr(t, '_C', None), '_host_emptyCache', None) if c is not None else None\n"
+    "        if h is not None and c.is_initialized():\n"
+    "            h()  # pinned host memory: not device bytes, counted by host_pinned_bytes\n"
+    "        return None\n"
+    "    step('torch._C._host_emptyCache()', torch_host_step)\n"
     "    cp = sys.modules.get('cupy')\n"
     "    def cupy_step():\n"
     "        if cp is None or not hasattr(cp, 'get_default_memory_pool'):\n"

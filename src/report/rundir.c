@@ -24,7 +24,8 @@ static void open_rundir(void) {
   }
   struct stat st;
   if (lstat(dir, &st) != 0 || !gr_dir_is_private(&st)) {
-    gr_warn("the run directory %s is not a directory private to this user (mode 0700); refusing to use it", dir);
+    gr_warn("the run directory %s is not a directory private to this user (mode 0700); refusing to use it (if it "
+            "is yours: chmod 700 %s)", dir, dir);
     return;
   }
   g_rundir = dir;

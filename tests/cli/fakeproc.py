@@ -7,7 +7,8 @@ refusals without the library, and to make it misbehave in ways the library never
                                [--socket-gone] [--signal USR1] [--deaf] [--ignore-signal] [--program NAME]
                                [--log FILE]
                                [--other-release-first] [--old-status] [--die-on-signal] [--barrier N]
-                               [--framework] [--scale N]
+                               [--framework] [--scale N] [--sleeping]
+                               [--log-connects] [--goes-to-sleep] [--die-on-release]
 
 Prints "ready PID" once the status file and the socket exist; exits when stdin closes. Every request line and
 every signal it receives is appended to --log, so a test can tell that nothing reached it.
@@ -130,6 +131,17 @@ class Fake:
               "last_release": self.last}
         if not self.args.old_status:
             st.update(signal_releases=self.signal_releases, last_signal_release=self.last_signal)
+            # What the library's worker keeps there: the GPUs it sees and, per GPU, what it holds and could give
+            # (a not answering process is shown with these figures).
+            st["gpus"] = [{"device": g["device"], "uuid": g["uuid"]} for g in GPUS]
+            n = self.args.scale
+            st["peer"] = {"ask": True, "give": True, "oom": False, "last_gave_ms": 0, "gpus": [
+                {"uuid": GPUS[0]["uuid"], "device": 0, "held_bytes": 4 * GiB * n, "pool_cached_bytes": GiB * n,
+                 "orphan_bytes": 512 * MiB * n, "framework_bytes": 0},
+                {"uuid": GPUS[1]["uuid"], "device": 1, "held_bytes": 512 * MiB * n, "pool_cached_bytes": 0,
+                 "orphan_bytes": 0, "framework_bytes": 0}]}
+            if self.args.sleeping:
+                st["sleep"] = {"state": "sleeping", "host_bytes": 3 * GiB, "sleeps": 1, "wakes": 0, "available": True}
         tmp = self.status_path + ".tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -155,6 +167,11 @@ class Fake:
                     "devices": scaled(DEVICES, n), "pools": [{"pool": "0xp0", "device": 0,
                                                              "reserved_bytes": 3 * GiB // 2, "used_bytes": GiB // 2}],
                     "gpus": GPUS, "frameworks": scaled(FRAMEWORKS, n) if self.args.framework else []}
+        if line.startswith("release") and self.args.die_on_release:
+            self.log("request " + line)
+            os._exit(0)  # mid-release: its status file stays; its parent has not reaped it yet
+        if (line.startswith("release") and (self.args.sleeping or self.args.goes_to_sleep)) and not self.args.old_library:
+            return {"ok": False, "error": "the process sleeps: its device memory is on the host, nothing to release"}
         if line == "release" or line.startswith("release "):
             what = line[8:] or "cached,orphaned"
             return {"ok": True, "report": self.release("command", what)}
@@ -188,7 +205,8 @@ class Fake:
             elif mode == "refuse":
                 conn.sendall(json.dumps({"ok": False, "error": "gpureclaim is disabled in this process"}).encode())
             elif mode == "normal":
-                if line.split(" ")[0] == "release-begun" and not self.args.old_library:
+                if (line.split(" ")[0] == "release-begun" and not self.args.old_library and not self.args.sleeping
+                        and not self.args.goes_to_sleep and not self.args.die_on_release):
                     conn.sendall(b'{"ok": true, "begun": true}\n')
                 conn.sendall(json.dumps(self.answer(line)).encode() + b"\n")
             # "close": nothing at all
@@ -205,6 +223,8 @@ class Fake:
     def serve(self, srv):
         while True:
             conn, _ = srv.accept()
+            if self.args.log_connects:  # in the order they came: one logged after another's answer came later
+                self.log("connect %d" % self.pid)
             threading.Thread(target=self.serve_client, args=(conn,), daemon=True).start()
 
     def on_signal(self, signum, frame):
@@ -265,6 +285,11 @@ def main():
     ap.add_argument("--die-on-signal", action="store_true", help="exit on the release signal, releasing nothing")
     ap.add_argument("--framework", action="store_true", help="a PyTorch cache in the stats (FRAMEWORKS)")
     ap.add_argument("--scale", type=int, default=1, help="every byte count of the stats times N")
+    ap.add_argument("--sleeping", action="store_true", help="asleep (gpureclaim sleep): a release is refused")
+    ap.add_argument("--log-connects", action="store_true", help="log each connection as it is accepted")
+    ap.add_argument("--goes-to-sleep", action="store_true",
+                    help="awake in its status file, asleep when asked to release (it went to sleep meanwhile)")
+    ap.add_argument("--die-on-release", action="store_true", help="exit when asked to release, answering nothing")
     ap.add_argument("--log")
     Fake(ap.parse_args()).run()
 

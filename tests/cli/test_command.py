@@ -33,6 +33,11 @@ def run(*args, env=None, check=None):
     return p
 
 
+def ps_json(*args, env):
+    """The processes `ps --json` lists (its object also has the host, the time and the GPU table)."""
+    return json.loads(run("ps", "--json", *args, env=env, check=0).stdout)["processes"]
+
+
 def stop_and_wait(pid):
     """SIGSTOP, then wait until every thread of pid is stopped: kill() returns before the group stop has reached
     them all, and a worker thread still running could take a request up meanwhile."""
@@ -120,7 +125,7 @@ class CommandTest(unittest.TestCase):
         uuid = re.search(r"(?m)^\s+0 (GPU-[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12})\s+"
                          r"\S+ [KMG]iB\s+80\.0 GiB\s+72\.0 MiB\s+69\.0 MiB\s", out)
         self.assertTrue(uuid, out)
-        rows = json.loads(run("ps", "--json", env=self.env, check=0).stdout)
+        rows = ps_json(env=self.env)
         self.assertEqual(len(rows), 1)
         r = rows[0]
         self.assertEqual((r["pid"], r["live_bytes"], r["cached_bytes"], r["pinned_bytes"], r["devices"]),
@@ -132,8 +137,146 @@ class CommandTest(unittest.TestCase):
         with open(os.path.join(self.rundir, "%d.json" % h.pid)) as f:
             self.assertEqual(json.load(f)["gpus"][0], {"device": 0, "uuid": uuid.group(1)})
         # Selected by that UUID; another GPU selects nothing.
-        self.assertEqual(len(json.loads(run("ps", "--json", "-i", uuid.group(1), env=self.env, check=0).stdout)), 1)
-        self.assertEqual(json.loads(run("ps", "--json", "-i", "1", env=self.env, check=0).stdout), [])
+        self.assertEqual(len(ps_json("-i", uuid.group(1), env=self.env)), 1)
+        self.assertEqual(ps_json("-i", "1", env=self.env), [])
+
+    def nvml_uuids(self):
+        """The simulated machine's GPUs as its NVML numbers them (the simulator's libnvidia-ml.so.1, asked
+        directly: what nvidia-smi would list), index -> UUID."""
+        import ctypes
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        self.assertEqual(nvml.nvmlInit_v2(), 0)
+        count = ctypes.c_uint()
+        self.assertEqual(nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)), 0)
+        out = {}
+        for i in range(count.value):
+            h, buf = ctypes.c_void_p(), ctypes.create_string_buffer(96)
+            self.assertEqual(nvml.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(h)), 0)
+            self.assertEqual(nvml.nvmlDeviceGetUUID(h, buf, 96), 0)
+            out[i] = buf.value.decode()
+        return out
+
+    def test_gpus_are_numbered_as_nvidia_smi_numbers_them(self):
+        """Two simulated GPUs; one process on GPU 0, one started with CUDA_VISIBLE_DEVICES=1 (its own ordinal 0
+        is the machine's GPU 1). Both were shown as GPU 0, ps -i 1 missed the second, and release -g 1 too: GPUs
+        are numbered as NVML numbers them (nvidia-smi's numbers), the process's own ordinal kept beside."""
+        uuids = self.nvml_uuids()
+        self.assertEqual(len(uuids), 2)
+        h0 = self.hold()
+        h1 = Held(dict(self.env, CUDA_VISIBLE_DEVICES="1"))
+        self.held.append(h1)
+        obj = json.loads(run("ps", "--json", env=self.env, check=0).stdout)
+        self.assertEqual(obj["gpu_numbering"], "nvidia-smi")
+        self.assertEqual([(g["index"], g["uuid"], g["held_bytes"], g["processes"]) for g in obj["gpus"]],
+                         [(0, uuids[0], 72 * MiB, 1), (1, uuids[1], 72 * MiB, 1)])
+        rows = {r["pid"]: r for r in obj["processes"]}
+        self.assertEqual((rows[h0.pid]["gpus"], rows[h0.pid]["devices"], rows[h0.pid]["gpu_uuids"]), ([0], [0], [uuids[0]]))
+        self.assertEqual((rows[h1.pid]["gpus"], rows[h1.pid]["devices"], rows[h1.pid]["gpu_uuids"]), ([1], [0], [uuids[1]]))
+        table = run("ps", env=self.env, check=0).stdout
+        self.assertRegex(table, r"(?m)^\s+1 %s\s+\S+ [KMG]?i?B\s+80\.0 GiB\s+72\.0 MiB\s" % uuids[1])
+        self.assertRegex(table, r"(?m)^\s*%d 1\s+72\.0 MiB\s" % h1.pid)
+        q = run("ps", "-q", "pid,gpu,cuda_device,gpu_uuid", "--format", "csv,noheader", "-i", "1", env=self.env, check=0)
+        self.assertEqual(q.stdout, "%d,1,0,%s\n" % (h1.pid, uuids[1]))
+        self.assertEqual([r["pid"] for r in ps_json("-i", "1", env=self.env)], [h1.pid])
+        self.assertEqual([r["pid"] for r in ps_json("-i", "0", env=self.env)], [h0.pid])
+        # Prometheus: the process's ordinal (device), nvidia-smi's number (gpu) and the UUID, to join with DCGM's.
+        prom = run("ps", "--prometheus", "-", env=self.env, check=0).stdout
+        self.assertIn('gpureclaim_live_bytes{pid="%d",device="0",gpu="1",uuid="%s",command="hold"} %d'
+                      % (h1.pid, uuids[1], 8 * MiB), prom)
+        # release -g 1: the process on the machine's GPU 1 only.
+        out = json.loads(run("release", "-g", "1", "--json", env=self.env, check=0).stdout)
+        self.assertEqual([x["pid"] for x in out], [h1.pid])
+        self.assertEqual((h0.sim()[1], h1.sim()[1]), (64 * MiB, 0), "GPU 0's process was released")
+        # A GPU the machine does not have is an error, naming those it has.
+        p = run("ps", "-i", "2", env=self.env, check=2)
+        self.assertIn("no GPU 2 on this machine: its GPUs are 0 to 1", p.stderr)
+
+    def test_a_process_started_elsewhere_is_found(self):
+        """A job started from cron, Slurm, nohup, su or systemd has another XDG_RUNTIME_DIR than the user's shell
+        (or none), so another run directory: ps showed nothing, and release PID said "not running gpureclaim
+        (no status file in ...: started without it, ...)", none of which was true. ps reads every run
+        directory where a process of yours has its control socket, and says which; release PID looks where the
+        process's environment and socket say."""
+        job_xdg, shell_xdg = os.path.join(self.tmp, "job-xdg"), os.path.join(self.tmp, "shell-xdg")
+        os.mkdir(job_xdg, 0o700)
+        os.mkdir(shell_xdg, 0o700)
+        job_env = dict(self.env, XDG_RUNTIME_DIR=job_xdg)
+        job_env.pop("GPURECLAIM_RUNDIR")
+        h = Held(job_env)
+        self.held.append(h)
+        job_dir = os.path.join(job_xdg, "gpureclaim")
+        self.assertTrue(os.path.exists(os.path.join(job_dir, "%d.json" % h.pid)))
+        shell = dict(self.env, XDG_RUNTIME_DIR=shell_xdg)
+        shell.pop("GPURECLAIM_RUNDIR")
+        obj = json.loads(run("ps", "--json", env=shell, check=0).stdout)
+        self.assertEqual(obj["rundirs"][0], os.path.join(shell_xdg, "gpureclaim"), "its own directory first")
+        self.assertIn(job_dir, obj["rundirs"])
+        mine = [r for r in obj["processes"] if r["pid"] == h.pid]
+        self.assertEqual([(r["rundir"], r["held_bytes"]) for r in mine], [(job_dir, 72 * MiB)])
+        self.assertIn("Run directories read: %s (yours),\n  %s (processes started elsewhere)\n" % (os.path.join(shell_xdg, "gpureclaim"), job_dir),
+                      run("ps", env=shell, check=0).stdout)
+        out = run("release", str(h.pid), env=shell, check=0).stdout
+        self.assertIn("%d (hold): released 69.0 MiB" % h.pid, out)
+        self.assertEqual(h.sim()[1], 0, "its pool was not trimmed")
+        # With GPURECLAIM_RUNDIR set, ps reads that directory only; a pid given is still found where it is.
+        self.assertEqual(ps_json(env=self.env), [])
+        self.assertEqual([r["pid"] for r in ps_json(str(h.pid), env=self.env)], [h.pid])
+        self.assertIn("pid %d: 3 live blocks" % h.pid, run("snapshot", str(h.pid), env=self.env, check=0).stdout)
+        # The reasons given for a process without a status file are now true ones.
+        plain = subprocess.Popen(["sleep", "30"])
+        try:
+            p = run("release", str(plain.pid), env=shell, check=3)
+            self.assertIn("process %d is not running gpureclaim: libgpureclaim is not loaded in it: start it with "
+                          "gpureclaim run" % plain.pid, p.stderr)
+        finally:
+            plain.kill()
+            plain.wait()
+        quiet = self.hold("--no-status")
+        p = run("release", str(quiet.pid), env=self.env, check=3)
+        self.assertIn("it runs with GPURECLAIM_STATUS=0: no status file, no control socket", p.stderr)
+
+    def test_a_launcher_and_its_workers(self):
+        """gpureclaim run -- torchrun (accelerate, a wrapper script): the launcher never uses CUDA, its workers
+        do. release $! said "not running gpureclaim" with no hint; it names the children that do, and --tree
+        releases the launcher's whole tree."""
+        h = Held(self.env, program="sh", args=("-c", HOLD + "; true"))  # sh forks hold: its worker
+        self.held.append(h)
+        launcher = h.p.pid  # gpureclaim run exec'd sh
+        self.assertNotEqual(launcher, h.pid)
+        p = run("release", str(launcher), env=self.env, check=3)
+        self.assertIn("process %d is not running gpureclaim" % launcher, p.stderr)
+        self.assertIn("its child process %d (hold) runs gpureclaim: --tree acts on %d and every process under it"
+                      % (h.pid, launcher), p.stderr)
+        out = json.loads(run("release", "--tree", str(launcher), "--json", env=self.env, check=0).stdout)
+        self.assertEqual([(x["pid"], x["ok"], x["report"]["pool_bytes"]) for x in out], [(h.pid, True, 64 * MiB)])
+        self.assertEqual(h.sim()[1], 0, "the worker's pool was not trimmed")
+        run("release", "--tree", "--all", env=self.env, check=2)
+        plain = subprocess.Popen(["sleep", "30"])
+        try:
+            p = run("release", "--tree", str(plain.pid), env=self.env, check=3)
+            self.assertIn("libgpureclaim is not loaded in it", p.stderr)
+        finally:
+            plain.kill()
+            plain.wait()
+
+    def test_without_nvml_gpus_are_named_by_uuid(self):
+        """Where NVML cannot be loaded (no driver, a container given the compute libraries only), ps works and
+        says so: GPUs named by UUID, numbers each process's own."""
+        h = self.hold()
+        lib = os.path.join(self.tmp, "lib")
+        os.mkdir(lib)
+        for name in ("libcuda.so.1", "libcudart.so.13"):  # the simulator without its NVML
+            os.symlink(os.path.join(os.environ["LD_LIBRARY_PATH"].split(":")[0], name), os.path.join(lib, name))
+        env = dict(self.env, LD_LIBRARY_PATH=lib)
+        obj = json.loads(run("ps", "--json", env=env, check=0).stdout)
+        self.assertEqual(obj["gpu_numbering"], "cuda_ordinals")
+        self.assertIn("libnvidia-ml.so.1", obj["nvml_error"])
+        self.assertEqual([(g["index"], g["held_bytes"]) for g in obj["gpus"]], [(None, 72 * MiB)])
+        self.assertEqual(obj["processes"][0]["gpus"], [0])
+        table = run("ps", env=env, check=0).stdout
+        self.assertRegex(table, r"(?m)^\s+- GPU-[0-9a-f-]+\s")
+        self.assertIn("GPU numbers are each process's own CUDA ordinals", table)
+        self.assertEqual(h.pid, obj["processes"][0]["pid"])
 
     def test_ps_shows_a_framework_cache_and_a_release_gives_it_back(self):
         """A framework's cache (examples/simframework.py, PyTorch's stand-in on the simulator): ps counts its
@@ -144,8 +287,8 @@ class CommandTest(unittest.TestCase):
                 "print('ready', os.getpid(), flush=True); sys.stdin.read()\n") % EXAMPLES
         h = Held(self.env, program=sys.executable, args=("-c", code))
         self.held.append(h)
-        r = json.loads(run("ps", "--json", env=self.env, check=0).stdout)[0]
-        self.assertEqual(r["frameworks"], [{"framework": "simframework", "device": 0, "reserved_bytes": 10 * MiB,
+        r = ps_json(env=self.env)[0]
+        self.assertEqual(r["frameworks"], [{"framework": "simframework", "device": 0, "gpu": 0, "reserved_bytes": 10 * MiB,
                                             "in_use_bytes": 4 * MiB, "releasable_bytes": 6 * MiB,
                                             "non_releasable_bytes": 0}])
         self.assertEqual((r["cached_bytes"], r["held_bytes"]), (6 * MiB, 10 * MiB))
@@ -153,7 +296,7 @@ class CommandTest(unittest.TestCase):
         self.assertIn("simframework on GPU 0: 10.0 MiB reserved = 4.0 MiB in use + 6.0 MiB releasable", out)
         rep = json.loads(run("release", str(h.pid), "--json", env=self.env, check=0).stdout)[0]["report"]
         self.assertEqual(rep["framework_bytes"], r["cached_bytes"])
-        r = json.loads(run("ps", "--json", env=self.env, check=0).stdout)[0]
+        r = ps_json(env=self.env)[0]
         self.assertEqual((r["cached_bytes"], r["held_bytes"]), (0, 4 * MiB))
 
     def test_sleep_and_wake(self):
@@ -168,19 +311,27 @@ class CommandTest(unittest.TestCase):
                          (True, 69 * MiB, 3 * MiB, 0))
         self.assertEqual(rep["trigger"], "command")
         self.assertIsNone(rep["reason"])
-        r = json.loads(run("ps", "--json", env=self.env, check=0).stdout)[0]
+        r = ps_json(env=self.env)[0]
         self.assertEqual((r["state"], r["host_bytes"]), ("sleeping", 3 * MiB))
         self.assertEqual(r["devices"], [0], "asleep, the process still uses GPU 0 only (it listed every GPU)")
         self.assertRegex(run("ps", env=self.env, check=0).stdout, r"(?m)^\s*%d .* sleeping\s+3\.0 MiB hold$" % h.pid)
         again = run("sleep", str(h.pid), env=self.env, check=0)
         self.assertEqual(again.stdout, "%d: already asleep (3.0 MiB on the host)\n" % h.pid,
                          "a process already asleep is said so, and only so")
-        refused = run("release", str(h.pid), env=self.env)
-        self.assertEqual(refused.returncode, 1, refused)
-        self.assertIn("sleeps", refused.stdout + refused.stderr)
+        asleep = run("release", str(h.pid), env=self.env, check=0)  # not a failure: nothing is on the device
+        self.assertEqual(asleep.stdout, "%d (hold): asleep, nothing on the device to release (3.0 MiB kept in host "
+                                        "memory; gpureclaim wake %d or its next CUDA call brings it back)\n"
+                                        % (h.pid, h.pid))
+        self.assertEqual(json.loads(run("release", "--all", "--json", env=self.env, check=0).stdout),
+                         [{"pid": h.pid, "ok": True, "via": "socket", "asleep": True, "host_bytes": 3 * MiB,
+                           "report": None}])
+        t = ps_json(env=self.env)[0]
+        self.assertEqual((t["held_bytes"], t["host_bytes"]), (0, 3 * MiB), "asleep, it holds nothing on the GPU")
+        gpu = json.loads(run("ps", "--json", env=self.env, check=0).stdout)["gpus"][0]
+        self.assertEqual(gpu["held_bytes"], 0, "the GPU table counted a sleeping process's memory as HELD")
         woke = run("wake", str(h.pid), env=self.env, check=0)
         self.assertRegex(woke.stdout, r"^%d: awake: 3\.0 MiB back on the device" % h.pid)
-        self.assertEqual(json.loads(run("ps", "--json", env=self.env, check=0).stdout)[0]["state"], "awake")
+        self.assertEqual(ps_json(env=self.env)[0]["state"], "awake")
         self.assertEqual(run("wake", str(h.pid), env=self.env, check=0).stdout, "%d: already awake\n" % h.pid,
                          "an awake process is said so, and only so")
         # Asleep again; the program's next CUDA call wakes it.
@@ -188,7 +339,7 @@ class CommandTest(unittest.TestCase):
         h.p.stdin.write("touch\n")
         h.p.stdin.flush()
         self.assertEqual(h.p.stdout.readline(), "touched 0\n")
-        self.assertEqual(json.loads(run("ps", "--json", env=self.env, check=0).stdout)[0]["state"], "awake")
+        self.assertEqual(ps_json(env=self.env)[0]["state"], "awake")
         with open(self.env["GPURECLAIM_LOG"]) as f:
             events = [json.loads(line)["event"] for line in f if line.strip()]
         self.assertEqual([e for e in events if e in ("sleep", "wake")], ["sleep", "wake", "sleep", "wake"])
@@ -201,7 +352,7 @@ class CommandTest(unittest.TestCase):
         h = self.hold()
         state = None
         for _ in range(1000):
-            state = json.loads(run("ps", "--json", env=self.env, check=0).stdout)[0]["state"]
+            state = ps_json(env=self.env)[0]["state"]
             if state == "sleeping":
                 break
             time.sleep(0.02)
@@ -223,7 +374,7 @@ class CommandTest(unittest.TestCase):
         os.kill(h.pid, signal.SIGUSR1)
         state = None
         for _ in range(500):
-            state = json.loads(run("ps", "--json", env=self.env, check=0).stdout)[0]["state"]
+            state = ps_json(env=self.env)[0]["state"]
             if state == "sleeping":
                 break
             time.sleep(0.02)
@@ -247,7 +398,7 @@ class CommandTest(unittest.TestCase):
         h.p.stdin.flush()
         self.assertEqual(h.p.stdout.readline(), "touched 0\n")
         for _ in range(50):
-            self.assertEqual(json.loads(run("ps", "--json", env=self.env, check=0).stdout)[0]["state"], "awake",
+            self.assertEqual(ps_json(env=self.env)[0]["state"], "awake",
                              "a sleep its client gave up on was begun")
             time.sleep(0.02)
 
@@ -360,7 +511,7 @@ class CommandTest(unittest.TestCase):
         s = self.connect(h)
         s.sendall(b"x" * 300 + b"\n")
         self.assertEqual(json.loads(read_all(s)), {"ok": False, "error": "request line longer than 255 bytes"})
-        self.assertTrue(json.loads(run("ps", "--json", env=self.env, check=0).stdout)[0]["answered"])
+        self.assertTrue(ps_json(env=self.env)[0]["answered"])
 
     def test_a_release_that_timed_out_is_withdrawn(self):
         h = self.hold()
@@ -437,7 +588,9 @@ class CommandTest(unittest.TestCase):
         run("ps", "--prometheus", path, env=self.env, check=0)
         with open(path) as f:
             lines = f.read().splitlines()
-        sample = re.compile(r'^(gpureclaim_[a-z_]+)\{pid="(\d+)",(?:device="(\d+)",)?command="hold"\} (\d+)$')
+        # Per device: the process's ordinal, nvidia-smi's number and the UUID (DCGM's exporter's gpu and UUID).
+        sample = re.compile(r'^(gpureclaim_[a-z_]+)\{pid="(\d+)",(?:device="(\d+)",gpu="\3",uuid="GPU-[0-9a-f-]{36}",)?'
+                            r'command="hold"\} (\d+)$')
         helps, types, values = set(), set(), {}
         for line in lines:
             if line.startswith("# HELP "):
@@ -499,7 +652,7 @@ class CommandTest(unittest.TestCase):
                 self.assertIsNone(h.p.poll(), ("killed by", args, p.stderr))
             p = run("release", str(h.pid), env=self.env, check=3)
             self.assertIn("not running gpureclaim", p.stderr)
-            self.assertEqual(json.loads(run("ps", "--json", env=self.env, check=0).stdout), [])
+            self.assertEqual(ps_json(env=self.env), [])
             self.assertFalse({"%d.json" % h.pid, "%d.sock" % h.pid} & set(os.listdir(self.rundir)))
         finally:
             h.p.kill()
@@ -600,7 +753,7 @@ class CommandTest(unittest.TestCase):
         self.assertIn("\ufffd", status["cmdline"])
         self.assertIn("caf\u00e9", status["cmdline"])
         p = subprocess.run([CMD, "ps", "--json"], capture_output=True, env=self.env, timeout=60)
-        row = [r for r in json.loads(p.stdout.decode("utf-8")) if r["pid"] == h.pid][0]
+        row = [r for r in json.loads(p.stdout.decode("utf-8"))["processes"] if r["pid"] == h.pid][0]
         self.assertIn("\x1b[2J", row["command"])  # escaped in JSON, intact for whoever reads it
         self.assertIn("line\nbreak", row["command"])
         table = subprocess.run([CMD, "ps"], capture_output=True, env=self.env, timeout=60).stdout
@@ -763,11 +916,47 @@ try:
 except ValueError:
     pass
 assert gpureclaim.enabled()
+
+# sleep() and wake(), as the command's sleep and wake: the live 1 MiB to the host and back, contents kept.
+ones = ctypes.create_string_buffer(b"\x07" * 4096)
+rt.cudaMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+assert rt.cudaMemcpy(p, ones, 4096, 1) == 0
+assert gpureclaim.state() == {"state": "awake", "host_bytes": 0}, gpureclaim.state()
+r = gpureclaim.sleep()
+assert r["slept"] and not r["already"] and r["moved_bytes"] == 1 << 20 and r["reason"] is None, r
+assert r["trigger"] == "api", r
+assert gpureclaim.state() == {"state": "sleeping", "host_bytes": 1 << 20}, gpureclaim.state()
+again = gpureclaim.sleep()
+assert again["already"] and again["slept"], again
+gpureclaim.wake()
+assert gpureclaim.state()["state"] == "awake"
+back = ctypes.create_string_buffer(4096)
+assert rt.cudaMemcpy(back, p, 4096, 2) == 0 and back.raw == ones.raw[:4096]
+assert gpureclaim.__version__ == gpureclaim.version()
 print("ok", gpureclaim.version())
 '''
         p = self.script(code)
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertIn("ok 0.1.0", p.stdout)
+
+    def test_pytorch_pinned_host_cache_is_released(self):
+        """A release of cached memory also empties PyTorch's pinned host memory cache
+        (torch._C._host_emptyCache(), where it exists): a stand-in torch (tests/cli/hoststub) keeps two pinned
+        blocks cached."""
+        stub = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hoststub")
+        code = ("import sys; sys.path.insert(0, %r); import torch, gpureclaim\n"
+                "torch.pin_and_cache(1 << 20); torch.pin_and_cache(2 << 20)\n"
+                "assert gpureclaim.stats()['host_pinned_bytes'] == 3 << 20, gpureclaim.stats()\n"
+                "r = gpureclaim.release('orphaned')\n"
+                "assert torch._C.empty_calls == 0, 'emptied on a release of orphans only'\n"
+                "r = gpureclaim.release()\n"
+                "assert torch._C.empty_calls == 1, torch._C.empty_calls\n"
+                "assert gpureclaim.stats()['host_pinned_bytes'] == 0, gpureclaim.stats()\n"
+                "assert r['framework_bytes'] == 0, r  # host memory is not device bytes\n"
+                "print('ok')\n") % stub
+        p = self.script(code)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stdout, "ok\n")
 
     def test_disabled(self):
         p = self.script("import gpureclaim\n"

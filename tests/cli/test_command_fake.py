@@ -3,10 +3,12 @@ JSON and Prometheus output, timeouts, the signal path and every refusal, without
 
 Environment (set by CTest): GR_CMD (the command).
 """
+import datetime
 import json
 import os
 import re
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -60,6 +62,10 @@ class FakeTest(unittest.TestCase):
             self.assertEqual(p.returncode, check, (args, p.stdout, p.stderr))
         return p
 
+    def ps_json(self, *args):
+        """The processes of `ps --json` (one object: the host, the time, the GPU table and the processes)."""
+        return json.loads(self.cmd("ps", "--json", *args, check=0).stdout)["processes"]
+
     def received(self):
         try:
             with open(self.log) as f:
@@ -95,14 +101,18 @@ class FakeTest(unittest.TestCase):
         return out.decode().replace("\r\n", "\n")
 
     def test_ps_on_80_columns_shows_the_command(self):
-        """README's 80-column example: STATE and HOST make way for COMMAND, which the wide layout began past
-        column 80 (so it was cut off); a wide terminal keeps every column."""
+        """docs/COMMAND.md's 80-column example: PINNED and HOST make way for COMMAND, which the wide layout began past
+        column 80 (so it was cut off); STATE stays, before the command (after it, a sleeping process's marker was
+        cut off: "python3 nb.py [sl"). A wide terminal keeps every column."""
         f = self.fake()
+        g = self.fake("--sleeping", "--program", "a-program-with-a-name-long-enough-to-be-cut-at-80-columns")
         lines = self.ps_on_a_terminal(80).splitlines()
         header = next(l for l in lines if l.lstrip().startswith("PID"))
-        self.assertEqual(header, "    PID GPU         HELD     CACHED     ORPHAN     PINNED  REL COMMAND")
+        self.assertEqual(header, "    PID GPU         HELD     CACHED     ORPHAN  REL STATE    COMMAND")
         row = next(l for l in lines if l.lstrip().startswith(str(f.pid)))
-        self.assertRegex(row, r"^\s*%d 0,1\s+4\.5 GiB\s+1\.0 GiB\s+512\.0 MiB\s+2\.0 MiB\s+0 fakeproc train" % f.pid)
+        self.assertRegex(row, r"^\s*%d 0,1\s+4\.5 GiB\s+1\.0 GiB\s+512\.0 MiB\s+0 awake\s+fakeproc train" % f.pid)
+        row = next(l for l in lines if l.lstrip().startswith(str(g.pid)))
+        self.assertRegex(row, r"^\s*%d 0,1\s+0 B\s+0 B\s+0 B\s+0 sleeping a-program-with" % g.pid)
         self.assertTrue(all(len(l) <= 80 for l in lines), lines)
         wide = self.ps_on_a_terminal(120).splitlines()
         self.assertIn("STATE", next(l for l in wide if l.lstrip().startswith("PID")).split())
@@ -114,9 +124,10 @@ class FakeTest(unittest.TestCase):
         # Per GPU: the driver's used and total memory, what gpureclaim's processes hold (live + pools' unused) and
         # could give back (cached + orphaned), and the rest of what the driver counts.
         self.assertEqual(lines[0].split(), ["GPU", "UUID", "USED", "TOTAL", "HELD", "RELEASABLE", "OTHER"])
-        self.assertRegex(lines[1], r"^\s+0 GPU-11111111-2222-4333-8444-555555555555\s+10\.0 GiB\s+80\.0 GiB"
+        # Without NVML (none here) a GPU has no number of nvidia-smi's: "-", its UUID names it.
+        self.assertRegex(lines[1], r"^\s+- GPU-11111111-2222-4333-8444-555555555555\s+10\.0 GiB\s+80\.0 GiB"
                                    r"\s+4\.0 GiB\s+1\.5 GiB\s+6\.0 GiB$")
-        self.assertRegex(lines[2], r"^\s+1 GPU-aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee\s+1\.0 GiB\s+80\.0 GiB"
+        self.assertRegex(lines[2], r"^\s+- GPU-aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee\s+1\.0 GiB\s+80\.0 GiB"
                                    r"\s+512\.0 MiB\s+0 B\s+512\.0 MiB$")
         self.assertEqual(lines[3], "")
         self.assertEqual(lines[4].split(), ["PID", "GPU", "HELD", "CACHED", "ORPHAN", "PINNED", "REL", "STATE", "HOST",
@@ -138,10 +149,10 @@ class FakeTest(unittest.TestCase):
         self.assertRegex(out, r"(?m)^\s*%d 0,1\s+4\.5 GiB\s+1\.5 GiB\s+512\.0 MiB\s" % f.pid)
         self.assertRegex(out, r"(?m)^\s+pytorch on GPU 0: 2\.0 GiB reserved = 1\.2 GiB in use \+ 512\.0 MiB "
                               r"releasable \+ 256\.0 MiB non-releasable$")
-        r = json.loads(self.cmd("ps", "--json", check=0).stdout)[0]
+        r = self.ps_json()[0]
         self.assertEqual((r["cached_bytes"], r["pool_cached_bytes"], r["releasable_bytes"]),
                          (GiB + 512 * MiB, GiB, 2 * GiB))
-        self.assertEqual(r["frameworks"], [{"framework": "pytorch", "device": 0, "reserved_bytes": 2 * GiB,
+        self.assertEqual(r["frameworks"], [{"framework": "pytorch", "device": 0, "gpu": 0, "reserved_bytes": 2 * GiB,
                                             "in_use_bytes": GiB + 256 * MiB, "releasable_bytes": 512 * MiB,
                                             "non_releasable_bytes": 256 * MiB}])
         # -i 1: the cache is on GPU 0, so neither it nor its line is shown.
@@ -160,16 +171,19 @@ class FakeTest(unittest.TestCase):
     def test_ps_sorts_and_filters_gpus(self):
         small, big = self.fake(), self.fake("--scale", "2")
         def pids(*args):
-            return [r["pid"] for r in json.loads(self.cmd("ps", "--json", *args, check=0).stdout)]
+            return [r["pid"] for r in self.ps_json(*args)]
         self.assertEqual(pids(), [big.pid, small.pid], "largest first")
         self.assertEqual(pids("--sort", "pid"), sorted([big.pid, small.pid]))
-        self.assertEqual(pids("-s", "orphan"), [big.pid, small.pid])
+        self.assertEqual(pids("-S", "orphan"), [big.pid, small.pid])
         self.assertEqual(self.cmd("ps", "--sort", "bogus", check=2).stdout, "")
         # One hint, naming the command run (ps's printed its hint twice, top's pointed at ps and at top).
         for cmd in ("ps", "top"):
-            err = self.cmd(cmd, "-s", "bogus", check=2).stderr
+            err = self.cmd(cmd, "-S", "bogus", check=2).stderr
             self.assertEqual(err.count("(see gpureclaim"), 1, err)
             self.assertIn("(see gpureclaim %s --help)" % cmd, err)
+            # -s is --signal in run and release: here it is refused, naming the sort's own short option.
+            err = self.cmd(cmd, "-s", "held", check=2).stderr
+            self.assertIn("%s: unknown option: -s (did you mean -S or --sort?)" % cmd, err)
         # -t 0: refused by every command that takes it, with the same true range.
         for cmd in ("sleep", "wake", "release", "snapshot"):
             for t in ("0", "-1", "86401"):
@@ -179,12 +193,12 @@ class FakeTest(unittest.TestCase):
         self.assertIn("(see gpureclaim run --help)", err)
         # -i/--gpu: by ordinal, by UUID or a prefix of one (with or without GPU-), several at once.
         for sel in ("1", "GPU-aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee", "GPU-aaaa", "aaaaaaaa", "1,GPU-aaaa"):
-            rows = json.loads(self.cmd("ps", "--json", "--gpu", sel, check=0).stdout)
+            rows = self.ps_json("--gpu", sel)
             self.assertEqual([(r["pid"], r["devices"], r["held_bytes"]) for r in rows],
                              [(big.pid, [1], GiB), (small.pid, [1], 512 * MiB)], sel)
             self.assertEqual(rows[0]["gpu_uuids"], ["GPU-aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee"])
         table = self.cmd("ps", "-i", "1", check=0).stdout.splitlines()
-        self.assertRegex(table[1], r"^\s+1 GPU-aaaa")
+        self.assertRegex(table[1], r"^\s+- GPU-aaaa")
         self.assertEqual(table[2], "", "GPU 0 is not shown")
         # A GPU no process reports is an error, as nvidia-smi -i has it; so is a prefix of two UUIDs, for ps
         # and release alike (exit status 2, nothing released).
@@ -232,10 +246,84 @@ class FakeTest(unittest.TestCase):
         self.cmd("ps", "--json", "--format", "csv", check=2)
         self.cmd("ps", "extra", check=2)
 
+    def test_nvidia_smi_habits(self):
+        """What nvidia-smi users type: --format=csv,noheader,nounits (any order, any case), --query with spaces,
+        ps PID, a logging loop (-l, as nvidia-smi -l) with a timestamp field."""
+        f, g = self.fake(), self.fake("--scale", "2")
+        p = self.cmd("ps", "--query", "pid, held", "--format=csv,noheader,nounits", str(f.pid), check=0)
+        self.assertEqual(p.stdout, "%d,%d\n" % (f.pid, 4 * GiB + 512 * MiB))
+        self.assertEqual(self.cmd("ps", "-q", " pid ,held", "-f", "CSV", check=0).stdout.splitlines()[0], "pid,held")
+        table = self.cmd("ps", "-q", "pid,held", "-f", "nounits,table", str(g.pid), check=0).stdout.splitlines()
+        self.assertEqual(table[1].split(), [str(g.pid), str(2 * (4 * GiB + 512 * MiB))])
+        self.assertEqual(self.cmd("ps", "-q", "pid", "-f", "noheader", str(g.pid), check=0).stdout.split(), [str(g.pid)])
+        for bad in ("csv,json", "xml", "csv,,noheader,foo"):
+            self.assertIn("unknown --format", self.cmd("ps", "-q", "pid", "-f", bad, check=2).stderr, bad)
+        self.assertIn("unknown field in --query: helt (did you mean held?)", self.cmd("ps", "-q", "pid,helt", check=2).stderr)
+        # ps PID: those processes only; one that runs no gpureclaim is said so (exit 3), as release says it.
+        self.assertEqual([r["pid"] for r in self.ps_json(str(g.pid))], [g.pid])
+        self.assertEqual([r["pid"] for r in self.ps_json(str(g.pid), str(f.pid))], [g.pid, f.pid])
+        plain = subprocess.Popen(["sleep", "30"])
+        try:
+            p = self.cmd("ps", str(f.pid), str(plain.pid), check=3)
+            self.assertIn("process %d is not running gpureclaim: libgpureclaim is not loaded in it" % plain.pid, p.stderr)
+            self.assertRegex(p.stdout, r"(?m)^\s*%d 0,1\s" % f.pid)
+        finally:
+            plain.kill()
+            plain.wait()
+        self.assertIn("no such process: 2147483647", self.cmd("ps", "2147483647", check=3).stderr)
+        self.cmd("ps", "12x", check=2)
+        # The loop: the header once, a row per process per round, each round's time; ^C ends it, exit status 0.
+        lp = subprocess.Popen([CMD, "ps", "-l", "0.1", "-q", "timestamp,pid", "-f", "csv", str(f.pid)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env)
+        lines = [lp.stdout.readline() for _ in range(4)]
+        lp.send_signal(signal.SIGINT)
+        rest, err = lp.communicate(timeout=60)
+        self.assertEqual(lp.returncode, 0, err)
+        self.assertEqual(lines[0], "timestamp,pid\n")
+        stamps = []
+        for line in lines[1:] + rest.splitlines(True):
+            stamp, pid = line.rstrip("\n").split(",")
+            self.assertEqual(int(pid), f.pid)
+            stamps.append(datetime.datetime.fromisoformat(stamp))
+        self.assertEqual(stamps, sorted(stamps))
+        self.assertLess(stamps[0], stamps[-1])
+        self.assertIn("bad --loop 0", self.cmd("ps", "-l", "0", check=2).stderr)
+
+    def test_prometheus_labels(self):
+        """ps --prometheus --label NAME=VALUE: labels that say whose file it is (a pod's: pids repeat across pod
+        namespaces, and node_exporter refuses a scrape with two identical series)."""
+        f = self.fake()
+        out = self.cmd("ps", "--prometheus", "-", "--label", "pod=train-0", "--label", 'namespace=m"l', check=0).stdout
+        samples = [l for l in out.splitlines() if not l.startswith("#")]
+        self.assertTrue(samples)
+        for line in samples:
+            self.assertRegex(line, r'command="fakeproc",pod="train-0",namespace="m\\"l"\} \d+$')
+        self.assertIn('gpureclaim_live_bytes{pid="%d",device="1",uuid="GPU-aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee",'
+                      'command="fakeproc",pod="train-0"' % f.pid, out)
+        for bad in ("pid=1", "gpu=0", "1x=2", "__a=1", "noequals", "=v", "a-b=1"):
+            self.assertIn("bad --label", self.cmd("ps", "--prometheus", "-", "--label", bad, check=2).stderr, bad)
+        self.cmd("ps", "--prometheus", "-", "--label", "a=1", "--label", "a=2", check=2)
+        self.assertIn("give --prometheus FILE too", self.cmd("ps", "--label", "pod=x", check=2).stderr)
+
     def test_ps_json(self):
         f = self.fake()
-        rows = json.loads(self.cmd("ps", "--json", check=0).stdout)
+        obj = json.loads(self.cmd("ps", "--json", check=0).stdout)
+        # One object: the machine, the time, how GPUs are numbered, the directories read, the GPU table, the
+        # processes (it was a bare array of processes: no GPU table, host or time).
+        self.assertEqual(obj["host"], socket.gethostname())
+        when = datetime.datetime.fromisoformat(obj["time"])
+        self.assertEqual(int(when.timestamp() * 1000), obj["time_ms"])
+        self.assertEqual(obj["gpu_numbering"], "cuda_ordinals", "no NVML here")
+        self.assertIn("libnvidia-ml.so.1", obj["nvml_error"])
+        self.assertEqual(obj["rundirs"], [self.rundir])
+        self.assertEqual([(g["index"], g["uuid"], g["used_bytes"], g["total_bytes"], g["held_bytes"],
+                           g["releasable_bytes"], g["other_bytes"], g["processes"]) for g in obj["gpus"]],
+                         [(None, "GPU-11111111-2222-4333-8444-555555555555", 10 * GiB, 80 * GiB, 4 * GiB,
+                           GiB + 512 * MiB, 6 * GiB, 1),
+                          (None, "GPU-aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee", GiB, 80 * GiB, 512 * MiB, 0, 512 * MiB, 1)])
+        rows = obj["processes"]
         self.assertEqual(len(rows), 1)
+        self.assertEqual((rows[0]["gpus"], rows[0]["rundir"], rows[0]["stopped"]), ([0, 1], self.rundir, False))
         r = rows[0]
         self.assertEqual(r["pid"], f.pid)
         self.assertEqual(r["command"], '/usr/bin/fakeproc /srv/jobs/train.py --fake "quoted" --out=/tmp/x')
@@ -269,12 +357,51 @@ class FakeTest(unittest.TestCase):
         self.assertNotIn("cannot write", p.stderr)
 
     def test_ps_lists_a_process_that_does_not_answer(self):
-        f = self.fake("--mode", "close")
+        f = self.fake("--mode", "close", "--old-status")  # a status file without the GPUs' figures
         out = self.cmd("ps", check=0).stdout
-        self.assertRegex(out, r"(?m)^\s*%d \?\s+\?\s+\?\s+\?\s+\?\s+0 awake\s+- fakeproc.* \[not answering: " % f.pid)
-        r = json.loads(self.cmd("ps", "--json", check=0).stdout)[0]
+        self.assertRegex(out, r"(?m)^\s*%d \?\s+\?\s+\?\s+\?\s+\?\s+0 silent\s+- fakeproc.* \[not answering: " % f.pid)
+        r = self.ps_json()[0]
         self.assertEqual((r["answered"], r["live_bytes"], r["devices"]), (False, None, None))
         self.assertIn("without answering", r["error"])
+        self.assertNotIn("last_known", r)
+
+    def test_a_silent_or_stopped_process_shows_its_last_figures(self):
+        """A process that does not answer showed "?" everywhere and its GPU left the table; its status file has
+        its figures per GPU as of its last change (`peer`): shown, and said to be that. A stopped one is not
+        asked at all: it cannot answer until it continues (every ps took 2 s)."""
+        f = self.fake("--mode", "close")
+        out = self.cmd("ps", check=0).stdout
+        self.assertRegex(out, r"(?m)^\s*%d 0,1\s+4\.5 GiB\s+1\.0 GiB\s+512\.0 MiB\s+\?\s+0 silent\s+- fakeproc.*"
+                              r"\[not answering: it closed the connection without answering; figures of its status "
+                              r"file, \d+ s old\]$" % f.pid)
+        self.assertRegex(out, r"(?m)^\s+- GPU-11111111-2222-4333-8444-555555555555\s+\?\s+\?\s+4\.0 GiB\s+1\.5 GiB",
+                         "its GPU stays in the table, with its figures")
+        self.assertIn("A stopped or silent process shows its status file's last figures.", out)
+        r = self.ps_json()[0]
+        self.assertEqual((r["answered"], r["held_bytes"]), (False, None), "--json: null, as the process did not say")
+        self.assertEqual(r["last_known"]["held_bytes"], 4 * GiB + 512 * MiB)
+        self.assertEqual(r["last_known"]["gpu_uuids"], ["GPU-11111111-2222-4333-8444-555555555555",
+                                                        "GPU-aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee"])
+        g = self.fake("--log-connects")
+        os.kill(g.pid, signal.SIGSTOP)
+        try:
+            # (wait for the stop to take: kill() returns first)
+            deadline = time.monotonic() + 60
+            while open("/proc/%d/stat" % g.pid).read().rsplit(")", 1)[1].split()[0] != "T":
+                self.assertLess(time.monotonic(), deadline)
+                time.sleep(0.01)
+            os.unlink(self.log)
+            r = [x for x in self.ps_json() if x["pid"] == g.pid][0]
+            self.assertEqual((r["answered"], r["stopped"]), (False, True))
+            self.assertIn("it is stopped (SIGSTOP, ^Z or a debugger)", r["error"])
+            out = self.cmd("ps", check=0).stdout
+            self.assertRegex(out, r"(?m)^\s*%d 0,1\s+4\.5 GiB\s.* stopped\s" % g.pid)
+        finally:
+            os.kill(g.pid, signal.SIGCONT)
+        # It was never asked: it accepts connections in order, so once a request made now is answered, any the
+        # command made while it was stopped is in the log.
+        self.cmd("snapshot", str(g.pid), check=0)
+        self.assertEqual(self.received().count("connect %d" % g.pid), 1, "the stopped process was asked")
 
     def test_top_one_frame_and_json_frames(self):
         f = self.fake()
@@ -287,8 +414,14 @@ class FakeTest(unittest.TestCase):
         frames = self.cmd("top", "--json", "--iterations", "3", "--interval", "0.2", check=0).stdout.splitlines()
         self.assertGreaterEqual(time.monotonic() - t0, 0.4)
         self.assertEqual(len(frames), 3)
-        for fr in frames:
-            self.assertEqual([r["pid"] for r in json.loads(fr)], [f.pid])
+        times = []
+        for fr in frames:  # each frame ps --json's object: the time it was taken, the GPU table, the processes
+            frame = json.loads(fr)
+            self.assertEqual([r["pid"] for r in frame["processes"]], [f.pid])
+            self.assertEqual(len(frame["gpus"]), 2)
+            times.append(frame["time_ms"])
+        self.assertEqual(times, sorted(times))
+        self.assertLess(times[0], times[-1])
         self.assertEqual(self.cmd("top", "--interval", "0").returncode, 2)
         self.assertEqual(self.cmd("top", "--iterations", "0").returncode, 2)
 
@@ -434,12 +567,44 @@ class FakeTest(unittest.TestCase):
             f.p.stdin.close()
             f.p.stdout.close()
 
+    def test_a_process_asleep_is_no_failure_of_a_release(self):
+        """release -a, -g and PID exited 1 whenever a process was asleep, so a cron job failed whenever idle
+        sleep was on: a process asleep has nothing on the device to release, and says so, exit status 0."""
+        awake, asleep, racing = self.fake(), self.fake("--sleeping", "--log-connects"), self.fake("--goes-to-sleep")
+        for args in (("--all",), ("-g", "1"), (str(asleep.pid),), (str(racing.pid), str(awake.pid))):
+            p = self.cmd("release", *args, check=0)
+            self.assertEqual(p.stderr, "", args)
+        p = self.cmd("release", str(asleep.pid), check=0)
+        self.assertEqual(p.stdout, "%d (fakeproc train.py --fake \"quoted\" --out=/tmp/x): asleep, nothing on the device "
+                                   "to release (3.0 GiB kept in host memory; gpureclaim wake %d or its next CUDA call "
+                                   "brings it back)\n" % (asleep.pid, asleep.pid))
+        out = json.loads(self.cmd("release", "--all", "--json", check=0).stdout)
+        by = {x["pid"]: x for x in out}
+        self.assertEqual((by[asleep.pid]["ok"], by[asleep.pid]["asleep"], by[asleep.pid]["report"]), (True, True, None))
+        self.assertEqual((by[racing.pid]["ok"], by[racing.pid]["asleep"]), (True, True))
+        self.assertTrue(by[awake.pid]["ok"])
+        self.assertNotIn("asleep", by[awake.pid])
+        # The one asleep by its status file is not asked to release: once a snapshot asked now is answered, every
+        # connection made before is in its log (it accepts them in order): -g's stats request, and the snapshot.
+        self.cmd("snapshot", str(asleep.pid), check=0)
+        self.assertEqual(self.received().count("connect %d" % asleep.pid), 2)
+
+    def test_a_process_that_exits_during_a_release_over_its_socket(self):
+        """It exited with status 1 ("closed the connection without answering") where --help says 3."""
+        f = self.fake("--die-on-release")
+        p = self.cmd("release", str(f.pid), check=3)
+        self.assertIn("%d did not release: the process exited" % f.pid, p.stderr)
+        f.p.wait()
+        self.fakes.remove(f)
+        f.p.stdin.close()
+        f.p.stdout.close()
+
     def test_ps_asks_processes_at_once(self):
         """Each --barrier fake answers only once every fake has its request: asked one after another, the first
         would wait for the others until ps gave up on it. (No measured time decides.)"""
         silent = self.fake("--mode", "silent")
         waiting = [self.fake("--barrier", "5") for _ in range(4)]
-        rows = json.loads(self.cmd("ps", "--json", check=0).stdout)
+        rows = self.ps_json()
         by_pid = {r["pid"]: r for r in rows}
         self.assertEqual([by_pid[f.pid]["answered"] for f in waiting], [True] * 4)
         self.assertFalse(by_pid[silent.pid]["answered"])
@@ -578,7 +743,7 @@ class FakeTest(unittest.TestCase):
             with open(path, "w") as fh:
                 json.dump(status, fh)
             p = self.cmd("ps", "--json", check=0)
-            self.assertNotIn(victim.pid, [r["pid"] for r in json.loads(p.stdout)])
+            self.assertNotIn(victim.pid, [r["pid"] for r in json.loads(p.stdout)["processes"]])
             self.assertIn("removed the stale status file of pid %d (the process now runs another program (exec))"
                           % victim.pid, p.stderr)
             self.assertFalse(os.path.exists(path))
@@ -589,7 +754,7 @@ class FakeTest(unittest.TestCase):
             status["exe"] = os.readlink("/proc/%d/exe" % victim.pid) + " (deleted)"
             with open(path, "w") as fh:
                 json.dump(status, fh)
-            self.assertIn(victim.pid, [r["pid"] for r in json.loads(self.cmd("ps", "--json", check=0).stdout)])
+            self.assertIn(victim.pid, [r["pid"] for r in self.ps_json()])
             self.assertIsNone(victim.poll())
         finally:
             victim.kill()
@@ -676,7 +841,7 @@ class FakeTest(unittest.TestCase):
         self.cmd("release", "--signal", str(f.pid), check=3)
         self.cmd("snapshot", str(f.pid), check=3)
         ps = self.cmd("ps", "--json", check=0)
-        self.assertEqual(json.loads(ps.stdout), [])
+        self.assertEqual(json.loads(ps.stdout)["processes"], [])
         self.assertIn("ignoring the status file of pid %d" % f.pid, ps.stderr)
         self.assertEqual(json.loads(self.cmd("release", "--all", "--json", check=0).stdout), [])
         self.assertEqual(self.received(), [], "no request and no signal reached it")
@@ -694,7 +859,7 @@ class FakeTest(unittest.TestCase):
                 with open(path, "w") as fh:
                     json.dump(st, fh)
                 ps = self.cmd("ps", "--json", check=0)
-                self.assertNotIn(victim.pid, [r["pid"] for r in json.loads(ps.stdout)], st)
+                self.assertNotIn(victim.pid, [r["pid"] for r in json.loads(ps.stdout)["processes"]], st)
                 self.assertIn("ignoring %s: not a valid status file" % path, ps.stderr)
                 self.assertNotIn(victim.pid, [r.get("pid") for r in
                                               json.loads(self.cmd("release", "--all", "--json", check=0).stdout)])
@@ -783,6 +948,7 @@ class FakeTest(unittest.TestCase):
         for args in (("ps",), ("ps", "--json"), ("release", "--all"), ("top", "--iterations", "1")):
             p = self.cmd(*args, check=1)
             self.assertIn("is not a directory private to you", p.stderr)
+            self.assertIn("refusing to use it: fix it with chmod 700 %s\n" % self.rundir, p.stderr, "the fix")
             self.assertEqual(p.stdout.strip("[]\n"), "", args)
         # A pid given: exit 1 as well (--help), not 3: whether it runs gpureclaim cannot be told.
         for args in (("release", str(f.pid)), ("release", "--signal", str(f.pid)), ("snapshot", str(f.pid))):
@@ -802,15 +968,17 @@ class FakeTest(unittest.TestCase):
         os.chmod(self.rundir, 0o700)
         if os.geteuid() == 0:  # someone else's directory, even private, is not ours to trust
             os.chown(self.rundir, 65534, 65534)
-            self.assertIn("owner uid 65534", self.cmd("ps", check=1).stderr)
+            err = self.cmd("ps", check=1).stderr
+            self.assertIn("owner uid 65534", err)
+            self.assertIn("it belongs to uid 65534; set GPURECLAIM_RUNDIR to a directory of yours", err)
             os.chown(self.rundir, 0, 0)
         link = os.path.join(self.tmp, "link")
         os.symlink(self.rundir, link)
-        self.cmd("ps", check=1, env=dict(self.env, GPURECLAIM_RUNDIR=link))
+        self.assertIn("it is a symbolic link", self.cmd("ps", check=1, env=dict(self.env, GPURECLAIM_RUNDIR=link)).stderr)
 
     def test_no_run_directory_yet(self):
         self.assertIn("no process of yours", self.cmd("ps", check=0).stdout)
-        self.assertEqual(json.loads(self.cmd("ps", "--json", check=0).stdout), [])
+        self.assertEqual(self.ps_json(), [])
         self.cmd("release", "--all", check=0)
 
     # ---- usage ----
@@ -894,6 +1062,7 @@ class FakeTest(unittest.TestCase):
                             (bad, p.stderr))
         self.assertIn("expected 0, 1 or 2", self.cmd("run", "--verbose=3", "--", "true").stderr)
         self.assertIn("mode 0700", self.cmd("run", "--rundir", open_dir, "--", "true").stderr)
+        self.assertIn("fix it with chmod 700 %s)" % open_dir, self.cmd("run", "--rundir", open_dir, "--", "true").stderr)
         self.assertIn("a file you can write", self.cmd("run", "--log", "/nonexistent/x", "--", "true").stderr)
         self.assertEqual(self.run_env("--log", "/dev/null")["GPURECLAIM_LOG"], "/dev/null", "a device is a file")
         # The same values in the environment reach the program too: refused the same way.
@@ -922,6 +1091,7 @@ class FakeTest(unittest.TestCase):
         p = self.cmd("run", "--", "sh", "-c", "echo ran", env=denv, check=2)
         self.assertIn("bad run directory %s (the default; GPURECLAIM_RUNDIR is not set)" % default, p.stderr)
         self.assertIn("mode 0755", p.stderr)
+        self.assertIn("fix it with chmod 700 %s" % default, p.stderr)
         self.assertNotIn("ran", p.stdout)
         self.assertEqual(self.cmd("run", "--no-status", "--", "sh", "-c", "echo ran", env=denv, check=0).stdout,
                          "ran\n")

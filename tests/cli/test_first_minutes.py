@@ -125,6 +125,33 @@ class FirstMinutes(unittest.TestCase):
             self.assertIn(says, p.stderr, args)
             self.assertIn("(see gpureclaim %s --help)" % args[0], p.stderr, args)
             self.assertEqual(p.stdout, "", args)
+        # What was maybe meant, said with the refusal: a subcommand, --version, an option, a variable.
+        for args, says in ((("rel", "1"), "unknown command: rel (did you mean gpureclaim release?)"),
+                           (("relase",), "unknown command: relase (did you mean gpureclaim release?)"),
+                           (("version",), "(did you mean gpureclaim --version?)"),
+                           (("-V",), "(did you mean gpureclaim --version?)"),
+                           (("release", "--tiemout", "1", "1"), "release: unknown option: --tiemout (did you mean -t "
+                                                               "or --timeout?)"),
+                           (("ps", "-s", "held"), "ps: unknown option: -s (did you mean -S or --sort?)")):
+            p = run(*args, check=2)
+            self.assertIn(says, p.stderr, args)
+        p = run("run", "--", "true", check=2, env=dict(self.env, GPURECLAIM_LEAK_REPORTS="1"))
+        self.assertIn("unknown variable in the environment: GPURECLAIM_LEAK_REPORTS (did you mean "
+                      "GPURECLAIM_LEAK_REPORT?", p.stderr)
+        self.assertIn("gpureclaim run --help lists every variable", p.stderr)
+        # ... and run --help does list every variable either reads (those without an option too).
+        h = run("run", "--help", check=0).stdout
+        for var in ("GPURECLAIM_PYTHON", "GPURECLAIM_SLEEP", "GPURECLAIM_WAKE_TIMEOUT", "GPURECLAIM_SLEEP_IDLE",
+                    "GPURECLAIM_LIBRARY", "GPURECLAIM_SIGNAL", "GPURECLAIM_PEERS"):
+            self.assertIn(var, h)
+        # `run --verbose 2 CMD` ran a program named "2": the level goes after "=", and that is what it says.
+        marker = os.path.join(self.tmp, "ran")
+        for args in (("--verbose", "2"), ("-v", "1")):
+            p = run("run", *args, "sh", "-c", "touch " + marker, check=2, env=self.env)
+            self.assertIn("run: --verbose takes its value after \"=\": give --verbose=%s" % args[1], p.stderr)
+            self.assertFalse(os.path.exists(marker))
+        p = run("run", "--verbose=1", "--", "sh", "-c", "echo $GPURECLAIM_VERBOSE", check=0, env=self.env)
+        self.assertEqual(p.stdout.strip(), "1")
         # GNU conventions: short options, clusters, --opt=value, options after operands, abbreviations.
         run("release", "-aj", check=0, env=self.env)
         self.assertEqual(json.loads(run("release", "-a", "--json", check=0, env=self.env).stdout), [])

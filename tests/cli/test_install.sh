@@ -43,6 +43,17 @@ if command -v cc >/dev/null; then
   cc -o "$tmp/pcconsumer" "$tmp/consumer/main.c" $(PKG_CONFIG_PATH="$prefix/$libdir/pkgconfig" pkg-config --cflags --libs gpureclaim)
   out="$(LD_PRELOAD="${GR_PRELOAD:-}" LD_LIBRARY_PATH="$prefix/$libdir" "$tmp/pcconsumer")"
   [[ "$out" == "consumer linked gpureclaim 0.1.0" ]] || { echo "test_install: pkg-config consumer printed: $out"; exit 1; }
+  # A private prefix: the program finds the library by itself with the rpath the .pc file and docs/INSTALL.md
+  # say to add (without one it needs LD_LIBRARY_PATH).
+  export PKG_CONFIG_PATH="$prefix/$libdir/pkgconfig"
+  # shellcheck disable=SC2046
+  cc -o "$tmp/rpconsumer" "$tmp/consumer/main.c" $(pkg-config --cflags --libs gpureclaim) \
+    -Wl,-rpath,"$(pkg-config --variable=libdir gpureclaim)"
+  unset PKG_CONFIG_PATH
+  out="$(env -u LD_LIBRARY_PATH LD_PRELOAD="${GR_PRELOAD:-}" "$tmp/rpconsumer")"
+  [[ "$out" == "consumer linked gpureclaim 0.1.0" ]] || { echo "test_install: the rpath consumer printed: $out"; exit 1; }
+  grep -q -- '-Wl,-rpath,$(pkg-config --variable=libdir gpureclaim)' "$prefix/$libdir/pkgconfig/gpureclaim.pc" ||
+    { echo "test_install: the .pc file does not say how to link against a private prefix"; exit 1; }
 fi
 
 # The installed command finds the installed library (by its soname) and the loader maps it.

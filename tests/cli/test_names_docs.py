@@ -5,7 +5,7 @@ tests/cli/layout.c prints them (`layout names`):
 - docs/PROTOCOL.md's lists of kinds, block and sleep states and triggers;
 - the name tables of python/gpureclaim/ and of the GPU tests (tests/gpu/: grshim.py's ctypes shim, the
   DEVICE_KINDS of the framework tests): the same numbers for the same names;
-- README.md's table of variables: one row per option, none for a variable that is not one, its default first;
+- docs/LIBRARY.md's table of variables: one row per option, none for a variable that is not one, its default first;
 - gpureclaim(7): an entry per variable, none for one that is not (but the command's own GPURECLAIM_LIBRARY);
 - gpureclaim(1): an entry per `run` option, naming the variable it sets;
 - the bash and zsh completions: every `run` option, and exactly the ones that take a value as taking one (bash
@@ -74,6 +74,10 @@ class NamesTest(unittest.TestCase):
         words = {n: v for v, n in LISTS["what"].items()}
         words.update({n: v for v, n in LISTS["what_alias"].items()})
         self.assertEqual(g._WHAT, words)
+        self.assertEqual(g._SLEEP_STATES, LISTS["sleep_state"])
+        # Its __version__ is the project's (it has no other source at run time: the package is plain files).
+        version = re.search(r"project\(gpureclaim VERSION ([0-9.]+)", read("CMakeLists.txt")).group(1)
+        self.assertEqual(g.__version__, version)
 
     def test_gpu_tests(self):
         self.check_module(load(os.path.join(SRC, "tests", "gpu", "grshim.py"), "grshim"), "")
@@ -109,15 +113,15 @@ class NamesTest(unittest.TestCase):
 
 class OptionDocsTest(unittest.TestCase):
     def test_readme_table(self):
-        text = read("README.md")
+        text = read("docs", "LIBRARY.md")
         section = text[text.index("\n## Configuration\n"):]
         section = section[:section.index("\n## ", 1)]
         rows = dict(re.findall(r"(?m)^\| `(GPURECLAIM_[A-Z_]+)` \| ([^|]*) \|", section))
-        self.assertEqual(sorted(rows), sorted(OPTIONS), "README.md's table of variables")
+        self.assertEqual(sorted(rows), sorted(OPTIONS), "docs/LIBRARY.md's table of variables")
         for name, o in OPTIONS.items():
             if o["default"] is not None:
                 self.assertTrue(rows[name].startswith("`%s`" % o["default"]),
-                                "README.md: %s's default is %r, the table says %r" % (name, o["default"], rows[name]))
+                                "docs/LIBRARY.md: %s's default is %r, the table says %r" % (name, o["default"], rows[name]))
 
     def test_man7_entries(self):
         entries = set(re.findall(r"(?m)^\.B (GPURECLAIM_[A-Z_]+)$", read("docs", "man", "gpureclaim.7")))
@@ -130,7 +134,8 @@ class OptionDocsTest(unittest.TestCase):
         paragraphs = run.split("\n.TP\n")[1:]
         for opt, (var, how) in RUN.items():
             esc = "\\-\\-" + opt.replace("-", "\\-")
-            para = [p for p in paragraphs if re.match(r"\.B[IR]? %s(\s|\[|$)" % re.escape(esc), p)]
+            # .BI \-\-opt " value", or with its short option first: .BR \-s ", " \-\-opt " \fIvalue\fR"
+            para = [p for p in paragraphs if re.match(r'\.B[IR]? (\\-\w ", " )?%s(\s|\[|$)' % re.escape(esc), p)]
             self.assertEqual(len(para), 1, "gpureclaim(1): no entry (.TP) for run --%s" % opt)
             self.assertIn(var, para[0], "gpureclaim(1): run --%s does not name %s" % (opt, var))
 
@@ -151,7 +156,8 @@ class OptionDocsTest(unittest.TestCase):
         text = read("completions", "_gpureclaim")
         run = text[text.index("\n  run)\n"):]
         run = run[:run.index(";;")]
-        named = dict(re.findall(r"'--([a-z-]+)(=-\[|=\[|\[)", run))
+        # '--opt=[...' or, with a short option, '(-o --opt)'{-o,--opt=}'[...'
+        named = {o: k.replace("}'", "") for o, k in re.findall(r"--([a-z-]+)(=-\[|=\[|\[|=\}'\[|\}'\[)", run)}
         named.pop("help", None)
         want = {o: {"value": "=[", "flag": "[", "optional": "=-["}[how] for o, (_, how) in RUN.items()}
         self.assertEqual(named, want, "zsh: run's options (=[ takes a value, =-[ an optional one after =)")

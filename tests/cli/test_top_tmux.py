@@ -8,6 +8,7 @@ Environment (set by CTest): as test_command.py. Skips, saying why, only where tm
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -49,10 +50,10 @@ class TopInTmux(unittest.TestCase):
         self.assertEqual(p.returncode, 0, (args, p.stderr))
         return p.stdout
 
-    def start(self, *top_args, width=80, height=24, command="top"):
+    def start(self, *top_args, width=80, height=24, command="top", extra_env=()):
         inner = ["env", "GPURECLAIM_RUNDIR=" + self.rundir, "LD_LIBRARY_PATH=" + os.environ.get("LD_LIBRARY_PATH", ""),
                  "LC_ALL=C.UTF-8", "ASAN_OPTIONS=detect_leaks=1",  # sanitizer builds: a leak in top fails
-                 CMD, command, *top_args]
+                 *extra_env, CMD, command, *top_args]
         # The shell survives ^C (a trap: top, exec'd, gets the default action back), then says how top ended and
         # whether the terminal is back in its normal mode (canonical, echoing).
         shell = ("trap : INT; " + " ".join("'%s'" % a.replace("'", "'\\''") for a in inner) +
@@ -81,7 +82,7 @@ class TopInTmux(unittest.TestCase):
             cells = sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in line.rstrip())
             self.assertLessEqual(cells, width, "wrapped: %r" % line)
         if top:  # the header stays on the first line
-            self.assertTrue(lines[0].startswith("gpureclaim top - "), lines[0])
+            self.assertTrue(lines[0].startswith("gpureclaim top"), lines[0])
 
     def test_keys_release_snapshot_sort_quit(self):
         pid = self.held.pid
@@ -117,6 +118,95 @@ class TopInTmux(unittest.TestCase):
         self.wait_for("TOP-EXITED 0", "top ending on q")
         self.wait_for("TERMINAL-RESTORED", "the terminal's mode after q")
 
+    def test_a_process_that_ends_leaves_the_screen_intact(self):
+        """A listed process killed (its status file stays behind): top removes the file and says so on its message
+        line. The note went to standard error, under ncurses: the terminal scrolled a line and every later frame
+        landed a row off ("U7ED", the dead process still listed), for good."""
+        other = Held(self.env)
+        try:
+            self.start("--interval", "0.2")
+            self.wait_for(" 2 processes ", "both processes in the title")
+            lines = self.wait_for("%d 0 " % other.pid, "the second process's row")
+            os.kill(other.pid, signal.SIGKILL)
+            other.p.wait(timeout=60)
+            note = "removed the stale status file of pid %d (the process is gone)" % other.pid
+            lines = self.wait_for(note, "the note on the message line")
+            lines = self.wait_for(" 1 process ", "the title once the process is gone")
+            self.assertTrue(lines[0].startswith("gpureclaim top - "), lines)
+            self.assertEqual(lines[1], "")
+            self.assertEqual(lines[2].split(), ["GPU", "UUID", "USED", "TOTAL", "HELD", "RELEASABLE", "OTHER"], lines)
+            i = 3
+            while lines[i].strip():
+                self.assertRegex(lines[i], r"^\s*\d+ GPU-[0-9a-f]+\s+\S+ [KMG]?i?B\s", lines)
+                i += 1
+            self.assertEqual(lines[i + 1].split()[:3], ["PID", "GPU", "HELD"], lines)
+            self.assertRegex(lines[i + 2], r"^\s*%d 0\s+72\.0 MiB\s" % self.held.pid, lines)
+            self.assertFalse([l for l in lines if l.lstrip().startswith("%d " % other.pid)], lines)
+            self.assertIn(note, lines[-1])
+            self.assertEqual(len(lines), 24, "the pane scrolled")
+            self.check_fits(lines, 80)
+            # The next frames stay intact too (a space refreshes at once).
+            self.tmux("send-keys", " ")
+            lines = self.wait_for("q quit", "the key line after the note")
+            self.assertTrue(lines[0].startswith("gpureclaim top - "), lines)
+            self.assertEqual(lines[2].split()[:2], ["GPU", "UUID"], lines)
+        finally:
+            other.close()
+        self.tmux("send-keys", "q")
+        self.wait_for("TOP-EXITED 0", "top ending on q")
+
+    def screen_escapes(self):
+        """The pane with its attributes (colours) as escape sequences."""
+        return self.tmux("capture-pane", "-p", "-e", "-J").rstrip("\n").split("\n")
+
+    def test_help_key_scroll_and_colour(self):
+        """h and ? show the keys (they said "unknown key"); Left/Right scroll the tables sideways, showing every
+        column; a sleeping process's row is coloured, and NO_COLOR turns colour off; prose lines are cut at a
+        word's end."""
+        pid = self.held.pid
+        self.start("--interval", "0.2", width=80, height=24)
+        self.wait_for("%d 0 " % pid, "the process's row")
+        for key in ("?", "h"):
+            self.tmux("send-keys", key)
+            lines = self.wait_for("scroll the tables sideways", "the help after %s" % key)
+            self.assertIn("Keys", lines[2])
+            self.check_fits(lines, 80)
+            self.tmux("send-keys", "x")  # any key closes it
+            self.wait_for("PID", "the table after the help")
+        # At 80 columns PINNED and HOST are left out; scrolled, every column is there, from the 9th on.
+        lines = self.screen()
+        header = next(l for l in lines if l.split()[:2] == ["PID", "GPU"])
+        self.assertNotIn("PINNED", header)
+        self.tmux("send-keys", "Right")
+        lines = self.wait_for("gpureclaim top (scrolled; Home: back) - ", "the title when scrolled")
+        header = next(l for l in lines if "HELD" in l and "CACHED" in l)
+        self.assertIn("PINNED", header)
+        self.assertIn("HOST", header)
+        self.check_fits(lines, 80)
+        self.tmux("send-keys", "Home")
+        self.wait_for("q quit", "the key line once back")
+        lines = self.screen()
+        self.assertNotIn("scrolled", lines[0])
+        # Asleep: coloured (blue, 34); the key line cut at a word's end, not in the middle of one.
+        subprocess.run([CMD, "sleep", str(pid)], env=self.env, check=True, capture_output=True, timeout=60)
+        lines = self.wait_for(" sleeping ", "the sleeping row")
+        row = next(l for l in self.screen_escapes() if "%d " % pid in l and "sleeping" in l)
+        self.assertRegex(row, r"\x1b\[[0-9;]*34[;m]", "no colour on the sleeping row: %r" % row)
+        self.tmux("send-keys", "q")
+        self.wait_for("TOP-EXITED 0", "top ending on q")
+
+    def test_no_colour_and_words_kept_whole(self):
+        self.env["NO_COLOR"] = "1"
+        subprocess.run([CMD, "sleep", str(self.held.pid)], env=self.env, check=True, capture_output=True, timeout=60)
+        self.start("--interval", "0.2", width=50, height=16, extra_env=["NO_COLOR=1"])
+        lines = self.wait_for(" sleeping", "the sleeping row")
+        row = next(l for l in self.screen_escapes() if "%d " % self.held.pid in l)
+        self.assertNotRegex(row, r"\x1b\[[0-9;]*3[0-7][;m]", "colour with NO_COLOR set: %r" % row)
+        last = lines[-1].rstrip()
+        self.assertTrue(last.endswith(" ..."), last)
+        words = set("q quit  h help  r release  s snapshot  </> sort  up/down select  left/right scroll".split())
+        self.assertTrue(set(last[:-4].split()) <= words, "a word cut in the middle: %r" % last)
+
     def test_fits_a_narrow_terminal_and_follows_a_resize(self):
         # A command line that is not ASCII: drawn as characters, and cut without wrapping either.
         name = os.path.join(self.tmp, "hold-\u8bad\u7ec3-" + "\u00e9" * 40)
@@ -140,6 +230,18 @@ class TopInTmux(unittest.TestCase):
             time.sleep(0.05)
             lines = self.screen()
         self.check_fits(lines, 100)
+        # Smaller again: nothing of the wider frame is left behind (every cell is drawn anew on a resize).
+        self.tmux("resize-window", "-x", "70", "-y", "14")
+        deadline = time.monotonic() + 60
+        while True:
+            lines = self.screen()
+            if len(lines) == 14 and lines[0].startswith("gpureclaim top") and lines[2].startswith("GPU UUID  "):
+                break
+            self.assertLess(time.monotonic(), deadline, "no frame at 70x14:\n" + "\n".join(lines))
+            time.sleep(0.05)
+        self.check_fits(lines, 70)
+        self.assertFalse([l for l in lines if len(l.split()) > 0 and "GPU-" in l and len(l.rstrip()) > 70], lines)
+        self.assertNotIn("HOST", "\n".join(lines), "a column of the wider frame was left behind")
         # ^C quits as q does.
         self.tmux("send-keys", "C-c")
         self.wait_for("TOP-EXITED 0", "top ending on ^C")

@@ -83,7 +83,9 @@ got="$(GPURECLAIM_RUNDIR="$rundir" complete_words gpureclaim release '' | tr '\n
 [[ "$got" == "$holdpid " ]] || bad "release: offered pids '$got', expected '$holdpid'"
 got="$(GPURECLAIM_RUNDIR="$rundir" complete_words gpureclaim snapshot --json '' | tr '\n' ' ')"
 [[ "$got" == "$holdpid " ]] || bad "snapshot: offered pids '$got', expected '$holdpid'"
-[[ -z "$(GPURECLAIM_RUNDIR="$rundir" complete_words gpureclaim ps '')" ]] || bad "ps offers pids"
+got="$(GPURECLAIM_RUNDIR="$rundir" complete_words gpureclaim ps '' | tr '\n' ' ')" # ps PID... lists those
+[[ "$got" == "$holdpid " ]] || bad "ps: offered pids '$got', expected '$holdpid'"
+[[ -z "$(GPURECLAIM_RUNDIR="$rundir" complete_words gpureclaim top '')" ]] || bad "top offers pids"
 if command -v zsh >/dev/null; then # the zsh function's pid list, _describe replaced by a printer
   got="$(GPURECLAIM_RUNDIR="$rundir" zsh -f -c 'source <(sed "\$d" "$1"); _describe() { print -l -- ${(P)4}; }
          _gpureclaim_pids' _ "$src/completions/_gpureclaim" | cut -d: -f1 | tr '\n' ' ')"
@@ -93,7 +95,7 @@ fi
 # zsh: the same options, and the file loads as a completion function.
 zcomp="$src/completions/_gpureclaim"
 for o in $(grep -o -- '--[a-z][a-z-]*' <<<"$help" | sort -u); do
-  grep -qE -- "$o(\\[|=)" "$zcomp" || bad "the zsh completion does not name $o"
+  grep -qE -- "$o(\\[|=|\\})" "$zcomp" || bad "the zsh completion does not name $o"
 done
 if command -v zsh >/dev/null; then
   zsh -n "$zcomp" || bad "zsh: syntax error in _gpureclaim"

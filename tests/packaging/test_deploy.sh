@@ -9,9 +9,14 @@
 #    what a killed task left in the run directory. (The scripts get the environment slurmd would give them;
 #    test_slurm runs them under a real slurmd.)
 #  - Kubernetes: the pod spec parses as YAML, and its containers' commands run with their env (paths of the
-#    volumes mapped to a temporary directory, `python3 train.py` to examples/train.py);
-#  - Jupyter: kernel.json parses, and its argv runs with a stand-in ipykernel_launcher that reports what the
-#    kernel would see: gpureclaim preloaded and loaded, the connection file passed.
+#    volumes mapped to a temporary directory, `python3 train.py` to examples/train.py, the downward API's
+#    metadata.name and .namespace given, $(VAR) expanded as Kubernetes expands it); the metrics sidecar writes a
+#    file named after its pod, every sample labelled with the pod and namespace (node_exporter fails a scrape
+#    with two identical series, and every pod of a node writes into one directory);
+#  - Jupyter: install_kernel.py writes a kernel spec naming the interpreter that ran it and the command by their
+#    absolute paths (a bare "python3" ran whatever came first on Jupyter's PATH), and its argv runs with a
+#    stand-in ipykernel_launcher that reports what the kernel would see: gpureclaim preloaded and loaded, the
+#    connection file passed.
 # Usage: test_deploy.sh SOURCE_DIR COMMAND HOLD SIM_DIR (the simulator's libcuda)
 set -euo pipefail
 src="$1" cmd="$2" hold="$3" sim="$4"
@@ -114,8 +119,9 @@ maps = open("/proc/self/maps").read()
 print("kernel: preloaded" if "libgpureclaim.so" in os.environ.get("LD_PRELOAD", "") else "kernel: NOT PRELOADED")
 print("kernel: gpureclaim", gpureclaim.version(), "mapped" if "libgpureclaim.so" in maps else "NOT MAPPED")
 PY
-GR_SRC="$src" GR_TMP="$tmp" GR_CMD="$cmd" GR_SIM="$sim" GR_PY="$py" "$py" - <<'PY' || fail=1
-import json, os, subprocess, sys, yaml
+GR_SRC="$src" GR_TMP="$tmp" GR_CMD="$cmd" GR_SIM="$sim" GR_PY="$py" GR_HOLD="$hold" GR_CMD_LINK="$tmp/bin/gpureclaim" \
+  "$py" - <<'PY' || fail=1
+import json, os, re, subprocess, sys, time, yaml
 src, tmp, sim = os.environ["GR_SRC"], os.environ["GR_TMP"], os.environ["GR_SIM"]
 py = os.environ["GR_PY"]
 ok = True
@@ -154,9 +160,15 @@ for c in spec["containers"]:
         if m["name"] not in mounts:
             bad("container %s mounts an undeclared volume %s" % (c["name"], m["name"]))
     env = dict(base_env)
+    meta = {"metadata.name": pod["metadata"]["name"], "metadata.namespace": pod["metadata"].get("namespace", "default")}
     for e in c.get("env", []):
-        env[e["name"]] = mapped(e["value"])
-    argv = [mapped(a) for a in c["command"]]
+        if "valueFrom" in e:  # the downward API
+            env[e["name"]] = meta[e["valueFrom"]["fieldRef"]["fieldPath"]]
+        else:
+            env[e["name"]] = mapped(e["value"])
+    # $(VAR) in a command is expanded by Kubernetes from the container's variables.
+    argv = [mapped(re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)), a))
+            for a in c["command"]]
     if c["name"] == "train":
         if "nvidia.com/gpu" not in c["resources"]["limits"]:
             bad("the training container asks for no GPU")
@@ -173,25 +185,59 @@ for c in spec["containers"]:
         if not os.path.isdir(env["GPURECLAIM_RUNDIR"]) or os.stat(env["GPURECLAIM_RUNDIR"]).st_mode & 0o777 != 0o700:
             bad("the library made no 0700 run directory in the shared volume")
     elif c["name"] == "metrics":
-        script = argv[2].replace("while :; do ", "").replace("; sleep 15; done", "")  # one round
-        script = script.replace("/metrics/", mapped("/metrics") + "/")
-        out = run(["sh", "-c", script], env, "the metrics sidecar")
-        if not os.path.exists(mapped("/metrics/gpureclaim.prom")):
-            bad("the sidecar wrote no metrics: " + out)
+        if argv[:2] != ["gpureclaim", "ps"] or "--loop" not in argv:
+            bad("the sidecar does not run gpureclaim ps --loop: %s" % argv)
+        argv[0] = os.environ["GR_CMD"]
+        prom = mapped("/metrics/gpureclaim-default-train.prom")  # its pod's own file
+        # A process of the pod for it to see (the training job above has ended): hold, under gpureclaim.
+        hold = subprocess.Popen([os.environ["GR_CMD"], "run", "--", os.environ["GR_HOLD"]], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        ready = hold.stdout.readline()
+        side = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60  # a hang guard: the first round is written at once
+        while not os.path.exists(prom) and side.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        side.terminate()  # the loop ends on SIGTERM, as when Kubernetes stops the pod, exit status 0
+        out, err = side.communicate(timeout=60)
+        hold.stdin.close()
+        hold.wait(timeout=60)
+        if side.returncode != 0:
+            bad("the metrics sidecar exited %s: %s" % (side.returncode, err))
+        if not os.path.exists(prom):
+            bad("the sidecar wrote no %s: %s" % (prom, os.listdir(mapped("/metrics"))))
+        else:
+            samples = [l for l in open(prom).read().splitlines() if l and not l.startswith("#")]
+            pid = ready.split()[1] if ready.startswith("ready ") else "?"
+            if not [l for l in samples if l.startswith('gpureclaim_up{pid="%s",' % pid)]:
+                bad("the sidecar's file has no gpureclaim_up of the pod's process %s: %s" % (pid, samples))
+            for l in samples:
+                if not l.split("} ")[0].endswith(',namespace="default",pod="train"'):
+                    bad("a sample without its pod's labels: " + l)
     else:
         bad("unknown container %s" % c["name"])
 
-with open(os.path.join(src, "examples/deploy/jupyter/kernel.json")) as f:
+data = os.path.join(tmp, "jupyter-data")
+ienv = dict(base_env, JUPYTER_DATA_DIR=data, PYTHONPATH=os.path.join(tmp, "jupyter"),
+            PATH=os.path.dirname(os.environ["GR_CMD_LINK"]) + os.pathsep + os.environ["PATH"])
+run([py, os.path.join(src, "examples/deploy/jupyter/install_kernel.py"), "--user"], ienv, "install_kernel.py")
+with open(os.path.join(data, "kernels", "python3-gpureclaim", "kernel.json")) as f:
     kernel = json.load(f)
 for key in ("argv", "display_name", "language"):
     if key not in kernel:
         bad("kernel.json has no %s" % key)
 conn = os.path.join(tmp, "jupyter", "kernel-1.json")
 argv = [a.replace("{connection_file}", conn) for a in kernel["argv"]]
-if argv[:3] != ["gpureclaim", "run", "--"] or "ipykernel_launcher" not in argv:
-    bad("kernel.json does not start ipykernel under gpureclaim run: %s" % argv)
-argv[0] = os.environ["GR_CMD"]
-argv = [py if a == "python3" else a for a in argv]
+if argv[1:3] != ["run", "--"] or "ipykernel_launcher" not in argv or not os.path.isabs(argv[0]):
+    bad("kernel.json does not start ipykernel under gpureclaim run, by absolute paths: %s" % argv)
+if argv[3] != os.path.abspath(py):
+    bad("kernel.json names %s, not the interpreter that installed it (%s)" % (argv[3], py))
+if os.path.realpath(argv[0]) != os.path.realpath(os.environ["GR_CMD"]):
+    bad("kernel.json names %s, not the gpureclaim command on PATH" % argv[0])
+# Without ipykernel for that interpreter the installer refuses, saying which interpreter lacks it.
+p = subprocess.run([py, os.path.join(src, "examples/deploy/jupyter/install_kernel.py")], capture_output=True,
+                   text=True, env=dict(ienv, PYTHONPATH=""), timeout=60)
+if p.returncode == 0 or "has no ipykernel" not in p.stderr:
+    bad("install_kernel.py without ipykernel: %s %s" % (p.returncode, p.stderr))
 env = dict(base_env, GR_CONNECTION_FILE=conn, GPURECLAIM_RUNDIR=os.path.join(tmp, "run"),
            PYTHONPATH=os.path.join(tmp, "jupyter") + os.pathsep + os.path.join(src, "python"))
 env.update(kernel.get("env", {}))
