@@ -159,6 +159,49 @@ Test(sleep, wake_by_kernel_launch_and_by_allocation) {
   free(pat);
 }
 
+/* The first call after a sleep wakes the process on every route to an allocation entry point, before the call
+ * reaches the driver (the simulator aborts on a call that reaches it checkpointed): the runtime's cudaMalloc
+ * (which, set up once per thread as the real runtime is, calls its cuMemAlloc_v2 from cuGetProcAddress straight
+ * away: gpureclaim's wrapper, no gate in front), the exported name (a program linked with -lcuda), a pointer a
+ * program got from cuGetProcAddress, and one that a library got with dlsym() on its own handle (libcublasLt's
+ * route; libsimblaslt.so stands in). Every pointer is had before the sleep, as programs keep them. */
+typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
+Test(sleep, the_first_call_after_a_sleep_wakes_it_on_every_route) {
+  unsigned char *pat;
+  RT_OK(cudaSetDevice(0));
+  void *live = hold(&pat);
+  void *lt = dlopen("libsimblaslt.so", RTLD_NOW | RTLD_LOCAL);
+  cr_assert_not_null(lt, "%s", dlerror());
+  const char *missing = NULL;
+  cr_assert_eq(((int (*)(const char **))dlsym(lt, "simblaslt_create"))(&missing), 0, "%s", missing);
+  alloc_fn lt_alloc = (alloc_fn)dlsym(lt, "simblaslt_alloc"), pa_alloc = NULL;
+  CUdriverProcAddressQueryResult q;
+  cr_assert_eq(cuGetProcAddress_v2("cuMemAlloc", (void **)&pa_alloc, 12000, 0, &q), CUDA_SUCCESS);
+  cr_assert(lt_alloc && pa_alloc);
+  static const char *const route[] = {"cudaMalloc", "exported cuMemAlloc_v2", "cuGetProcAddress", "dlsym"};
+  uint64_t calls = simcuda_calls("cuMemAlloc_v2");
+  for (int i = 0; i < 4; i++) {
+    sleep_ok();
+    uint64_t before = simcuda_calls("cuMemAlloc_v2");
+    CUdeviceptr d = 0;
+    void *p = NULL;
+    int ok = i == 0 ? cudaMalloc(&p, 1 * MiB) == cudaSuccess
+             : i == 1 ? cuMemAlloc(&d, 1 * MiB) == CUDA_SUCCESS
+             : i == 2 ? pa_alloc(&d, 1 * MiB) == CUDA_SUCCESS
+                      : lt_alloc(&d, 1 * MiB) == CUDA_SUCCESS;
+    cr_assert(ok, "%s after a sleep failed", route[i]);
+    cr_assert_eq(state(NULL), GPURECLAIM_STATE_AWAKE, "%s woke the process", route[i]);
+    cr_assert_eq(simcuda_calls("cuMemAlloc_v2"), before + 1, "%s reached the driver once, awake", route[i]);
+    gpureclaim_block_t b;
+    uint64_t addr = i == 0 ? (uint64_t)(uintptr_t)p : (uint64_t)d;
+    cr_assert(h_find(addr, &b), "%s's block is tracked", route[i]);
+    OK(cuMemFree(addr));
+  }
+  cr_assert_eq(simcuda_calls("cuMemAlloc_v2"), calls + 4);
+  check(live, pat);
+  free(pat);
+}
+
 Test(sleep, wake_without_room_stays_asleep_and_intact) {
   setenv("GPURECLAIM_WAKE_TIMEOUT", "1", 1);
   unsigned char *pat;
