@@ -18,6 +18,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -216,6 +219,123 @@ Test(sleep, wake_without_room_stays_asleep_and_intact) {
   cr_assert_eq(state(NULL), GPURECLAIM_STATE_SLEEPING);
   simcuda_set_capacity(0, 80 * GiB); /* room again: the next call wakes it */
   check(live, pat);
+  free(pat);
+}
+
+/* A checkpoint the driver refuses leaves the process as it was before the sleep began: awake, the driver unlocked,
+ * the gates' flag down (a release is admitted again: while the flag is up every release is refused), and the
+ * next sleep and wake work. Without the reset of its state, the next call waited for ever for a sleep that never
+ * came: the time limit is the hang guard. */
+Test(sleep, a_refused_checkpoint_leaves_the_process_awake_and_able_to_sleep, .timeout = 60) {
+  unsigned char *pat;
+  RT_OK(cudaSetDevice(0));
+  void *live = hold(&pat);
+  cr_assert_eq(simcuda_inject("cuCheckpointProcessCheckpoint", CUDA_ERROR_NOT_SUPPORTED, 1), 0);
+  gpureclaim_sleep_report_t r = {.size = sizeof r};
+  cr_assert_eq(gpureclaim_sleep(&r), -ENOTSUP);
+  cr_assert_eq(r.slept, 0);
+  cr_assert_not_null(strstr(r.reason, "refused the checkpoint"), "%s", r.reason);
+  cr_assert_eq(simcuda_calls("cuCheckpointProcessCheckpoint"), 1, "the refusal was the driver's");
+  cr_assert_eq(state(NULL), GPURECLAIM_STATE_AWAKE);
+  CUprocessState ps;
+  OK(cuCheckpointProcessGetState(getpid(), &ps));
+  cr_assert_eq(ps, CU_PROCESS_STATE_RUNNING, "the process was unlocked again");
+  /* A release is admitted (while the gates' flag is up, every release is refused, with an empty report). */
+  uint64_t s = gpureclaim_scope_begin();
+  void *o;
+  RT_OK(cudaMalloc(&o, 2 * MiB));
+  cr_assert_eq(gpureclaim_scope_end(s, 0), 0);
+  gpureclaim_report_t rep = {.size = sizeof rep};
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &rep), 0);
+  cr_assert_eq(rep.orphaned_bytes, 2 * MiB, "the release after the refused sleep freed %llu B of a 2 MiB orphan",
+               (unsigned long long)rep.orphaned_bytes);
+  check(live, pat); /* a call through a gate goes straight on */
+  sleep_ok();
+  cr_assert_eq(state(NULL), GPURECLAIM_STATE_SLEEPING);
+  check(live, pat);
+  cr_assert_eq(state(NULL), GPURECLAIM_STATE_AWAKE);
+  free(pat);
+}
+
+/* A wake that finds no room is remembered: a call that waited for it fails with it, and does not begin a wake of
+ * its own (another GPURECLAIM_WAKE_TIMEOUT on the device). Placed exactly: the first wake is held in its peer
+ * reclaim (the test holds the GPU's peer-reclaim lock in the run directory) until the second waiter is seen
+ * blocked in its wait; then the first one fails, and the log has one failed wake, not two. */
+static _Atomic int g_waker_tid;
+static void *waker(void *arg) {
+  (void)arg;
+  atomic_store(&g_waker_tid, (int)syscall(SYS_gettid));
+  return (void *)(intptr_t)gpureclaim_wake();
+}
+
+/* Whether thread tid is blocked in a futex wait (/proc/self/task/TID/syscall: its system call's number first). */
+static bool in_futex_wait(int tid) {
+  char path[64], buf[256] = "";
+  snprintf(path, sizeof path, "/proc/self/task/%d/syscall", tid);
+  FILE *f = fopen(path, "r");
+  if (!f) return false;
+  bool got = fgets(buf, sizeof buf, f) != NULL;
+  fclose(f);
+  return got && atol(buf) == SYS_futex && buf[0] != 'r'; /* ("running" while it runs) */
+}
+
+static int failed_wakes(const char *log) {
+  FILE *f = fopen(log, "r");
+  if (!f) return 0;
+  char line[4096], pid[32];
+  snprintf(pid, sizeof pid, "\"pid\":%d,", (int)getpid());
+  int n = 0;
+  while (fgets(line, sizeof line, f))
+    n += strstr(line, "\"event\":\"wake-failed\"") && strstr(line, pid);
+  fclose(f);
+  return n;
+}
+
+Test(sleep, a_wake_without_room_is_remembered_by_the_calls_that_waited_for_it, .timeout = 120) {
+  char log[4200];
+  snprintf(log, sizeof log, "%s/wake-%d.log", getenv("GPURECLAIM_RUNDIR"), (int)getpid());
+  setenv("GPURECLAIM_LOG", log, 1);
+  setenv("GPURECLAIM_WAKE_TIMEOUT", "1", 1);
+  setenv("GPURECLAIM_PEER_TIMEOUT", "60", 1); /* the first wake waits for the lock until the test lets it go */
+  unsigned char *pat;
+  RT_OK(cudaSetDevice(0));
+  void *live = hold(&pat);
+  nvml_free(0); /* (reads the device's UUID while awake) */
+  CUuuid u;
+  OK(cuDeviceGetUuid(&u, 0));
+  const unsigned char *x = (const unsigned char *)u.bytes;
+  char lock[4300];
+  snprintf(lock, sizeof lock, "%s/gpu-GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x.lock",
+           getenv("GPURECLAIM_RUNDIR"), x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7], x[8], x[9], x[10], x[11],
+           x[12], x[13], x[14], x[15]);
+  sleep_ok();
+  simcuda_set_capacity(0, 16 * MiB); /* another process took the device */
+  int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  cr_assert_geq(fd, 0, "%s: %s", lock, strerror(errno));
+  cr_assert_eq(flock(fd, LOCK_EX), 0);
+  pthread_t first = gr_thread_start(waker, NULL);
+  while (state(NULL) != GPURECLAIM_STATE_WAKING) /* (the time limit guards these waits) */
+    nanosleep(&(struct timespec){0, 1000000}, NULL);
+  atomic_store(&g_waker_tid, 0);
+  pthread_t second = gr_thread_start(waker, NULL);
+  int tid;
+  while (!(tid = atomic_load(&g_waker_tid)))
+    nanosleep(&(struct timespec){0, 1000000}, NULL);
+  for (int seen = 0; seen < 3;) { /* blocked, waiting for the first wake's outcome (seen three times running) */
+    seen = in_futex_wait(tid) ? seen + 1 : 0;
+    nanosleep(&(struct timespec){0, 5000000}, NULL);
+  }
+  cr_assert_eq(state(NULL), GPURECLAIM_STATE_WAKING, "the first wake is still under way");
+  cr_assert_eq(failed_wakes(log), 0);
+  close(fd); /* the first wake goes on, finds no room, and fails */
+  cr_assert_eq((intptr_t)gr_thread_join(first), -ENOMEM);
+  cr_assert_eq((intptr_t)gr_thread_join(second), -ENOMEM, "the waiter shares the failed wake's outcome");
+  cr_assert_eq(failed_wakes(log), 1, "one wake was tried, not one per waiting call");
+  cr_assert_eq(state(NULL), GPURECLAIM_STATE_SLEEPING);
+  simcuda_set_capacity(0, 80 * GiB);
+  check(live, pat); /* room again: the next call wakes it */
+  unlink(lock);
+  unlink(log);
   free(pat);
 }
 
