@@ -21,6 +21,8 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/syscall.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -415,6 +417,79 @@ Test(sleep, refused_while_a_thread_is_stuck_in_a_call) {
   RT_OK(cudaMemset(p, 2, 4096));
   sleep_ok(); /* once the call returned, the sleep works */
   RT_OK(cudaMemset(p, 3, 4096));
+}
+
+/* A sleep whose client hung up before the sleep began is never run. The client sends `sleep` on the control socket,
+ * reads the progress line `moving` (the sleep then waits in the driver's lock for a thread the test holds inside
+ * a CUDA call) and closes; only then is that call let go: the lock is had, and the sleep, asking at its last moment
+ * whether its client still waits, is withdrawn and the process unlocked. The client used to be looked at once,
+ * when its line was read, and one that closed just after sending had its sleep run. */
+static void *ping_answered(void *arg) { /* a ping answered: the worker is done with the request before it */
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  snprintf(sa.sun_path, sizeof sa.sun_path, "%s/%d.sock", getenv("GPURECLAIM_RUNDIR"), (int)getpid());
+  char buf[512] = "";
+  if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0 && write(fd, "ping\n", 5) == 5)
+    (void)!read(fd, buf, sizeof buf - 1);
+  if (fd >= 0)
+    close(fd);
+  *(bool *)arg = strstr(buf, "\"ok\":true") != NULL;
+  return NULL;
+}
+
+Test(sleep, a_sleep_whose_client_hung_up_before_it_began_is_not_run, .timeout = 120) {
+  char log[4200];
+  snprintf(log, sizeof log, "%s/hangup-%d.log", getenv("GPURECLAIM_RUNDIR"), (int)getpid());
+  setenv("GPURECLAIM_LOG", log, 1);
+  unsigned char *pat;
+  RT_OK(cudaSetDevice(0));
+  void *live = hold(&pat), *p;
+  RT_OK(cudaMalloc(&p, 4096));
+  cr_assert_eq(simcuda_on_return("cuMemsetD8_v2", stall, NULL), 0);
+  pthread_t th = gr_thread_start(stuck, p);
+  pthread_mutex_lock(&g_mu);
+  while (!g_inside)
+    pthread_cond_wait(&g_cv, &g_mu);
+  pthread_mutex_unlock(&g_mu);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  snprintf(sa.sun_path, sizeof sa.sun_path, "%s/%d.sock", getenv("GPURECLAIM_RUNDIR"), (int)getpid());
+  cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0, "%s: %s", sa.sun_path, strerror(errno));
+  cr_assert_eq(write(fd, "sleep 30000\n", 12), 12);
+  char got[4096];
+  size_t n = 0;
+  while (!memmem(got, n, "\"progress\":\"moving\"", 19)) { /* (the time limit is the hang guard) */
+    ssize_t r = read(fd, got + n, sizeof got - 1 - n);
+    cr_assert_gt(r, 0, "the process answered %.*s", (int)n, got);
+    n += (size_t)r;
+  }
+  cr_assert_eq(close(fd), 0); /* the client hangs up while the sleep waits for the lock */
+  pthread_mutex_lock(&g_mu);
+  g_go = 1;
+  pthread_cond_broadcast(&g_cv);
+  pthread_mutex_unlock(&g_mu);
+  gr_thread_join(th);
+  bool answered = false;
+  gr_thread_join(gr_thread_start(ping_answered, &answered));
+  cr_assert(answered, "the worker answered no ping after the sleep request");
+  cr_assert_eq(state(NULL), GPURECLAIM_STATE_AWAKE, "the sleep of a client that hung up was run");
+  cr_assert_eq(simcuda_calls("cuCheckpointProcessLock"), 1, "it got as far as the lock");
+  cr_assert_eq(simcuda_calls("cuCheckpointProcessCheckpoint"), 0, "and no further");
+  CUprocessState ps;
+  OK(cuCheckpointProcessGetState(getpid(), &ps));
+  cr_assert_eq(ps, CU_PROCESS_STATE_RUNNING, "the process was unlocked again");
+  FILE *f = fopen(log, "r");
+  cr_assert_not_null(f);
+  char line[4096];
+  bool withdrawn = false;
+  while (fgets(line, sizeof line, f))
+    withdrawn |= strstr(line, "\"event\":\"sleep\"") && strstr(line, "withdrawn");
+  fclose(f);
+  cr_assert(withdrawn, "no sleep event says the sleep was withdrawn (%s)", log);
+  RT_OK(cudaMemset(p, 3, 4096));
+  check(live, pat);
+  unlink(log);
+  free(pat);
 }
 
 /* Threads calling CUDA and releasing while other sleeps and wakes come and go: every call either runs awake
