@@ -317,6 +317,20 @@ class PeerTest(Base):
         self.assertLess(int(b.ask("reserved").split()[1]), 193 * MiB, "its cache went")
         self.assertEqual(b.ask("alloc"), "ok", "and B keeps working")
 
+    def test_no_framework_cache_is_given_without_python(self):
+        """GPURECLAIM_PYTHON=0 on the giver: its framework cache is not released for a peer (no call into CPython);
+        the asker's allocation fails, and the cache is all there."""
+        pre = os.environ["GR_PRELOAD"]
+        b = Proc(self, "b", {"LD_PRELOAD": pre, "GR_EXAMPLES": EXAMPLES, "GPURECLAIM_PYTHON": "0"},
+                 [sys.executable, "-c", FRAMEWORK_B])
+        a = Proc(self, "a")
+        self.wait_holding(b, a.uuid, 192 * MiB)
+        self.assertEqual(self.timed_alloc(a, 128), "oom")
+        ev = self.one_event(a)
+        self.assertEqual([p["pid"] for p in ev["peers"]], [b.pid], "B was asked")
+        self.assertEqual(ev["peers"][0]["given"]["framework_bytes"], 0, ev)
+        self.assertEqual(int(b.ask("reserved").split()[1]), 193 * MiB, "its cache went")
+
     def test_a_recent_giver_is_asked_last(self):
         """Two peers with the same cache: the one that just gave is asked second the next time."""
         mem = {"SIMCUDA_DEVICE_MEM": str(512 * MiB)}
