@@ -178,7 +178,8 @@ Test(sleep, the_first_call_after_a_sleep_wakes_it_on_every_route) {
   void *lt = dlopen("libsimblaslt.so", RTLD_NOW | RTLD_LOCAL);
   cr_assert_not_null(lt, "%s", dlerror());
   const char *missing = NULL;
-  cr_assert_eq(((int (*)(const char **))dlsym(lt, "simblaslt_create"))(&missing), 0, "%s", missing);
+  cr_assert_eq(((int (*)(const char **))dlsym(lt, "simblaslt_create"))(&missing), 0, "missing: %s",
+               missing ? missing : "-");
   alloc_fn lt_alloc = (alloc_fn)dlsym(lt, "simblaslt_alloc"), pa_alloc = NULL;
   CUdriverProcAddressQueryResult q;
   cr_assert_eq(cuGetProcAddress_v2("cuMemAlloc", (void **)&pa_alloc, 12000, 0, &q), CUDA_SUCCESS);
