@@ -7,7 +7,9 @@
  * release whose client hung up before it was served is not run (client_waiting()); `release-begun` first says
  * when it begins, so that a client that gives up can tell withdrawn from begun. Answers are sent with
  * MSG_NOSIGNAL: the worker blocks every signal, but a SIGPIPE left pending on it for a client that went away
- * serves nothing.
+ * serves nothing. A sleep is asked whether its client still waits twice: before it is served, and once more at
+ * its last moment before the checkpoint (sleep_wanted), so that a client that hung up at any time before the sleep
+ * began gets none.
  */
 #include "control.h"
 #include "release.h"
@@ -118,6 +120,11 @@ static void sleep_progress(const char *phase, uint64_t done, uint64_t total, voi
   jb_free(&p);
 }
 
+/* Whether the client of a sleep still waits, asked again at the sleep's last moment before its checkpoint: a client
+ * that hung up while the sleep's release, synchronisation or lock took their time (one that sent its line and
+ * closed at once, or a command whose --timeout passed) gets no sleep, whenever it hung up before that moment. */
+static bool sleep_wanted(void *arg) { return client_waiting(*(int *)arg, false); }
+
 /* Answers one request line; NULL for a line longer than the protocol allows. pid: the client's (SO_PEERCRED). */
 static void answer(int fd, const char *line, int pid) {
   size_t verb;
@@ -199,7 +206,8 @@ static void answer(int fd, const char *line, int pid) {
       return;
     } else {
       gpureclaim_sleep_report_t rep = {.size = sizeof rep};
-      int rc = gr_sleep_run_progress(GPURECLAIM_TRIGGER_COMMAND, (unsigned)ms, &rep, sleep_progress, &fd);
+      int rc = gr_sleep_run_progress(GPURECLAIM_TRIGGER_COMMAND, (unsigned)ms, &rep, sleep_progress,
+                                     sleep_wanted, &fd);
       jb_bool(&b, "ok", rc == 0 || rc == -EALREADY);
       jb_bool(&b, "already", rc == -EALREADY);
       jb_key(&b, "report");

@@ -10,8 +10,9 @@
  *   4. the gates' flag goes up (gate.h): from now on every call a gate sees waits here instead of entering the
  *      driver; releases already running on other threads are waited for, new ones refused;
  *   5. cuCheckpointProcessLock on our own pid with the timeout (a thread inside a CUDA call that does not return
- *      in time: refused, saying so), then cuCheckpointProcessCheckpoint: the driver moves the process's device
- *      memory, contexts included, to host memory.
+ *      in time: refused, saying so); a sleep whose asker stopped waiting meanwhile (a command's client that hung
+ *      up) is withdrawn here, unlocked again; then cuCheckpointProcessCheckpoint: the driver moves the process's
+ *      device memory, contexts included, to host memory. From that call on the sleep is begun.
  * The free memory of each device the process used is read through NVML before and after (a checkpointed
  * process has no context to ask cuMemGetInfo with): what the device gained is what a restore needs back.
  *
@@ -318,11 +319,11 @@ static int refuse(gpureclaim_sleep_report_t *out, gpureclaim_sleep_report_t *r, 
 }
 
 int gr_sleep_run(int trigger, unsigned timeout_ms, gpureclaim_sleep_report_t *out) {
-  return gr_sleep_run_progress(trigger, timeout_ms, out, NULL, NULL);
+  return gr_sleep_run_progress(trigger, timeout_ms, out, NULL, NULL, NULL);
 }
 
 int gr_sleep_run_progress(int trigger, unsigned timeout_ms, gpureclaim_sleep_report_t *out,
-                          gr_sleep_progress_fn progress, void *arg) {
+                          gr_sleep_progress_fn progress, gr_sleep_wanted_fn wanted, void *arg) {
   gpureclaim_sleep_report_t r;
   memset(&r, 0, sizeof r);
   r.size = sizeof r;
@@ -435,6 +436,13 @@ int gr_sleep_run_progress(int trigger, unsigned timeout_ms, gpureclaim_sleep_rep
   if (cr != CUDA_SUCCESS)
     return refuse(out, &r, t0, -ENOTSUP, "the driver refused to lock the process: %s",
                                      err_name(cr, eb, sizeof eb));
+  /* The point of no return: whoever asked must still be waiting (a command that hung up while the release, the
+   * synchronisation or the lock took their time was told nothing would happen, or has gone). */
+  if (wanted && !wanted(arg)) {
+    A.unlock(getpid(), NULL);
+    return refuse(out, &r, t0, -ECANCELED, "withdrawn: whoever asked for it hung up before the sleep began; the "
+                                           "release's memory stays given back");
+  }
   cr = A.checkpoint(getpid(), NULL);
   if (cr != CUDA_SUCCESS) {
     A.unlock(getpid(), NULL);

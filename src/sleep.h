@@ -12,10 +12,14 @@ struct jbuf;
 
 /* sleep.c: sleep and wake (gpureclaim_sleep). timeout_ms: how long the lock waits for calls in flight. */
 int gr_sleep_run(int trigger, unsigned timeout_ms, gpureclaim_sleep_report_t *out);
-/* The same, telling progress (may be NULL) as it goes: phase "release", "moving" (done 0 of total), "moved". */
+/* The same, telling progress (may be NULL) as it goes: phase "release", "moving" (done 0 of total), "moved";
+ * and asking wanted (may be NULL) at the last moment before the checkpoint, once the process is locked, whether
+ * whoever asked still waits for the sleep: if not, it is withdrawn (-ECANCELED; the release's memory stays given
+ * back), so that a sleep whose client hung up at any time before it began is never run. */
 typedef void (*gr_sleep_progress_fn)(const char *phase, uint64_t done, uint64_t total, void *arg);
+typedef bool (*gr_sleep_wanted_fn)(void *arg);
 int gr_sleep_run_progress(int trigger, unsigned timeout_ms, gpureclaim_sleep_report_t *out,
-                          gr_sleep_progress_fn progress, void *arg);
+                          gr_sleep_progress_fn progress, gr_sleep_wanted_fn wanted, void *arg);
 /* Wakes the process (trigger: gpureclaim_trigger_t). 0, -ENOMEM (no room in time), -EIO (restore refused). */
 int gr_sleep_wake(int trigger);
 int gr_sleep_state_now(uint64_t *host_bytes);

@@ -46,6 +46,10 @@ TOTAL = stats(live_blocks=4, live_bytes=3 * GiB + 512 * MiB, peak_bytes=4 * GiB 
               host_pinned_blocks=1, host_pinned_bytes=2 * MiB, contexts=2, pools=1, table_bytes=4096)
 
 
+# Peer reclaim's counters (in the stats' total): each figure its own number, so that none passes for another.
+PEER = {"peer_reclaims": 3, "peer_reclaim_successes": 2, "peer_received_bytes": 5 * MiB, "peer_gives": 4,
+        "peer_given_bytes": 7 * MiB}
+
 # The GPUs as the library's stats report them: ordinal, UUID, the driver's free and total memory (10 GiB used on
 # device 0, 1 GiB on device 1).
 GPUS = [{"device": 0, "uuid": "GPU-11111111-2222-4333-8444-555555555555", "free_bytes": 70 * GiB,
@@ -68,9 +72,11 @@ def scaled(x, n):
 
 
 def report(seq, trigger, what):
+    """A release of 1 GiB of pool cache and a 512 MiB orphan, and, when `all` is named, 256 MiB of live blocks."""
+    every = 256 * MiB if "all" in what.split(",") else 0
     return {"seq": seq, "trigger": trigger, "what": what, "cached_bytes": GiB, "pool_bytes": GiB,
             "framework_bytes": 0, "releaser_bytes": 0, "orphaned_bytes": 512 * MiB, "orphaned_blocks": 1,
-            "all_bytes": 0, "all_blocks": 0, "failed_blocks": 0, "ms": 12.5,
+            "all_bytes": every, "all_blocks": 1 if every else 0, "failed_blocks": 0, "ms": 12.5,
             "devices": [{"device": 0, "pool_bytes": GiB, "orphaned_bytes": 512 * MiB, "orphaned_blocks": 1,
                          "all_bytes": 0, "all_blocks": 0, "free_before": 10 * GiB, "free_after": 11 * GiB + 512 * MiB,
                          "total": 80 * GiB}]}
@@ -106,6 +112,7 @@ class Fake:
         self.pid = os.getpid()
         self.lock = threading.Lock()
         self.releases = 0
+        self.released = 0  # bytes, as the stats' released_bytes counts them
         self.last = None
         self.signal_releases = 0
         self.last_signal = None
@@ -140,8 +147,8 @@ class Fake:
                  "orphan_bytes": 512 * MiB * n, "framework_bytes": 0},
                 {"uuid": GPUS[1]["uuid"], "device": 1, "held_bytes": 512 * MiB * n, "pool_cached_bytes": 0,
                  "orphan_bytes": 0, "framework_bytes": 0}]}
-            if self.args.sleeping:
-                st["sleep"] = {"state": "sleeping", "host_bytes": 3 * GiB, "sleeps": 1, "wakes": 0, "available": True}
+        if self.args.sleeping:  # asleep, 3 GiB of it on the host (the stats still answer: canned)
+            st["sleep"] = {"state": "sleeping", "host_bytes": 3 * GiB, "sleeps": 1, "wakes": 0, "available": True}
         tmp = self.status_path + ".tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -152,6 +159,7 @@ class Fake:
         with self.lock:
             self.releases += 1
             self.last = report(self.releases, trigger, what)
+            self.released += self.last["cached_bytes"] + self.last["orphaned_bytes"] + self.last["all_bytes"]
             if trigger == "signal":
                 self.signal_releases += 1
                 self.last_signal = self.last
@@ -163,7 +171,8 @@ class Fake:
             return {"ok": True, "pid": self.pid, "version": "0.1.0"}
         if line == "stats":
             n = self.args.scale
-            return {"ok": True, "pid": self.pid, "total": dict(scaled(TOTAL, n), releases=self.releases),
+            return {"ok": True, "pid": self.pid, "total": dict(scaled(TOTAL, n), releases=self.releases,
+                                                              released_bytes=self.released, **PEER),
                     "devices": scaled(DEVICES, n), "pools": [{"pool": "0xp0", "device": 0,
                                                              "reserved_bytes": 3 * GiB // 2, "used_bytes": GiB // 2}],
                     "gpus": GPUS, "frameworks": scaled(FRAMEWORKS, n) if self.args.framework else []}
@@ -285,7 +294,8 @@ def main():
     ap.add_argument("--die-on-signal", action="store_true", help="exit on the release signal, releasing nothing")
     ap.add_argument("--framework", action="store_true", help="a PyTorch cache in the stats (FRAMEWORKS)")
     ap.add_argument("--scale", type=int, default=1, help="every byte count of the stats times N")
-    ap.add_argument("--sleeping", action="store_true", help="asleep (gpureclaim sleep): a release is refused")
+    ap.add_argument("--sleeping", action="store_true",
+                    help="the status file says it sleeps (3 GiB on the host); a release is refused")
     ap.add_argument("--log-connects", action="store_true", help="log each connection as it is accepted")
     ap.add_argument("--goes-to-sleep", action="store_true",
                     help="awake in its status file, asleep when asked to release (it went to sleep meanwhile)")

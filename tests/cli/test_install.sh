@@ -67,7 +67,7 @@ maps="$(LD_PRELOAD="${GR_PRELOAD:-}" "$prefix/bin/gpureclaim" run -- sh -c 'cat 
 # ... in a program on the simulator: the demo, through the installed command, library and Python helper.
 sim="$build/sim"
 if [[ -x "$build/examples/demo" ]]; then
-  out="$(LD_PRELOAD="${GR_PRELOAD:-}" LD_LIBRARY_PATH="$sim" GPURECLAIM_RUNDIR="$tmp/run" GPURECLAIM_LOG=/dev/null \
+  out="$(LD_PRELOAD="${GR_PRELOAD:-}" LD_LIBRARY_PATH="$sim" GPURECLAIM_RUNDIR="$tmp/run" GPURECLAIM_LOG="$tmp/demo.log" \
          "$prefix/bin/gpureclaim" run -- "$build/examples/demo")"
   [[ "$out" == *"gpureclaim_release: 1536.0 MiB back"* ]] || { echo "test_install: demo printed: $out"; exit 1; }
 fi

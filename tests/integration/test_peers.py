@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -103,6 +104,60 @@ class Proc:
         assert f[0] == "stats", f
         keys = ("peer_reclaims", "successes", "received", "gives", "given", "pool_reserved")
         return dict(zip(keys, map(int, f[1:])))
+
+
+class FakePeer:
+    """A status file in the run directory naming a live process (a `sleep` child of the test's) whose control socket
+    is the test's own: it records every request and answers that it gave nothing. What an asker does with what the
+    status files say (whom it trusts, whom it skips, in which order it asks) is then seen exactly, request by
+    request, whatever the asker's own memory."""
+
+    def __init__(self, test, uuid, uid=None, oom=False, give=True, pool=0, orphan=0, framework=0, last_gave_ms=0):
+        self.child = subprocess.Popen(["sleep", "600"])
+        self.pid = self.child.pid
+        self.requests = []
+        path = os.path.join(test.rundir, "%d.sock" % self.pid)
+        self.srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.srv.bind(path)
+        self.srv.listen(8)
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+        status = {"pid": self.pid, "uid": os.geteuid() if uid is None else uid, "socket": path,
+                  "peer": {"ask": True, "give": give, "sleep": False, "oom": oom, "last_gave_ms": last_gave_ms,
+                           "gpus": [{"uuid": uuid, "device": 0, "held_bytes": pool + orphan + framework,
+                                     "pool_cached_bytes": pool, "orphan_bytes": orphan,
+                                     "framework_bytes": framework}]}}
+        with open(os.path.join(test.rundir, "%d.json" % self.pid), "w") as f:
+            json.dump(status, f)
+        test.addCleanup(self.close)
+
+    def serve(self):
+        while True:
+            try:
+                c, _ = self.srv.accept()
+            except OSError:
+                return
+            with c:
+                c.settimeout(5)
+                line = b""
+                try:
+                    while not line.endswith(b"\n"):
+                        chunk = c.recv(4096)
+                        if not chunk:
+                            break
+                        line += chunk
+                    self.requests.append(line.decode().strip())
+                    given = {k: 0 for k in ("orphaned_bytes", "pool_bytes", "framework_bytes", "releaser_bytes",
+                                            "all_bytes", "slept_bytes", "total_bytes")}
+                    c.sendall((json.dumps({"ok": True, "pid": self.pid, "on_gpu": True, "given": given}) +
+                               "\n").encode())
+                except OSError:
+                    pass
+
+    def close(self):
+        self.srv.close()
+        self.child.kill()
+        self.child.wait()
 
 
 class Base(unittest.TestCase):
@@ -261,6 +316,20 @@ class PeerTest(Base):
         self.assertGreaterEqual(ev["peers"][0]["given"]["framework_bytes"], 128 * MiB)
         self.assertLess(int(b.ask("reserved").split()[1]), 193 * MiB, "its cache went")
         self.assertEqual(b.ask("alloc"), "ok", "and B keeps working")
+
+    def test_no_framework_cache_is_given_without_python(self):
+        """GPURECLAIM_PYTHON=0 on the giver: its framework cache is not released for a peer (no call into CPython);
+        the asker's allocation fails, and the cache is all there."""
+        pre = os.environ["GR_PRELOAD"]
+        b = Proc(self, "b", {"LD_PRELOAD": pre, "GR_EXAMPLES": EXAMPLES, "GPURECLAIM_PYTHON": "0"},
+                 [sys.executable, "-c", FRAMEWORK_B])
+        a = Proc(self, "a")
+        self.wait_holding(b, a.uuid, 192 * MiB)
+        self.assertEqual(self.timed_alloc(a, 128), "oom")
+        ev = self.one_event(a)
+        self.assertEqual([p["pid"] for p in ev["peers"]], [b.pid], "B was asked")
+        self.assertEqual(ev["peers"][0]["given"]["framework_bytes"], 0, ev)
+        self.assertEqual(int(b.ask("reserved").split()[1]), 193 * MiB, "its cache went")
 
     def test_a_recent_giver_is_asked_last(self):
         """Two peers with the same cache: the one that just gave is asked second the next time."""
@@ -450,6 +519,85 @@ class PeerTest(Base):
 
     def test_no_status_on_the_asker(self):
         self.opted_out({"GPURECLAIM_STATUS": "0"}, {}, False)
+
+    # ---- what the asker trusts, skips, and asks first (status files of FakePeer) ----
+
+    def asked_in_order(self, a, fakes):
+        """A's allocation larger than the GPU fails, its peer reclaim asks; the pids asked, in order."""
+        self.assertEqual(self.timed_alloc(a, 300), "oom")
+        asked = [p["pid"] for p in self.one_event(a)["peers"]]
+        for f in fakes:
+            self.assertEqual(len(f.requests), asked.count(f.pid), "what %d got: %r" % (f.pid, f.requests))
+        return asked
+
+    def test_status_files_of_another_user_are_not_trusted(self):
+        """A status file that says it is another user's is not a peer (its socket could be anyone's), however much
+        it offers; one of the same user, offering less, is asked."""
+        a = Proc(self, "a")
+        mine = FakePeer(self, a.uuid, pool=64 * MiB)
+        other_uid = 65534 if os.geteuid() != 65534 else 65533
+        theirs = FakePeer(self, a.uuid, uid=other_uid, pool=192 * MiB)
+        self.assertEqual(self.asked_in_order(a, [mine, theirs]), [mine.pid])
+        self.assertEqual(theirs.requests, [], "another user's status file was trusted")
+        self.assertTrue(mine.requests[0].startswith("give bytes=%d uuid=%s " % (300 * MiB, a.uuid)), mine.requests)
+
+    def test_a_peer_handling_its_own_out_of_memory_is_not_asked(self):
+        """A peer whose status file says it is handling an out-of-memory ("oom": true) is itself waiting for peers,
+        maybe for the asker: it is skipped, whatever it could give."""
+        a = Proc(self, "a")
+        busy = FakePeer(self, a.uuid, oom=True, pool=192 * MiB)
+        idle = FakePeer(self, a.uuid, pool=32 * MiB)
+        self.assertEqual(self.asked_in_order(a, [busy, idle]), [idle.pid])
+        self.assertEqual(busy.requests, [], "a peer in its own peer reclaim was asked")
+
+    def test_peers_are_asked_cheapest_to_give_first(self):
+        """The order of README's "Who is asked": most to give cheaply (pools' unused memory and orphans) first, then
+        most framework cache, and a peer that gave in the last 10 seconds last, whatever it holds."""
+        a = Proc(self, "a")
+        now = int(time.time() * 1000)
+        recent = FakePeer(self, a.uuid, pool=160 * MiB, last_gave_ms=now)
+        fw_only = FakePeer(self, a.uuid, framework=192 * MiB)
+        small = FakePeer(self, a.uuid, pool=32 * MiB)
+        small_fw = FakePeer(self, a.uuid, pool=16 * MiB, orphan=16 * MiB, framework=100 * MiB)
+        most = FakePeer(self, a.uuid, orphan=96 * MiB)
+        fakes = [recent, fw_only, small, small_fw, most]
+        self.assertEqual(self.asked_in_order(a, fakes), [f.pid for f in (most, small_fw, small, fw_only, recent)])
+
+    # ---- the giver's own checks (a request sent as a peer would) ----
+
+    def test_a_process_that_does_not_give_refuses_a_request(self):
+        """GPURECLAIM_PEERS without give: an asker reads that in the status file and does not ask, but the giver
+        must refuse a request all the same (the status file may be stale, the asker another program)."""
+        for peers in ("ask", "off"):
+            with self.subTest(peers=peers):
+                self.tearDown()
+                self.setUp()
+                b = Proc(self, "b", {"GPURECLAIM_PEERS": peers})
+                self.fill_cache(b)
+                far = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1000) + 60000
+                line = "give bytes=%d uuid=%s deadline_ms=%d pid=%d\n" % (128 * MiB, b.uuid, far, os.getpid())
+                ans = json.loads(self.give_line(b, line.encode()))
+                self.assertFalse(ans["ok"], ans)
+                self.assertIn("GPURECLAIM_PEERS", ans["error"])
+                self.assertEqual(b.stats()["gives"], 0)
+                self.assertEqual(b.stats()["pool_reserved"], 192 * MiB, "it gave its cache")
+
+    def test_a_request_past_its_deadline_is_refused(self):
+        """A request whose deadline passed (its asker gave up: it waited while the giver was stopped) frees nothing
+        behind the asker's back; the same request with a deadline ahead gives."""
+        b = Proc(self, "b")
+        self.fill_cache(b)
+        now = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1000)
+        for deadline in (now - 1, now - 60000):
+            line = "give bytes=%d uuid=%s deadline_ms=%d pid=%d\n" % (128 * MiB, b.uuid, deadline, os.getpid())
+            ans = json.loads(self.give_line(b, line.encode()))
+            self.assertFalse(ans["ok"], ans)
+            self.assertIn("deadline", ans["error"])
+        self.assertEqual(b.stats()["gives"], 0)
+        self.assertEqual(b.stats()["pool_reserved"], 192 * MiB, "an expired request was served")
+        far = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1000) + 60000
+        line = "give bytes=%d uuid=%s deadline_ms=%d pid=%d\n" % (128 * MiB, b.uuid, far, os.getpid())
+        self.assertGreaterEqual(json.loads(self.give_line(b, line.encode()))["given"]["pool_bytes"], 128 * MiB)
 
     # ---- at once ----
 

@@ -1,6 +1,7 @@
 """The CPython path of a release: a signal makes gpureclaim's worker thread take the GIL and call the
 framework's own release (here the PyTorch stand-in in python/torch) while the main thread runs Python code,
-plus a module that takes part through __gpureclaim_release__. Run under LD_PRELOAD with the simulator."""
+plus a module that takes part through __gpureclaim_release__; and none of it with GPURECLAIM_PYTHON=0 (a child
+process). Run under LD_PRELOAD with the simulator."""
 import ctypes
 import io
 import json
@@ -141,9 +142,34 @@ def main():
     assert second is not None, "no second release report"
     assert second["framework_bytes"] == 3 * MiB + 12345, second
     assert Extra.calls == 2
+    # GPURECLAIM_PYTHON=0: a process that says so gets no release through CPython at all (options are read once
+    # per process: a child of this script's, the same code).
+    import subprocess
+    child = subprocess.run([sys.executable, os.path.abspath(__file__), "--python-off"], capture_output=True,
+                           text=True, timeout=120, env=dict(os.environ, GPURECLAIM_PYTHON="0"))
+    assert child.returncode == 0, (child.returncode, child.stdout, child.stderr)
+    assert "python off: ok" in child.stdout, child.stdout
     print("test_python_release: ok", report["framework_bytes"], "bytes from the frameworks")
     return 0
 
 
+def python_off():
+    """Under GPURECLAIM_PYTHON=0 a release of cached memory calls no framework: PyTorch's cache and the module
+    hooks are left alone, and the report gives 0 framework bytes."""
+    blocks = [torch.cuda.alloc(MiB) for _ in range(4)]
+    for p in blocks:
+        torch.cuda.free(p)
+    assert torch.cuda.memory_reserved() == 4 * MiB
+    os.kill(os.getpid(), signal.SIGUSR1)
+    report = wait_report(1)
+    assert report is not None, "no release report"
+    assert report["framework_bytes"] == 0, report
+    assert torch.cuda.empty_cache_calls == 0, "empty_cache was called with GPURECLAIM_PYTHON=0"
+    assert Extra.calls == 0, "__gpureclaim_release__ was called with GPURECLAIM_PYTHON=0"
+    assert torch.cuda.memory_reserved() == 4 * MiB and sim_live_bytes() == 4 * MiB, "the cache went"
+    print("python off: ok")
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(python_off() if sys.argv[1:] == ["--python-off"] else main())

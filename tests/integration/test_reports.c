@@ -9,6 +9,7 @@
 #include <linux/capability.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -17,12 +18,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -75,24 +78,56 @@ Test(reports, snapshot_json) {
   cr_assert_eq(gpureclaim_snapshot("/nonexistent-dir/x.json"), -EIO);
 }
 
+/* A device the test owns, in its directory: as root a node of the null device, made there with mknod (the
+ * machine's /dev/null is never the target: a writer that renamed over it would break every program on the
+ * machine); otherwise the slave side of a pseudo-terminal this test opened, whose master reads what came. */
+static void device_in(const char *dir) {
+  char node[4300];
+  struct stat st;
+  snprintf(node, sizeof node, "%s/null", dir);
+  if (mknod(node, S_IFCHR | 0600, makedev(1, 3)) == 0) {
+    cr_assert_eq(gpureclaim_snapshot(node), 0);
+    cr_assert_eq(lstat(node, &st), 0);
+    cr_assert(S_ISCHR(st.st_mode) && st.st_rdev == makedev(1, 3), "the device node was replaced");
+    cr_assert_eq(unlink(node), 0);
+    return;
+  }
+  cr_assert_eq(errno, EPERM, "mknod %s: %s", node, strerror(errno));
+  int m = posix_openpt(O_RDWR | O_NOCTTY);
+  cr_assert_geq(m, 0, "posix_openpt: %s", strerror(errno));
+  cr_assert(grantpt(m) == 0 && unlockpt(m) == 0);
+  char slave[128];
+  cr_assert_eq(ptsname_r(m, slave, sizeof slave), 0);
+  struct termios raw; /* what is written arrives as written */
+  int s = open(slave, O_RDWR | O_NOCTTY);
+  cr_assert_geq(s, 0);
+  cr_assert_eq(tcgetattr(s, &raw), 0);
+  cfmakeraw(&raw);
+  cr_assert_eq(tcsetattr(s, TCSANOW, &raw), 0);
+  cr_assert_eq(gpureclaim_snapshot(slave), 0);
+  cr_assert_eq(lstat(slave, &st), 0);
+  cr_assert(S_ISCHR(st.st_mode), "the pseudo-terminal was replaced");
+  char got[64] = "";
+  struct pollfd p = {m, POLLIN, 0};
+  cr_assert_eq(poll(&p, 1, 30000), 1, "nothing was written into the device"); /* a hang guard */
+  cr_assert_gt(read(m, got, sizeof got - 1), 0);
+  cr_assert_eq(got[0], '{', "the snapshot's first byte: %s", got);
+  close(s);
+  close(m);
+}
+
 /* A path that is not a regular file is written into, never replaced: renaming over /dev/null (as root, which
- * CI is) left a regular file full of JSON where every program expects the null device. */
+ * CI is) left a regular file full of JSON where every program expects the null device. Everything here lives in
+ * a directory of the test's own, inside its run directory. */
 Test(reports, snapshot_into_devices_links_and_fifos) {
   CUdeviceptr a;
   OK(cuMemAlloc(&a, 4096));
   struct stat st;
-  cr_assert_eq(gpureclaim_snapshot("/dev/null"), 0);
-  cr_assert_eq(stat("/dev/null", &st), 0);
-  if (!S_ISCHR(st.st_mode) && geteuid() == 0) { /* put the machine's /dev/null back before failing */
-    unlink("/dev/null");
-    mknod("/dev/null", S_IFCHR | 0666, makedev(1, 3));
-    chmod("/dev/null", 0666);
-  }
-  cr_assert(S_ISCHR(st.st_mode), "/dev/null is no longer a device");
-
-  char dir[] = "/tmp/gr_outXXXXXX";
+  char dir[4200];
+  snprintf(dir, sizeof dir, "%s/gr_outXXXXXX", getenv("GPURECLAIM_RUNDIR"));
   cr_assert_not_null(mkdtemp(dir));
-  char target[256], link[256], fifo[256];
+  device_in(dir);
+  char target[4300], link[4300], fifo[4300];
   snprintf(target, sizeof target, "%s/target.json", dir);
   snprintf(link, sizeof link, "%s/link.json", dir);
   snprintf(fifo, sizeof fifo, "%s/fifo", dir);
@@ -114,7 +149,7 @@ Test(reports, snapshot_into_devices_links_and_fifos) {
   /* A link someone else owns (possible as root only) is not followed: in a directory others can write to,
    * it could aim the snapshot at any file. */
   if (geteuid() == 0) {
-    char other[256], victim[256];
+    char other[4300], victim[4300];
     snprintf(other, sizeof other, "%s/other.json", dir);
     snprintf(victim, sizeof victim, "%s/victim", dir);
     FILE *v = fopen(victim, "w");
@@ -142,7 +177,7 @@ Test(reports, snapshot_into_devices_links_and_fifos) {
   while (got < sizeof doc && (r = read(rfd, doc + got, sizeof doc - got)) > 0)
     got += (size_t)r;
   close(rfd);
-  char copy[300];
+  char copy[4300];
   snprintf(copy, sizeof copy, "%s/from_fifo.json", dir);
   FILE *c = fopen(copy, "w");
   cr_assert_not_null(c);
@@ -572,14 +607,32 @@ static int run_probe(const char *rundir, const char *cwd, const char *const *env
   return status;
 }
 
+/* Removes the files a probe's run directory keeps after it ended (a peer reclaim's GPU lock stays, by design),
+ * then the directory: the test's temporary directories are left behind otherwise. */
+static void remove_rundir(const char *rundir) {
+  DIR *d = opendir(rundir);
+  if (!d)
+    return;
+  struct dirent *e;
+  char path[4200];
+  while ((e = readdir(d)))
+    if (e->d_name[0] != '.') {
+      snprintf(path, sizeof path, "%s/%s", rundir, e->d_name);
+      unlink(path);
+    }
+  closedir(d);
+  cr_assert_eq(rmdir(rundir), 0, "%s: %s", rundir, strerror(errno));
+}
+
 /* A process that exits while other threads release (each release rewrites the status file): exit removed
  * the status file, then a release re-created it, or the process ended with a temporary file half-written. */
 Test(reports, exit_during_releases_leaves_nothing_in_the_run_directory) {
   char dir[] = "/tmp/gr_exitraceXXXXXX";
   cr_assert_not_null(mkdtemp(dir));
-  char rundir[300];
+  char rundir[300], log[320];
   snprintf(rundir, sizeof rundir, "%s/run", dir);
-  static const char *const env[] = {"GPURECLAIM_LOG=/dev/null", NULL};
+  snprintf(log, sizeof log, "GPURECLAIM_LOG=%s/log", dir);
+  const char *const env[] = {log, NULL};
   static char out[1 << 16];
   for (int i = 0; i < 40; i++) {
     int status = run_probe(rundir, NULL, env, "exit-race", out, sizeof out);
@@ -592,6 +645,7 @@ Test(reports, exit_during_releases_leaves_nothing_in_the_run_directory) {
     closedir(d);
   }
   cr_assert_eq(rmdir(rundir), 0);
+  unlink(log + strlen("GPURECLAIM_LOG="));
   cr_assert_eq(rmdir(dir), 0);
 }
 
@@ -647,28 +701,42 @@ Test(reports, a_relative_log_is_taken_from_the_directory_the_program_started_in)
   unlink(in_start);
   rmdir(start);
   rmdir(later);
-  rmdir(rundir);
-  rmdir(dir);
+  remove_rundir(rundir);
+  cr_assert_eq(rmdir(dir), 0, "%s: %s", dir, strerror(errno));
 }
 
-/* A log that cannot be written (a full disk: /dev/full) is said once, with the error, and the reports go to
- * stderr; they were dropped without a word. */
+/* A log that cannot be written (a full disk) is said once, with the error, and the reports go to stderr; they
+ * were dropped without a word. The full disk is a node of the full device in the test's own directory (made
+ * with mknod, as root); without the right to make one, a file the size limit keeps empty (RLIMIT_FSIZE, the
+ * limit and SIGXFSZ ignored inherited by the probe): "File too large" instead of "No space left on device". */
 Test(reports, a_log_write_error_is_reported_and_the_report_kept) {
   char dir[] = "/tmp/gr_fulllogXXXXXX";
   cr_assert_not_null(mkdtemp(dir));
-  char rundir[320];
+  char rundir[320], full[320], setting[340], want[400];
   snprintf(rundir, sizeof rundir, "%s/run", dir);
-  const char *env[] = {"GPURECLAIM_LOG=/dev/full", NULL};
+  snprintf(full, sizeof full, "%s/full", dir);
+  const char *why = strerror(ENOSPC);
+  if (mknod(full, S_IFCHR | 0600, makedev(1, 7)) != 0) {
+    cr_assert_eq(errno, EPERM, "mknod %s: %s", full, strerror(errno));
+    struct rlimit lim = {0, 0};
+    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    signal(SIGXFSZ, SIG_IGN);
+    why = strerror(EFBIG);
+  }
+  snprintf(setting, sizeof setting, "GPURECLAIM_LOG=%s", full);
+  const char *env[] = {setting, NULL};
   static char out[1 << 16];
   int status = run_probe(rundir, NULL, env, NULL, out, sizeof out);
   cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "probe status %#x:\n%s", status, out);
-  cr_assert_not_null(strstr(out, "cannot write to GPURECLAIM_LOG=/dev/full: No space left on device"), "%s", out);
+  snprintf(want, sizeof want, "cannot write to %s: %s", setting, why);
+  cr_assert_not_null(strstr(out, want), "no '%s' in:\n%s", want, out);
   const char *first = strstr(out, "cannot write to GPURECLAIM_LOG");
   cr_assert_null(strstr(first + 1, "cannot write to GPURECLAIM_LOG"), "warned more than once:\n%s", out);
   cr_assert_not_null(strstr(out, "\"trigger\":\"oom\""), "the reports go to stderr:\n%s", out);
   cr_assert_not_null(strstr(out, "\"trigger\":\"api\""), "%s", out);
-  rmdir(rundir);
-  rmdir(dir);
+  unlink(full);
+  remove_rundir(rundir);
+  cr_assert_eq(rmdir(dir), 0, "%s: %s", dir, strerror(errno));
 }
 
 /* Connects to this process's control socket from a child running as uid (with CAP_DAC_OVERRIDE kept, so that

@@ -18,6 +18,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/syscall.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -163,6 +168,50 @@ Test(sleep, wake_by_kernel_launch_and_by_allocation) {
   free(pat);
 }
 
+/* The first call after a sleep wakes the process on every route to an allocation entry point, before the call
+ * reaches the driver (the simulator aborts on a call that reaches it checkpointed): the runtime's cudaMalloc
+ * (which, set up once per thread as the real runtime is, calls its cuMemAlloc_v2 from cuGetProcAddress straight
+ * away: gpureclaim's wrapper, no gate in front), the exported name (a program linked with -lcuda), a pointer a
+ * program got from cuGetProcAddress, and one that a library got with dlsym() on its own handle (libcublasLt's
+ * route; libsimblaslt.so stands in). Every pointer is had before the sleep, as programs keep them. */
+typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
+Test(sleep, the_first_call_after_a_sleep_wakes_it_on_every_route) {
+  unsigned char *pat;
+  RT_OK(cudaSetDevice(0));
+  void *live = hold(&pat);
+  void *lt = dlopen("libsimblaslt.so", RTLD_NOW | RTLD_LOCAL);
+  cr_assert_not_null(lt, "%s", dlerror());
+  const char *missing = NULL;
+  cr_assert_eq(((int (*)(const char **))dlsym(lt, "simblaslt_create"))(&missing), 0, "missing: %s",
+               missing ? missing : "-");
+  alloc_fn lt_alloc = (alloc_fn)dlsym(lt, "simblaslt_alloc"), pa_alloc = NULL;
+  CUdriverProcAddressQueryResult q;
+  cr_assert_eq(cuGetProcAddress_v2("cuMemAlloc", (void **)&pa_alloc, 12000, 0, &q), CUDA_SUCCESS);
+  cr_assert(lt_alloc && pa_alloc);
+  static const char *const route[] = {"cudaMalloc", "exported cuMemAlloc_v2", "cuGetProcAddress", "dlsym"};
+  uint64_t calls = simcuda_calls("cuMemAlloc_v2");
+  for (int i = 0; i < 4; i++) {
+    sleep_ok();
+    uint64_t before = simcuda_calls("cuMemAlloc_v2");
+    CUdeviceptr d = 0;
+    void *p = NULL;
+    int ok = i == 0 ? cudaMalloc(&p, 1 * MiB) == cudaSuccess
+             : i == 1 ? cuMemAlloc(&d, 1 * MiB) == CUDA_SUCCESS
+             : i == 2 ? pa_alloc(&d, 1 * MiB) == CUDA_SUCCESS
+                      : lt_alloc(&d, 1 * MiB) == CUDA_SUCCESS;
+    cr_assert(ok, "%s after a sleep failed", route[i]);
+    cr_assert_eq(state(NULL), GPURECLAIM_STATE_AWAKE, "%s woke the process", route[i]);
+    cr_assert_eq(simcuda_calls("cuMemAlloc_v2"), before + 1, "%s reached the driver once, awake", route[i]);
+    gpureclaim_block_t b;
+    uint64_t addr = i == 0 ? (uint64_t)(uintptr_t)p : (uint64_t)d;
+    cr_assert(h_find(addr, &b), "%s's block is tracked", route[i]);
+    OK(cuMemFree(addr));
+  }
+  cr_assert_eq(simcuda_calls("cuMemAlloc_v2"), calls + 4);
+  check(live, pat);
+  free(pat);
+}
+
 Test(sleep, wake_without_room_stays_asleep_and_intact) {
   setenv("GPURECLAIM_WAKE_TIMEOUT", "1", 1);
   unsigned char *pat;
@@ -177,6 +226,123 @@ Test(sleep, wake_without_room_stays_asleep_and_intact) {
   cr_assert_eq(state(NULL), GPURECLAIM_STATE_SLEEPING);
   simcuda_set_capacity(0, 80 * GiB); /* room again: the next call wakes it */
   check(live, pat);
+  free(pat);
+}
+
+/* A checkpoint the driver refuses leaves the process as it was before the sleep began: awake, the driver unlocked,
+ * the gates' flag down (a release is admitted again: while the flag is up every release is refused), and the
+ * next sleep and wake work. Without the reset of its state, the next call waited for ever for a sleep that never
+ * came: the time limit is the hang guard. */
+Test(sleep, a_refused_checkpoint_leaves_the_process_awake_and_able_to_sleep, .timeout = 60) {
+  unsigned char *pat;
+  RT_OK(cudaSetDevice(0));
+  void *live = hold(&pat);
+  cr_assert_eq(simcuda_inject("cuCheckpointProcessCheckpoint", CUDA_ERROR_NOT_SUPPORTED, 1), 0);
+  gpureclaim_sleep_report_t r = {.size = sizeof r};
+  cr_assert_eq(gpureclaim_sleep(&r), -ENOTSUP);
+  cr_assert_eq(r.slept, 0);
+  cr_assert_not_null(strstr(r.reason, "refused the checkpoint"), "%s", r.reason);
+  cr_assert_eq(simcuda_calls("cuCheckpointProcessCheckpoint"), 1, "the refusal was the driver's");
+  cr_assert_eq(state(NULL), GPURECLAIM_STATE_AWAKE);
+  CUprocessState ps;
+  OK(cuCheckpointProcessGetState(getpid(), &ps));
+  cr_assert_eq(ps, CU_PROCESS_STATE_RUNNING, "the process was unlocked again");
+  /* A release is admitted (while the gates' flag is up, every release is refused, with an empty report). */
+  uint64_t s = gpureclaim_scope_begin();
+  void *o;
+  RT_OK(cudaMalloc(&o, 2 * MiB));
+  cr_assert_eq(gpureclaim_scope_end(s, 0), 0);
+  gpureclaim_report_t rep = {.size = sizeof rep};
+  cr_assert_eq(gpureclaim_release(GPURECLAIM_ORPHANED, &rep), 0);
+  cr_assert_eq(rep.orphaned_bytes, 2 * MiB, "the release after the refused sleep freed %llu B of a 2 MiB orphan",
+               (unsigned long long)rep.orphaned_bytes);
+  check(live, pat); /* a call through a gate goes straight on */
+  sleep_ok();
+  cr_assert_eq(state(NULL), GPURECLAIM_STATE_SLEEPING);
+  check(live, pat);
+  cr_assert_eq(state(NULL), GPURECLAIM_STATE_AWAKE);
+  free(pat);
+}
+
+/* A wake that finds no room is remembered: a call that waited for it fails with it, and does not begin a wake of
+ * its own (another GPURECLAIM_WAKE_TIMEOUT on the device). Placed exactly: the first wake is held in its peer
+ * reclaim (the test holds the GPU's peer-reclaim lock in the run directory) until the second waiter is seen
+ * blocked in its wait; then the first one fails, and the log has one failed wake, not two. */
+static _Atomic int g_waker_tid;
+static void *waker(void *arg) {
+  (void)arg;
+  atomic_store(&g_waker_tid, (int)syscall(SYS_gettid));
+  return (void *)(intptr_t)gpureclaim_wake();
+}
+
+/* Whether thread tid is blocked in a futex wait (/proc/self/task/TID/syscall: its system call's number first). */
+static bool in_futex_wait(int tid) {
+  char path[64], buf[256] = "";
+  snprintf(path, sizeof path, "/proc/self/task/%d/syscall", tid);
+  FILE *f = fopen(path, "r");
+  if (!f) return false;
+  bool got = fgets(buf, sizeof buf, f) != NULL;
+  fclose(f);
+  return got && atol(buf) == SYS_futex && buf[0] != 'r'; /* ("running" while it runs) */
+}
+
+static int failed_wakes(const char *log) {
+  FILE *f = fopen(log, "r");
+  if (!f) return 0;
+  char line[4096], pid[32];
+  snprintf(pid, sizeof pid, "\"pid\":%d,", (int)getpid());
+  int n = 0;
+  while (fgets(line, sizeof line, f))
+    n += strstr(line, "\"event\":\"wake-failed\"") && strstr(line, pid);
+  fclose(f);
+  return n;
+}
+
+Test(sleep, a_wake_without_room_is_remembered_by_the_calls_that_waited_for_it, .timeout = 120) {
+  char log[4200];
+  snprintf(log, sizeof log, "%s/wake-%d.log", getenv("GPURECLAIM_RUNDIR"), (int)getpid());
+  setenv("GPURECLAIM_LOG", log, 1);
+  setenv("GPURECLAIM_WAKE_TIMEOUT", "1", 1);
+  setenv("GPURECLAIM_PEER_TIMEOUT", "60", 1); /* the first wake waits for the lock until the test lets it go */
+  unsigned char *pat;
+  RT_OK(cudaSetDevice(0));
+  void *live = hold(&pat);
+  nvml_free(0); /* (reads the device's UUID while awake) */
+  CUuuid u;
+  OK(cuDeviceGetUuid(&u, 0));
+  const unsigned char *x = (const unsigned char *)u.bytes;
+  char lock[4300];
+  snprintf(lock, sizeof lock, "%s/gpu-GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x.lock",
+           getenv("GPURECLAIM_RUNDIR"), x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7], x[8], x[9], x[10], x[11],
+           x[12], x[13], x[14], x[15]);
+  sleep_ok();
+  simcuda_set_capacity(0, 16 * MiB); /* another process took the device */
+  int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  cr_assert_geq(fd, 0, "%s: %s", lock, strerror(errno));
+  cr_assert_eq(flock(fd, LOCK_EX), 0);
+  pthread_t first = gr_thread_start(waker, NULL);
+  while (state(NULL) != GPURECLAIM_STATE_WAKING) /* (the time limit guards these waits) */
+    nanosleep(&(struct timespec){0, 1000000}, NULL);
+  atomic_store(&g_waker_tid, 0);
+  pthread_t second = gr_thread_start(waker, NULL);
+  int tid;
+  while (!(tid = atomic_load(&g_waker_tid)))
+    nanosleep(&(struct timespec){0, 1000000}, NULL);
+  for (int seen = 0; seen < 3;) { /* blocked, waiting for the first wake's outcome (seen three times running) */
+    seen = in_futex_wait(tid) ? seen + 1 : 0;
+    nanosleep(&(struct timespec){0, 5000000}, NULL);
+  }
+  cr_assert_eq(state(NULL), GPURECLAIM_STATE_WAKING, "the first wake is still under way");
+  cr_assert_eq(failed_wakes(log), 0);
+  close(fd); /* the first wake goes on, finds no room, and fails */
+  cr_assert_eq((intptr_t)gr_thread_join(first), -ENOMEM);
+  cr_assert_eq((intptr_t)gr_thread_join(second), -ENOMEM, "the waiter shares the failed wake's outcome");
+  cr_assert_eq(failed_wakes(log), 1, "one wake was tried, not one per waiting call");
+  cr_assert_eq(state(NULL), GPURECLAIM_STATE_SLEEPING);
+  simcuda_set_capacity(0, 80 * GiB);
+  check(live, pat); /* room again: the next call wakes it */
+  unlink(lock);
+  unlink(log);
   free(pat);
 }
 
@@ -256,6 +422,79 @@ Test(sleep, refused_while_a_thread_is_stuck_in_a_call) {
   RT_OK(cudaMemset(p, 2, 4096));
   sleep_ok(); /* once the call returned, the sleep works */
   RT_OK(cudaMemset(p, 3, 4096));
+}
+
+/* A sleep whose client hung up before the sleep began is never run. The client sends `sleep` on the control socket,
+ * reads the progress line `moving` (the sleep then waits in the driver's lock for a thread the test holds inside
+ * a CUDA call) and closes; only then is that call let go: the lock is had, and the sleep, asking at its last moment
+ * whether its client still waits, is withdrawn and the process unlocked. The client used to be looked at once,
+ * when its line was read, and one that closed just after sending had its sleep run. */
+static void *ping_answered(void *arg) { /* a ping answered: the worker is done with the request before it */
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  snprintf(sa.sun_path, sizeof sa.sun_path, "%s/%d.sock", getenv("GPURECLAIM_RUNDIR"), (int)getpid());
+  char buf[512] = "";
+  if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0 && write(fd, "ping\n", 5) == 5)
+    (void)!read(fd, buf, sizeof buf - 1);
+  if (fd >= 0)
+    close(fd);
+  *(bool *)arg = strstr(buf, "\"ok\":true") != NULL;
+  return NULL;
+}
+
+Test(sleep, a_sleep_whose_client_hung_up_before_it_began_is_not_run, .timeout = 120) {
+  char log[4200];
+  snprintf(log, sizeof log, "%s/hangup-%d.log", getenv("GPURECLAIM_RUNDIR"), (int)getpid());
+  setenv("GPURECLAIM_LOG", log, 1);
+  unsigned char *pat;
+  RT_OK(cudaSetDevice(0));
+  void *live = hold(&pat), *p;
+  RT_OK(cudaMalloc(&p, 4096));
+  cr_assert_eq(simcuda_on_return("cuMemsetD8_v2", stall, NULL), 0);
+  pthread_t th = gr_thread_start(stuck, p);
+  pthread_mutex_lock(&g_mu);
+  while (!g_inside)
+    pthread_cond_wait(&g_cv, &g_mu);
+  pthread_mutex_unlock(&g_mu);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  snprintf(sa.sun_path, sizeof sa.sun_path, "%s/%d.sock", getenv("GPURECLAIM_RUNDIR"), (int)getpid());
+  cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0, "%s: %s", sa.sun_path, strerror(errno));
+  cr_assert_eq(write(fd, "sleep 30000\n", 12), 12);
+  char got[4096];
+  size_t n = 0;
+  while (!memmem(got, n, "\"progress\":\"moving\"", 19)) { /* (the time limit is the hang guard) */
+    ssize_t r = read(fd, got + n, sizeof got - 1 - n);
+    cr_assert_gt(r, 0, "the process answered %.*s", (int)n, got);
+    n += (size_t)r;
+  }
+  cr_assert_eq(close(fd), 0); /* the client hangs up while the sleep waits for the lock */
+  pthread_mutex_lock(&g_mu);
+  g_go = 1;
+  pthread_cond_broadcast(&g_cv);
+  pthread_mutex_unlock(&g_mu);
+  gr_thread_join(th);
+  bool answered = false;
+  gr_thread_join(gr_thread_start(ping_answered, &answered));
+  cr_assert(answered, "the worker answered no ping after the sleep request");
+  cr_assert_eq(state(NULL), GPURECLAIM_STATE_AWAKE, "the sleep of a client that hung up was run");
+  cr_assert_eq(simcuda_calls("cuCheckpointProcessLock"), 1, "it got as far as the lock");
+  cr_assert_eq(simcuda_calls("cuCheckpointProcessCheckpoint"), 0, "and no further");
+  CUprocessState ps;
+  OK(cuCheckpointProcessGetState(getpid(), &ps));
+  cr_assert_eq(ps, CU_PROCESS_STATE_RUNNING, "the process was unlocked again");
+  FILE *f = fopen(log, "r");
+  cr_assert_not_null(f);
+  char line[4096];
+  bool withdrawn = false;
+  while (fgets(line, sizeof line, f))
+    withdrawn |= strstr(line, "\"event\":\"sleep\"") && strstr(line, "withdrawn");
+  fclose(f);
+  cr_assert(withdrawn, "no sleep event says the sleep was withdrawn (%s)", log);
+  RT_OK(cudaMemset(p, 3, 4096));
+  check(live, pat);
+  unlink(log);
+  free(pat);
 }
 
 /* Threads calling CUDA and releasing while other sleeps and wakes come and go: every call either runs awake

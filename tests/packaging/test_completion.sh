@@ -71,7 +71,7 @@ chmod 700 "$rundir"
 fifo="$rundir/in"
 mkfifo "$fifo"
 out="$rundir/out"
-GPURECLAIM_RUNDIR="$rundir" GPURECLAIM_LOG=/dev/null "$hold" <"$fifo" >"$out" 2>&1 &
+GPURECLAIM_RUNDIR="$rundir" GPURECLAIM_LOG="$rundir/log" "$hold" <"$fifo" >"$out" 2>&1 &
 holdpid=$!
 exec 9>"$fifo"
 trap 'exec 9>&-; wait $holdpid 2>/dev/null; rm -rf "$rundir"' EXIT

@@ -3,7 +3,9 @@
 # (build/package/), and lintian finds no error in the package or in its -dbgsym package. Also checks what
 # lintian's tags stand for, directly: the multiarch library directory, an ldconfig trigger, a shlibs file,
 # stripped binaries whose debug information is in the -dbgsym package (found by build id), gzipped man pages,
-# copyright and changelog; and that the packaged command preloads the packaged library. Usage: test_deb.sh BUILD_DIR
+# copyright and changelog; and that the packaged command preloads the packaged library. A build whose type
+# compiles no debug information (Release: the build tree's library has no .debug_info) gets no -dbgsym package,
+# and its binaries are stripped all the same. Usage: test_deb.sh BUILD_DIR
 set -euo pipefail
 build="$(cd "$1" && pwd -P)"
 for tool in cpack dpkg-deb dpkg-shlibdeps lintian readelf file; do
@@ -19,10 +21,20 @@ rm -rf "$build/package"
   { cat "$build/cpack.log"; echo "test_deb: cpack failed"; exit 1; }
 [[ -z "$(ls -A "$cwd")" ]] || bad "cpack wrote into the directory it ran in: $(ls -A "$cwd")"
 deb="$(ls "$build"/package/gpureclaim_*.deb)"
-ddeb="$(ls "$build"/package/gpureclaim-dbgsym_*.ddeb)"
+# What the package must hold follows from the build: debug information in the build tree's library (as built,
+# before any strip) means a -dbgsym package that has it.
+built="$(find "$build/src" -maxdepth 1 -name 'libgpureclaim.so.*.*.*' | head -1)"
+[[ -n "$built" ]] || { echo "test_deb: no libgpureclaim.so.X.Y.Z in $build/src"; exit 1; }
+ddeb="$(ls "$build"/package/gpureclaim-dbgsym_*.ddeb 2>/dev/null || true)"
+if [[ "$(readelf -S "$built")" == *" .debug_info "* ]]; then
+  [[ -n "$ddeb" ]] || { echo "test_deb: the build has debug information, but cpack made no -dbgsym package"; exit 1; }
+else
+  [[ -z "$ddeb" ]] || bad "the build has no debug information, but cpack made a -dbgsym package: $ddeb"
+  ddeb=""
+fi
 
 # lintian: no error (E:) in either; warnings are printed.
-lint="$(lintian --tag-display-limit 0 "$deb" "$ddeb" 2>&1 | grep -v 'running with root privileges' || true)"
+lint="$(lintian --tag-display-limit 0 "$deb" ${ddeb:+"$ddeb"} 2>&1 | grep -v 'running with root privileges' || true)"
 [[ -n "$lint" ]] && echo "$lint"
 grep -q '^E:' <<<"$lint" && bad "lintian reports errors"
 
@@ -47,7 +59,7 @@ grep -q '^Depends:.*libc6' "$ctrl/control" || bad "Depends lacks libc6 (dpkg-shl
 # Stripped binaries, each with its debug information in the dbgsym package under its build id.
 root="$(mktemp -d -p "$cwd")" dbg="$(mktemp -d -p "$cwd")"
 dpkg-deb -x "$deb" "$root"
-dpkg-deb -x "$ddeb" "$dbg"
+[[ -z "$ddeb" ]] || dpkg-deb -x "$ddeb" "$dbg"
 version="$(dpkg-deb -f "$deb" Version)"
 top="$(zcat "$root/usr/share/doc/gpureclaim/changelog.gz" | head -1)" || true
 [[ "$top" == "gpureclaim ($version) "* ]] ||
@@ -55,6 +67,7 @@ top="$(zcat "$root/usr/share/doc/gpureclaim/changelog.gz" | head -1)" || true
 for bin in usr/bin/gpureclaim "usr/lib/$triplet/libgpureclaim.so.0.1.0"; do
   # (grep -q on a variable: on a pipe it may exit first, and pipefail would take the writer's SIGPIPE for a failure)
   [[ "$(file -b "$root/$bin")" == *", stripped"* ]] || bad "$bin is not stripped"
+  [[ -n "$ddeb" ]] || continue
   id="$(readelf -n "$root/$bin" | sed -n 's/.*Build ID: \([0-9a-f]*\).*/\1/p')"
   debug="$dbg/usr/lib/debug/.build-id/${id:0:2}/${id:2}.debug"
   [[ -n "$id" && -f "$debug" ]] || { bad "$bin: no debug file for build id '$id' in the dbgsym package"; continue; }
@@ -69,4 +82,4 @@ maps="$(LD_PRELOAD="${GR_PRELOAD:-}" "$root/usr/bin/gpureclaim" run -- sh -c 'ec
 [[ "$maps" == *"$root/usr/lib/$triplet/libgpureclaim.so.0.1.0"* ]] || bad "the packaged library is not mapped"
 
 ((fail == 0)) || exit 1
-echo "test_deb: $(basename "$deb") and $(basename "$ddeb") ($arch) pass lintian without errors"
+echo "test_deb: $(basename "$deb")${ddeb:+ and $(basename "$ddeb")} ($arch) pass lintian without errors"

@@ -44,7 +44,7 @@ unset GPURECLAIM_LOG
 start_hold() {
   local fifo="$tmp/hold.in.$1" out="$tmp/hold.out.$1"
   mkfifo "$fifo"
-  GPURECLAIM_LOG=/dev/null "$hold" <"$fifo" >"$out" 2>&1 &
+  GPURECLAIM_LOG="$tmp/hold.log.$1" "$hold" <"$fifo" >"$out" 2>&1 &
   holdpid=$!
   pids+=("$holdpid")
   # shellcheck disable=SC2034 # the fd keeps hold alive (it exits when stdin closes)

@@ -50,7 +50,7 @@ print("package", os.path.dirname(gpureclaim.__file__))
 print("library", lib, "mapped" if lib and lib in maps else "NOT MAPPED")
 print("version", gpureclaim.version())
 PY
-export LD_LIBRARY_PATH="$build/sim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" GPURECLAIM_LOG=/dev/null
+export LD_LIBRARY_PATH="$build/sim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" GPURECLAIM_LOG="$tmp/gpureclaim.log"
 unset PYTHONPATH
 out="$(cd "$tmp/work" && LD_PRELOAD="${GR_PRELOAD:-}" "$vpy" -m gpureclaim run -- "$vpy" probe.py 2>&1)" ||
   { echo "$out"; echo "test_wheel: the probe failed"; exit 1; }

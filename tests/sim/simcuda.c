@@ -81,7 +81,8 @@ _Static_assert(SIM_MAX_DEV == SIMM_MAX_GPUS, "the driver's devices are the machi
   X(cuIpcOpenMemHandle_v2) X(cuIpcCloseMemHandle) X(cuStreamBeginCapture) X(cuStreamBeginCapture_ptsz)           \
   X(cuStreamBeginCapture_v2) X(cuStreamBeginCapture_v2_ptsz)                                                  \
   X(cuStreamEndCapture) X(cuStreamEndCapture_ptsz) X(cuStreamIsCapturing) X(cuStreamIsCapturing_ptsz)         \
-  X(cuGraphDestroy)
+  X(cuGraphDestroy) X(cuModuleGetLoadingMode) X(cuLibraryLoadData) X(cuLibraryUnload) X(cuLibraryGetKernel)      \
+  X(cuKernelGetFunction)
 
 enum {
 #define X(n) SIMFN_##n,
@@ -1307,7 +1308,8 @@ SIM_API cuInit(unsigned int Flags) {
 SIM_API cuDriverGetVersion(int *driverVersion) {
   ENTER(cuDriverGetVersion);
   if (!driverVersion) LEAVE(cuDriverGetVersion, CUDA_ERROR_INVALID_VALUE);
-  *driverVersion = SIM_DRIVER_VERSION;
+  const char *v = getenv("SIMCUDA_DRIVER_VERSION"); /* an older driver, for a runtime to refuse */
+  *driverVersion = v && *v ? atoi(v) : SIM_DRIVER_VERSION;
   LEAVE(cuDriverGetVersion, CUDA_SUCCESS);
 }
 
@@ -2489,9 +2491,149 @@ SIM_API cuGetErrorString(CUresult error, const char **pStr) {
 }
 
 /* ---- kernels: a CUfunction of the simulator is a host function void fn(void **kernelParams), run to completion
- * on the calling thread (streams are synchronous here). It may read and write device memory directly. */
+ * on the calling thread (streams are synchronous here). It may read and write device memory directly. CUDA 13's
+ * runtime loads its kernels with cuLibraryLoadData and launches the CUkernel cuLibraryGetKernel gives
+ * (simcuda.h: the image is a simcuda_image_t); a CUkernel is accepted wherever a CUfunction is, as by the
+ * driver. Libraries and their kernels are context-independent; a kernel lives until its library is unloaded. */
 
 typedef void (*sim_kernel_t)(void **params);
+
+#define SIM_KERNEL_MAGIC 0x53494d4b45524e31ULL /* "SIMKERN1" */
+struct CUkern_st {
+  uint64_t magic;
+  sim_kernel_t fn;
+  struct CUlib_st *lib;
+  char name[128];
+};
+struct CUlib_st {
+  unsigned count;
+  struct CUkern_st *kernels;
+};
+static simmap_t g_libs, g_kernels; /* live handles, under the lock */
+
+static CUresult impl_loading_mode(CUmoduleLoadingMode *mode) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!mode) return CUDA_ERROR_INVALID_VALUE;
+  const char *m = getenv("CUDA_MODULE_LOADING");
+  *mode = m && strcmp(m, "EAGER") == 0 ? CU_MODULE_EAGER_LOADING : CU_MODULE_LAZY_LOADING;
+  return CUDA_SUCCESS;
+}
+
+SIM_API cuModuleGetLoadingMode(CUmoduleLoadingMode *mode) {
+  ENTER(cuModuleGetLoadingMode);
+  LEAVE(cuModuleGetLoadingMode, impl_loading_mode(mode));
+}
+
+static CUresult impl_library_load(CUlibrary *out, const void *code) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  const simcuda_image_t *img = code;
+  if (!out || !img) return CUDA_ERROR_INVALID_VALUE;
+  if (img->magic != SIMCUDA_IMAGE_MAGIC || !img->count || !img->kernels) return CUDA_ERROR_INVALID_IMAGE;
+  struct CUlib_st *l = calloc(1, sizeof *l);
+  struct CUkern_st *k = l ? calloc(img->count, sizeof *k) : NULL;
+  if (!k) {
+    free(l);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  l->count = img->count;
+  l->kernels = k;
+  for (unsigned i = 0; i < img->count; i++) {
+    if (!img->kernels[i].fn || !img->kernels[i].name) {
+      free(k);
+      free(l);
+      return CUDA_ERROR_INVALID_IMAGE;
+    }
+    k[i].magic = SIM_KERNEL_MAGIC;
+    k[i].fn = img->kernels[i].fn;
+    k[i].lib = l;
+    snprintf(k[i].name, sizeof k[i].name, "%s", img->kernels[i].name);
+  }
+  CUresult r = CUDA_SUCCESS;
+  LOCK();
+  if (simmap_put(&g_libs, (uint64_t)(uintptr_t)l, l) != 0) r = CUDA_ERROR_OUT_OF_MEMORY;
+  for (unsigned i = 0; r == CUDA_SUCCESS && i < l->count; i++)
+    if (simmap_put(&g_kernels, (uint64_t)(uintptr_t)&k[i], &k[i]) != 0) r = CUDA_ERROR_OUT_OF_MEMORY;
+  if (r != CUDA_SUCCESS) {
+    simmap_del(&g_libs, (uint64_t)(uintptr_t)l);
+    for (unsigned i = 0; i < l->count; i++) simmap_del(&g_kernels, (uint64_t)(uintptr_t)&k[i]);
+  }
+  UNLOCK();
+  if (r != CUDA_SUCCESS) {
+    free(k);
+    free(l);
+    return r;
+  }
+  *out = l;
+  return CUDA_SUCCESS;
+}
+
+SIM_API cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions, void **jitOptionsValues,
+                          unsigned int numJitOptions, CUlibraryOption *libraryOptions, void **libraryOptionValues,
+                          unsigned int numLibraryOptions) {
+  ENTER(cuLibraryLoadData);
+  (void)jitOptions, (void)jitOptionsValues, (void)numJitOptions, (void)libraryOptions, (void)libraryOptionValues;
+  (void)numLibraryOptions;
+  LEAVE(cuLibraryLoadData, impl_library_load(library, code));
+}
+
+static CUresult impl_library_unload(CUlibrary lib) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  LOCK();
+  struct CUlib_st *l = simmap_del(&g_libs, (uint64_t)(uintptr_t)lib);
+  if (l)
+    for (unsigned i = 0; i < l->count; i++) simmap_del(&g_kernels, (uint64_t)(uintptr_t)&l->kernels[i]);
+  UNLOCK();
+  if (!l) return CUDA_ERROR_INVALID_HANDLE;
+  free(l->kernels);
+  free(l);
+  return CUDA_SUCCESS;
+}
+
+SIM_API cuLibraryUnload(CUlibrary library) {
+  ENTER(cuLibraryUnload);
+  LEAVE(cuLibraryUnload, impl_library_unload(library));
+}
+
+static CUresult impl_library_get_kernel(CUkernel *out, CUlibrary lib, const char *name) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!out || !name) return CUDA_ERROR_INVALID_VALUE;
+  CUresult r = CUDA_ERROR_INVALID_HANDLE;
+  LOCK();
+  struct CUlib_st *l = simmap_get(&g_libs, (uint64_t)(uintptr_t)lib);
+  if (l) {
+    r = CUDA_ERROR_NOT_FOUND;
+    for (unsigned i = 0; i < l->count; i++)
+      if (strcmp(l->kernels[i].name, name) == 0) {
+        *out = (CUkernel)&l->kernels[i];
+        r = CUDA_SUCCESS;
+        break;
+      }
+  }
+  UNLOCK();
+  return r;
+}
+
+SIM_API cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name) {
+  ENTER(cuLibraryGetKernel);
+  LEAVE(cuLibraryGetKernel, impl_library_get_kernel(pKernel, library, name));
+}
+
+static CUresult impl_kernel_get_function(CUfunction *out, CUkernel k) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!out) return CUDA_ERROR_INVALID_VALUE;
+  LOCK();
+  struct CUctx_st *c;
+  CUresult r = cur_ctx(&c);
+  if (r == CUDA_SUCCESS && !simmap_get(&g_kernels, (uint64_t)(uintptr_t)k)) r = CUDA_ERROR_INVALID_HANDLE;
+  UNLOCK();
+  if (r == CUDA_SUCCESS) *out = (CUfunction)k; /* the same handle: one function for every context */
+  return r;
+}
+
+SIM_API cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel) {
+  ENTER(cuKernelGetFunction);
+  LEAVE(cuKernelGetFunction, impl_kernel_get_function(pFunc, kernel));
+}
 
 static CUresult impl_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                             unsigned bz, CUstream h, void **params, void **extra) {
@@ -2501,8 +2643,10 @@ static CUresult impl_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
   LOCK();
   struct CUctx_st *c;
   CUresult r = special_stream(h) ? cur_ctx(&c) : stream_ctx_locked(h, &c);
+  struct CUkern_st *k = simmap_get(&g_kernels, (uint64_t)(uintptr_t)f); /* a CUkernel, or a host function */
+  sim_kernel_t fn = k ? k->fn : (sim_kernel_t)(void *)f;
   UNLOCK();
-  if (r == CUDA_SUCCESS) ((sim_kernel_t)(void *)f)(params);
+  if (r == CUDA_SUCCESS) fn(params);
   return r;
 }
 
@@ -3068,6 +3212,11 @@ static const struct pa_entry {
     PA("cuGetErrorString", 6000, 0, cuGetErrorString)
     PA("cuLaunchKernel", 4000, 0, cuLaunchKernel)
     PA("cuLaunchKernel", 7000, 1, cuLaunchKernel_ptsz)
+    PA("cuModuleGetLoadingMode", 11070, 0, cuModuleGetLoadingMode)
+    PA("cuLibraryLoadData", 12000, 0, cuLibraryLoadData)
+    PA("cuLibraryUnload", 12000, 0, cuLibraryUnload)
+    PA("cuLibraryGetKernel", 12000, 0, cuLibraryGetKernel)
+    PA("cuKernelGetFunction", 12000, 0, cuKernelGetFunction)
     PA("cuIpcGetMemHandle", 4010, 0, cuIpcGetMemHandle)
     PA("cuIpcOpenMemHandle", 4010, 0, cuIpcOpenMemHandle)
     PA("cuIpcOpenMemHandle", 11000, 0, cuIpcOpenMemHandle_v2)
@@ -3170,6 +3319,7 @@ static void add_dev_stats(simcuda_stats_t *o, const simdev_t *d) {
   o->gpu_processes += (uint64_t)in.processes;
   o->gpu_reclaimed += in.reclaimed;
   o->contexts += d->contexts;
+  o->primary_retains += (uint64_t)(d->primary.refcount > 0 ? d->primary.refcount : 0);
 }
 
 SIM_EXPORT CUresult simcuda_stats(int device, CUcontext ctx, simcuda_stats_t *out) {
@@ -3215,6 +3365,14 @@ SIM_EXPORT CUresult simcuda_stats(int device, CUcontext ctx, simcuda_stats_t *ou
   UNLOCK();
   if (r == CUDA_SUCCESS) memcpy(out, &o, nb);
   return r;
+}
+
+SIM_EXPORT CUresult simcuda_primary_context(int device, CUcontext *out) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!out) return CUDA_ERROR_INVALID_VALUE;
+  if (!dev_ok(device)) return CUDA_ERROR_INVALID_DEVICE;
+  *out = &g.dev[device].primary; /* stable for the process's life: a reset or final release keeps the handle */
+  return CUDA_SUCCESS;
 }
 
 SIM_EXPORT int simcuda_foreach_block(int (*fn)(const simcuda_block_t *b, void *arg), void *arg) {

@@ -20,6 +20,12 @@
  *                        (GPU-..., a prefix that names one device will do), renumbered from 0 in the order given;
  *                        the list ends at the first entry that names no device or repeats one; empty: no device.
  *   SIMCUDA_TRACE        1: print every driver call to stderr
+ *   SIMCUDA_DRIVER_VERSION what cuDriverGetVersion reports (default 13000, read at each call): an older major
+ *                        version makes the simulated runtime refuse to start (cudaErrorInsufficientDriver), and
+ *                        it then dlclose()s libcuda.so.1 as the real runtime does. The simulated libcuda.so.1 is
+ *                        linked -z nodelete, as NVIDIA's libcuda keeps its code mapped once loaded: the service
+ *                        thread cuInit starts runs on after such a dlclose.
+ *   CUDA_MODULE_LOADING  LAZY (default) or EAGER: what cuModuleGetLoadingMode reports
  *
  * One machine, several processes. Processes on one machine share its GPUs as processes on a real GPU do. Every
  * device has a UUID derived from the machine directory's identity (device and inode) and its index on the machine:
@@ -79,6 +85,8 @@ typedef struct simcuda_stats {
   uint64_t gpu_used_bytes;      /* every live process's used_bytes (dead processes' reclaimed first) */
   uint64_t gpu_processes;       /* live processes using it, this one included */
   uint64_t gpu_reclaimed;       /* dead processes' slots reclaimed since the GPU's file was made */
+  uint64_t primary_retains;     /* device stats only: the primary context's retain count (cuDevicePrimaryCtxRetain
+                                   less releases; a reset leaves it as it is) */
 } simcuda_stats_t;
 
 /* Returns 0, CUDA_ERROR_INVALID_VALUE for a bad device/NULL out, CUDA_ERROR_INVALID_CONTEXT for an unknown ctx.
@@ -131,6 +139,28 @@ uint64_t simcuda_calls(const char *fn);
  * log keeps the first 8192). Returns the number of requests seen. */
 uint64_t simcuda_procaddr_requests(void (*fn)(const char *symbol, int version, uint64_t flags, void *arg),
                                    void *arg);
+
+/* Kernels. A kernel of the simulator is a host function void fn(void **kernelParams), run to completion on the
+ * calling thread (streams are synchronous). cuLaunchKernel takes one as its CUfunction, or a CUkernel that
+ * cuLibraryGetKernel returned (CUDA 12 and 13 pass a CUkernel where a CUfunction is expected; cuKernelGetFunction
+ * answers the same handle). cuLibraryLoadData takes, as its code, a simcuda_image_t naming such functions (the
+ * real driver takes a cubin, PTX or a fatbinary): the simulated runtime loads each kernel it launches that way,
+ * as the real CUDA 13 runtime does, and launches the CUkernel. The image is copied at the load. */
+#define SIMCUDA_IMAGE_MAGIC 0x53494d494d473031ULL /* "SIMIMG01" */
+typedef struct simcuda_image_kernel {
+  const char *name;
+  void (*fn)(void **kernelParams);
+} simcuda_image_kernel_t;
+typedef struct simcuda_image {
+  uint64_t magic; /* SIMCUDA_IMAGE_MAGIC */
+  unsigned count;
+  const simcuda_image_kernel_t *kernels;
+} simcuda_image_t;
+
+/* The handle of a device's primary context, without retaining it (CUDA_ERROR_NOT_INITIALIZED before cuInit). The
+ * simulated runtime's stand-in for the private route (a driver export table) by which the real runtime gets
+ * that handle once at start; like that route, gpureclaim does not see it. */
+CUresult simcuda_primary_context(int device, CUcontext *out);
 
 /* Sets the capacity of one device (or all: -1) at run time; allocations beyond it fail with
  * CUDA_ERROR_OUT_OF_MEMORY. Existing memory is kept even when above the new capacity. The capacity is the GPU's:

@@ -10,6 +10,19 @@
  * taking a stream a second time with the per-thread default stream flag. Like the real runtime it tolerates
  * CUDA_ERROR_NOT_FOUND (the driver lacks that name or version): only the few entry points it calls must be
  * there.
+ *
+ * What it then calls is what the real CUDA 13.0 runtime was seen to call (docs/ARCHITECTURE.md, "The real CUDA 13
+ * runtime, as the simulator models it"): cuInit, then cuDriverGetVersion (a driver of an older major version:
+ * the start fails with cudaErrorInsufficientDriver and libcuda.so.1 is dlclose()d, as the real runtime does),
+ * cuDeviceGetCount, and cuModuleGetLoadingMode as the first call after start-up. Each thread's context is set up
+ * once, at the thread's first runtime call: a context already current (made so through the driver, or by
+ * another runtime instance in the process) is used as it is, else the device's primary context is retained (once
+ * per runtime instance) and made current with cuCtxSetCurrent; later calls make no context call (the real
+ * runtime makes a few cuCtxGetCurrent calls in a whole run). Kernels are loaded through cuLibraryLoadData and
+ * cuLibraryGetKernel, once each, and launched as the CUkernel. A cudaDeviceReset goes through
+ * cuDevicePrimaryCtxReset at the 7000 ABI. Several instances may live in one process (the static one linked into
+ * a library, as cuBLAS embeds one): each loads the driver, asks its requests and retains the primary context on
+ * its own. The runtime's private driver integrity check is not modelled.
  */
 #define _GNU_SOURCE
 /* Declares both the plain and the _ptsz/_ptds runtime entry points with no renaming macro. */
@@ -18,8 +31,12 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
+#include "simcuda.h" /* the image cuLibraryLoadData takes (a type only: nothing of the driver is linked) */
+
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -84,6 +101,9 @@ static struct drv {
   PFN_cuMemSetMemPool_v13000 memSetMemPool;
   PFN_cuLaunchKernel_v4000 launchKernel;
   PFN_cuLaunchKernel_v7000_ptsz launchKernel_ptsz;
+  PFN_cuModuleGetLoadingMode_v11070 moduleGetLoadingMode;
+  PFN_cuLibraryLoadData_v12000 libraryLoadData;
+  PFN_cuLibraryGetKernel_v12000 libraryGetKernel;
 } D;
 
 /* What the real runtime asks cuGetProcAddress for, in its order. */
@@ -157,6 +177,9 @@ static const struct {
     S("cuMemGetDefaultMemPool", 13000, 0, memGetDefaultMemPool)
     S("cuMemGetMemPool", 13000, 0, memGetMemPool)
     S("cuMemSetMemPool", 13000, 0, memSetMemPool)
+    S("cuModuleGetLoadingMode", 11070, 0, moduleGetLoadingMode)
+    S("cuLibraryLoadData", 12000, 0, libraryLoadData)
+    S("cuLibraryGetKernel", 12000, 0, libraryGetKernel)
 #undef S
 };
 
@@ -171,6 +194,8 @@ static int g_retained[RT_MAX_DEV];   /* the runtime holds a retain on that prima
 
 static __thread int t_dev;           /* cudaSetDevice's choice; device 0 until then */
 static __thread cudaError_t t_err;   /* last error, kept until cudaGetLastError reads it */
+static __thread int t_ready;         /* this thread's context is set up (its first runtime call did it) */
+static __thread int t_primary;       /* ... and it is t_dev's primary context, which the runtime retains */
 
 static cudaError_t map_err(CUresult r) {
   switch (r) {
@@ -202,6 +227,13 @@ static inline cudaError_t ret(cudaError_t e) {
 
 static void *g_req_fn[sizeof k_requests / sizeof k_requests[0]]; /* what each request got, or NULL */
 
+/* A start that fails closes the driver again, as the real runtime does. */
+static void load_failed(void *h, cudaError_t e) {
+  g_load_err = e;
+  memset(&D, 0, sizeof D);
+  if (h) dlclose(h);
+}
+
 static void load_once(void) {
   void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!h) {
@@ -210,7 +242,7 @@ static void load_once(void) {
   }
   PFN_cuGetProcAddress_v12000 first = (PFN_cuGetProcAddress_v12000)dlsym(h, "cuGetProcAddress_v2");
   if (!first) {
-    g_load_err = cudaErrorInsufficientDriver;
+    load_failed(h, cudaErrorInsufficientDriver);
     return;
   }
   /* Every request in order; until the driver handed out its 12000 getter, through the dlsym()ed one. A name
@@ -228,7 +260,7 @@ static void load_once(void) {
     }
   }
   if (!D.gpa_v11030 || !D.gpa) {
-    g_load_err = cudaErrorInsufficientDriver;
+    load_failed(h, cudaErrorInsufficientDriver);
     return;
   }
   /* The entry points this runtime calls must all be there (the real one needs far more). */
@@ -239,18 +271,37 @@ static void load_once(void) {
           strcmp(k_requests[j].name, k_syms[i].name) == 0)
         p = g_req_fn[j];
     if (!p) {
-      g_load_err = cudaErrorInsufficientDriver;
+      load_failed(h, cudaErrorInsufficientDriver);
       return;
     }
     memcpy((char *)&D + k_syms[i].off, &p, sizeof p);
   }
   CUresult r = D.init(0);
+  int version = 0;
+  if (r == CUDA_SUCCESS) r = D.driverGetVersion(&version);
+  if (r == CUDA_SUCCESS && version / 1000 < CUDART_VERSION / 1000) {
+    load_failed(h, cudaErrorInsufficientDriver); /* a runtime needs a driver of its major version or newer */
+    return;
+  }
   if (r == CUDA_SUCCESS) r = D.deviceGetCount(&g_ndev);
   if (r != CUDA_SUCCESS) {
-    g_load_err = r == CUDA_ERROR_NO_DEVICE ? cudaErrorNoDevice : map_err(r);
+    load_failed(h, r == CUDA_ERROR_NO_DEVICE ? cudaErrorNoDevice : map_err(r));
     return;
   }
   if (g_ndev > RT_MAX_DEV) g_ndev = RT_MAX_DEV;
+  /* The primary contexts' handles, once, without retaining them: the real runtime gets them through a private
+   * export table of the driver's (cuGetExportTable), which gpureclaim does not see either; the simulator's
+   * stand-in for that route is simcuda_primary_context. */
+  CUresult (*primary)(int, CUcontext *) = (CUresult(*)(int, CUcontext *))dlsym(h, "simcuda_primary_context");
+  for (int d = 0; d < g_ndev; d++)
+    if (!primary || primary(d, &g_pctx[d]) != CUDA_SUCCESS) {
+      load_failed(h, cudaErrorInsufficientDriver);
+      return;
+    }
+  /* The first call after start-up, as the real runtime's: it decides how its kernels are loaded. */
+  CUmoduleLoadingMode mode;
+  r = D.moduleGetLoadingMode(&mode);
+  if (r != CUDA_SUCCESS) load_failed(h, map_err(r));
 }
 
 static cudaError_t rt_load(void) {
@@ -263,34 +314,48 @@ static cudaError_t retain_primary(int dev, CUcontext *out) {
   CUresult r = CUDA_SUCCESS;
   pthread_mutex_lock(&g_lock);
   if (!g_retained[dev]) {
-    r = D.primaryRetain(&g_pctx[dev], dev);
-    if (r == CUDA_SUCCESS) g_retained[dev] = 1;
+    CUcontext c; /* (g_pctx[dev], which every thread reads without the lock) */
+    r = D.primaryRetain(&c, dev);
+    if (r == CUDA_SUCCESS) __atomic_store_n(&g_retained[dev], 1, __ATOMIC_RELEASE);
   }
   if (out) *out = g_pctx[dev];
   pthread_mutex_unlock(&g_lock);
   return map_err(r);
 }
 
-/* Lazy initialization, per call: load the driver once, then make sure the calling thread has a usable
- * context: its own current one, or the primary context of its device (retained again after a reset). */
+/* Lazy initialization: loads the driver once; sets the calling thread's context up at its first call (the
+ * context already current, or its device's primary context, retained and made current); afterwards only
+ * retains the primary context again after a cudaDeviceReset let it go. No driver call on the usual path. */
 static cudaError_t rt_ctx(void) {
   cudaError_t e = rt_load();
   if (e != cudaSuccess) return e;
+  if (t_ready)
+    return !t_primary || __atomic_load_n(&g_retained[t_dev], __ATOMIC_ACQUIRE) ? cudaSuccess
+                                                                             : retain_primary(t_dev, NULL);
   CUcontext cur = NULL;
   CUresult r = D.ctxGetCurrent(&cur);
   if (r != CUDA_SUCCESS) return map_err(r);
   if (cur) {
-    int dev = -1;
-    pthread_mutex_lock(&g_lock);
+    int dev = -1; /* a primary context (made current by another runtime instance, or through the driver)? */
     for (int d = 0; d < g_ndev; d++)
-      if (g_pctx[d] == cur && !g_retained[d]) dev = d;
-    pthread_mutex_unlock(&g_lock);
-    return dev >= 0 ? retain_primary(dev, NULL) : cudaSuccess;
+      if (g_pctx[d] == cur) dev = d;
+    if (dev >= 0) {
+      e = retain_primary(dev, NULL);
+      if (e != cudaSuccess) return e;
+      t_dev = dev;
+      t_primary = 1;
+    }
+    t_ready = 1; /* else someone's own context, used as it is */
+    return cudaSuccess;
   }
   CUcontext ctx;
   e = retain_primary(t_dev, &ctx);
   if (e != cudaSuccess) return e;
-  return map_err(D.ctxSetCurrent(ctx));
+  r = D.ctxSetCurrent(ctx);
+  if (r != CUDA_SUCCESS) return map_err(r);
+  t_ready = 1;
+  t_primary = 1;
+  return cudaSuccess;
 }
 
 /* Returns from the calling runtime function what a call that is one driver call answers: rt_ctx's error, or else
@@ -589,16 +654,60 @@ RT_API cudaMemset(void *devPtr, int value, size_t count) { return do_memset(0, d
 
 /* ------------------------------------------------------------------------------------------ kernels */
 
-/* A kernel of the simulator is a host function void fn(void **args) (simcuda.c runs it on the calling thread);
- * the runtime hands it to cuLaunchKernel as the real one hands the driver the CUfunction it registered. */
+/* A kernel of the simulator is a host function void fn(void **args) (simcuda.c runs it on the calling thread).
+ * The real runtime registers its kernels by name and loads them through the driver's library API; this one
+ * loads each function it is asked to launch once, as a library of its own (cuLibraryLoadData of a
+ * simcuda_image_t naming it), gets its CUkernel (cuLibraryGetKernel) and launches that. */
+typedef void (*rt_kernel_fn)(void **);
+static struct {
+  rt_kernel_fn fn;
+  CUkernel k;
+} *g_kernels;
+static size_t g_nkernels, g_capkernels; /* under g_lock */
+
+static cudaError_t kernel_for(const void *func, CUkernel *out) {
+  rt_kernel_fn fn = (rt_kernel_fn)(uintptr_t)func;
+  pthread_mutex_lock(&g_lock);
+  for (size_t i = 0; i < g_nkernels; i++)
+    if (g_kernels[i].fn == fn) {
+      *out = g_kernels[i].k;
+      pthread_mutex_unlock(&g_lock);
+      return cudaSuccess;
+    }
+  char name[64];
+  snprintf(name, sizeof name, "kernel_%p", func);
+  simcuda_image_kernel_t entry = {name, fn};
+  simcuda_image_t image = {SIMCUDA_IMAGE_MAGIC, 1, &entry};
+  CUlibrary lib;
+  CUresult r = D.libraryLoadData(&lib, &image, NULL, NULL, 0, NULL, NULL, 0);
+  if (r == CUDA_SUCCESS) r = D.libraryGetKernel(out, lib, name);
+  if (r == CUDA_SUCCESS && g_nkernels == g_capkernels) {
+    size_t cap = g_capkernels ? 2 * g_capkernels : 16;
+    void *p = realloc(g_kernels, cap * sizeof *g_kernels);
+    if (p) g_kernels = p, g_capkernels = cap;
+    else r = CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  if (r == CUDA_SUCCESS) {
+    g_kernels[g_nkernels].fn = fn;
+    g_kernels[g_nkernels].k = *out;
+    g_nkernels++;
+  }
+  pthread_mutex_unlock(&g_lock);
+  return map_err(r);
+}
+
 static cudaError_t do_launch(int per_thread, const void *func, dim3 g, dim3 b, void **args, size_t shmem,
                              cudaStream_t s) {
   cudaError_t e = rt_ctx();
   if (e != cudaSuccess) return ret(e);
   if (!func) return ret(cudaErrorInvalidDeviceFunction);
-  return ret(map_err((per_thread ? D.launchKernel_ptsz : D.launchKernel)((CUfunction)(uintptr_t)func, g.x, g.y,
-                                                                          g.z, b.x, b.y, b.z, (unsigned)shmem,
-                                                                          (CUstream)s, args, NULL)));
+  CUkernel k;
+  e = kernel_for(func, &k);
+  if (e != cudaSuccess) return ret(e);
+  /* CUDA 13 passes the CUkernel where a CUfunction is expected */
+  return ret(map_err((per_thread ? D.launchKernel_ptsz : D.launchKernel)((CUfunction)k, g.x, g.y, g.z, b.x, b.y,
+                                                                          b.z, (unsigned)shmem, (CUstream)s, args,
+                                                                          NULL)));
 }
 
 RT_API cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockDim, void **args, size_t sharedMem,

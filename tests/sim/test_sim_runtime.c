@@ -395,3 +395,105 @@ Test(sim_runtime, error_names_and_strings) {
   cr_assert_str_eq(cudaGetErrorName(cudaSuccess), "cudaSuccess");
   cr_assert_str_eq(cudaGetErrorName((cudaError_t)4242), "unrecognized error code");
 }
+
+/* What the real CUDA 13.0 runtime was seen to call, modelled (simcudart.c): its first call after start-up is
+ * cuModuleGetLoadingMode, before any context or memory call. */
+static uint64_t g_at_loading_mode[5];
+static void note_loading_mode(void *arg) {
+  (void)arg;
+  static const char *const names[] = {"cuInit", "cuDeviceGetCount", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent",
+                                      "cuMemAlloc_v2"};
+  for (int i = 0; i < 5; i++) g_at_loading_mode[i] = simcuda_calls(names[i]) + 1; /* 0: never called back */
+}
+
+Test(sim_runtime, the_first_call_after_start_up_is_cuModuleGetLoadingMode) {
+  cr_assert_eq(simcuda_on_return("cuModuleGetLoadingMode", note_loading_mode, NULL), 0);
+  void *p;
+  RT_OK(cudaMalloc(&p, 4096));
+  cr_assert_eq(simcuda_calls("cuModuleGetLoadingMode"), 1);
+  cr_assert_eq(g_at_loading_mode[0], 1 + 1, "cuInit came before it");
+  cr_assert_eq(g_at_loading_mode[1], 1 + 1, "and cuDeviceGetCount");
+  cr_assert_eq(g_at_loading_mode[2], 0 + 1, "no context was retained before it");
+  cr_assert_eq(g_at_loading_mode[3], 0 + 1, "none made current");
+  cr_assert_eq(g_at_loading_mode[4], 0 + 1, "nothing allocated");
+  RT_OK(cudaFree(p));
+}
+
+static void *many_calls(void *arg) {
+  (void)arg;
+  void *p = NULL;
+  for (int i = 0; i < 20; i++) {
+    if (cudaMalloc(&p, 4096) != cudaSuccess || cudaMemset(p, i, 4096) != cudaSuccess || cudaFree(p) != cudaSuccess)
+      return (void *)1;
+  }
+  return NULL;
+}
+
+/* Each thread's context is set once, at its first call (cuCtxSetCurrent once per thread); the primary context is
+ * retained once by the runtime, whatever the number of threads; no call asks for the current context again. */
+Test(sim_runtime, each_thread_sets_its_context_once) {
+  cr_assert_null(many_calls(NULL));
+  cr_assert_eq(simcuda_calls("cuCtxSetCurrent"), 1, "one thread, one cuCtxSetCurrent");
+  cr_assert_eq(simcuda_calls("cuCtxGetCurrent"), 1, "asked once, at the thread's first call");
+  cr_assert_eq(simcuda_calls("cuDevicePrimaryCtxRetain"), 1);
+  cr_assert_null(gr_thread_run(many_calls, NULL));
+  cr_assert_eq(simcuda_calls("cuCtxSetCurrent"), 2, "a second thread sets its own, once");
+  cr_assert_eq(simcuda_calls("cuCtxGetCurrent"), 2);
+  cr_assert_eq(simcuda_calls("cuDevicePrimaryCtxRetain"), 1, "retained once by the runtime");
+  cr_assert_eq(sim_stats(0, NULL).primary_retains, 1);
+  cr_assert_eq(simcuda_calls("cuMemAlloc_v2"), 40);
+}
+
+static void add_seven(void **args) {
+  unsigned char *p = *(unsigned char **)args[0];
+  for (int i = 0; i < 16; i++) p[i] += 7;
+}
+
+/* Kernels are loaded through the library API, once each, and the CUkernel is what is launched. */
+Test(sim_runtime, kernels_are_loaded_as_libraries_and_launched_as_CUkernels) {
+  unsigned char host[16] = {0}, *dev;
+  RT_OK(cudaMalloc((void **)&dev, sizeof host));
+  RT_OK(cudaMemcpy(dev, host, sizeof host, cudaMemcpyHostToDevice));
+  void *args[] = {&dev};
+  for (int i = 0; i < 3; i++)
+    RT_OK(cudaLaunchKernel((const void *)add_seven, (dim3){1, 1, 1}, (dim3){1, 1, 1}, args, 0, NULL));
+  RT_OK(cudaMemcpy(host, dev, sizeof host, cudaMemcpyDeviceToHost));
+  cr_assert_eq(host[0], 21, "the kernel ran three times");
+  cr_assert_eq(host[15], 21);
+  cr_assert_eq(simcuda_calls("cuLibraryLoadData"), 1, "loaded once");
+  cr_assert_eq(simcuda_calls("cuLibraryGetKernel"), 1);
+  cr_assert_eq(simcuda_calls("cuLaunchKernel"), 3);
+}
+
+/* The driver's side of it: an image of the simulator's, its kernels by name, a CUkernel launched where a
+ * CUfunction is expected, and unloaded. */
+Test(sim_runtime, the_driver_library_api) {
+  sim_primary(0);
+  CUmoduleLoadingMode mode;
+  OK(cuModuleGetLoadingMode(&mode));
+  cr_assert_eq(mode, CU_MODULE_LAZY_LOADING);
+  simcuda_image_kernel_t ks[] = {{"add_seven", add_seven}, {"other", add_seven}};
+  simcuda_image_t image = {SIMCUDA_IMAGE_MAGIC, 2, ks}, bad = {0, 2, ks};
+  CUlibrary lib;
+  ERR(cuLibraryLoadData(&lib, &bad, NULL, NULL, 0, NULL, NULL, 0), CUDA_ERROR_INVALID_IMAGE);
+  OK(cuLibraryLoadData(&lib, &image, NULL, NULL, 0, NULL, NULL, 0));
+  CUkernel k, k2;
+  ERR(cuLibraryGetKernel(&k, lib, "nope"), CUDA_ERROR_NOT_FOUND);
+  OK(cuLibraryGetKernel(&k, lib, "add_seven"));
+  OK(cuLibraryGetKernel(&k2, lib, "other"));
+  cr_assert_neq((void *)k, (void *)k2);
+  CUfunction f;
+  OK(cuKernelGetFunction(&f, k));
+  CUdeviceptr d;
+  unsigned char host[16] = {0};
+  OK(cuMemAlloc(&d, 16));
+  OK(cuMemcpyHtoD(d, host, 16));
+  void *args[] = {&d};
+  OK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, args, NULL));
+  OK(cuLaunchKernel((CUfunction)k2, 1, 1, 1, 1, 1, 1, 0, NULL, args, NULL));
+  OK(cuMemcpyDtoH(host, d, 16));
+  cr_assert_eq(host[3], 14);
+  OK(cuLibraryUnload(lib));
+  ERR(cuKernelGetFunction(&f, k), CUDA_ERROR_INVALID_HANDLE);
+  ERR(cuLibraryUnload(lib), CUDA_ERROR_INVALID_HANDLE);
+}

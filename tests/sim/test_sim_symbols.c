@@ -30,6 +30,8 @@ static const char *const k_expected[] = {
     "cuMemAddressFree", "cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap", "cuMemSetAccess",
     "cuMemGetAllocationGranularity", "cuGetErrorName", "cuGetErrorString", "cuGetProcAddress",
     "cuGetProcAddress_v2", "cuMemGetAllocationPropertiesFromHandle", "cuMemGetDefaultMemPool", "cuMemGetMemPool",
+    "cuModuleGetLoadingMode", "cuLibraryLoadData", "cuLibraryUnload", "cuLibraryGetKernel", "cuKernelGetFunction",
+    "simcuda_primary_context", /* (the simulated runtime's stand-in for a private route: simcuda.h) */
     "cuMemSetMemPool", "cuLaunchKernel", "cuLaunchKernel_ptsz", "cuCheckpointProcessLock",
     "cuCheckpointProcessCheckpoint", "cuCheckpointProcessRestore", "cuCheckpointProcessUnlock",
     "cuCheckpointProcessGetState", "cuIpcGetMemHandle", "cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2",

@@ -2,23 +2,33 @@
  * stress_hooks -- threads allocating and freeing through the driver (plain, stream-ordered, pinned, scoped)
  * while another thread iterates the table and writes snapshots. At the end gpureclaim's table equals the
  * simulator's live set exactly. Standalone (runs under ThreadSanitizer). Usage: stress_hooks [threads] [seconds]
+ *
+ * The snapshots go into a FIFO in the test's run directory ($GPURECLAIM_RUNDIR), drained by a thread of its
+ * own: the writer's path for devices and FIFOs, with no disk write per iteration, and a writer that broke would
+ * replace the test's own FIFO (checked at the end), never a file of the machine's.
  */
 #include "check.h"
 #include "gpureclaim.h"
 #include "simcuda.h"
 
 #include <cuda.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 static CUcontext g_ctx;
-static _Atomic int g_stop;
-static _Atomic uint64_t g_ops, g_iterations;
+static _Atomic int g_stop, g_drain_stop;
+static _Atomic uint64_t g_ops, g_iterations, g_drained;
+static char g_fifo[4200];
+static int g_fifo_rd = -1;
 
 static void *worker(void *arg) {
   uint64_t seed = gr_rng_stream((uint64_t)(uintptr_t)arg);
@@ -75,10 +85,40 @@ static void *observer(void *arg) {
   while (!atomic_load(&g_stop)) {
     uint64_t n = 0;
     CHECK(gpureclaim_foreach_block(count, &n) == 0, "foreach");
-    CHECK(gpureclaim_snapshot("/dev/null") == 0, "snapshot");
+    CHECK(gpureclaim_snapshot(g_fifo) == 0, "snapshot");
     atomic_fetch_add(&g_iterations, 1);
   }
   return NULL;
+}
+
+/* Reads what the snapshots write into the FIFO, so that every write finds a reader with room. */
+static void *drain(void *arg) {
+  (void)arg;
+  char buf[65536];
+  while (!atomic_load(&g_drain_stop)) {
+    struct pollfd p = {g_fifo_rd, POLLIN, 0};
+    if (poll(&p, 1, 50) <= 0)
+      continue;
+    ssize_t n = read(g_fifo_rd, buf, sizeof buf);
+    if (n > 0)
+      atomic_fetch_add(&g_drained, (uint64_t)n);
+  }
+  return NULL;
+}
+
+/* The FIFO, in a directory of its own inside the run directory (whose other files are the library's). */
+static void make_fifo(void) {
+  const char *rundir = getenv("GPURECLAIM_RUNDIR");
+  CHECK(rundir && *rundir == '/', "GPURECLAIM_RUNDIR is not set (tests/run_test.sh sets it)");
+  char dir[4100];
+  snprintf(dir, sizeof dir, "%s/stress_hooks.out", rundir);
+  CHECK(mkdir(dir, 0700) == 0 || errno == EEXIST, "mkdir %s: %s", dir, strerror(errno));
+  snprintf(g_fifo, sizeof g_fifo, "%s/snapshots.fifo", dir);
+  unlink(g_fifo);
+  CHECK(mkfifo(g_fifo, 0600) == 0, "mkfifo %s: %s", g_fifo, strerror(errno));
+  /* The read end stays open throughout (non-blocking: opening it needs no writer). */
+  g_fifo_rd = open(g_fifo, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  CHECK(g_fifo_rd >= 0, "open %s: %s", g_fifo, strerror(errno));
 }
 
 typedef struct {
@@ -109,7 +149,9 @@ int main(int argc, char **argv) {
   CHECK(cuInit(0) == CUDA_SUCCESS && cuDeviceGet(&dev, 0) == CUDA_SUCCESS &&
             cuDevicePrimaryCtxRetain(&g_ctx, dev) == CUDA_SUCCESS && cuCtxSetCurrent(g_ctx) == CUDA_SUCCESS,
         "init");
-  pthread_t th[64], ob;
+  make_fifo();
+  pthread_t th[64], ob, dr;
+  dr = gr_thread_start(drain, NULL);
   for (int i = 0; i < n; i++)
     th[i] = gr_thread_start(worker, (void *)(uintptr_t)(i + 1));
   ob = gr_thread_start(observer, NULL);
@@ -118,6 +160,13 @@ int main(int argc, char **argv) {
   for (int i = 0; i < n; i++)
     gr_thread_join(th[i]);
   gr_thread_join(ob);
+  atomic_store(&g_drain_stop, 1);
+  gr_thread_join(dr);
+  struct stat st;
+  CHECK(lstat(g_fifo, &st) == 0 && S_ISFIFO(st.st_mode), "the snapshot writer replaced the FIFO %s", g_fifo);
+  CHECK(atomic_load(&g_drained) > 0, "no snapshot reached the FIFO");
+  close(g_fifo_rd);
+  unlink(g_fifo);
   set_t *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
   gpureclaim_foreach_block(from_gr, a);
   simcuda_foreach_block(from_sim, b);

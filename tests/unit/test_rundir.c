@@ -62,6 +62,38 @@ Test(rundir, a_run_directory_the_group_can_read_is_refused) { expect_rundir_used
 Test(rundir, a_run_directory_others_can_read_is_refused) { expect_rundir_used(0707, false); }
 Test(rundir, a_run_directory_only_the_group_can_enter_is_refused) { expect_rundir_used(0710, false); }
 
+/* Without XDG_RUNTIME_DIR the default is /tmp/gpureclaim-<euid>, a name another local user can create first, as a
+ * directory of theirs or as a link: either is refused, mode 0700 or not, and nothing is written into it (README,
+ * "Who can see what"). Shown on the same shapes in places of the test's (the library's rule is the same for any
+ * run directory, the default included). */
+Test(rundir, a_run_directory_another_user_owns_is_refused) {
+  char d[] = "/tmp/grrunXXXXXX";
+  const char *foreign = d;
+  cr_assert_not_null(mkdtemp(d));
+  if (geteuid() == 0) {
+    cr_assert_eq(chown(d, 65534, 65534), 0); /* mode 0700, another user's */
+  } else {
+    struct stat st; /* root's own /root: mode 0700, another user's */
+    cr_assert(stat("/root", &st) == 0 && st.st_uid == 0 && (st.st_mode & 0777) == 0700,
+              "no directory of another user's to show this with (/root is not root's with mode 0700)");
+    foreign = "/root";
+  }
+  cr_assert_eq(setenv("GPURECLAIM_RUNDIR", foreign, 1), 0);
+  cr_assert_null(gr_report_rundir(), "%s, another user's, was used", foreign);
+  cr_assert_eq(rmdir(d), 0, "something was made in the refused directory");
+}
+
+Test(rundir, a_link_in_place_of_the_run_directory_is_refused) {
+  char d[] = "/tmp/grrunXXXXXX", link[64];
+  cr_assert_not_null(mkdtemp(d)); /* private, the user's own: only the link is wrong */
+  snprintf(link, sizeof link, "%s.link", d);
+  cr_assert_eq(symlink(d, link), 0);
+  cr_assert_eq(setenv("GPURECLAIM_RUNDIR", link, 1), 0);
+  cr_assert_null(gr_report_rundir(), "the link %s was followed", link);
+  unlink(link);
+  cr_assert_eq(rmdir(d), 0, "something was made through the link");
+}
+
 /* The temporary name a status update writes to is opened only if new (O_EXCL): a name put there beforehand, a
  * hard link to another file of the user's, is passed over. Opened without O_EXCL, it would have been written
  * through, into that other file, which the rename then also put in place as the status file. */
