@@ -639,30 +639,38 @@ static bool start_migration(gen_t *g, uint64_t cap, uint64_t mult, uint64_t reco
   return true;
 }
 
-/* Makes t (root or root's successor) the root, finishing the migration into it first: false when the table has
- * moved on past t meanwhile (then t needs nothing any more). */
-static bool own_root(gen_t *t) {
+/* Makes t (root or root's successor) the root, finishing the migration into it first. False when the table has
+ * moved on past t meanwhile (then t needs nothing any more), or when the migration into t cannot finish (*stuck):
+ * t is full and its predecessor still holds records for it, until frees make room. */
+static bool own_root(gen_t *t, bool *stuck) {
+  *stuck = false;
   gen_t *root = load_root();
   if (root == t)
     return true;
   if (atomic_load_explicit(&root->next, memory_order_acquire) != t)
     return false; /* already moved on */
   complete_migration(root);
-  return load_root() == t;
+  gen_t *now = load_root();
+  *stuck = now == root;
+  return now == t;
 }
 
 /* Grows t, which is full or past its growth load: twice as many slots, the same multiplier. False when no memory
- * could be mapped for them. */
+ * could be mapped for them, or when t is its predecessor's full successor and that migration cannot finish. */
 static bool need_migration(gen_t *t) {
-  if (!own_root(t))
-    return true; /* the table moved on past t */
+  bool stuck;
+  if (!own_root(t, &stuck))
+    return !stuck; /* the table moved on past t; or, stuck, no room can be had for now: as when none can be mapped
+                    * (an insert that tried again for ever would never return, a drain that met it held every
+                    * other drain) */
   uint64_t records = records_to_carry(), cap = cap_for(records, GROWN_PERMILLE);
   return start_migration(t, cap > 2 * t->cap ? cap : 2 * t->cap, t->mult, records);
 }
 
 /* Replaces t by a generation sized for `records` at SETTLE_PERMILLE, hashing with the next multiplier. */
 static void settle_gen(gen_t *t, uint64_t records) {
-  if (own_root(t))
+  bool stuck;
+  if (own_root(t, &stuck))
     start_migration(t, cap_for(records, SETTLE_PERMILLE), next_mult(t), records);
 }
 
