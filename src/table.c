@@ -612,13 +612,25 @@ static uint64_t records_to_carry(void) {
 }
 
 /* Starts a migration of g (the root) to a generation of cap slots hashing with mult, unless one runs; returns
- * after helping: false when no memory could be mapped for it (then the table keeps working at a higher load). */
+ * after helping: false when no memory could be mapped for it (then the table keeps working at a higher load), or
+ * when a generation no larger than g would not have room for what g holds now (then g goes on as it is). */
 static bool start_migration(gen_t *g, uint64_t cap, uint64_t mult, uint64_t records) {
   gen_t *n = atomic_load_explicit(&g->next, memory_order_acquire);
   if (!n) {
     gen_t *fresh = new_gen(cap, mult, records);
     if (!fresh)
       return false;
+    /* The next generation must take every record g holds, or g's migration can never finish (a full generation
+     * is not migrated on while its predecessor still has records for it). A generation no larger than g was
+     * sized from a count taken before it was mapped: records inserted into g meanwhile (or while the counting
+     * thread was preempted: a drain moves thousands at once) are not in it. Counted again, they must leave it
+     * short of its growth load, the inserts of the migration still to come; else g, which holds them all, stays
+     * (a settle tries again after the next window). A larger generation has room for all of g's slots. */
+    if (fresh->cap <= g->cap && records_to_carry() >= fresh->grow_at) {
+      atomic_fetch_sub_explicit(&g_migrations, 1, memory_order_relaxed);
+      unmap_now(fresh);
+      return false;
+    }
     gen_t *expected = NULL;
     if (!atomic_compare_exchange_strong_explicit(&g->next, &expected, fresh, memory_order_acq_rel,
                                                  memory_order_acquire)) {

@@ -86,3 +86,35 @@ Test(migration, an_insert_into_a_full_generation_whose_predecessor_cannot_finish
   for (uint64_t i = N - 500; i <= N; i++)
     found(i);
 }
+
+/* A compaction counts 1,000 records and maps a generation for them; meanwhile (here: while it is mapped) 4,000
+ * more go into the old generation. The new one must not be linked to take them all: the compaction is dropped or
+ * sized for them, and the table goes on taking inserts. Before, it was linked, filled up with the old
+ * generation's records, and the migration could never finish: every insert after it failed (or, since issue 28,
+ * spun for ever). */
+static void insert_more(void) {
+  gen_t *g = load_root();
+  for (uint64_t i = 20000; i < 24000; i++)
+    cr_assert_eq(insert(i), 0);
+  cr_assert(load_root() == g && !atomic_load(&g->next), "the inserts migrated the table themselves");
+}
+
+Test(migration, records_inserted_while_a_smaller_generation_is_mapped_do_not_strand_the_migration) {
+  for (uint64_t i = 0; i < 20000; i++)
+    cr_assert_eq(insert(i), 0);
+  for (uint64_t i = 1000; i < 20000; i++)
+    take(i);
+  uint64_t cap = gr_table_capacity();
+  g_on_mmap = insert_more;
+  gr_table_compact();
+  cr_assert_null(g_on_mmap, "the compaction mapped nothing");
+  for (uint64_t i = 0; i < 1000; i++)
+    found(i);
+  for (uint64_t i = 20000; i < 24000; i++)
+    found(i);
+  cr_assert_eq(insert(30000), 0, "an insert after the compaction");
+  gr_table_compact(); /* (nothing inserted meanwhile now) */
+  cr_assert_eq(gr_table_check(), 0);
+  cr_assert_lt(gr_table_capacity(), cap, "the table never shrank");
+  found(30000);
+}
