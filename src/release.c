@@ -286,7 +286,8 @@ static int claim_one(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
   if (!claimable(j, r))
     return 0;
   if (!claim_room(j))
-    return j->nclaimed == ROUND_MAX;
+    return 1; /* stop here: the next round's visit begins with this record (going on would skip what it
+               * cannot claim now, and a resumed visit never comes back to it) */
   gr_rec_t expect = *r, want = *r;
   want.state = GR_ST_RECLAIMING;
   int rc;

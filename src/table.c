@@ -612,13 +612,25 @@ static uint64_t records_to_carry(void) {
 }
 
 /* Starts a migration of g (the root) to a generation of cap slots hashing with mult, unless one runs; returns
- * after helping: false when no memory could be mapped for it (then the table keeps working at a higher load). */
+ * after helping: false when no memory could be mapped for it (then the table keeps working at a higher load), or
+ * when a generation no larger than g would not have room for what g holds now (then g goes on as it is). */
 static bool start_migration(gen_t *g, uint64_t cap, uint64_t mult, uint64_t records) {
   gen_t *n = atomic_load_explicit(&g->next, memory_order_acquire);
   if (!n) {
     gen_t *fresh = new_gen(cap, mult, records);
     if (!fresh)
       return false;
+    /* The next generation must take every record g holds, or g's migration can never finish (a full generation
+     * is not migrated on while its predecessor still has records for it). A generation no larger than g was
+     * sized from a count taken before it was mapped: records inserted into g meanwhile (or while the counting
+     * thread was preempted: a drain moves thousands at once) are not in it. Counted again, they must leave it
+     * short of its growth load, the inserts of the migration still to come; else g, which holds them all, stays
+     * (a settle tries again after the next window). A larger generation has room for all of g's slots. */
+    if (fresh->cap <= g->cap && records_to_carry() >= fresh->grow_at) {
+      atomic_fetch_sub_explicit(&g_migrations, 1, memory_order_relaxed);
+      unmap_now(fresh);
+      return false;
+    }
     gen_t *expected = NULL;
     if (!atomic_compare_exchange_strong_explicit(&g->next, &expected, fresh, memory_order_acq_rel,
                                                  memory_order_acquire)) {
@@ -639,30 +651,38 @@ static bool start_migration(gen_t *g, uint64_t cap, uint64_t mult, uint64_t reco
   return true;
 }
 
-/* Makes t (root or root's successor) the root, finishing the migration into it first: false when the table has
- * moved on past t meanwhile (then t needs nothing any more). */
-static bool own_root(gen_t *t) {
+/* Makes t (root or root's successor) the root, finishing the migration into it first. False when the table has
+ * moved on past t meanwhile (then t needs nothing any more), or when the migration into t cannot finish (*stuck):
+ * t is full and its predecessor still holds records for it, until frees make room. */
+static bool own_root(gen_t *t, bool *stuck) {
+  *stuck = false;
   gen_t *root = load_root();
   if (root == t)
     return true;
   if (atomic_load_explicit(&root->next, memory_order_acquire) != t)
     return false; /* already moved on */
   complete_migration(root);
-  return load_root() == t;
+  gen_t *now = load_root();
+  *stuck = now == root;
+  return now == t;
 }
 
 /* Grows t, which is full or past its growth load: twice as many slots, the same multiplier. False when no memory
- * could be mapped for them. */
+ * could be mapped for them, or when t is its predecessor's full successor and that migration cannot finish. */
 static bool need_migration(gen_t *t) {
-  if (!own_root(t))
-    return true; /* the table moved on past t */
+  bool stuck;
+  if (!own_root(t, &stuck))
+    return !stuck; /* the table moved on past t; or, stuck, no room can be had for now: as when none can be mapped
+                    * (an insert that tried again for ever would never return, a drain that met it held every
+                    * other drain) */
   uint64_t records = records_to_carry(), cap = cap_for(records, GROWN_PERMILLE);
   return start_migration(t, cap > 2 * t->cap ? cap : 2 * t->cap, t->mult, records);
 }
 
 /* Replaces t by a generation sized for `records` at SETTLE_PERMILLE, hashing with the next multiplier. */
 static void settle_gen(gen_t *t, uint64_t records) {
-  if (own_root(t))
+  bool stuck;
+  if (own_root(t, &stuck))
     start_migration(t, cap_for(records, SETTLE_PERMILLE), next_mult(t), records);
 }
 

@@ -57,6 +57,11 @@ static void arm_n(unsigned mask, long n) {
   atomic_store(&g_mask, mask);
 }
 static void arm(unsigned mask) { arm_n(mask, -1); }
+/* The first `skip` calls of the kinds in mask pass, then n fail (negative: every one after). */
+static void arm_after(unsigned mask, long skip, long n) {
+  arm_n(mask, n);
+  atomic_store(&g_skip, skip);
+}
 static long disarm(void) {
   atomic_store(&g_mask, 0);
   return atomic_load(&g_failed);
@@ -260,4 +265,39 @@ Test(enomem, a_release_without_memory_frees_no_live_block_and_ends, .timeout = 1
   cr_assert_eq(h_grs(-1).orphan_blocks, 0);
   cr_assert_eq(h_sim(-1, NULL).live_blocks, 1);
   OK(cuMemFree(live));
+}
+
+/* The release's list of claimed blocks gets its first 256 and then cannot grow: a round claims what fits, frees
+ * it, and the next round claims the rest (release.c, claim_room), so one release still frees every orphan. The
+ * rounds go on where the last one's visit stopped: one that went on past the blocks it had no room for, instead
+ * of stopping there, left the next round nothing to claim (256 of 600 freed, and with a single refused realloc
+ * the block it happened at was left behind). */
+static void release_orphans_with_a_list_that_cannot_grow(long failures) {
+  uint64_t s = gpureclaim_scope_begin();
+  cr_assert_neq(s, 0);
+  for (int i = 0; i < 600; i++) {
+    CUdeviceptr p;
+    OK(cuMemAlloc(&p, 4096));
+  }
+  cr_assert_eq(gpureclaim_scope_end(s, 0), 0);
+  cr_assert_eq(h_grs(-1).orphan_blocks, 600);
+  arm_after(1u << FA_REALLOC, 1, failures); /* the list's first realloc (none to 256) passes */
+  gpureclaim_report_t rep = {.size = sizeof rep};
+  int rc = gpureclaim_release(GPURECLAIM_ORPHANED, &rep);
+  long failed = disarm();
+  cr_assert_gt(failed, 0, "the release's list never failed to grow");
+  cr_assert_eq(rc, 0);
+  cr_assert_eq(h_grs(-1).orphan_blocks, 0, "%llu of 600 orphans left after the release (%ld reallocs refused)",
+               (unsigned long long)h_grs(-1).orphan_blocks, failed);
+  cr_assert_eq(rep.orphaned_blocks, 600);
+  cr_assert_eq(h_sim(-1, NULL).live_blocks, 0);
+  cr_assert(h_table_matches_sim("after the release"));
+}
+
+Test(enomem, a_release_whose_list_cannot_grow_frees_every_orphan_in_rounds, .timeout = 120) {
+  release_orphans_with_a_list_that_cannot_grow(-1);
+}
+
+Test(enomem, a_release_whose_list_once_failed_to_grow_frees_every_orphan, .timeout = 120) {
+  release_orphans_with_a_list_that_cannot_grow(1);
 }
