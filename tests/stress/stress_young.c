@@ -13,7 +13,7 @@
  * shows is whole, every insert returns 0, and at the end the table holds exactly what the model says is live.
  * It found settles and compactions that mapped a generation too small for what the old one held by the time it
  * was linked (a drain had moved thousands of records in meanwhile): the migration could never finish, and every
- * insert then spun for ever (about one run in 20 of 4 owners hung; test_table_migration has the deterministic
+ * insert then spun for ever (about one run in 20 of 4 owners hung; test_table_stranded has the deterministic
  * cases).
  */
 #include "check.h"
