@@ -79,6 +79,8 @@ typedef struct simm_info {
 /* The machine's number of GPUs (SIMCUDA_DEVICES, default 2, at most SIMM_MAX_GPUS) and a GPU's capacity
  * (SIMCUDA_DEVICE_MEM, default 80 GiB), as the driver and NVML read them. */
 int simm_env_devices(void);
+/* "80G", "512M", "1073741824", "1.5G" -> bytes (binary units); 0 when unparsable. */
+uint64_t simm_parse_bytes(const char *s);
 uint64_t simm_env_capacity(void);
 /* Opens (creating it 0700 if missing) SIMCUDA_MACHINE or the per-user default and checks it is the user's own
  * and private; returns its directory fd and identity, or -1 with a message in err. */

@@ -87,7 +87,7 @@ static int g_ngpus;
 /* ------------------------------------------------------------------------------------- environment */
 
 /* "80G", "512M", "1073741824", "1.5G" -> bytes (binary units); 0 when unparsable. */
-static uint64_t parse_bytes(const char *s) {
+uint64_t simm_parse_bytes(const char *s) {
   if (!s || !*s) return 0;
   char *end;
   double v = strtod(s, &end);
@@ -133,7 +133,7 @@ uint64_t simm_env_capacity(void) {
   const char *s = getenv("SIMCUDA_DEVICE_MEM");
   uint64_t def = 80ULL << 30;
   if (!s || !*s) return def;
-  uint64_t v = parse_bytes(s);
+  uint64_t v = simm_parse_bytes(s);
   if (!v) {
     fprintf(stderr, "simcuda: ignoring SIMCUDA_DEVICE_MEM=%s\n", s);
     return def;

@@ -20,6 +20,12 @@
  *                        (GPU-..., a prefix that names one device will do), renumbered from 0 in the order given;
  *                        the list ends at the first entry that names no device or repeats one; empty: no device.
  *   SIMCUDA_TRACE        1: print every driver call to stderr
+ *   SIMCUDA_CHECKPOINT_RATE bytes per second a checkpoint moves out and a restore back (K/M/G suffixes; 0: at
+ *                        once). Default: what NVIDIA's driver did on an H200, 1.8 GiB/s out, 2.9 GiB/s back
+ *                        (docs/DRIVER.md); the memcpy is done at once, the rest of the time slept. Read at
+ *                        each checkpoint and restore.
+ *   SIMCUDA_CHECKPOINT_BLOCK 1: a call that reaches the driver while the process is checkpointed waits for the
+ *                        restore, as NVIDIA's does, instead of aborting (the default: a test notices it)
  *   SIMCUDA_DRIVER_VERSION what cuDriverGetVersion reports (default 13000, read at each call): an older major
  *                        version makes the simulated runtime refuse to start (cudaErrorInsufficientDriver), and
  *                        it then dlclose()s libcuda.so.1 as the real runtime does. The simulated libcuda.so.1 is

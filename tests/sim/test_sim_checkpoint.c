@@ -256,3 +256,68 @@ Test(sim_checkpoint, own_nvml_waits_while_locked_a_private_copy_answers) {
   cr_assert_eq(atomic_load(&g_nvml_free), running, "after the unlock it answers, with the memory back in use");
   OK(cuMemFree(a));
 }
+
+/* Blocks of odd sizes share pages (512-byte steps): a checkpoint must keep every byte of each, whichever is saved
+ * first. (It dropped a saved block's pages whole, zeroing the start of a neighbour not yet saved.) */
+Test(sim_checkpoint, blocks_that_share_pages_keep_every_byte) {
+  setenv("SIMCUDA_CHECKPOINT_RATE", "0", 1);
+  sim_primary(0);
+  enum { N = 300 };
+  CUdeviceptr p[N];
+  size_t len[N];
+  unsigned seed = 12345;
+  for (int i = 0; i < N; i++) {
+    seed = seed * 1103515245u + 12345u;
+    len[i] = 1 + (seed >> 8) % 6000; /* 1 byte to 6,000: several blocks to a page, blocks across pages */
+    OK(cuMemAlloc(&p[i], len[i]));
+    unsigned char *h = malloc(len[i]);
+    for (size_t k = 0; k < len[i]; k++) h[k] = (unsigned char)(i * 31 + k * 7 + 1);
+    OK(cuMemcpyHtoD(p[i], h, len[i]));
+    free(h);
+  }
+  int shared = 0; /* the premise: some blocks begin on a page another block ends on */
+  for (int i = 0; i < N; i++)
+    for (int j = 0; j < N && !shared; j++)
+      shared = i != j && (p[i] & ~(CUdeviceptr)4095) == ((p[j] + len[j] - 1) & ~(CUdeviceptr)4095);
+  cr_assert(shared, "no two blocks share a page: the test shows nothing");
+  OK(cuCheckpointProcessLock(getpid(), NULL));
+  OK(cuCheckpointProcessCheckpoint(getpid(), NULL));
+  OK(cuCheckpointProcessRestore(getpid(), NULL));
+  OK(cuCheckpointProcessUnlock(getpid(), NULL));
+  int bad = 0;
+  for (int i = 0; i < N; i++) {
+    unsigned char *h = malloc(len[i]);
+    OK(cuMemcpyDtoH(h, p[i], len[i]));
+    for (size_t k = 0; k < len[i]; k++)
+      if (h[k] != (unsigned char)(i * 31 + k * 7 + 1)) {
+        bad++;
+        break;
+      }
+    free(h);
+    OK(cuMemFree(p[i]));
+  }
+  cr_assert_eq(bad, 0, "%d of %d blocks changed by a checkpoint and restore", bad, N);
+}
+
+/* A checkpoint and a restore take as long as moving their bytes at SIMCUDA_CHECKPOINT_RATE takes (at least: the
+ * bound below can only be exceeded, never missed, by a slow machine). */
+Test(sim_checkpoint, moving_takes_the_time_the_rate_says) {
+  setenv("SIMCUDA_CHECKPOINT_RATE", "256M", 1);
+  sim_primary(0);
+  CUdeviceptr a;
+  OK(cuMemAlloc(&a, 64 * MiB));
+  OK(cuMemsetD8(a, 1, 64 * MiB));
+  OK(cuCheckpointProcessLock(getpid(), NULL));
+  struct timespec t0, t1, t2;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  OK(cuCheckpointProcessCheckpoint(getpid(), NULL));
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  OK(cuCheckpointProcessRestore(getpid(), NULL));
+  clock_gettime(CLOCK_MONOTONIC, &t2);
+  OK(cuCheckpointProcessUnlock(getpid(), NULL));
+  double out = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+  double in = (double)(t2.tv_sec - t1.tv_sec) + (double)(t2.tv_nsec - t1.tv_nsec) / 1e9;
+  cr_assert_geq(out, 0.25, "64 MiB at 256 MiB/s out: %.3f s", out);
+  cr_assert_geq(in, 0.25, "64 MiB at 256 MiB/s back: %.3f s", in);
+  OK(cuMemFree(a));
+}
