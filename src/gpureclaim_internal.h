@@ -49,6 +49,8 @@
 #include "releasers/python.h"
 #include "peer.h"
 #include "sleep.h"
+#include "capture.h"
+#include "admit.h"
 #include "control.h"
 
 #endif /* GPURECLAIM_INTERNAL_H */
