@@ -36,7 +36,7 @@
 
 #include "export.h"
 #include "real.h"
-#include "hooks/hooks.h"
+#include "hooks.h"
 #include "registry.h"
 #include "owner.h"
 #include "stats.h"
@@ -46,7 +46,7 @@
 #include "release.h"
 #include "worker.h"
 #include "sig.h"
-#include "releasers/python.h"
+#include "python.h"
 #include "peer.h"
 #include "sleep.h"
 #include "capture.h"

@@ -15,7 +15,7 @@
 #define CUDA_ENABLE_DEPRECATED 1
 #include "export.h"
 #include "real.h"
-#include "hooks/hooks.h"
+#include "hooks.h"
 #include "registry.h"
 #include "stats.h"
 #include "track.h"

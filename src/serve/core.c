@@ -25,7 +25,7 @@
 #include "gate.h"
 #include "admit.h"
 #include "capture.h"
-#include "report/report.h"
+#include "report.h"
 #include "options.h"
 
 #include <dlfcn.h>

@@ -34,7 +34,7 @@
 #include "capture.h"
 #include "release.h"
 #include "peer.h"
-#include "report/report.h"
+#include "report.h"
 #include "gate.h"
 #include "json.h"
 #include "options.h"

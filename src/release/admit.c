@@ -15,7 +15,7 @@
 #include "admit.h"
 #include "capture.h"
 #include "gate.h"
-#include "releasers/python.h"
+#include "python.h"
 #include "state.h"
 
 #include <errno.h>
