@@ -1,5 +1,5 @@
 /*
- * bench_gate -- what a sleep gate (src/gate.S) adds to a driver call while the process is awake.
+ * bench_gate -- what a sleep gate (src/proc/gate.S) adds to a driver call while the process is awake.
  *
  * `bench_gate [rounds] [calls]` (default 9 rounds of 20,000,000 calls) times, in thread CPU time, a loop of
  * indirect calls to a function that does almost nothing, once through its own pointer and once through the gate

@@ -36,7 +36,7 @@
 
 #include "export.h"
 #include "real.h"
-#include "hooks/hooks.h"
+#include "hooks.h"
 #include "registry.h"
 #include "owner.h"
 #include "stats.h"
@@ -46,9 +46,11 @@
 #include "release.h"
 #include "worker.h"
 #include "sig.h"
-#include "releasers/python.h"
+#include "python.h"
 #include "peer.h"
 #include "sleep.h"
+#include "capture.h"
+#include "admit.h"
 #include "control.h"
 
 #endif /* GPURECLAIM_INTERNAL_H */

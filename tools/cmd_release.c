@@ -42,7 +42,7 @@ static const char *signal_report_key(const jnode_t *status) {
  * nobody catches does what it does by default, and for the release signals that is to terminate: a process
  * that exec'd another program since gpureclaim wrote its status file (same pid, same start time; the socket
  * file is left behind, so the socket path falls back to the signal) would be killed. gpureclaim installs its
- * handler with sigaction when the process initialises CUDA (src/signal.c), so a process running it catches
+ * handler with sigaction when the process initialises CUDA (src/proc/signal.c), so a process running it catches
  * the signal. */
 static bool catches(pid_t pid, int sig, const char **why) {
   char path[64];

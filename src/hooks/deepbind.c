@@ -11,7 +11,7 @@
  */
 #include "export.h"
 #include "real.h"
-#include "hooks/hooks.h"
+#include "hooks.h"
 #include "state.h"
 
 #include <dlfcn.h>

@@ -9,7 +9,7 @@
  */
 #include "export.h"
 #include "real.h"
-#include "hooks/hooks.h"
+#include "hooks.h"
 #include "stats.h"
 #include "gate.h"
 #include "state.h"

@@ -15,13 +15,15 @@
 #define CUDA_ENABLE_DEPRECATED 1
 #include "export.h"
 #include "real.h"
-#include "hooks/hooks.h"
+#include "hooks.h"
 #include "registry.h"
 #include "stats.h"
 #include "track.h"
 #include "release.h"
 #include "peer.h"
 #include "sleep.h"
+#include "admit.h"
+#include "capture.h"
 #include "core.h"
 #include "hooklist.h"
 #include "gate.h"
@@ -437,50 +439,50 @@ static CUresult b_ipc_close(void *realp, uintptr_t ra, CUdeviceptr dptr) {
 
 /* ---- stream capture: a graph being captured cannot be checkpointed (sleep.c refuses a sleep meanwhile) ---- */
 
-/* A capture and a release never overlap (gate.c): each begin waits for a running release first
- * (gr_gate_capture_enter), and stays counted until sleep.c knows the capture. */
+/* A capture and a release never overlap (admit.c): each begin waits for a running release first
+ * (gr_admit_capture_enter), and stays counted until capture.c knows the capture. */
 static CUresult capture_begun(CUresult rc, CUstream s, bool ptsz) {
   if (rc == CUDA_SUCCESS)
-    gr_sleep_note_capture(s, ptsz, true);
-  gr_gate_capture_leave();
+    gr_capture_note(s, ptsz, true);
+  gr_admit_capture_leave();
   return rc;
 }
 static CUresult b_capture_begin1(void *realp, uintptr_t ra, CUstream s) {
   (void)ra;
   NEED_REAL(realp);
-  gr_gate_capture_enter();
+  gr_admit_capture_enter();
   return capture_begun(((CUresult(CUDAAPI *)(CUstream))realp)(s), s, false);
 }
 static CUresult b_capture_begin1_pt(void *realp, uintptr_t ra, CUstream s) {
   (void)ra;
   NEED_REAL(realp);
-  gr_gate_capture_enter();
+  gr_admit_capture_enter();
   return capture_begun(((CUresult(CUDAAPI *)(CUstream))realp)(s), s, true);
 }
 static CUresult b_capture_begin(void *realp, uintptr_t ra, CUstream s, CUstreamCaptureMode mode) {
   (void)ra;
   NEED_REAL(realp);
-  gr_gate_capture_enter();
+  gr_admit_capture_enter();
   return capture_begun(((PFN_cuStreamBeginCapture_v10010)realp)(s, mode), s, false);
 }
 static CUresult b_capture_begin_pt(void *realp, uintptr_t ra, CUstream s, CUstreamCaptureMode mode) {
   (void)ra;
   NEED_REAL(realp);
-  gr_gate_capture_enter();
+  gr_admit_capture_enter();
   return capture_begun(((PFN_cuStreamBeginCapture_v10010)realp)(s, mode), s, true);
 }
 static CUresult b_capture_to_graph(void *realp, uintptr_t ra, CUstream s, CUgraph g, const CUgraphNode *deps,
                                    const CUgraphEdgeData *data, size_t n, CUstreamCaptureMode mode) {
   (void)ra;
   NEED_REAL(realp);
-  gr_gate_capture_enter();
+  gr_admit_capture_enter();
   return capture_begun(((PFN_cuStreamBeginCaptureToGraph_v12030)realp)(s, g, deps, data, n, mode), s, false);
 }
 static CUresult b_capture_to_graph_pt(void *realp, uintptr_t ra, CUstream s, CUgraph g, const CUgraphNode *deps,
                                       const CUgraphEdgeData *data, size_t n, CUstreamCaptureMode mode) {
   (void)ra;
   NEED_REAL(realp);
-  gr_gate_capture_enter();
+  gr_admit_capture_enter();
   return capture_begun(((PFN_cuStreamBeginCaptureToGraph_v12030)realp)(s, g, deps, data, n, mode), s, true);
 }
 /* A capture ends with its EndCapture whatever that returns (an invalidated capture ends with an error). */
@@ -488,14 +490,14 @@ static CUresult b_capture_end(void *realp, uintptr_t ra, CUstream s, CUgraph *g)
   (void)ra;
   NEED_REAL(realp);
   CUresult rc = ((PFN_cuStreamEndCapture_v10000)realp)(s, g);
-  gr_sleep_note_capture(s, false, false);
+  gr_capture_note(s, false, false);
   return rc;
 }
 static CUresult b_capture_end_pt(void *realp, uintptr_t ra, CUstream s, CUgraph *g) {
   (void)ra;
   NEED_REAL(realp);
   CUresult rc = ((PFN_cuStreamEndCapture_v10000)realp)(s, g);
-  gr_sleep_note_capture(s, true, false);
+  gr_capture_note(s, true, false);
   return rc;
 }
 

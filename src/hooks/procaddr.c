@@ -13,8 +13,8 @@
  */
 #include "export.h"
 #include "real.h"
-#include "hooks/hooks.h"
-#include "hooks/hooklist.h" /* GR_H_COUNT */
+#include "hooks.h"
+#include "hooklist.h" /* GR_H_COUNT */
 #include "stats.h"
 
 #include "gate.h"

@@ -19,7 +19,7 @@
  * total_bytes) before minus after. gpureclaim declares the few C API functions it calls itself and finds
  * them with dlsym: it does not link against libpython.
  */
-#include "releasers/python.h"
+#include "python.h"
 #include "real.h"
 #include "options.h"
 

@@ -7,7 +7,7 @@
 
 #include "json.h"
 #include "outfile.h"
-#include "report/report.h"
+#include "report.h"
 
 #include <errno.h>
 #include <string.h>

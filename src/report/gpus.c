@@ -6,7 +6,7 @@
 #include "registry.h"
 #include "gate.h"
 #include "json.h"
-#include "report/report.h"
+#include "report.h"
 #include "state.h"
 
 #include <pthread.h>

@@ -5,7 +5,7 @@
 #include "registry.h"
 #include "stacks.h"
 #include "json.h"
-#include "report/report.h"
+#include "report.h"
 #include "state.h"
 
 #include <dlfcn.h>

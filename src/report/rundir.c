@@ -5,7 +5,7 @@
  */
 #include "options.h"
 
-#include "report/report.h"
+#include "report.h"
 
 #include <errno.h>
 #include <pthread.h>

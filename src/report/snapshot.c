@@ -8,10 +8,10 @@
 #include "stats.h"
 #include "scope.h"
 #include "stacks.h"
-#include "releasers/python.h"
+#include "python.h"
 #include "gate.h"
 #include "json.h"
-#include "report/report.h"
+#include "report.h"
 #include "state.h"
 
 #include <errno.h>

@@ -7,7 +7,7 @@
 #include "sig.h"
 #include "json.h"
 #include "outfile.h"
-#include "report/report.h"
+#include "report.h"
 #include "options.h"
 #include "state.h"
 

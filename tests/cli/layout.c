@@ -1,5 +1,5 @@
 /* Prints the public structs' sizes and a few offsets, for checking python/gpureclaim/'s ctypes mirrors; with
- * "names", the name lists of src/names.h and the option list of src/options.h, one line each, for
+ * "names", the name lists of src/base/names.h and the option list of src/base/options.h, one line each, for
  * test_names_docs.py to check the Python tables, the GPU tests' shim and the documents against. */
 #include "gpureclaim.h"
 #include "names.h"

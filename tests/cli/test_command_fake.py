@@ -1178,7 +1178,7 @@ class FakeTest(unittest.TestCase):
         p = subprocess.run([CMD, "run", "--log", "rel.log", "--", "sh", "-c", "cd / && echo $GPURECLAIM_LOG"],
                            capture_output=True, text=True, env=env, cwd=wd, timeout=60)
         self.assertEqual(p.stdout.strip(), os.path.join(os.path.realpath(wd), "rel.log"), p.stderr)
-        # Standard error as the library spells it (src/options.c): not a file named "-" in the cwd. An
+        # Standard error as the library spells it (src/base/options.c): not a file named "-" in the cwd. An
         # unwritable cwd (for all but root) shows it too: a file there would be refused.
         os.chmod(wd, 0o500)
         try:

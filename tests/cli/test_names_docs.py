@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What C cannot generate, checked against the lists C is made from (src/names.h, src/options.h), as
+"""What C cannot generate, checked against the lists C is made from (src/base/names.h, src/base/options.h), as
 tests/cli/layout.c prints them (`layout names`):
 
 - docs/PROTOCOL.md's lists of kinds, block and sleep states and triggers;

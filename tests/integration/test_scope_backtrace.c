@@ -1,5 +1,5 @@
 /* Scopes with GPURECLAIM_BACKTRACE=1 (set by CMake for this test): a record's site then holds a stack id, not a
- * code address, and the owner of a block must still be found from the code address (src/stacks.c). A
+ * code address, and the owner of a block must still be found from the code address (src/track/stacks.c). A
  * framework's block that became an orphan would be freed by the next release while the framework uses it. */
 #include "harness.h"
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The man pages (docs/man/) render without a warning and cannot drift from the code: gpureclaim(7) documents
-# every GPURECLAIM_* variable that src/options.h lists (and those the command reads), gpureclaim(3) every
+# every GPURECLAIM_* variable that src/base/options.h lists (and those the command reads), gpureclaim(3) every
 # function include/gpureclaim.h declares, gpureclaim(1) every subcommand and every option the command's --help
 # names. Usage: test_man.sh SOURCE_DIR COMMAND
 set -euo pipefail
@@ -31,11 +31,11 @@ for page in gpureclaim.1 gpureclaim.3 gpureclaim.7; do
 done
 
 # gpureclaim(7): each variable gets its own .B entry (tagged paragraph). The list comes from the option list
-# of src/options.h (X(ID, ...) for GPURECLAIM_ID) and the command's own getenv calls.
-vars="$( (grep -o '^ *X([A-Z_]*,' "$src/src/options.h" | sed 's/^ *X(/GPURECLAIM_/; s/,$//'
+# of src/base/options.h (X(ID, ...) for GPURECLAIM_ID) and the command's own getenv calls.
+vars="$( (grep -o '^ *X([A-Z_]*,' "$src/src/base/options.h" | sed 's/^ *X(/GPURECLAIM_/; s/,$//'
           grep -oh 'getenv("GPURECLAIM_[A-Z_]*"' "$src"/tools/*.c | sed 's/getenv("//; s/"//') | sort -u)"
 nvars=$(wc -w <<<"$vars")
-((nvars >= 10)) || bad "found only $nvars variables in src/options.h: did its list change shape?"
+((nvars >= 10)) || bad "found only $nvars variables in src/base/options.h: did its list change shape?"
 for v in $vars; do
   grep -qx "\.B $v" "$man/gpureclaim.7" || bad "gpureclaim.7 does not document $v (add a .TP/.B $v entry)"
 done

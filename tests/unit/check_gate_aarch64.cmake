@@ -1,5 +1,5 @@
-# check_gate_aarch64.cmake -- src/gate.S assembles for aarch64, with one stub per gate and the common slow path.
-#   cmake -DCC=aarch64-linux-gnu-gcc -DOBJDUMP=aarch64-linux-gnu-objdump -DSRC=src -DOUT=x.o -P this file
+# check_gate_aarch64.cmake -- src/proc/gate.S assembles for aarch64, with one stub per gate and the common slow path.
+#   cmake -DCC=aarch64-linux-gnu-gcc -DOBJDUMP=aarch64-linux-gnu-objdump -DSRC=src/proc -DOUT=x.o -P this file
 execute_process(COMMAND ${CC} -c -I${SRC} ${SRC}/gate.S -o ${OUT} RESULT_VARIABLE rc ERROR_VARIABLE err)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "gate.S does not assemble for aarch64: ${err}")

@@ -2,8 +2,8 @@
  * instead of going on with a corrupt state. track.c and scope.c are compiled in here with the checks on, whatever
  * the build (table.c in test_table_states.c), so that this test runs in every configuration. */
 #define GR_DEBUG 1
-#include "../../src/track.c"
-#include "../../src/scope.c"
+#include "../../src/track/track.c"
+#include "../../src/track/scope.c"
 
 #include <criterion/criterion.h>
 #include <signal.h>

@@ -1,4 +1,4 @@
-/* The control socket's request handling (src/control.c, docs/PROTOCOL.md), served in this thread: the client's
+/* The control socket's request handling (src/serve/control.c, docs/PROTOCOL.md), served in this thread: the client's
  * bytes are all sent before gr_control_serve_one runs, and the answer (one short JSON object) fits the socket's
  * buffer, so nothing waits on the other side. Known requests answer as the protocol says; unknown, malformed
  * and over-long ones get {"ok": false, "error": ...}; a client that sends nothing or leaves is dropped without

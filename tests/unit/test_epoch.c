@@ -1,4 +1,4 @@
-/* Epoch-based reclamation (src/epoch.c), apart from the table that uses it: what is retired is freed only once
+/* Epoch-based reclamation (src/table/epoch.c), apart from the table that uses it: what is retired is freed only once
  * no critical section that could still see it remains, and then without further waiting; the epoch only grows;
  * thread records are reused, not leaked; the per-thread insert and delete counts survive their threads; the
  * exit hook sees every registered thread once. (test_table.c covers a reader holding a retired item back, idle

@@ -1,4 +1,4 @@
-/* Who owns the blocks a library allocates (src/owner.c): by file name, then by Python package, never by a word
+/* Who owns the blocks a library allocates (src/track/owner.c): by file name, then by Python package, never by a word
  * elsewhere in the path. */
 #include "gpureclaim_internal.h"
 

@@ -1,4 +1,4 @@
-/* The registry of contexts, pools and devices (src/registry.c), through its declarations only: a handle gets one
+/* The registry of contexts, pools and devices (src/track/registry.c), through its declarations only: a handle gets one
  * small id for life (dead and alive again, it keeps it, until a full registry gives a dead id no record names to
  * a new handle), the counts follow the live ones, the registry refuses the 4096th live handle instead of sharing
  * an id, a device's cached pool goes with its pool, the current context is

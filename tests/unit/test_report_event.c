@@ -6,7 +6,7 @@
 #include "gpureclaim_internal.h"
 #include "json.h"
 #include "jsonread.h"
-#include "report/report.h"
+#include "report.h"
 
 #include <criterion/criterion.h>
 #include <errno.h>

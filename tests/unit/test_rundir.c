@@ -1,10 +1,10 @@
-/* The run directory: its default (src/options.c): $XDG_RUNTIME_DIR/gpureclaim only when XDG_RUNTIME_DIR
+/* The run directory: its default (src/base/options.c): $XDG_RUNTIME_DIR/gpureclaim only when XDG_RUNTIME_DIR
  * belongs to the effective user (a root process run with a user's environment must not make a root-owned
  * directory there), else /tmp/gpureclaim-<euid>; the library's refusal of one others can read or enter
  * (src/report/rundir.c); and the status file's temporary file, which must be new (O_EXCL). Each test runs in a
  * process of its own, so options and the run directory load afresh. */
 #include "gpureclaim_internal.h"
-#include "report/report.h"
+#include "report.h"
 
 #include <criterion/criterion.h>
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-/* Scopes (src/scope.c), compiled in here so that a test can interleave a concurrent end and fail the growth of a
+/* Scopes (src/track/scope.c), compiled in here so that a test can interleave a concurrent end and fail the growth of a
  * scope's key list.
  *
  * Two threads ending one scope at once. The second one checked the scope open just before the
@@ -19,7 +19,7 @@ static void race(uint64_t scope);
 static void *failing_realloc(void *p, size_t n);
 #define GR_SCOPE_END_RACE_POINT(scope) race(scope)
 #define GR_SCOPE_REALLOC failing_realloc
-#include "../../src/scope.c"
+#include "../../src/track/scope.c"
 
 #include <pthread.h>
 

@@ -1,4 +1,4 @@
-/* The release signal's handler and fork() (src/signal.c, compiled in here to reach its state), and a program
+/* The release signal's handler and fork() (src/proc/signal.c, compiled in here to reach its state), and a program
  * that ignores the signal. Found by an adversarial pass: a fork between the parent's sigaction() and its
  * "installed" flag gave a child that kept gpureclaim's handler and, once it used CUDA, chained that handler to
  * itself (endless recursion on the first signal). */
@@ -10,7 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "../../src/signal.c"
+#include "../../src/proc/signal.c"
 
 static volatile sig_atomic_t g_calls;
 static void counting(int sig) {

@@ -1,4 +1,4 @@
-/* Interned backtraces (src/stacks.c, GPURECLAIM_BACKTRACE=1): a site is a plain code address or a tagged stack
+/* Interned backtraces (src/track/stacks.c, GPURECLAIM_BACKTRACE=1): a site is a plain code address or a tagged stack
  * id; a captured stack starts with the attributed caller, drops the leading frames of gpureclaim itself (here,
  * the test program, which has stacks.c linked in) and, inside a runtime call, the runtime's frames above that
  * caller; one stack gets one id however often and from however many threads it is captured. */

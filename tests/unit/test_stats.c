@@ -1,4 +1,4 @@
-/* Unit tests of the counters behind gpureclaim_stats() (src/stats.c): live bytes are exact, and the peak is
+/* Unit tests of the counters behind gpureclaim_stats() (src/track/stats.c): live bytes are exact, and the peak is
  * exact in one thread and within the bound stats.c states (4 MiB of pending frees per other thread) otherwise. */
 #include "gpureclaim_internal.h"
 

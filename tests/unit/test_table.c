@@ -1,4 +1,4 @@
-/* Unit tests of the block table (src/table.c) and its reclamation (src/epoch.c): the invariants stated in
+/* Unit tests of the block table (src/table/table.c) and its reclamation (src/table/epoch.c): the invariants stated in
  * table.c's design comment. */
 #include "table.h"
 

@@ -1,4 +1,4 @@
-/* Records keep what they are across the table's migrations (src/table.c): a record copied to a new generation,
+/* Records keep what they are across the table's migrations (src/table/table.c): a record copied to a new generation,
  * whatever made the table migrate (growth, shrinking, gr_table_compact), keeps its state (orphans stay orphans,
  * a claimed block stays claimed, a tombstone stays a tombstone, a released VMM handle stays released), its scope,
  * its aux (mapping counts, a context destroy's mark) and every other field. Written against the table's interface

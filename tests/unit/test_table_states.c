@@ -2,7 +2,7 @@
  * block's life takes, and an edit that breaks them aborts. table.c is compiled in here with the checks on, whatever
  * the build, so that this test runs in every configuration (as test_assert.c does for track.c and scope.c). */
 #define GR_DEBUG 1
-#include "../../src/table.c"
+#include "../../src/table/table.c"
 #include "gpureclaim.h"
 
 #include <criterion/criterion.h>

@@ -8,7 +8,7 @@
 #include <sys/mman.h>
 void *test_mmap(void *a, size_t n, int prot, int flags, int fd, off_t off);
 #define mmap test_mmap
-#include "../../src/table.c"
+#include "../../src/table/table.c"
 #undef mmap
 
 #include <criterion/criterion.h>

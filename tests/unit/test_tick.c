@@ -1,4 +1,4 @@
-/* The allocation-time tick (src/tick.c), driven here by hand in the worker's place: a running tick answers its
+/* The allocation-time tick (src/proc/tick.c), driven here by hand in the worker's place: a running tick answers its
  * own time and is marked read by the first allocation; a stopped one (0) answers the clock and wakes the worker
  * through the eventfd once, not once per allocation; the worker stops after a second of ticks nobody read and
  * after a fork; resume drains the wake-ups. No test waits for time to pass: the clock is only bounded. */

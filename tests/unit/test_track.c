@@ -23,7 +23,7 @@ static int hooked_take(unsigned ks, uint64_t key, unsigned mask, gr_rec_t *out);
 #define gr_table_insert_ks hooked_insert_ks /* the allocation's insert, with its key space given */
 #define gr_table_insert_young_v hooked_insert_young /* a new block's insert, into its thread's log */
 #define gr_table_visit hooked_visit
-#include "../../src/track.c"
+#include "../../src/track/track.c"
 #undef gr_table_insert_pk
 #undef gr_table_insert_ks
 #undef gr_table_insert_young_v

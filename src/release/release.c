@@ -20,13 +20,14 @@
  * since the running release may need it for step 1.
  */
 #include "release.h"
+#include "admit.h"
 #include "real.h"
 #include "registry.h"
 #include "stats.h"
 #include "track.h"
 #include "scope.h"
-#include "releasers/python.h"
-#include "report/report.h"
+#include "python.h"
+#include "report.h"
 #include "gate.h"
 #include "options.h"
 #include "state.h"
@@ -480,10 +481,7 @@ typedef struct {
 
 static _Atomic uint64_t g_seq;
 
-static GR_TLS unsigned t_releasing; /* > 0 while this thread runs a release (its releasers included) */
-
 static void do_release_now(const rel_args_t *a, gpureclaim_report_t *rep) {
-  t_releasing++;
   memset(rep, 0, sizeof *rep);
   rep->size = sizeof *rep;
   rep->what = a->what;
@@ -529,7 +527,6 @@ static void do_release_now(const rel_args_t *a, gpureclaim_report_t *rep) {
   gr_stats_release(rep->cached_bytes + rep->orphaned_bytes + rep->all_bytes);
   gr_report_release(rep);
   gr_report_status_release(rep, a->served_signal);
-  t_releasing--;
 }
 
 static const char *trigger_name(int trigger) {
@@ -544,11 +541,11 @@ static const char *trigger_name(int trigger) {
 }
 
 /* A release calls the driver: never while the process sleeps or is about to (sleep.c), and never while a CUDA
- * graph is being captured (gate.c: the driver would fail its calls and invalidate the capture). Refused then,
+ * graph is being captured (admit.c: the driver would fail its calls and invalidate the capture). Refused then,
  * with an empty report: -EAGAIN (asleep: the command and the signal say why; the API and scope ends wake the
  * process first) or -EBUSY (capturing: logged here, and the API and the command return it). */
 static int do_release(const rel_args_t *a, gpureclaim_report_t *rep) {
-  int rc = gr_gate_release_begin();
+  int rc = gr_admit_release_begin();
   if (rc) {
     memset(rep, 0, sizeof *rep);
     rep->size = sizeof *rep;
@@ -562,7 +559,7 @@ static int do_release(const rel_args_t *a, gpureclaim_report_t *rep) {
     return rc;
   }
   do_release_now(a, rep);
-  gr_gate_release_end();
+  gr_admit_release_end();
   return 0;
 }
 
@@ -631,14 +628,12 @@ int gr_release_run(unsigned what, int trigger, gpureclaim_report_t *out) {
   return rc == -EBUSY ? rc : 0; /* -EAGAIN (asleep) keeps its old answer: an empty report */
 }
 
-bool gr_release_on_this_thread(void) { return t_releasing != 0; }
-
 static int check_what(unsigned what) {
   if (what == 0 || (what & ~(GPURECLAIM_CACHED | GPURECLAIM_ORPHANED | GPURECLAIM_ALL)))
     return -EINVAL;
   if (gr_core_disabled() || atomic_load_explicit(&gr_core_state, memory_order_acquire) != 1)
     return -ENOTSUP;
-  if (gr_tls.hook_depth || t_releasing)
+  if (gr_tls.hook_depth || gr_admit_held())
     return -EDEADLK; /* inside an allocation, or a releaser of a release this thread runs: it would wait for itself */
   return 0;
 }
@@ -722,9 +717,8 @@ void gr_release_give(uint64_t want, uint64_t devmask, int asker, bool framework_
   rep->peer_pid = asker;
   /* A give calls the driver as a release does: never while the process sleeps (its device memory is on the
    * host then, so there is nothing to give) or is going to sleep. */
-  if (gr_gate_release_begin() != 0)
+  if (gr_admit_release_begin() != 0)
     return; /* asleep, or a graph is being captured: nothing given (the asker asks the next process) */
-  t_releasing++;
   rep->seq = atomic_fetch_add_explicit(&g_seq, 1, memory_order_relaxed) + 1;
   uint64_t t0 = gr_mono_ns();
   mem_info(rep, false);
@@ -786,8 +780,7 @@ void gr_release_give(uint64_t want, uint64_t devmask, int asker, bool framework_
     gr_release_note_give(); /* before the report rewrites the status file: peers then ask us last for a while */
   gr_report_release(rep);
   gr_report_status_release(rep, false);
-  t_releasing--;
-  gr_gate_release_end();
+  gr_admit_release_end();
 }
 
 /* ---- out of memory ---- */
@@ -818,7 +811,6 @@ void gr_release_atfork_child(void) {
   pthread_mutex_init(&g_mu, NULL);
   pthread_cond_init(&g_cv, NULL);
   pthread_mutex_init(&g_rel_lock, NULL);
-  t_releasing = 0;
   g_running = false;
   g_pending_what = 0;
   g_pending_trigger = 0;

@@ -2,8 +2,7 @@
  * gate.c -- hands out gates (gate.h, gate.S): every driver entry point the program gets through
  * cuGetProcAddress or dlsym(libcuda) goes through one, so that the first call of any thread while the process
  * sleeps wakes it before the call goes on (sleep.c). Awake, a gate costs a byte compare and an indirect jump.
- * gpureclaim's own releases are admitted through the same flag (gr_gate_release_begin): none calls the driver
- * while the process sleeps.
+ * The gates call no module: the slow path is the function core.c's constructor handed over (gr_gate_set_slow).
  *
  * Gates are handed out once per distinct real function (a small hash table under a mutex: this runs at symbol
  * lookup, never per call) and never taken back: a program may keep the pointer for good. When all GR_GATE_MAX
@@ -14,11 +13,6 @@
 #include "real.h"
 #include "gate.h"
 #include "options.h"
-#include "release.h"
-#include "sleep.h"
-#include "releasers/python.h"
-
-#include <errno.h>
 
 #include <pthread.h>
 
@@ -91,78 +85,4 @@ CUresult gr_gate_check_slow(void) {
 void *gr_gate_slow(unsigned idx) {
   void *target = __atomic_load_n(&gr_gate_target[idx], __ATOMIC_ACQUIRE);
   return gr_gate_check_slow() == CUDA_SUCCESS ? target : NULL;
-}
-
-/* ---- releases: admitted while the flag is not GR_GATE_SLEEP and no graph is being captured ----
- *
- * A release calls cuCtxSynchronize, cuMemFree and cuMemPoolTrimTo, which the driver forbids while a capture
- * restricts the calling thread (any global-mode capture, a thread-local one of that thread): the call would fail
- * and invalidate the program's capture, so that its cuStreamEndCapture fails. A release and a capture therefore
- * never overlap: a release is refused while any capture runs (a relaxed one too: gpureclaim does not tell the
- * modes apart), and a capture that begins while a release runs waits in its cuStreamBeginCapture hook until the
- * release ends. g_cap_starting counts the BeginCapture hooks between that wait and the moment sleep.c knows the
- * capture, so that a release admitted meanwhile cannot miss it. */
-
-static pthread_mutex_t g_rel_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t g_rel_cv = PTHREAD_COND_INITIALIZER;
-static unsigned g_rel_active;   /* releases calling the driver now, under g_rel_mu */
-static unsigned g_cap_starting; /* cuStreamBeginCapture hooks past their wait, not yet done, under g_rel_mu */
-
-int gr_gate_release_begin(void) {
-  pthread_mutex_lock(&g_rel_mu);
-  int rc = 0;
-  if (atomic_load(&gr_gate_flag) == GR_GATE_SLEEP)
-    rc = -EAGAIN;
-  else if (g_cap_starting || gr_sleep_capturing())
-    rc = -EBUSY;
-  else
-    g_rel_active++;
-  pthread_mutex_unlock(&g_rel_mu);
-  return rc;
-}
-
-void gr_gate_capture_enter(void) {
-  pthread_mutex_lock(&g_rel_mu);
-  void *gil = NULL;
-  if (g_rel_active && !gr_release_on_this_thread()) {
-    /* The running release may need Python's GIL (framework caches): a capturing thread that holds it gives
-     * it up while it waits. */
-    pthread_mutex_unlock(&g_rel_mu);
-    gil = gr_py_save_if_held();
-    pthread_mutex_lock(&g_rel_mu);
-    while (g_rel_active)
-      pthread_cond_wait(&g_rel_cv, &g_rel_mu);
-  }
-  g_cap_starting++;
-  pthread_mutex_unlock(&g_rel_mu);
-  if (gil)
-    gr_py_restore(gil);
-}
-
-void gr_gate_capture_leave(void) {
-  pthread_mutex_lock(&g_rel_mu);
-  g_cap_starting--;
-  pthread_mutex_unlock(&g_rel_mu);
-}
-
-void gr_gate_release_end(void) {
-  pthread_mutex_lock(&g_rel_mu);
-  if (--g_rel_active == 0)
-    pthread_cond_broadcast(&g_rel_cv);
-  pthread_mutex_unlock(&g_rel_mu);
-}
-
-void gr_gate_atfork_child(void) {
-  pthread_mutex_init(&g_rel_mu, NULL);
-  pthread_cond_init(&g_rel_cv, NULL);
-  g_rel_active = 0;
-  g_cap_starting = 0;
-}
-
-void gr_gate_close(void) {
-  pthread_mutex_lock(&g_rel_mu);
-  atomic_store(&gr_gate_flag, GR_GATE_SLEEP);
-  while (g_rel_active)
-    pthread_cond_wait(&g_rel_cv, &g_rel_mu);
-  pthread_mutex_unlock(&g_rel_mu);
 }

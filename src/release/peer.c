@@ -20,7 +20,7 @@
 #include "registry.h"
 #include "stats.h"
 #include "release.h"
-#include "report/report.h"
+#include "report.h"
 #include "json.h"
 #include "gate.h"
 #include "jsonread.h"

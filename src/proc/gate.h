@@ -49,22 +49,10 @@ static inline CUresult gr_gate_check(void) {
 }
 
 /* True while gpureclaim must not call the driver itself (asleep, waking, or the lock is about to be taken):
- * reports leave out what only the driver knows, and releases asked by the command or the signal are refused. */
+ * reports leave out what only the driver knows (releases are refused by admit.c, which reads the flag too). */
 static inline bool gr_gate_driver_off(void) {
   return atomic_load_explicit(&gr_gate_flag, memory_order_acquire) == GR_GATE_SLEEP;
 }
 
-/* gpureclaim's own releases pass the gate too: begin says whether one may call the driver now (0: go on,
- * then end) or must not (-EAGAIN: the process sleeps or is going to; -EBUSY: a CUDA graph is being captured,
- * gate.c). close raises the flag for a sleep and waits for the releases admitted before it. */
-int gr_gate_release_begin(void);
-/* Around every cuStreamBeginCapture* hook: enter waits for the releases running now (a release and a capture
- * never overlap); leave once sleep.c knows the capture (or the begin failed). */
-void gr_gate_capture_enter(void);
-void gr_gate_capture_leave(void);
-void gr_gate_release_end(void);
-void gr_gate_close(void);
-/* A forked child: no release runs in it. */
-void gr_gate_atfork_child(void);
 #endif
 #endif

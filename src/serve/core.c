@@ -23,7 +23,9 @@
 #include "control.h"
 #include "core.h"
 #include "gate.h"
-#include "report/report.h"
+#include "admit.h"
+#include "capture.h"
+#include "report.h"
 #include "options.h"
 
 #include <dlfcn.h>
@@ -150,7 +152,8 @@ static void atfork_child(void) {
   gr_peer_atfork_child();
   gr_worker_atfork_child();
   gr_sig_atfork_child();
-  gr_gate_atfork_child();
+  gr_admit_atfork_child();
+  gr_capture_atfork_child();
   gr_sleep_atfork_child();
   gr_control_forget();
   gr_report_atfork_child();

@@ -8,7 +8,7 @@
 #include "stacks.h"
 #include "scope.h"
 #include "state.h"
-#include "report/report.h"
+#include "report.h"
 
 #include <errno.h>
 #include <string.h>

@@ -7,8 +7,8 @@
  *   2. what must move (the tracked device memory left, per device) against the host's MemAvailable: refused
  *      when it would not fit, because the driver keeps the checkpoint in this process's own memory;
  *   3. every context synchronised (work in flight finishes);
- *   4. the gates' flag goes up (gate.h): from now on every call a gate sees waits here instead of entering the
- *      driver; releases already running on other threads are waited for, new ones refused;
+ *   4. the gates' flag goes up (gate.h, through admit.c): from now on every call a gate sees waits here instead of
+ *      entering the driver; releases already running on other threads are waited for, new ones refused;
  *   5. cuCheckpointProcessLock on our own pid with the timeout (a thread inside a CUDA call that does not return
  *      in time: refused, saying so); a sleep whose asker stopped waiting meanwhile (a command's client that hung
  *      up) is withdrawn here, unlocked again; then cuCheckpointProcessCheckpoint: the driver moves the process's
@@ -30,9 +30,11 @@
 #include "real.h"
 #include "registry.h"
 #include "stats.h"
+#include "admit.h"
+#include "capture.h"
 #include "release.h"
 #include "peer.h"
-#include "report/report.h"
+#include "report.h"
 #include "gate.h"
 #include "json.h"
 #include "options.h"
@@ -66,65 +68,6 @@ static _Atomic uint64_t g_sleeps, g_wakes;
 static _Atomic uint64_t g_idle_since_ms; /* idle watch: when the probe was armed */
 static _Atomic int g_ipc_exported;       /* cuIpcGetMemHandle succeeded once */
 static _Atomic long g_ipc_opened;        /* other processes' memory mapped now */
-
-/* Streams capturing a graph now (cuStreamBeginCapture* to cuStreamEndCapture): a capture cannot be
- * checkpointed, so a sleep is refused meanwhile, saying so. A few at most in practice; past GR_CAPTURE_MAX the
- * count alone is kept (g_capture_lost) and a sleep is refused until the set is empty again. */
-#define GR_CAPTURE_MAX 64
-static pthread_mutex_t g_cap_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct {
-  CUstream s;
-  bool ptsz;
-} g_cap[GR_CAPTURE_MAX];
-static int g_ncap, g_capture_lost;
-
-void gr_sleep_note_capture(CUstream s, bool ptsz, bool begin) {
-  pthread_mutex_lock(&g_cap_mu);
-  int i = 0;
-  while (i < g_ncap && !(g_cap[i].s == s && g_cap[i].ptsz == ptsz))
-    i++;
-  if (begin && i == g_ncap) {
-    if (g_ncap < GR_CAPTURE_MAX)
-      g_cap[g_ncap].s = s, g_cap[g_ncap].ptsz = ptsz, g_ncap++;
-    else
-      g_capture_lost++;
-  } else if (!begin && i < g_ncap) {
-    g_cap[i] = g_cap[--g_ncap];
-  } else if (!begin && g_capture_lost > 0) {
-    g_capture_lost--;
-  }
-  pthread_mutex_unlock(&g_cap_mu);
-}
-
-/* A stream still capturing, as the driver says (a stream destroyed while capturing ends its capture there and
- * is dropped here); NULL for none. *ptsz: which variant began it. */
-static bool capturing_now(CUstream *out) {
-  typedef CUresult (*is_fn)(CUstream, CUstreamCaptureStatus *);
-  is_fn is = (is_fn)gr_real_driver("cuStreamIsCapturing"), is_pt = (is_fn)gr_real_driver("cuStreamIsCapturing_ptsz");
-  pthread_mutex_lock(&g_cap_mu);
-  for (int i = 0; i < g_ncap;) {
-    is_fn f = g_cap[i].ptsz && is_pt ? is_pt : is;
-    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_ACTIVE;
-    if (f && f(g_cap[i].s, &st) != CUDA_SUCCESS)
-      st = CU_STREAM_CAPTURE_STATUS_NONE; /* no such stream any more */
-    if (st == CU_STREAM_CAPTURE_STATUS_NONE) {
-      g_cap[i] = g_cap[--g_ncap];
-      continue;
-    }
-    *out = g_cap[i].s;
-    pthread_mutex_unlock(&g_cap_mu);
-    return true;
-  }
-  bool lost = g_capture_lost > 0;
-  pthread_mutex_unlock(&g_cap_mu);
-  *out = NULL;
-  return lost;
-}
-
-bool gr_sleep_capturing(void) {
-  CUstream s;
-  return capturing_now(&s);
-}
 
 void gr_sleep_note_ipc(int exported, int opened) {
   if (exported)
@@ -378,7 +321,7 @@ int gr_sleep_run_progress(int trigger, unsigned timeout_ms, gpureclaim_sleep_rep
     return refuse(out, &r, t0, -ENOTSUP, "the driver has no checkpoint API (driver 570 or later, "
                                      "on x86-64); the release's memory stays given back");
   CUstream capturing = NULL;
-  if (capturing_now(&capturing))
+  if (gr_capture_running(&capturing))
     return refuse(out, &r, t0, -EBUSY, "a CUDA graph is being captured (stream %p, cuStreamBeginCapture): a capture "
                                        "cannot be checkpointed; sleep once it ends (cuStreamEndCapture); the "
                                        "release's memory stays given back", (void *)capturing);
@@ -416,7 +359,7 @@ int gr_sleep_run_progress(int trigger, unsigned timeout_ms, gpureclaim_sleep_rep
   gr_reg_foreach_ctx(sync_ctx, NULL);
 
   /* 4. gates closed; releases that call the driver are waited for */
-  gr_gate_close();
+  gr_admit_close();
   /* A thread that passed its gate just before the flag went up is about to enter the driver: give it the
    * moment to get there, so that the lock waits for its call instead of holding it until the next wake. */
   sched_yield();
@@ -658,8 +601,6 @@ void gr_sleep_atfork_child(void) {
   atomic_store(&g_state_pub, ST_AWAKE);
   atomic_store(&g_host_bytes, 0);
   atomic_store(&g_idle_since_ms, 0);
-  pthread_mutex_init(&g_cap_mu, NULL);
-  g_ncap = 0, g_capture_lost = 0; /* the parent's captures are not the child's */
   atomic_store(&g_ipc_exported, 0); /* the child's own CUDA use starts over */
   atomic_store(&g_ipc_opened, 0);
 }
@@ -671,7 +612,7 @@ GPURECLAIM_API int gpureclaim_sleep(gpureclaim_sleep_report_t *out) {
     return -EINVAL;
   if (gr_core_disabled() || atomic_load_explicit(&gr_core_state, memory_order_acquire) != 1)
     return -ENOTSUP;
-  if (gr_tls.hook_depth || gr_release_on_this_thread())
+  if (gr_tls.hook_depth || gr_admit_held())
     return -EDEADLK; /* the sleep's release, or the release this thread runs, would wait for itself */
   return gr_sleep_run(GPURECLAIM_TRIGGER_API, 0, out);
 }
@@ -679,7 +620,7 @@ GPURECLAIM_API int gpureclaim_sleep(gpureclaim_sleep_report_t *out) {
 GPURECLAIM_API int gpureclaim_wake(void) {
   if (gr_core_disabled())
     return -ENOTSUP;
-  if (gr_tls.hook_depth || gr_release_on_this_thread())
+  if (gr_tls.hook_depth || gr_admit_held())
     return -EDEADLK; /* a sleep's release that runs this releaser would never end while the wake waits for it */
   return gr_sleep_wake(GPURECLAIM_TRIGGER_API);
 }

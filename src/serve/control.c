@@ -16,7 +16,7 @@
 #include "sig.h"
 #include "peer.h"
 #include "sleep.h"
-#include "report/report.h"
+#include "report.h"
 #include "json.h"
 #include "options.h"
 

@@ -14,7 +14,7 @@
 #include "peer.h"
 #include "sleep.h"
 #include "control.h"
-#include "report/report.h"
+#include "report.h"
 #include "tick.h"
 #include "options.h"
 #include "state.h"

@@ -9,9 +9,6 @@
 
 /* Runs (or joins) a release; trigger is a gpureclaim_trigger_t. Returns 0 or -errno. */
 int gr_release_run(unsigned what, int trigger, gpureclaim_report_t *out);
-/* Whether the calling thread runs a release now (its releasers included): a call that waits for a release, or
- * for a sleep (which runs one), would wait for itself. */
-bool gr_release_on_this_thread(void);
 /* What an out-of-memory failure may release on the allocating thread. Returns bytes given back. */
 uint64_t gr_release_for_oom(void);
 /* Frees the orphans of scope slot `slot` at once (GPURECLAIM_FREE_NOW): those under the n keys given, or with

@@ -8,7 +8,7 @@
 #include "release.h"
 #include "peer.h"
 #include "sleep.h"
-#include "report/report.h"
+#include "report.h"
 #include "gate.h"
 #include "json.h"
 #include "options.h"

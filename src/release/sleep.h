@@ -37,10 +37,5 @@ void gr_sleep_atfork_child(void);
 /* IPC (hooks/driver.c): exported = 1 once memory was exported (cuIpcGetMemHandle); opened +1/-1 per handle of
  * another process's memory opened and closed. A sleep is refused while either says memory is shared. */
 void gr_sleep_note_ipc(int exported, int opened);
-/* A stream capture began (begin) or ended on stream s (ptsz: through a per-thread-default-stream variant). */
-void gr_sleep_note_capture(CUstream s, bool ptsz, bool begin);
-/* Whether a stream is capturing a graph now, as far as gpureclaim saw it begin (the driver is asked whether it
- * still does). */
-bool gr_sleep_capturing(void);
 
 #endif /* GR_SLEEP_H */
