@@ -717,11 +717,11 @@ static CUresult b_primary_retain(void *realp, uintptr_t ra, CUcontext *pctx, CUd
   PFN_cuDevicePrimaryCtxRetain_v7000 real = (PFN_cuDevicePrimaryCtxRetain_v7000)realp;
   if (!gr_core_active())
     return real(pctx, dev);
-  gr_track_gate_enter(); /* not between a final release and its state check (b_primary_release) */
+  gr_track_ctxlock_enter(); /* not between a final release and its state check (b_primary_release) */
   CUresult rc = real(pctx, dev);
   if (rc == CUDA_SUCCESS)
     gr_reg_primary(dev, *pctx);
-  gr_track_gate_exit();
+  gr_track_ctxlock_exit();
   return rc;
 }
 
@@ -829,7 +829,7 @@ static CUresult b_ctx_detach(void *realp, uintptr_t ra, CUcontext ctx) {
     gr_reg_switched();
     return rc;
   }
-  gr_track_gate_enter();
+  gr_track_ctxlock_enter();
   uint16_t id = gr_reg_ctx_find(ctx);
   gr_detached_t d = {0};
   if (id)
@@ -845,7 +845,7 @@ static CUresult b_ctx_detach(void *realp, uintptr_t ra, CUcontext ctx) {
   }
   if (gone)
     gr_reg_ctx_destroyed(id); /* id 0 too: every thread's kept context is asked again (registry.c) */
-  gr_track_gate_exit();
+  gr_track_ctxlock_exit();
   return rc;
 }
 
@@ -862,7 +862,7 @@ static CUresult b_ctx_destroy(void *realp, uintptr_t ra, CUcontext ctx) {
     gr_reg_switched(); /* a context current to the calling thread is popped */
     return rc;
   }
-  gr_track_gate_enter(); /* not while a release holds claimed blocks of it */
+  gr_track_ctxlock_enter(); /* not while a release holds claimed blocks of it */
   uint16_t id = gr_reg_ctx_find(ctx);
   gr_detached_t d = {0};
   if (id)
@@ -873,7 +873,7 @@ static CUresult b_ctx_destroy(void *realp, uintptr_t ra, CUcontext ctx) {
     gr_track_ctx_commit(&d, rc == CUDA_SUCCESS);
   if (rc == CUDA_SUCCESS)
     gr_reg_ctx_destroyed(id); /* id 0 too: every thread's kept context is asked again (registry.c) */
-  gr_track_gate_exit();
+  gr_track_ctxlock_exit();
   return rc;
 }
 
@@ -887,7 +887,7 @@ static CUresult b_primary_reset(void *realp, uintptr_t ra, CUdevice dev) {
     gr_reg_switched();
     return rc;
   }
-  gr_track_gate_enter();
+  gr_track_ctxlock_enter();
   uint16_t id = gr_reg_primary_id(dev);
   gr_detached_t d = {0};
   if (id)
@@ -898,7 +898,7 @@ static CUresult b_primary_reset(void *realp, uintptr_t ra, CUdevice dev) {
     gr_track_ctx_commit(&d, rc == CUDA_SUCCESS);
   if (rc == CUDA_SUCCESS)
     gr_reg_device_reset(dev);
-  gr_track_gate_exit();
+  gr_track_ctxlock_exit();
   return rc;
 }
 
@@ -916,7 +916,7 @@ static CUresult b_primary_release(void *realp, uintptr_t ra, CUdevice dev) {
     gr_reg_switched();
     return rc;
   }
-  gr_track_gate_enter();
+  gr_track_ctxlock_enter();
   uint16_t id = gr_reg_primary_id(dev);
   gr_detached_t d = {0};
   if (id)
@@ -934,7 +934,7 @@ static CUresult b_primary_release(void *realp, uintptr_t ra, CUdevice dev) {
   }
   if (gone)
     gr_reg_device_reset(dev);
-  gr_track_gate_exit();
+  gr_track_ctxlock_exit();
   return rc;
 }
 

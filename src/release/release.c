@@ -240,7 +240,7 @@ static CUresult driver_free(const gr_rec_t *r) {
   return rc;
 }
 
-/* Blocks claimed (and so freed under the context gate) per round: a context's destroy, reset or retain waits
+/* Blocks claimed (and so freed under the context lock) per round: a context's destroy, reset or retain waits
  * for one round at most, not for a whole release of a hundred thousand blocks. */
 #define ROUND_MAX 4096
 
@@ -266,7 +266,7 @@ static bool claimable(const free_job_t *j, const gr_rec_t *r) {
  * next round, after these are freed, claims the rest). */
 static bool claim_room(free_job_t *j) {
   if (j->nclaimed == ROUND_MAX) {
-    j->more = true; /* the context gate is held one round at a time */
+    j->more = true; /* the context lock is held one round at a time */
     return false;
   }
   if (j->nclaimed == j->cap) {
@@ -382,7 +382,7 @@ static bool free_claimed(free_job_t *j, const gr_rec_t *expect) {
 }
 
 /* One pass of a release: claim what it frees, then free it in address order; again while the claim array
- * could not hold everything. Each round holds the context gate: a context destroyed between the claim and the
+ * could not hold everything. Each round holds the context lock: a context destroyed between the claim and the
  * free would take the claimed blocks with it, and the driver could hand their addresses to another context's
  * allocations before this release freed them. Each round's visit goes on where the last one stopped
  * (gr_table_visit_from), so a pass looks at each slot about once, however many rounds it takes: a round that
@@ -390,7 +390,7 @@ static bool free_claimed(free_job_t *j, const gr_rec_t *expect) {
 static void free_pass(free_job_t *j) {
   j->pos = (gr_visit_pos_t){0};
   do {
-    gr_track_gate_enter();
+    gr_track_ctxlock_enter();
     gr_track_watch(1); /* before any claim: an allocation that gets a freed address sees its RECLAIMING record */
     j->nclaimed = 0;
     j->more = false;
@@ -404,7 +404,7 @@ static void free_pass(free_job_t *j) {
     for (size_t i = 0; i < j->nclaimed; i++)
       freed += free_claimed(j, &j->claimed[i]);
     gr_track_watch(-1);
-    gr_track_gate_exit();
+    gr_track_ctxlock_exit();
     /* A round that freed nothing (the driver refused every block, which stay claimable) ends the pass: the
      * driver is refusing frees, and a release that is asked again claims them again. */
     if (!freed)

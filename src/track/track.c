@@ -5,7 +5,7 @@
  * Destroying a context (cuCtxDestroy, cuDevicePrimaryCtxReset, the final cuDevicePrimaryCtxRelease) frees its
  * blocks inside the driver call, and the driver may hand their addresses to other allocations at once. A record
  * must outlive its block nowhere: a record left for a freed block becomes an orphan whose address belongs to
- * someone else by the time a release frees it. So, under the context gate (release.c), a destroy
+ * someone else by the time a release frees it. So, under the context lock (release.c), a destroy
  *   1. makes the destroy sequence odd (gr_track_seq), then marks every record of the context DETACHING (aux)
  *      in place, leaving it in the table, so that a free of the block that races the destroy still finds it
  *      and is a tracked free: a refused destroy then has nothing to put back for a block the program freed;
@@ -43,7 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- tombstones, the watch, the context gate ---- */
+/* ---- tombstones, the watch, the context lock ---- */
 
 /* RECLAIMED tombstones in the table, per key space: addresses (GR_KS_ADDR) and VMM handles (GR_KS_HANDLE).
  * Each has its own bound: a driver that never hands a handle value out again leaves handle tombstones in place
@@ -125,22 +125,22 @@ static inline void key_reused(unsigned ks, uint64_t key) {
   key_reused_slow(ks, key);
 }
 
-static pthread_mutex_t g_gate = PTHREAD_MUTEX_INITIALIZER;
-static GR_TLS unsigned t_gate;
+static pthread_mutex_t g_ctxlock = PTHREAD_MUTEX_INITIALIZER;
+static GR_TLS unsigned t_ctxlock;
 
-void gr_track_gate_enter(void) {
-  GR_ASSERT(t_gate < 64); /* re-entered per thread, never without bound */
-  if (t_gate++ == 0)
-    pthread_mutex_lock(&g_gate);
+void gr_track_ctxlock_enter(void) {
+  GR_ASSERT(t_ctxlock < 64); /* re-entered per thread, never without bound */
+  if (t_ctxlock++ == 0)
+    pthread_mutex_lock(&g_ctxlock);
 }
 
-void gr_track_gate_exit(void) {
-  GR_ASSERT(t_gate > 0);
-  if (--t_gate == 0)
-    pthread_mutex_unlock(&g_gate);
+void gr_track_ctxlock_exit(void) {
+  GR_ASSERT(t_ctxlock > 0);
+  if (--t_ctxlock == 0)
+    pthread_mutex_unlock(&g_ctxlock);
 }
 
-bool gr_track_gate_held(void) { return t_gate != 0; }
+bool gr_track_ctxlock_held(void) { return t_ctxlock != 0; }
 
 /* ---- a block's life ---- */
 
@@ -496,7 +496,7 @@ GR_COLD static uint64_t wait_end(uint64_t s) {
 
 /* Whether the sequence number now says that the calling thread runs a destroy of ctx_id itself. */
 static bool inside_destroy_of(uint16_t ctx_id, uint64_t now) {
-  return (now & 1) && atomic_load_explicit(&g_running, memory_order_acquire) == ctx_id && gr_track_gate_held();
+  return (now & 1) && atomic_load_explicit(&g_running, memory_order_acquire) == ctx_id && gr_track_ctxlock_held();
 }
 
 /* Whether the context ctx_id was destroyed by a destroy that may have come after a driver call made once the
@@ -506,7 +506,7 @@ static bool inside_destroy_of(uint16_t ctx_id, uint64_t now) {
  * while another context's destroy runs (which cannot free this context's blocks). */
 static bool destroyed_since(uint16_t ctx_id, uint64_t seq0, uint64_t *now) {
   uint64_t s = atomic_load_explicit(&gr_track_seq, memory_order_acquire);
-  while ((s & 1) && atomic_load_explicit(&g_running, memory_order_acquire) == ctx_id && !gr_track_gate_held())
+  while ((s & 1) && atomic_load_explicit(&g_running, memory_order_acquire) == ctx_id && !gr_track_ctxlock_held())
     s = wait_end(s);
   uint64_t d = atomic_load_explicit(&g_destroyed[ctx_id & 0xfff], memory_order_acquire);
   *now = s;
@@ -754,7 +754,7 @@ static bool marked(const gr_rec_t *r, uint16_t ctx_id) {
 
 static int mark_one(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
   detach_t *a = arg;
-  /* RECLAIMING: claimed by a release, which holds the context gate until it has freed it, so a detach (which
+  /* RECLAIMING: claimed by a release, which holds the context lock until it has freed it, so a detach (which
    * holds the gate too) never meets one; were it to, the release settles that record itself. Records of a
    * context are address records (VMM handles, mappings and reservations belong to none): aux is free there. */
   if (r->ctx_id != a->ctx_id || r->state == GR_ST_RECLAIMING || r->state == GR_ST_RELEASED ||
@@ -798,7 +798,7 @@ static int commit_one(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
 void gr_track_ctx_begin(uint16_t ctx_id, gr_detached_t *d) {
   d->ctx_id = ctx_id;
   d->marked = false;
-  GR_ASSERT(gr_track_gate_held()); /* destroys run one at a time */
+  GR_ASSERT(gr_track_ctxlock_held()); /* destroys run one at a time */
   GR_ASSERT((atomic_load_explicit(&gr_track_seq, memory_order_relaxed) & 1) == 0);
   /* Release: a thread that reads this context id (destroyed_since) after it read the odd sequence of the
    * previous destroy must also see that destroy's g_destroyed entry, stored before its commit. */
@@ -820,7 +820,7 @@ void gr_track_ctx_detach(uint16_t ctx_id, gr_detached_t *d) {
 }
 
 void gr_track_ctx_commit(gr_detached_t *d, bool destroyed) {
-  GR_ASSERT(gr_track_gate_held() && atomic_load_explicit(&gr_track_seq, memory_order_relaxed) == d->seq);
+  GR_ASSERT(gr_track_ctxlock_held() && atomic_load_explicit(&gr_track_seq, memory_order_relaxed) == d->seq);
   detach_t a = {d->ctx_id, destroyed};
   if (d->marked)
     gr_table_visit(commit_one, &a);
@@ -850,8 +850,8 @@ void gr_track_atfork_child(void) {
   atomic_store_explicit(&g_reclaimed[GR_KS_ADDR], 0, memory_order_relaxed);
   atomic_store_explicit(&g_reclaimed[GR_KS_HANDLE], 0, memory_order_relaxed);
   atomic_store_explicit(&g_watch, 0, memory_order_relaxed);
-  pthread_mutex_init(&g_gate, NULL);
-  t_gate = 0;
+  pthread_mutex_init(&g_ctxlock, NULL);
+  t_ctxlock = 0;
   pthread_mutex_init(&g_end_mu, NULL);
   pthread_cond_init(&g_end_cv, NULL);
 }

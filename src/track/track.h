@@ -35,13 +35,13 @@ void gr_track_tombstone_gone(unsigned ks);
 /* d = +1/-1 around work that leaves records at addresses the driver may hand out again meanwhile (a release's
  * round, a context's destroy): while any runs, every tracked allocation looks for such a record. */
 void gr_track_watch(int d);
-/* The context gate: a release holds it while it claims and frees blocks, and the hooks that destroy, reset,
+/* The context lock: a release holds it while it claims and frees blocks, and the hooks that destroy, reset,
  * release or retain a context hold it around the driver call and the table's update. So a context never goes
  * (and its addresses are never handed out again) while a release holds claimed blocks of it, and a final
  * primary release and the driver's state read after it are not split by a retain. Reentrant per thread. */
-void gr_track_gate_enter(void);
-void gr_track_gate_exit(void);
-bool gr_track_gate_held(void);
+void gr_track_ctxlock_enter(void);
+void gr_track_ctxlock_exit(void);
+bool gr_track_ctxlock_held(void);
 /* VMM. cuMemRelease: begin before the driver call (1: tracked, call end after it; 0: untracked, pass it on;
  * -1: a late free of a handle a release freed, return CUDA_SUCCESS without the driver). cuMemMap: after a
  * successful call. cuMemUnmap: take the mappings in the range before the call, settle after.
@@ -60,7 +60,7 @@ typedef struct gr_unmap {
 void gr_track_vmm_unmap_begin(gr_unmap_t *u, uint64_t ptr, uint64_t size);
 void gr_track_vmm_unmap_end(gr_unmap_t *u, bool ok);
 void gr_track_unmapped(uint64_t handle);
-/* Destroying a context frees its blocks: under the context gate, they are marked detaching before the driver
+/* Destroying a context frees its blocks: under the context lock, they are marked detaching before the driver
  * call and either deleted (success) or unmarked (failure) after it. See track.c. */
 typedef struct gr_detached {
   uint16_t ctx_id;

@@ -1,6 +1,6 @@
 /* Contexts that go while a release runs (found by an adversarial pass): a release must never free a block of a
  * context that is still alive, and records of a destroyed context must leave the table. Both races are timing
- * dependent; before the context gate each test failed in most runs. */
+ * dependent; before the context lock each test failed in most runs. */
 #include "harness.h"
 
 #include "../common/rng.h"

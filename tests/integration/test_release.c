@@ -267,7 +267,7 @@ Test(release, a_cumemrelease_of_a_handle_the_driver_knows_reaches_the_driver) {
   cr_assert_eq(h_grs(-1).late_frees, late);
 }
 
-/* A release frees in rounds of 4,096 blocks (the context gate is held one round at a time). When the driver
+/* A release frees in rounds of 4,096 blocks (the context lock is held one round at a time). When the driver
  * refuses every free of a round, the release ends there instead of claiming the same blocks again forever;
  * the blocks stay tracked, and the next release frees them. */
 Test(release, a_driver_that_refuses_every_free_ends_the_release) {

@@ -8,23 +8,23 @@
 #include <criterion/criterion.h>
 #include <signal.h>
 
-Test(assert, leaving_the_context_gate_more_often_than_it_was_entered_aborts, .signal = SIGABRT) {
-  gr_track_gate_enter();
-  gr_track_gate_exit();
-  gr_track_gate_exit();
+Test(assert, leaving_the_context_lock_more_often_than_it_was_entered_aborts, .signal = SIGABRT) {
+  gr_track_ctxlock_enter();
+  gr_track_ctxlock_exit();
+  gr_track_ctxlock_exit();
 }
 
-Test(assert, a_context_destroy_begun_without_the_gate_aborts, .signal = SIGABRT) {
+Test(assert, a_context_destroy_begun_without_the_lock_aborts, .signal = SIGABRT) {
   gr_detached_t d = {0};
   gr_track_ctx_begin(5, &d);
 }
 
 Test(assert, the_checks_let_a_correct_sequence_through) {
   gr_detached_t d = {0};
-  gr_track_gate_enter();
+  gr_track_ctxlock_enter();
   gr_track_ctx_begin(5, &d);
   gr_track_ctx_commit(&d, false);
-  gr_track_gate_exit();
+  gr_track_ctxlock_exit();
   cr_assert_eq(gr_track_ctx_seq() & 1, 0);
 }
 

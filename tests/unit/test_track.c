@@ -39,11 +39,11 @@ static int g_destroy_before_insert; /* one-shot: a complete, successful destroy 
 
 static void destroy_a(void) {
   gr_detached_t d = {0};
-  gr_track_gate_enter();
+  gr_track_ctxlock_enter();
   gr_track_ctx_detach(CTX_A, &d); /* the marking visit: this thread's record is not in the table yet */
   /* the driver destroys A and frees X here; it may hand X out again at once */
   gr_track_ctx_commit(&d, true);
-  gr_track_gate_exit();
+  gr_track_ctxlock_exit();
 }
 
 static void fill(gr_rec_t *r, uint16_t ctx) {
@@ -286,7 +286,7 @@ static _Atomic int g_b_inserted, g_destroy_began, g_guard_fired;
 static void *slow_destroy_of_a(void *arg) {
   (void)arg;
   gr_detached_t d = {0};
-  gr_track_gate_enter();
+  gr_track_ctxlock_enter();
   gr_track_ctx_detach(CTX_A, &d);
   atomic_store(&g_destroy_began, 1);
   /* the driver call: it returns once the other thread went on (a hang guard, not a timing: 60 s) */
@@ -295,7 +295,7 @@ static void *slow_destroy_of_a(void *arg) {
   if (!atomic_load(&g_b_inserted))
     atomic_store(&g_guard_fired, 1);
   gr_track_ctx_commit(&d, true);
-  gr_track_gate_exit();
+  gr_track_ctxlock_exit();
   return NULL;
 }
 
