@@ -902,8 +902,8 @@ static CUresult b_primary_reset(void *realp, uintptr_t ra, CUdevice dev) {
   return rc;
 }
 
-/* Only the final release destroys the primary context; the driver's state says whether this was it. The gate
- * keeps a retain (b_primary_retain) from making the context active again between the two calls. The destroy
+/* Only the final release destroys the primary context; the driver's state says whether this was it. The context
+ * lock keeps a retain (b_primary_retain) from making the context active again between the two calls. The destroy
  * begins before the call all the same (track.c), so that allocations overlapping it, and those that get its
  * blocks' addresses before the records are marked, are told apart from its blocks. */
 static CUresult b_primary_release(void *realp, uintptr_t ra, CUdevice dev) {

@@ -5,7 +5,8 @@
  * Destroying a context (cuCtxDestroy, cuDevicePrimaryCtxReset, the final cuDevicePrimaryCtxRelease) frees its
  * blocks inside the driver call, and the driver may hand their addresses to other allocations at once. A record
  * must outlive its block nowhere: a record left for a freed block becomes an orphan whose address belongs to
- * someone else by the time a release frees it. So, under the context lock (release.c), a destroy
+ * someone else by the time a release frees it. So, under the context lock (gr_track_ctxlock_enter, below),
+ * a destroy
  *   1. makes the destroy sequence odd (gr_track_seq), then marks every record of the context DETACHING (aux)
  *      in place, leaving it in the table, so that a free of the block that races the destroy still finds it
  *      and is a tracked free: a refused destroy then has nothing to put back for a block the program freed;
@@ -474,7 +475,8 @@ void gr_track_vmm_unmap_end(gr_unmap_t *u, bool ok) {
 _Atomic uint64_t gr_track_seq;
 /* Per context id: the (odd) sequence number of its last destroy that the driver carried out; 0 for none. */
 static _Atomic uint64_t g_destroyed[4096];
-/* The context whose destroy is under way while gr_track_seq is odd (destroys run one at a time, under the gate). */
+/* The context whose destroy is under way while gr_track_seq is odd (destroys run one at a time, under the
+ * context lock). */
 static _Atomic uint16_t g_running;
 /* A destroy's end, for threads that wait for the destroy of their own context. */
 static pthread_mutex_t g_end_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -755,7 +757,7 @@ static bool marked(const gr_rec_t *r, uint16_t ctx_id) {
 static int mark_one(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
   detach_t *a = arg;
   /* RECLAIMING: claimed by a release, which holds the context lock until it has freed it, so a detach (which
-   * holds the gate too) never meets one; were it to, the release settles that record itself. Records of a
+   * holds the lock too) never meets one; were it to, the release settles that record itself. Records of a
    * context are address records (VMM handles, mappings and reservations belong to none): aux is free there. */
   if (r->ctx_id != a->ctx_id || r->state == GR_ST_RECLAIMING || r->state == GR_ST_RELEASED ||
       gr_kind_keyspace(r->kind) != GR_KS_ADDR || r->aux)

@@ -1,6 +1,6 @@
 /* track.c's context-destroy rules, compiled in here (as tests/unit/test_scope.c does with scope.c) so that a
  * context destroy can be placed exactly between two of a thread's steps. Each step placed is one the real
- * scheduler can produce: the destroy runs on another thread, holding the gate, while this thread is between
+ * scheduler can produce: the destroy runs on another thread, holding the context lock, while this thread is between
  * its check of the destroy sequence and its table insert. */
 #include "gpureclaim_internal.h"
 
