@@ -55,7 +55,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "bench_scope: no table\n");
     return 1;
   }
-  atomic_store(&gr_core_state, 1); /* as once CUDA started: ends act on the table */
+  atomic_store(&gr_state_run, 1); /* as once CUDA started: ends act on the table */
   long sizes_default[] = {100000, 200000};
   int nsizes = argc > 2 ? argc - 2 : 2;
   double *end_ns = calloc((size_t)rounds, sizeof *end_ns), *in_ns = calloc((size_t)rounds, sizeof *in_ns),

@@ -192,7 +192,7 @@ GR_NOINLINE static void *dlopen_deepbind(const char *file, int mode, void *calle
 
 /* Exported as dlopen, with libc's versions hidden, like dlsym (gpureclaim.map). */
 GR_INTERPOSE GR_NO_SANITIZE void *gr_dlopen_hook(const char *file, int mode) {
-  if (GR_LIKELY(!(mode & RTLD_DEEPBIND)) || gr_core_disabled())
+  if (GR_LIKELY(!(mode & RTLD_DEEPBIND)) || gr_state_disabled())
     return gr_real_libc()->dlopen(file, mode); /* a tail call: glibc still sees the caller */
   return dlopen_deepbind(file, mode, __builtin_return_address(0));
 }

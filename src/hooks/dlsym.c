@@ -61,7 +61,7 @@ GR_NOINLINE static void *dlsym_driver(void *handle, const char *symbol, void *ca
 /* Exported as dlsym for unversioned references and, with hidden versions, for references to libc's
  * (gpureclaim.map says why). */
 GR_INTERPOSE GR_NO_SANITIZE void *gr_dlsym_hook(void *handle, const char *symbol) {
-  if (GR_LIKELY(!is_driver_name(symbol)) || handle == RTLD_NEXT || gr_tls.in_dlsym || gr_core_disabled())
+  if (GR_LIKELY(!is_driver_name(symbol)) || handle == RTLD_NEXT || gr_tls.in_dlsym || gr_state_disabled())
     return gr_real_libc()->dlsym(handle, symbol); /* a tail call: the caller stays libc's caller */
   return dlsym_driver(handle, symbol, __builtin_return_address(0));
 }

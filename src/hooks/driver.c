@@ -247,7 +247,7 @@ static CUresult b_init(void *realp, uintptr_t ra, unsigned int Flags) {
   (void)ra;
   NEED_REAL(realp);
   CUresult rc = ((PFN_cuInit_v2000)realp)(Flags);
-  if (rc == CUDA_SUCCESS && atomic_load_explicit(&gr_core_state, memory_order_acquire) == 0)
+  if (rc == CUDA_SUCCESS && atomic_load_explicit(&gr_state_run, memory_order_acquire) == 0)
     gr_core_start_slow();
   return rc;
 }

@@ -149,7 +149,7 @@ static bool keep(_Atomic(void *) *slot, void *real) {
 }
 
 static void *wrap_or_real(const char *symbol, void *real, int version, uint64_t flags, getproc_v1_t v1, getproc_v2_t v2) {
-  if (gr_core_disabled() || symbol[0] != 'c' || symbol[1] != 'u')
+  if (gr_state_disabled() || symbol[0] != 'c' || symbol[1] != 'u')
     return real;
   if (strcmp(symbol, "cuGetProcAddress") == 0) {
     bool is_v2 = version >= 12000;
@@ -188,7 +188,7 @@ static void *wrap_or_real(const char *symbol, void *real, int version, uint64_t 
  * a gate (gate.c), so that a call through it while the process sleeps wakes it first. */
 static void *wrap(const char *symbol, void *real, int version, uint64_t flags, getproc_v1_t v1, getproc_v2_t v2) {
   void *fn = wrap_or_real(symbol, real, version, flags, v1, v2);
-  return fn == real && !gr_core_disabled() ? gr_gate_wrap(real) : fn;
+  return fn == real && !gr_state_disabled() ? gr_gate_wrap(real) : fn;
 }
 
 /* dlsym of the getters themselves: our exported definitions when real is libcuda's function. */

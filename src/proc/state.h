@@ -1,6 +1,6 @@
 /*
  * state.h -- what every module reads of the process (state.c): whether gpureclaim runs, the calling thread's
- * hook state and id, the coarse clock. core.c starts and stops what gr_core_state says; the names keep its
+ * hook state and id, the coarse clock. core.c starts and stops what gr_state_run says; the names keep its
  * prefix. Nothing here calls another module.
  */
 #ifndef GPURECLAIM_STATE_H
@@ -16,8 +16,8 @@
 #define GR_TLS __thread __attribute__((tls_model("initial-exec")))
 
 /* 0 before CUDA init, 1 running, -1 disabled, 2 being started by one thread (core.c). */
-extern _Atomic int gr_core_state;
-static inline bool gr_core_disabled(void) { return atomic_load_explicit(&gr_core_state, memory_order_relaxed) < 0; }
+extern _Atomic int gr_state_run;
+static inline bool gr_state_disabled(void) { return atomic_load_explicit(&gr_state_run, memory_order_relaxed) < 0; }
 
 /* Per-thread hook state. */
 typedef struct gr_tls {
@@ -37,13 +37,13 @@ typedef struct gr_tls {
 } gr_tls_t;
 extern GR_TLS gr_tls_t gr_tls;
 
-uint32_t gr_core_tid(void);
+uint32_t gr_state_tid(void);
 /* CLOCK_MONOTONIC_COARSE in ms. */
-uint64_t gr_core_now_ms(void);
+uint64_t gr_state_now_ms(void);
 /* Process start time (ms, CLOCK_REALTIME) for status files: when gpureclaim started in it (core.c sets it). */
-uint64_t gr_core_start_time_ms(void);
-void gr_core_set_start_time_ms(uint64_t ms);
+uint64_t gr_state_start_time_ms(void);
+void gr_state_set_start_time_ms(uint64_t ms);
 /* A forked child: the calling (only) thread's state starts over. */
-void gr_core_tls_atfork_child(void);
+void gr_state_tls_atfork_child(void);
 
 #endif /* GPURECLAIM_STATE_H */

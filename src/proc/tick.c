@@ -15,7 +15,7 @@ uint64_t gr_tick_slow(uint64_t tick) {
     atomic_fetch_or_explicit(&gr_tick, 1, memory_order_relaxed);
     return tick >> 1;
   }
-  uint64_t now = gr_core_now_ms();
+  uint64_t now = gr_state_now_ms();
   if (!atomic_exchange_explicit(&g_tick_wanted, 1, memory_order_relaxed)) {
     int fd = atomic_load_explicit(&g_tick_fd, memory_order_acquire); /* published after it was made */
     uint64_t one = 1;
@@ -30,7 +30,7 @@ uint64_t gr_tick_slow(uint64_t tick) {
 bool gr_tick_step(bool ticking, unsigned *idle) {
   if (!ticking)
     return false;
-  uint64_t was = atomic_exchange_explicit(&gr_tick, gr_core_now_ms() << 1, memory_order_relaxed);
+  uint64_t was = atomic_exchange_explicit(&gr_tick, gr_state_now_ms() << 1, memory_order_relaxed);
   if (was & 1) {
     *idle = 0;
     return true;

@@ -1,6 +1,6 @@
 /*
  * tick.h -- the allocation-time tick (tick.c): a block's allocation time without a clock read per allocation.
- * The worker thread (worker.c) stores gr_core_now_ms() << 1 in gr_tick every GR_TICK_MS while the process
+ * The worker thread (worker.c) stores gr_state_now_ms() << 1 in gr_tick every GR_TICK_MS while the process
  * allocates; the first allocation that reads a tick sets its bit 0 (so the worker knows the process still
  * allocates), and after a second of ticks that no allocation read the worker stores 0 and sleeps. An allocation
  * that reads 0 takes the time from the clock and wakes the worker (gr_tick_slow). So a block's time is the coarse

@@ -68,7 +68,7 @@ typedef struct held {
 /* The devices this process has a context on, with what it holds there. Returns how many. */
 static int held_by_device(held_t *out, int max) {
   uint64_t mask = 0;
-  if (atomic_load_explicit(&gr_core_state, memory_order_acquire) == 1)
+  if (atomic_load_explicit(&gr_state_run, memory_order_acquire) == 1)
     gr_reg_foreach_ctx(ctx_dev, &mask);
   int n = 0;
   for (int d = 0; d < GR_MAX_DEV && n < max; d++) {

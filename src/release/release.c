@@ -62,7 +62,7 @@ static GR_TLS int t_in_releaser; /* id of the releaser this thread is inside, 0 
 GPURECLAIM_API int gpureclaim_register_releaser(const char *name, size_t (*fn)(void *arg), void *arg) {
   if (!name || !fn)
     return -EINVAL;
-  if (gr_core_disabled())
+  if (gr_state_disabled())
     return -ENOTSUP;
   pthread_mutex_lock(&g_rel_lock);
   for (int i = 0; i < MAX_RELEASERS; i++) {
@@ -631,7 +631,7 @@ int gr_release_run(unsigned what, int trigger, gpureclaim_report_t *out) {
 static int check_what(unsigned what) {
   if (what == 0 || (what & ~(GPURECLAIM_CACHED | GPURECLAIM_ORPHANED | GPURECLAIM_ALL)))
     return -EINVAL;
-  if (gr_core_disabled() || atomic_load_explicit(&gr_core_state, memory_order_acquire) != 1)
+  if (gr_state_disabled() || atomic_load_explicit(&gr_state_run, memory_order_acquire) != 1)
     return -ENOTSUP;
   if (gr_tls.hook_depth || gr_admit_held())
     return -EDEADLK; /* inside an allocation, or a releaser of a release this thread runs: it would wait for itself */
@@ -666,7 +666,7 @@ GPURECLAIM_API int gpureclaim_release_context(void *ctx, gpureclaim_report_t *ou
 }
 
 GPURECLAIM_API int gpureclaim_scope_end(uint64_t scope, unsigned flags) {
-  if (gr_core_disabled())
+  if (gr_state_disabled())
     return -ENOTSUP;
   if (scope == 0 || (flags & ~GPURECLAIM_FREE_NOW))
     return -EINVAL;

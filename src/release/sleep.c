@@ -563,7 +563,7 @@ int gr_sleep_idle_tick(void) {
     return 2000;
   if (atomic_load_explicit(&g_state_pub, memory_order_acquire) != ST_AWAKE)
     return 1000;
-  uint64_t now = gr_core_now_ms(), since = atomic_load_explicit(&g_idle_since_ms, memory_order_relaxed);
+  uint64_t now = gr_state_now_ms(), since = atomic_load_explicit(&g_idle_since_ms, memory_order_relaxed);
   unsigned char awake = GR_GATE_AWAKE;
   if (!since || atomic_load(&gr_gate_flag) != GR_GATE_PROBE) {
     if (atomic_compare_exchange_strong(&gr_gate_flag, &awake, GR_GATE_PROBE))
@@ -589,7 +589,7 @@ bool gr_sleep_idle_for_peer(void) {
       atomic_load(&gr_gate_flag) != GR_GATE_PROBE)
     return false;
   uint64_t since = atomic_load_explicit(&g_idle_since_ms, memory_order_relaxed);
-  return since && gr_core_now_ms() - since >= 1000;
+  return since && gr_state_now_ms() - since >= 1000;
 }
 
 void gr_sleep_atfork_child(void) {
@@ -610,7 +610,7 @@ void gr_sleep_atfork_child(void) {
 GPURECLAIM_API int gpureclaim_sleep(gpureclaim_sleep_report_t *out) {
   if (out && out->size < offsetof(gpureclaim_sleep_report_t, trigger) + sizeof(int))
     return -EINVAL;
-  if (gr_core_disabled() || atomic_load_explicit(&gr_core_state, memory_order_acquire) != 1)
+  if (gr_state_disabled() || atomic_load_explicit(&gr_state_run, memory_order_acquire) != 1)
     return -ENOTSUP;
   if (gr_tls.hook_depth || gr_admit_held())
     return -EDEADLK; /* the sleep's release, or the release this thread runs, would wait for itself */
@@ -618,7 +618,7 @@ GPURECLAIM_API int gpureclaim_sleep(gpureclaim_sleep_report_t *out) {
 }
 
 GPURECLAIM_API int gpureclaim_wake(void) {
-  if (gr_core_disabled())
+  if (gr_state_disabled())
     return -ENOTSUP;
   if (gr_tls.hook_depth || gr_admit_held())
     return -EDEADLK; /* a sleep's release that runs this releaser would never end while the wake waits for it */

@@ -23,7 +23,7 @@ static int write_file(const char *path, const jbuf_t *b, mode_t mode) {
 static int to_path(const char *path, int std_fd, int (*fill)(jbuf_t *, bool), bool arg) {
   if (!path || !*path)
     return -EINVAL;
-  if (gr_core_disabled())
+  if (gr_state_disabled())
     return -ENOTSUP;
   jbuf_t b;
   jb_init(&b);

@@ -66,7 +66,7 @@ void gr_report_gpus_json(jbuf_t *b, bool memory) {
     atomic_store_explicit(&g_count_seen, count, memory_order_relaxed);
   /* Asleep, the GPUs of its contexts still, as the registry knows them (no figures: the driver is not asked). A
    * sleep once listed every GPU the process could see here, so ps showed GPUs it never used while it slept. */
-  bool used_only = memory && atomic_load_explicit(&gr_core_state, memory_order_acquire) == 1;
+  bool used_only = memory && atomic_load_explicit(&gr_state_run, memory_order_acquire) == 1;
   memory = memory && !off;
   jb_arr(b, "gpus");
   for (int d = 0; d < count && d < GR_MAX_DEV; d++) {

@@ -94,7 +94,7 @@ int gr_report_leaks(jbuf_t *b, bool json) {
   leaks_t *l = calloc(1, sizeof *l);
   if (!l)
     return -ENOMEM;
-  if (atomic_load_explicit(&gr_core_state, memory_order_acquire) == 1)
+  if (atomic_load_explicit(&gr_state_run, memory_order_acquire) == 1)
     gr_table_visit(leak_block, l);
   if (l->nomem) {
     free(l->g);

@@ -204,7 +204,7 @@ int gr_report_snapshot_json(jbuf_t *b) {
   jb_u64(b, "time_ms", gr_wall_ms());
   gr_report_stats_json(b);
   jb_arr(b, "blocks");
-  if (atomic_load_explicit(&gr_core_state, memory_order_acquire) == 1)
+  if (atomic_load_explicit(&gr_state_run, memory_order_acquire) == 1)
     gr_table_visit(snap_block, s);
   jb_arr_end(b);
   jb_arr(b, "contexts");

@@ -113,7 +113,7 @@ int gr_report_status_update(void) {
   jb_str(&b, "exe", exe);
   jb_str(&b, "cmdline", cmd);
   jb_u64(&b, "start_ticks", start_ticks());
-  jb_u64(&b, "started_ms", gr_core_start_time_ms());
+  jb_u64(&b, "started_ms", gr_state_start_time_ms());
   jb_str(&b, "signal", gr_opt_signal_name(o->signal, sig, sizeof sig));
   jb_str(&b, "on_signal", o->on_signal_sleep ? "sleep" : gr_opt_what_name(o->on_signal, what, sizeof what));
   jb_bool(&b, "signal_caught", gr_sig_caught());

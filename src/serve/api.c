@@ -15,13 +15,13 @@
 
 GPURECLAIM_API const char *gpureclaim_version(void) { return GPURECLAIM_VERSION_STRING; }
 
-GPURECLAIM_API int gpureclaim_enabled(void) { return !gr_core_disabled(); }
+GPURECLAIM_API int gpureclaim_enabled(void) { return !gr_state_disabled(); }
 
 GPURECLAIM_API int gpureclaim_stats(int device, gpureclaim_stats_t *out) {
   if (!out || out->size < offsetof(gpureclaim_stats_t, live_blocks) + sizeof(uint64_t) || device < -1 ||
       device >= GR_MAX_DEV)
     return -EINVAL;
-  if (gr_core_disabled())
+  if (gr_state_disabled())
     return -ENOTSUP;
   return gr_stats_get(device, out);
 }
@@ -44,9 +44,9 @@ static int each(gr_ref_t *ref, const gr_rec_t *r, void *arg) {
 GPURECLAIM_API int gpureclaim_foreach_block(int (*fn)(const gpureclaim_block_t *block, void *arg), void *arg) {
   if (!fn)
     return -EINVAL;
-  if (gr_core_disabled())
+  if (gr_state_disabled())
     return -ENOTSUP;
-  if (atomic_load_explicit(&gr_core_state, memory_order_acquire) != 1)
+  if (atomic_load_explicit(&gr_state_run, memory_order_acquire) != 1)
     return 0;
   each_t e = {fn, arg};
   return gr_table_visit(each, &e);

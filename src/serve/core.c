@@ -129,7 +129,7 @@ __attribute__((constructor)) static void gr_core_ctor(void) {
   gr_gate_set_slow(gr_sleep_gate_slow);
   gr_report_status_parts(gr_sleep_json, gr_peer_status_json);
   if (gr_opt_disabled_early() || another_copy_first()) {
-    atomic_store_explicit(&gr_core_state, -1, memory_order_release);
+    atomic_store_explicit(&gr_state_run, -1, memory_order_release);
     return;
   }
   gr_opt_note_start_dir();
@@ -137,10 +137,10 @@ __attribute__((constructor)) static void gr_core_ctor(void) {
 }
 
 static void atfork_child(void) {
-  gr_core_tls_atfork_child();
+  gr_state_tls_atfork_child();
   /* Registered as a start begins: a parent that had not got past it (0), or runs as a pass-through (-1), has
    * nothing to hand down. A parent half-started (2) is reset as a running one: the child starts over. */
-  if (atomic_load_explicit(&gr_core_state, memory_order_relaxed) <= 0)
+  if (atomic_load_explicit(&gr_state_run, memory_order_relaxed) <= 0)
     return;
   gr_epoch_atfork_child();
   gr_table_atfork_child();
@@ -157,13 +157,13 @@ static void atfork_child(void) {
   gr_sleep_atfork_child();
   gr_control_forget();
   gr_report_atfork_child();
-  atomic_store_explicit(&gr_core_state, 0, memory_order_release); /* start over on the child's first CUDA use */
+  atomic_store_explicit(&gr_state_run, 0, memory_order_release); /* start over on the child's first CUDA use */
 }
 
 static void core_exit(void) {
   if (atomic_exchange_explicit(&g_exiting, 1, memory_order_acq_rel))
     return;
-  if (atomic_load_explicit(&gr_core_state, memory_order_acquire) != 1)
+  if (atomic_load_explicit(&gr_state_run, memory_order_acquire) != 1)
     return;
   gr_worker_stop();
   if (gr_opt()->leak_report)
@@ -202,14 +202,14 @@ bool gr_core_start_slow(void) {
   }
   struct timespec deadline = {0, 0};
   for (;;) {
-    int s = atomic_load_explicit(&gr_core_state, memory_order_acquire);
+    int s = atomic_load_explicit(&gr_state_run, memory_order_acquire);
     if (s == 1)
       return true;
     if (s < 0 || t_starting)
       return false; /* disabled, or a CUDA call made while starting */
     if (s == 0) {
       int expected = 0;
-      if (atomic_compare_exchange_strong_explicit(&gr_core_state, &expected, 2, memory_order_acq_rel,
+      if (atomic_compare_exchange_strong_explicit(&gr_state_run, &expected, 2, memory_order_acq_rel,
                                                   memory_order_acquire))
         break;
       continue;
@@ -222,12 +222,12 @@ bool gr_core_start_slow(void) {
   if (o->disable || gr_real_resolve_drv() != 0 || gr_table_init() != 0) {
     if (!o->disable)
       gr_warn("cannot start (no usable libcuda.so.1, or no memory); running as a pass-through");
-    atomic_store_explicit(&gr_core_state, -1, memory_order_release);
+    atomic_store_explicit(&gr_state_run, -1, memory_order_release);
     t_starting = 0;
     return false;
   }
-  gr_core_set_start_time_ms(gr_wall_ms());
-  atomic_store_explicit(&gr_core_state, 1, memory_order_release);
+  gr_state_set_start_time_ms(gr_wall_ms());
+  atomic_store_explicit(&gr_state_run, 1, memory_order_release);
   if (o->signal && gr_sig_install() != 0)
     gr_warn("could not install the release signal handler");
   if (gr_worker_start() != 0)

@@ -11,7 +11,7 @@
  * thread does. Idempotent, cheap after the first call. Returns true when tracking is on. */
 bool gr_core_start_slow(void);
 static inline bool gr_core_active(void) {
-  int s = atomic_load_explicit(&gr_core_state, memory_order_acquire);
+  int s = atomic_load_explicit(&gr_state_run, memory_order_acquire);
   /* 2: another thread is starting it; a block allocated meanwhile must be tracked too, so wait for it. */
   return GR_LIKELY(s == 1) || (s >= 0 && gr_core_start_slow());
 }

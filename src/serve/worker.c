@@ -32,7 +32,7 @@ static void *worker(void *arg) {
   prctl(PR_SET_NAME, "gpureclaim", 0, 0, 0);
   bool ticking = true;
   unsigned idle = 0;
-  uint64_t last_check = gr_core_now_ms();
+  uint64_t last_check = gr_state_now_ms();
   gr_tick_want();
   for (;;) {
     struct pollfd fds[3] = {{.fd = gr_sig_fd(), .events = POLLIN},
@@ -52,7 +52,7 @@ static void *worker(void *arg) {
       ticking = true;
       idle = 0;
     }
-    uint64_t now = gr_core_now_ms();
+    uint64_t now = gr_state_now_ms();
     if (n == 0 && ticking && now - last_check < (uint64_t)(period > 0 ? period : 0))
       continue; /* a tick: the periodic work is not due yet */
     last_check = now;

@@ -224,7 +224,7 @@ static bool map_slots(void) {
 }
 
 GPURECLAIM_API uint64_t gpureclaim_scope_begin(void) {
-  if (gr_core_disabled() || !map_slots())
+  if (gr_state_disabled() || !map_slots())
     return 0;
   if (gr_tls.scope_depth == MAX_NEST) {
     gr_warn_once(w_deep, "scopes nested deeper than %d on one thread; gpureclaim_scope_begin() returns 0", MAX_NEST);
@@ -360,7 +360,7 @@ int gr_scope_end(uint64_t scope, gr_scope_ended_t *out) {
   sl->closed = 1;
   unlock_slot(sl);
   uint64_t orphans = 0;
-  if ((n || scan) && atomic_load_explicit(&gr_core_state, memory_order_acquire) == 1) {
+  if ((n || scan) && atomic_load_explicit(&gr_state_run, memory_order_acquire) == 1) {
     end_t *e = calloc(1, sizeof *e);
     if (e) {
       e->slot = s;

@@ -421,7 +421,7 @@ int gr_stats_get(int device, gpureclaim_stats_t *out) {
     s.contexts = cc.n;
   }
   pool_sum_t ps = {device, 0, 0, 0};
-  if (atomic_load_explicit(&gr_core_state, memory_order_acquire) == 1)
+  if (atomic_load_explicit(&gr_state_run, memory_order_acquire) == 1)
     gr_reg_foreach_pool(add_pool, &ps);
   s.pool_reserved_bytes = ps.reserved;
   s.pool_used_bytes = ps.used;

@@ -153,7 +153,7 @@ void gr_track_fill(gr_rec_t *r, unsigned kind, uint64_t key, uint64_t size, unsi
   r->state = GR_ST_LIVE;
   r->device = GR_DEVICE_NONE;
   r->time_ms = gr_tick_now_ms(); /* the worker's tick: no clock read per allocation */
-  r->tid = gr_core_tid();
+  r->tid = gr_state_tid();
   uintptr_t pc = ra;
   r->api = (uint8_t)driver_api;
   if (gr_tls.rt_depth) { /* inside a runtime call: attribute the block to the runtime call and its caller */
@@ -740,7 +740,7 @@ GR_HOT_INLINE void gr_track_alloc(unsigned kind, uint64_t key, uint64_t size, un
       .key = key,
       .w1 = gr_pk_w1(psize, kind, device, api),
       .w2 = site.bits,
-      .w3 = gr_pk_w3(gr_tick_now_ms(), gr_core_tid()),
+      .w3 = gr_pk_w3(gr_tick_now_ms(), gr_state_tid()),
   };
   insert_ctx_pk(p, seq0, kind & 0xf, device & 0x7f, psize, scope); /* as gr_pk_w1 packs them */
 }

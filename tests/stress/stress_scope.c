@@ -126,7 +126,7 @@ int main(int argc, char **argv) {
   double seconds = argc > 2 ? atof(argv[2]) : 2;
   CHECK(g_workers >= 1 && g_workers <= MAX_WORKERS, "1 to %d workers", MAX_WORKERS);
   CHECK(gr_table_init() == 0, "table");
-  atomic_store(&gr_core_state, 1); /* as once CUDA started: ends act on the table */
+  atomic_store(&gr_state_run, 1); /* as once CUDA started: ends act on the table */
   pthread_t t[MAX_WORKERS + 1];
   for (unsigned i = 0; i < g_workers; i++)
     t[i] = gr_thread_start(worker, (void *)(uintptr_t)i);

@@ -18,7 +18,7 @@ static void setup(void) {
   snprintf(g_dir, sizeof g_dir, "/tmp/grfileXXXXXX");
   cr_assert_not_null(mkdtemp(g_dir));
   cr_assert_eq(gr_table_init(), 0);
-  atomic_store(&gr_core_state, 1);
+  atomic_store(&gr_state_run, 1);
 }
 
 TestSuite(file, .init = setup);

@@ -13,7 +13,7 @@
 
 static void setup(void) {
   cr_assert_eq(gr_table_init(), 0);
-  atomic_store(&gr_core_state, 1);
+  atomic_store(&gr_state_run, 1);
 }
 
 TestSuite(leaks, .init = setup);

@@ -80,7 +80,7 @@ Test(scope, ended_ids_are_refused) {
 
 static void start(void) {
   cr_assert_eq(gr_table_init(), 0);
-  atomic_store(&gr_core_state, 1); /* as once CUDA started: ends act on the table */
+  atomic_store(&gr_state_run, 1); /* as once CUDA started: ends act on the table */
 }
 
 static uint64_t g_next_key = 0x7f0000000000;

@@ -204,7 +204,7 @@ static int records_at_x(gr_rec_t *out) {
 
 static void setup(void) {
   cr_assert_eq(gr_table_init(), 0);
-  atomic_store(&gr_core_state, 1);
+  atomic_store(&gr_state_run, 1);
 }
 
 TestSuite(track, .init = setup);
