@@ -128,6 +128,6 @@ void gr_peer_serve_give(const char *args, int pid, jbuf_t *b) {
   jb_obj_end(b);
   if (mask) {
     jb_key(b, "report");
-    gr_report_report_json(b, &rep);
+    gr_report_release_json(b, &rep);
   }
 }

@@ -16,7 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
-void gr_report_report_json(jbuf_t *b, const gpureclaim_report_t *r) {
+void gr_report_release_json(jbuf_t *b, const gpureclaim_report_t *r) {
   char what[64];
   jb_obj(b);
   jb_u64(b, "seq", r->seq);
@@ -89,7 +89,7 @@ void gr_report_release(const gpureclaim_report_t *r) {
   jb_str(&b, "event", "release");
   jb_i64(&b, "pid", getpid());
   jb_key(&b, "report");
-  gr_report_report_json(&b, r);
+  gr_report_release_json(&b, r);
   jb_obj_end(&b);
   jb_raw(&b, "\n", 1);
   gr_report_event(&b);

@@ -23,7 +23,7 @@ const char *gr_report_rundir_opened(void);
  * (GPURECLAIM_LOG or stderr; nowhere if unset). */
 void gr_report_event(const struct jbuf *b);
 /* A release's report as a JSON object. */
-void gr_report_report_json(struct jbuf *b, const gpureclaim_report_t *r);
+void gr_report_release_json(struct jbuf *b, const gpureclaim_report_t *r);
 /* A release ended: its event line and its line for people (then gr_report_status_release). */
 void gr_report_release(const gpureclaim_report_t *r);
 /* One line for people about a release, at GPURECLAIM_VERBOSE=1 (the JSON report goes to GPURECLAIM_LOG). */
@@ -39,7 +39,7 @@ void gr_report_status_socket(const char *path);
 typedef void (*gr_report_part_fn)(struct jbuf *b);
 void gr_report_status_parts(gr_report_part_fn sleep_json, gr_report_part_fn peer_json);
 /* The "sleep" object so handed over, for the stats answer too. */
-void gr_report_sleep_json(struct jbuf *b);
+void gr_report_status_sleep_json(struct jbuf *b);
 /* A release ended: the status file's releases and last_release (and their signal twins: served_signal, it
  * served a release signal), then the file is rewritten. */
 void gr_report_status_release(const gpureclaim_report_t *r, bool served_signal);

@@ -140,7 +140,7 @@ void gr_report_stats_json(jbuf_t *b) {
   jb_arr_end(b);
   gr_report_gpus_json(b, true);
   frameworks_json(b);
-  gr_report_sleep_json(b);
+  gr_report_status_sleep_json(b);
 }
 
 /* ---- snapshots ---- */

@@ -78,7 +78,7 @@ void gr_report_status_parts(gr_report_part_fn sleep_json, gr_report_part_fn peer
   pthread_mutex_unlock(&g_status_lock);
 }
 
-void gr_report_sleep_json(jbuf_t *b) {
+void gr_report_status_sleep_json(jbuf_t *b) {
   pthread_mutex_lock(&g_status_lock);
   gr_report_part_fn sleep_json = g_part_sleep;
   pthread_mutex_unlock(&g_status_lock);
@@ -138,7 +138,7 @@ int gr_report_status_update(void) {
   jb_u64(&b, "releases", atomic_load_explicit(&g_status_releases, memory_order_relaxed));
   if (g_have_last) {
     jb_key(&b, "last_release");
-    gr_report_report_json(&b, &g_last_report);
+    gr_report_release_json(&b, &g_last_report);
   } else {
     jb_null(&b, "last_release");
   }
@@ -148,7 +148,7 @@ int gr_report_status_update(void) {
   jb_u64(&b, "signal_releases", g_signal_releases);
   if (g_signal_releases) {
     jb_key(&b, "last_signal_release");
-    gr_report_report_json(&b, &g_last_signal_report);
+    gr_report_release_json(&b, &g_last_signal_report);
   } else {
     jb_null(&b, "last_signal_release");
   }

@@ -179,7 +179,7 @@ static void answer(int fd, const char *line, int pid) {
     jb_bool(&b, "ok", rc == 0);
     if (rc == 0) {
       jb_key(&b, "report");
-      gr_report_report_json(&b, &rep);
+      gr_report_release_json(&b, &rep);
     } else {
       jb_str(&b, "error", rc == -EINVAL   ? "bad release categories (expected cached, orphaned, all)"
                           : rc == -EAGAIN ? "the process sleeps: its device memory is on the host, nothing to release"

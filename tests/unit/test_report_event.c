@@ -46,7 +46,7 @@ static jnode_t *parse(const char *text) {
 static jnode_t *report_json(const gpureclaim_report_t *r) {
   jbuf_t b;
   jb_init(&b);
-  gr_report_report_json(&b, r);
+  gr_report_release_json(&b, r);
   jnode_t *j = parse(b.p);
   jb_free(&b);
   return j;
