@@ -47,7 +47,7 @@ static void error_answer(jbuf_t *b, const char *why) {
   jb_str(b, "error", why);
 }
 
-void gr_peer_serve_give(const char *args, int pid, jbuf_t *b) {
+void gr_give_serve(const char *args, int pid, jbuf_t *b) {
   /* give bytes=N uuid=GPU-... deadline_ms=N pid=N [sleep=1]: every field, in this order, nothing else. sleep=1:
    * if what the caches give falls short, sleep (GPURECLAIM_PEERS names sleep, and this process is idle). */
   char vbytes[24], uuid[48], vdeadline[24], vpid[16], vsleep[4] = "";

@@ -14,7 +14,7 @@ void gr_peer_status_json(struct jbuf *b);
 void gr_peer_tick(void);
 /* give.c: serves a "give" request line (after "give ") from the process whose credentials are pid/uid; fills the
  * answer into b (an open object). */
-void gr_peer_serve_give(const char *args, int pid, struct jbuf *b);
+void gr_give_serve(const char *args, int pid, struct jbuf *b);
 /* Whether a thread of this process is handling an out-of-memory with its peers now. */
 bool gr_peer_busy(void);
 /* Whether GPURECLAIM_PEERS names this role (GR_PEERS_ASK, _GIVE, _SLEEP) and status files are on. */

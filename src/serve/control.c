@@ -193,7 +193,7 @@ static void answer(int fd, const char *line, int pid) {
       jb_free(&b);
       return;
     }
-    gr_peer_serve_give(line[4] ? line + 5 : "", pid, &b);
+    gr_give_serve(line[4] ? line + 5 : "", pid, &b);
   } else if (strncmp(line, "sleep", 5) == 0 && (line[5] == ' ' || line[5] == '\0')) {
     unsigned long long ms = 0;
     if (line[5] && gr_opt_parse_uint(line + 6, 86400000ULL, &ms) != 0) {
