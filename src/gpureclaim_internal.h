@@ -6,7 +6,7 @@
  * Module prefixes: gr_opt_ (options.c), gr_log_ (log.c), gr_real_ (real.h), gr_hook_ (hooks/hooks.h), gr_reg_
  * (registry.h), gr_owner_ (owner.h), gr_stats_ (stats.h), gr_table_/gr_epoch_ (table.h, epoch.h), gr_track_
  * (track.h), gr_scope_ (scope.h), gr_release_ (release.h), gr_worker_ (worker.h), gr_sig_ (sig.h), gr_py_
- * (releasers/python.h), gr_peer_ (peer.h), gr_sleep_ (sleep.h), gr_report_ (report/report.h),
+ * (releasers/python.h), gr_peer_ (peer.h), gr_give_ (give.h), gr_sleep_ (sleep.h), gr_report_ (report/report.h),
  * gr_control_ (control.h), gr_core_ (core.h: start-up, fork, exit), gr_state_ (state.h: what every module reads
  * of the process), gr_tick_ (tick.h), gr_gate_ (gate.h), gr_admit_ (admit.h), gr_capture_ (capture.h).
  */
@@ -48,6 +48,7 @@
 #include "sig.h"
 #include "python.h"
 #include "peer.h"
+#include "give.h"
 #include "sleep.h"
 #include "capture.h"
 #include "admit.h"

@@ -6,6 +6,7 @@
  */
 #include "real.h"
 #include "release.h"
+#include "give.h"
 #include "peer.h"
 #include "sleep.h"
 #include "report.h"

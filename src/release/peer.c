@@ -7,7 +7,7 @@
  *     what each category could give (orphans, pools' unused memory, framework caches as last measured), whether
  *     it gives, whether a thread of it is handling an out-of-memory now, and when it last gave. The worker
  *     rewrites it when those figures change (gr_peer_tick); the "give" requests of the control socket are served
- *     by give.c (gr_give_serve -> gr_release_give in release.c, trigger `peer`).
+ *     by give.c (gr_give_serve, give.h -> gr_release_give in release.c, trigger `peer`).
  *   - asking: an allocation whose own release-and-retry failed (hooks/driver.c, RETRIES) takes the GPU's lock
  *     in the run directory (one peer reclaim per GPU at a time; a thread that had to wait retries first), reads
  *     the other status files, and asks the peers on the same UUID in order (cheapest to give first, recent

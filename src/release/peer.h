@@ -1,4 +1,5 @@
-/* peer.h -- peer reclaim, the asking side and the status file's peer object (peer.c, give.c). Internal. */
+/* peer.h -- peer reclaim, the asking side and the status file's peer object (peer.c; the serving side: give.h).
+ * Internal. */
 #ifndef GR_PEER_H
 #define GR_PEER_H
 
@@ -6,15 +7,12 @@
 #include <stdint.h>
 #include <time.h>
 
-/* peer.c: peer reclaim (GPURECLAIM_PEERS), both sides. */
+/* peer.c: peer reclaim (GPURECLAIM_PEERS). */
 struct jbuf;
 /* The status file's "peer" object. */
 void gr_peer_status_json(struct jbuf *b);
 /* The worker's periodic check: rewrites the status file when what this process holds changed. */
 void gr_peer_tick(void);
-/* give.c: serves a "give" request line (after "give ") from the process whose credentials are pid/uid; fills the
- * answer into b (an open object). */
-void gr_give_serve(const char *args, int pid, struct jbuf *b);
 /* Whether a thread of this process is handling an out-of-memory with its peers now. */
 bool gr_peer_busy(void);
 /* Whether GPURECLAIM_PEERS names this role (GR_PEERS_ASK, _GIVE, _SLEEP) and status files are on. */

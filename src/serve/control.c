@@ -14,7 +14,7 @@
 #include "control.h"
 #include "release.h"
 #include "sig.h"
-#include "peer.h"
+#include "give.h"
 #include "sleep.h"
 #include "report.h"
 #include "json.h"
