@@ -815,127 +815,73 @@ static bool ctx_gone(CUcontext ctx, CUcontext before) {
   return gr_drv.cuCtxGetApiVersion && gr_drv.cuCtxGetApiVersion(ctx, &version) != CUDA_SUCCESS;
 }
 
-/* cuCtxDetach (deprecated) takes one off the context's usage count (cuCtxAttach's) and destroys it, with its
- * memory, when that reaches 0; the driver does not say which happened, so this is a destroy that may not happen,
- * as the last primary release is (b_primary_release): begun before, marked and committed once the context is
- * known to be gone. */
-static CUresult b_ctx_detach(void *realp, uintptr_t ra, CUcontext ctx) {
-  (void)ra;
-  NEED_REAL(realp);
-  gr_reg_switch_begin(); /* a switch by a route gpureclaim does not see, before this one (registry.c) */
-  PFN_cuCtxDetach_v2000 real = (PFN_cuCtxDetach_v2000)realp;
-  if (!ctx || !gr_core_active()) {
-    CUresult rc = real(ctx);
-    gr_reg_switched();
-    return rc;
-  }
-  gr_track_ctxlock_enter();
-  uint16_t id = gr_reg_ctx_find(ctx);
-  gr_detached_t d = {0};
-  if (id)
-    gr_track_ctx_begin(id, &d);
-  CUcontext before = current_ctx();
-  CUresult rc = real(ctx);
-  gr_reg_switched();
-  bool gone = rc == CUDA_SUCCESS && ctx_gone(ctx, before);
-  if (id) {
-    if (gone)
-      gr_track_ctx_mark(&d);
-    gr_track_ctx_commit(&d, gone);
-  }
-  if (gone)
-    gr_reg_ctx_destroyed(id); /* id 0 too: every thread's kept context is asked again (registry.c) */
-  gr_track_ctxlock_exit();
-  return rc;
+/* Whether the primary context of dev is gone after a release that succeeded: the driver's state says so (only
+ * the final release destroys it). */
+static bool primary_gone(CUdevice dev) {
+  unsigned flags = 0;
+  int active = 1;
+  return gr_drv.cuDevicePrimaryCtxGetState && gr_drv.cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS &&
+         !active;
 }
 
-/* Destroying a context frees its memory. Its records are marked detaching before the driver call and leave the
- * table after it, or lose the mark if the driver refused; a free or an allocation of their addresses meanwhile
- * is told apart from them (track.c). */
-static CUresult b_ctx_destroy(void *realp, uintptr_t ra, CUcontext ctx) {
-  (void)ra;
+/* The four calls that end a context and free its memory, in one sequence (gr_track_ctx_end_before/after, under
+ * the context lock): the context's records are marked detaching before the driver call and leave the table after
+ * it, or lose the mark if the driver refused; a free or an allocation of their addresses meanwhile is told apart
+ * from them (track.c).
+ *   END_DESTROY  cuCtxDestroy: gone when it succeeds.
+ *   END_DETACH   cuCtxDetach (deprecated) takes one off the context's usage count (cuCtxAttach's) and destroys
+ *                it when that reaches 0; the driver does not say which happened (ctx_gone).
+ *   END_RESET    cuDevicePrimaryCtxReset: gone when it succeeds.
+ *   END_RELEASE  cuDevicePrimaryCtxRelease: only the final release destroys the primary context; the driver's
+ *                state says whether this was it (primary_gone), and the context lock keeps a retain
+ *                (b_primary_retain) from making it active again between the two calls.
+ * A destroy that may not happen (detach, release) begins before the call all the same, so that allocations
+ * overlapping it, and those that get its blocks' addresses before the records are marked, are told apart from its
+ * blocks; it is marked and committed once the context is known to be gone. */
+enum ctx_end { END_DESTROY, END_DETACH, END_RESET, END_RELEASE };
+
+static CUresult ctx_end_call(void *realp, enum ctx_end how, CUcontext ctx, CUdevice dev) {
+  if (how == END_DESTROY || how == END_DETACH)
+    return ((CUresult(CUDAAPI *)(CUcontext))realp)(ctx); /* PFN_cuCtxDestroy_v4000, PFN_cuCtxDetach_v2000 */
+  return ((CUresult(CUDAAPI *)(CUdevice))realp)(dev);    /* PFN_cuDevicePrimaryCtxReset/Release_v11000 */
+}
+
+static CUresult ctx_end(void *realp, enum ctx_end how, CUcontext ctx, CUdevice dev) {
   NEED_REAL(realp);
   gr_reg_switch_begin(); /* a switch by a route gpureclaim does not see, before this one (registry.c) */
-  PFN_cuCtxDestroy_v4000 real = (PFN_cuCtxDestroy_v4000)realp;
-  if (!ctx || !gr_core_active()) {
-    CUresult rc = real(ctx);
+  bool by_ctx = how == END_DESTROY || how == END_DETACH;
+  if ((by_ctx && !ctx) || !gr_core_active()) {
+    CUresult rc = ctx_end_call(realp, how, ctx, dev);
     gr_reg_switched(); /* a context current to the calling thread is popped */
     return rc;
   }
-  gr_track_ctxlock_enter(); /* not while a release holds claimed blocks of it */
-  uint16_t id = gr_reg_ctx_find(ctx);
-  gr_detached_t d = {0};
-  if (id)
-    gr_track_ctx_detach(id, &d);
-  CUresult rc = real(ctx);
+  gr_ctx_end_t e;
+  gr_track_ctx_end_before(&e, by_ctx ? ctx : NULL, dev, how == END_DESTROY || how == END_RESET);
+  CUcontext before = how == END_DETACH ? current_ctx() : NULL;
+  CUresult rc = ctx_end_call(realp, how, ctx, dev);
   gr_reg_switched();
-  if (id)
-    gr_track_ctx_commit(&d, rc == CUDA_SUCCESS);
-  if (rc == CUDA_SUCCESS)
-    gr_reg_ctx_destroyed(id); /* id 0 too: every thread's kept context is asked again (registry.c) */
-  gr_track_ctxlock_exit();
+  bool gone = rc == CUDA_SUCCESS && (how == END_DETACH    ? ctx_gone(ctx, before)
+                                     : how == END_RELEASE ? primary_gone(dev)
+                                                          : true);
+  gr_track_ctx_end_after(&e, gone);
   return rc;
 }
 
+static CUresult b_ctx_destroy(void *realp, uintptr_t ra, CUcontext ctx) {
+  (void)ra;
+  return ctx_end(realp, END_DESTROY, ctx, 0);
+}
+static CUresult b_ctx_detach(void *realp, uintptr_t ra, CUcontext ctx) {
+  (void)ra;
+  return ctx_end(realp, END_DETACH, ctx, 0);
+}
 static CUresult b_primary_reset(void *realp, uintptr_t ra, CUdevice dev) {
   (void)ra;
-  NEED_REAL(realp);
-  gr_reg_switch_begin(); /* a switch by a route gpureclaim does not see, before this one (registry.c) */
-  PFN_cuDevicePrimaryCtxReset_v11000 real = (PFN_cuDevicePrimaryCtxReset_v11000)realp;
-  if (!gr_core_active()) {
-    CUresult rc = real(dev);
-    gr_reg_switched();
-    return rc;
-  }
-  gr_track_ctxlock_enter();
-  uint16_t id = gr_reg_primary_id(dev);
-  gr_detached_t d = {0};
-  if (id)
-    gr_track_ctx_detach(id, &d);
-  CUresult rc = real(dev);
-  gr_reg_switched();
-  if (id)
-    gr_track_ctx_commit(&d, rc == CUDA_SUCCESS);
-  if (rc == CUDA_SUCCESS)
-    gr_reg_device_reset(dev);
-  gr_track_ctxlock_exit();
-  return rc;
+  return ctx_end(realp, END_RESET, NULL, dev);
 }
-
-/* Only the final release destroys the primary context; the driver's state says whether this was it. The context
- * lock keeps a retain (b_primary_retain) from making the context active again between the two calls. The destroy
- * begins before the call all the same (track.c), so that allocations overlapping it, and those that get its
- * blocks' addresses before the records are marked, are told apart from its blocks. */
 static CUresult b_primary_release(void *realp, uintptr_t ra, CUdevice dev) {
   (void)ra;
-  NEED_REAL(realp);
-  gr_reg_switch_begin(); /* a switch by a route gpureclaim does not see, before this one (registry.c) */
-  PFN_cuDevicePrimaryCtxRelease_v11000 real = (PFN_cuDevicePrimaryCtxRelease_v11000)realp;
-  if (!gr_core_active()) {
-    CUresult rc = real(dev);
-    gr_reg_switched();
-    return rc;
-  }
-  gr_track_ctxlock_enter();
-  uint16_t id = gr_reg_primary_id(dev);
-  gr_detached_t d = {0};
-  if (id)
-    gr_track_ctx_begin(id, &d);
-  CUresult rc = real(dev);
-  gr_reg_switched();
-  unsigned flags = 0;
-  int active = 1;
-  bool gone = rc == CUDA_SUCCESS && gr_drv.cuDevicePrimaryCtxGetState &&
-              gr_drv.cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active;
-  if (id) {
-    if (gone)
-      gr_track_ctx_mark(&d);
-    gr_track_ctx_commit(&d, gone);
-  }
-  if (gone)
-    gr_reg_device_reset(dev);
-  gr_track_ctxlock_exit();
-  return rc;
+  return ctx_end(realp, END_RELEASE, NULL, dev);
 }
 
 /* ---- the wrappers ---- */

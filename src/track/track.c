@@ -30,6 +30,7 @@
  * that an allocation that gets the same address meanwhile takes the stale record out first.
  */
 #include "track.h"
+#include "registry.h"
 #include "real.h"
 #include "stats.h"
 #include "stacks.h"
@@ -840,6 +841,32 @@ void gr_track_ctx_commit(gr_detached_t *d, bool destroyed) {
   atomic_fetch_add_explicit(&gr_track_seq, 1, memory_order_release);
   pthread_cond_broadcast(&g_end_cv);
   pthread_mutex_unlock(&g_end_mu);
+}
+
+void gr_track_ctx_end_before(gr_ctx_end_t *e, CUcontext ctx, int device, bool certain) {
+  gr_track_ctxlock_enter(); /* not while a release holds claimed blocks of it, nor between a final primary
+                             * release and its state read (a retain holds the lock too) */
+  e->primary = ctx == NULL;
+  e->device = device;
+  e->id = e->primary ? gr_reg_primary_id(device) : gr_reg_ctx_find(ctx);
+  e->d = (gr_detached_t){0};
+  if (e->id && certain)
+    gr_track_ctx_detach(e->id, &e->d);
+  else if (e->id)
+    gr_track_ctx_begin(e->id, &e->d);
+}
+
+void gr_track_ctx_end_after(gr_ctx_end_t *e, bool gone) {
+  if (e->id) {
+    if (gone && !e->d.marked)
+      gr_track_ctx_mark(&e->d);
+    gr_track_ctx_commit(&e->d, gone);
+  }
+  if (gone && e->primary)
+    gr_reg_device_reset(e->device);
+  else if (gone)
+    gr_reg_ctx_destroyed(e->id); /* id 0 too: every thread's kept context is asked again (registry.c) */
+  gr_track_ctxlock_exit();
 }
 
 void gr_track_atfork_child(void) {

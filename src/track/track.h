@@ -4,6 +4,8 @@
 
 #include "table.h"
 
+#include <cuda.h>
+
 /* Fills the common fields of a new record: time, thread, site (runtime attribution if inside a runtime
  * call), scope of the calling thread. */
 void gr_track_fill(gr_rec_t *r, unsigned kind, uint64_t key, uint64_t size, unsigned driver_api, uintptr_t ra);
@@ -72,6 +74,20 @@ void gr_track_ctx_detach(uint16_t ctx_id, gr_detached_t *d);
 void gr_track_ctx_begin(uint16_t ctx_id, gr_detached_t *d);
 void gr_track_ctx_mark(gr_detached_t *d);
 void gr_track_ctx_commit(gr_detached_t *d, bool destroyed);
+/* The one sequence of the hooks that end a context (cuCtxDestroy, cuCtxDetach, cuDevicePrimaryCtxReset,
+ * cuDevicePrimaryCtxRelease), around their driver call: _before takes the context lock (held until _after),
+ * finds the context in the registry (ctx; NULL: device's primary context) and begins its destroy: marked at once
+ * when certain (a call that destroys the context whenever it succeeds: destroy, reset), else once known
+ * (detach, and a primary release, which destroys only when it is the last). _after commits it (gone: the
+ * context went), forgets the context in the registry (a primary one: its device's) and drops the lock. */
+typedef struct gr_ctx_end {
+  gr_detached_t d;
+  uint16_t id;  /* the registry's, 0: unknown to gpureclaim */
+  bool primary; /* device's primary context (ctx NULL) */
+  int device;
+} gr_ctx_end_t;
+void gr_track_ctx_end_before(gr_ctx_end_t *e, CUcontext ctx, int device, bool certain);
+void gr_track_ctx_end_after(gr_ctx_end_t *e, bool gone);
 /* A destroy that committed while an insert that began before it was still under way keeps its watch
  * (gr_track_watch) until no such insert is left; every allocation that meets a raised watch calls this, and the
  * last one lowers it. */
