@@ -96,17 +96,6 @@ static inline void *pa_real(int id) { return atomic_load_explicit(&gr_pa_real[id
     }                                                                                                      \
   } while (0)
 
-/* The device of a stream-ordered allocation: its pool's, else its stream's. */
-static int async_device(CUmemoryPool pool, CUstream s) {
-  if (pool) {
-    int d = gr_reg_pool_device(gr_reg_pool(pool, -1, false));
-    if (d >= 0)
-      return d;
-  }
-  gr_where_t w = gr_reg_stream_where(s);
-  return w.ok && w.device != GR_DEVICE_NONE ? w.device : -1;
-}
-
 /* RETRIES, one function per allocating body, out of line: only a failed allocation pays for them, and the hot
  * bodies keep a small frame (a peer reclaim's state is over a kilobyte). */
 GR_COLD static CUresult retry_mem_alloc(PFN_cuMemAlloc_v3020 real, CUdeviceptr *dptr, size_t bytesize, CUresult rc) {
@@ -129,13 +118,13 @@ GR_COLD static CUresult retry_mem_alloc_managed(PFN_cuMemAllocManaged_v6000 real
 
 GR_COLD static CUresult retry_mem_alloc_async(PFN_cuMemAllocAsync_v11020 real, CUdeviceptr *dptr, size_t bytesize,
                                               CUstream hStream, CUresult rc) {
-  RETRIES(rc, bytesize, async_device(NULL, hStream), real(dptr, bytesize, hStream));
+  RETRIES(rc, bytesize, gr_reg_async_device(NULL, hStream), real(dptr, bytesize, hStream));
   return rc;
 }
 
 GR_COLD static CUresult retry_mem_alloc_from_pool(PFN_cuMemAllocFromPoolAsync_v11020 real, CUdeviceptr *dptr,
                                                   size_t bytesize, CUmemoryPool pool, CUstream hStream, CUresult rc) {
-  RETRIES(rc, bytesize, async_device(pool, hStream), real(dptr, bytesize, pool, hStream));
+  RETRIES(rc, bytesize, gr_reg_async_device(pool, hStream), real(dptr, bytesize, pool, hStream));
   return rc;
 }
 
@@ -153,17 +142,33 @@ GR_COLD static CUresult retry_mem_create(PFN_cuMemCreate_v10020 real, CUmemGener
   return rc;
 }
 
-/* ---- common tails ---- */
+/* ---- common bodies ---- */
 
-/* seq0: gr_track_ctx_seq() read before the driver call (track.c: a destroy of the context may overlap). */
-static GR_HOT_INLINE void track_in_current_ctx(unsigned kind, uint64_t key, uint64_t size, unsigned api, uintptr_t ra,
-                                               uint64_t seq0) {
-  gr_where_t w = gr_reg_here();
-  gr_track_alloc(kind, key, size, api, ra, w.ctx_id, kind == GPURECLAIM_KIND_HOST ? GR_DEVICE_NONE : w.device, 0,
-                 seq0);
-}
+/* The allocation body that every allocating hook shares (cuMemAlloc, cuMemAllocPitch, cuMemAllocManaged,
+ * cuMemAllocAsync, cuMemAllocFromPoolAsync, cuMemHostAlloc, cuMemAllocHost, cuMemCreate): the driver call with
+ * the hook depth raised; after an out-of-memory, retry (the body's cold retry_ function above, handed the failed
+ * rc_; no_retry where there is none); after a success, track (its record, which may read seq0_:
+ * gr_track_ctx_seq() before the driver call, as a destroy of the context may overlap, track.c). A check that every
+ * allocation makes before it reaches the driver (a limit, a wait for memory) belongs here, once, before the
+ * first call. */
+#define ALLOC_BODY(call, retry, track)                                                                     \
+  do {                                                                                                     \
+    if (!gr_core_active())                                                                                 \
+      return (call);                                                                                       \
+    gr_tls.hook_depth++;                                                                                   \
+    uint64_t seq0_ = gr_track_ctx_seq(); /* a context destroy may overlap (track.c) */                     \
+    (void)seq0_; /* a body whose record does not need it (cuMemCreate) */                                  \
+    CUresult rc_ = (call);                                                                                 \
+    if (GR_UNLIKELY(rc_ != CUDA_SUCCESS) && rc_ == CUDA_ERROR_OUT_OF_MEMORY) /* success tested first */    \
+      rc_ = (retry);                                                                                       \
+    if (GR_LIKELY(rc_ == CUDA_SUCCESS))                                                                    \
+      track;                                                                                               \
+    gr_tls.hook_depth--;                                                                                   \
+    return rc_;                                                                                            \
+  } while (0)
 
-
+/* Pinned host memory is not retried: a release frees device memory. */
+static inline CUresult no_retry(CUresult rc) { return rc; }
 
 /* Whether a tracked block whose free the driver answered with CUDA_ERROR_INVALID_VALUE is gone: for device memory
  * that answer means "no such block" (two threads freed one pointer at once, and the other free, finding no
@@ -179,14 +184,6 @@ GR_COLD static bool free_found_nothing(const gr_packed_t *p) {
   size_t size = 0;
   return !gr_drv.cuMemGetAddressRange ||
          gr_drv.cuMemGetAddressRange(&base, &size, (CUdeviceptr)p->key) != CUDA_SUCCESS || base != p->key;
-}
-
-/* The same for a VMM handle whose cuMemRelease got CUDA_ERROR_INVALID_VALUE: gone unless the driver still knows
- * it. */
-GR_COLD static bool handle_gone(CUmemGenericAllocationHandle h) {
-  CUmemAllocationProp prop;
-  return !gr_drv.cuMemGetAllocationPropertiesFromHandle ||
-         gr_drv.cuMemGetAllocationPropertiesFromHandle(&prop, h) != CUDA_SUCCESS;
 }
 
 /* After a free answered CUDA_ERROR_INVALID_VALUE, of any address kind (pinned host memory too): whether the table
@@ -212,6 +209,14 @@ GR_COLD static void refused_pk(const gr_packed_t *p, uint64_t seq0, CUresult rc)
     gr_track_freed(&r);
   else
     gr_track_restore_ctx(&r, seq0);
+}
+
+/* The same for a VMM handle whose cuMemRelease got CUDA_ERROR_INVALID_VALUE: gone unless the driver still knows
+ * it. */
+GR_COLD static bool handle_gone(CUmemGenericAllocationHandle h) {
+  CUmemAllocationProp prop;
+  return !gr_drv.cuMemGetAllocationPropertiesFromHandle ||
+         gr_drv.cuMemGetAllocationPropertiesFromHandle(&prop, h) != CUDA_SUCCESS;
 }
 
 /* A free: untrack first (CUDA reuses addresses), call the driver, and on a refusal put the record back unless the
@@ -255,51 +260,26 @@ static CUresult b_init(void *realp, uintptr_t ra, unsigned int Flags) {
 static GR_HOT_INLINE CUresult b_mem_alloc(void *realp, uintptr_t ra, CUdeviceptr *dptr, size_t bytesize) {
   NEED_REAL(realp);
   PFN_cuMemAlloc_v3020 real = (PFN_cuMemAlloc_v3020)realp;
-  if (!gr_core_active())
-    return real(dptr, bytesize);
-  gr_tls.hook_depth++;
-  uint64_t seq0 = gr_track_ctx_seq();
-  CUresult rc = real(dptr, bytesize);
-  if (GR_UNLIKELY(rc != CUDA_SUCCESS) && rc == CUDA_ERROR_OUT_OF_MEMORY) /* success tested first: the usual case */
-    rc = retry_mem_alloc(real, dptr, bytesize, rc);
-  if (GR_LIKELY(rc == CUDA_SUCCESS))
-    track_in_current_ctx(GPURECLAIM_KIND_DEVICE, *dptr, bytesize, GR_API_cuMemAlloc, ra, seq0);
-  gr_tls.hook_depth--;
-  return rc;
+  ALLOC_BODY(real(dptr, bytesize), retry_mem_alloc(real, dptr, bytesize, rc_),
+             gr_track_alloc_here(GPURECLAIM_KIND_DEVICE, *dptr, bytesize, GR_API_cuMemAlloc, ra, seq0_));
 }
 
 static CUresult b_mem_alloc_pitch(void *realp, uintptr_t ra, CUdeviceptr *dptr, size_t *pPitch,
                                   size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes) {
   NEED_REAL(realp);
   PFN_cuMemAllocPitch_v3020 real = (PFN_cuMemAllocPitch_v3020)realp;
-  if (!gr_core_active())
-    return real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
-  gr_tls.hook_depth++;
-  uint64_t seq0 = gr_track_ctx_seq();
-  CUresult rc = real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
-  if (GR_UNLIKELY(rc == CUDA_ERROR_OUT_OF_MEMORY))
-    rc = retry_mem_alloc_pitch(real, dptr, pPitch, WidthInBytes, Height, ElementSizeBytes, rc);
-  if (rc == CUDA_SUCCESS)
-    track_in_current_ctx(GPURECLAIM_KIND_PITCH, *dptr, (uint64_t)*pPitch * Height, GR_API_cuMemAllocPitch, ra, seq0);
-  gr_tls.hook_depth--;
-  return rc;
+  ALLOC_BODY(real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes),
+             retry_mem_alloc_pitch(real, dptr, pPitch, WidthInBytes, Height, ElementSizeBytes, rc_),
+             gr_track_alloc_here(GPURECLAIM_KIND_PITCH, *dptr, (uint64_t)*pPitch * Height, GR_API_cuMemAllocPitch, ra,
+                                 seq0_));
 }
 
 static CUresult b_mem_alloc_managed(void *realp, uintptr_t ra, CUdeviceptr *dptr, size_t bytesize,
                                     unsigned int flags) {
   NEED_REAL(realp);
   PFN_cuMemAllocManaged_v6000 real = (PFN_cuMemAllocManaged_v6000)realp;
-  if (!gr_core_active())
-    return real(dptr, bytesize, flags);
-  gr_tls.hook_depth++;
-  uint64_t seq0 = gr_track_ctx_seq();
-  CUresult rc = real(dptr, bytesize, flags);
-  if (GR_UNLIKELY(rc == CUDA_ERROR_OUT_OF_MEMORY))
-    rc = retry_mem_alloc_managed(real, dptr, bytesize, flags, rc);
-  if (rc == CUDA_SUCCESS)
-    track_in_current_ctx(GPURECLAIM_KIND_MANAGED, *dptr, bytesize, GR_API_cuMemAllocManaged, ra, seq0);
-  gr_tls.hook_depth--;
-  return rc;
+  ALLOC_BODY(real(dptr, bytesize, flags), retry_mem_alloc_managed(real, dptr, bytesize, flags, rc_),
+             gr_track_alloc_here(GPURECLAIM_KIND_MANAGED, *dptr, bytesize, GR_API_cuMemAllocManaged, ra, seq0_));
 }
 
 static GR_HOT_INLINE CUresult b_mem_free(void *realp, uintptr_t ra, CUdeviceptr dptr) {
@@ -311,55 +291,20 @@ static GR_HOT_INLINE CUresult b_mem_free(void *realp, uintptr_t ra, CUdeviceptr 
   FREE_BODY(GR_KS_ADDR, dptr, DEVICE_KINDS, real(dptr));
 }
 
-static GR_HOT_INLINE void track_async(CUdeviceptr p, size_t size, CUmemoryPool pool, CUstream s, uintptr_t ra,
-                                      unsigned api, uint64_t seq0) {
-  uint16_t pool_id;
-  gr_where_t w = gr_reg_stream_where(s);
-  uint16_t cid = w.ctx_id;
-  uint8_t dev = w.device;
-  unsigned device = dev;
-  if (pool) {
-    pool_id = gr_reg_pool(pool, -1, false);
-    int pd = gr_reg_pool_device(pool_id);
-    if (pd >= 0)
-      device = (unsigned)pd;
-  } else {
-    pool_id = GR_LIKELY(dev != GR_DEVICE_NONE) ? gr_reg_device_pool(dev) : 0;
-  }
-  gr_track_alloc(GPURECLAIM_KIND_ASYNC, p, size, api, ra, cid, device, pool_id, seq0);
-}
-
-static GR_HOT_INLINE CUresult b_mem_alloc_async(void *realp, uintptr_t ra, CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+static GR_HOT_INLINE CUresult b_mem_alloc_async(void *realp, uintptr_t ra, CUdeviceptr *dptr, size_t bytesize,
+                                                CUstream hStream) {
   NEED_REAL(realp);
   PFN_cuMemAllocAsync_v11020 real = (PFN_cuMemAllocAsync_v11020)realp;
-  if (!gr_core_active())
-    return real(dptr, bytesize, hStream);
-  gr_tls.hook_depth++;
-  uint64_t seq0 = gr_track_ctx_seq();
-  CUresult rc = real(dptr, bytesize, hStream);
-  if (GR_UNLIKELY(rc != CUDA_SUCCESS) && rc == CUDA_ERROR_OUT_OF_MEMORY) /* success tested first: the usual case */
-    rc = retry_mem_alloc_async(real, dptr, bytesize, hStream, rc);
-  if (GR_LIKELY(rc == CUDA_SUCCESS))
-    track_async(*dptr, bytesize, NULL, hStream, ra, GR_API_cuMemAllocAsync, seq0);
-  gr_tls.hook_depth--;
-  return rc;
+  ALLOC_BODY(real(dptr, bytesize, hStream), retry_mem_alloc_async(real, dptr, bytesize, hStream, rc_),
+             gr_track_alloc_async(*dptr, bytesize, NULL, hStream, GR_API_cuMemAllocAsync, ra, seq0_));
 }
 
 static GR_HOT_INLINE CUresult b_mem_alloc_from_pool(void *realp, uintptr_t ra, CUdeviceptr *dptr, size_t bytesize,
-                                      CUmemoryPool pool, CUstream hStream) {
+                                                    CUmemoryPool pool, CUstream hStream) {
   NEED_REAL(realp);
   PFN_cuMemAllocFromPoolAsync_v11020 real = (PFN_cuMemAllocFromPoolAsync_v11020)realp;
-  if (!gr_core_active())
-    return real(dptr, bytesize, pool, hStream);
-  gr_tls.hook_depth++;
-  uint64_t seq0 = gr_track_ctx_seq();
-  CUresult rc = real(dptr, bytesize, pool, hStream);
-  if (GR_UNLIKELY(rc != CUDA_SUCCESS) && rc == CUDA_ERROR_OUT_OF_MEMORY) /* success tested first: the usual case */
-    rc = retry_mem_alloc_from_pool(real, dptr, bytesize, pool, hStream, rc);
-  if (GR_LIKELY(rc == CUDA_SUCCESS))
-    track_async(*dptr, bytesize, pool, hStream, ra, GR_API_cuMemAllocFromPoolAsync, seq0);
-  gr_tls.hook_depth--;
-  return rc;
+  ALLOC_BODY(real(dptr, bytesize, pool, hStream), retry_mem_alloc_from_pool(real, dptr, bytesize, pool, hStream, rc_),
+             gr_track_alloc_async(*dptr, bytesize, pool, hStream, GR_API_cuMemAllocFromPoolAsync, ra, seq0_));
 }
 
 static GR_HOT_INLINE CUresult b_mem_free_async(void *realp, uintptr_t ra, CUdeviceptr dptr, CUstream hStream) {
@@ -374,29 +319,17 @@ static GR_HOT_INLINE CUresult b_mem_free_async(void *realp, uintptr_t ra, CUdevi
 static CUresult b_mem_host_alloc(void *realp, uintptr_t ra, void **pp, size_t bytesize, unsigned int Flags) {
   NEED_REAL(realp);
   PFN_cuMemHostAlloc_v2020 real = (PFN_cuMemHostAlloc_v2020)realp;
-  if (!gr_core_active())
-    return real(pp, bytesize, Flags);
-  gr_tls.hook_depth++;
-  uint64_t seq0 = gr_track_ctx_seq();
-  CUresult rc = real(pp, bytesize, Flags);
-  if (rc == CUDA_SUCCESS)
-    track_in_current_ctx(GPURECLAIM_KIND_HOST, (uint64_t)(uintptr_t)*pp, bytesize, GR_API_cuMemHostAlloc, ra, seq0);
-  gr_tls.hook_depth--;
-  return rc;
+  ALLOC_BODY(real(pp, bytesize, Flags), no_retry(rc_),
+             gr_track_alloc_here(GPURECLAIM_KIND_HOST, (uint64_t)(uintptr_t)*pp, bytesize, GR_API_cuMemHostAlloc, ra,
+                                 seq0_));
 }
 
 static CUresult b_mem_alloc_host(void *realp, uintptr_t ra, void **pp, size_t bytesize) {
   NEED_REAL(realp);
   PFN_cuMemAllocHost_v3020 real = (PFN_cuMemAllocHost_v3020)realp;
-  if (!gr_core_active())
-    return real(pp, bytesize);
-  gr_tls.hook_depth++;
-  uint64_t seq0 = gr_track_ctx_seq();
-  CUresult rc = real(pp, bytesize);
-  if (rc == CUDA_SUCCESS)
-    track_in_current_ctx(GPURECLAIM_KIND_HOST, (uint64_t)(uintptr_t)*pp, bytesize, GR_API_cuMemAllocHost, ra, seq0);
-  gr_tls.hook_depth--;
-  return rc;
+  ALLOC_BODY(real(pp, bytesize), no_retry(rc_),
+             gr_track_alloc_here(GPURECLAIM_KIND_HOST, (uint64_t)(uintptr_t)*pp, bytesize, GR_API_cuMemAllocHost, ra,
+                                 seq0_));
 }
 
 static CUresult b_mem_free_host(void *realp, uintptr_t ra, void *p) {
@@ -507,22 +440,8 @@ static CUresult b_mem_create(void *realp, uintptr_t ra, CUmemGenericAllocationHa
                              const CUmemAllocationProp *prop, unsigned long long flags) {
   NEED_REAL(realp);
   PFN_cuMemCreate_v10020 real = (PFN_cuMemCreate_v10020)realp;
-  if (!gr_core_active())
-    return real(handle, size, prop, flags);
-  gr_tls.hook_depth++;
-  CUresult rc = real(handle, size, prop, flags);
-  if (GR_UNLIKELY(rc == CUDA_ERROR_OUT_OF_MEMORY))
-    rc = retry_mem_create(real, handle, size, prop, flags, rc);
-  if (rc == CUDA_SUCCESS) {
-    gr_rec_t r;
-    gr_track_fill(&r, GPURECLAIM_KIND_VMM, (uint64_t)*handle, size, GR_API_cuMemCreate, ra);
-    int d = prop_device(prop);
-    if (d >= 0)
-      r.device = (uint8_t)d;
-    gr_track_insert(&r);
-  }
-  gr_tls.hook_depth--;
-  return rc;
+  ALLOC_BODY(real(handle, size, prop, flags), retry_mem_create(real, handle, size, prop, flags, rc_),
+             gr_track_add(GPURECLAIM_KIND_VMM, (uint64_t)*handle, size, GR_API_cuMemCreate, ra, prop_device(prop)));
 }
 
 static CUresult b_mem_release(void *realp, uintptr_t ra, CUmemGenericAllocationHandle handle) {
@@ -573,11 +492,8 @@ static CUresult b_mem_address_reserve(void *realp, uintptr_t ra, CUdeviceptr *pt
   if (!gr_core_active())
     return real(ptr, size, alignment, addr, flags);
   CUresult rc = real(ptr, size, alignment, addr, flags);
-  if (rc == CUDA_SUCCESS) {
-    gr_rec_t r;
-    gr_track_fill(&r, GPURECLAIM_KIND_VA, *ptr, size, GR_API_cuMemAddressReserve, ra);
-    gr_track_insert(&r);
-  }
+  if (rc == CUDA_SUCCESS)
+    gr_track_add(GPURECLAIM_KIND_VA, *ptr, size, GR_API_cuMemAddressReserve, ra, -1);
   return rc;
 }
 

@@ -390,6 +390,16 @@ CUmemoryPool gr_reg_pool_handle(uint16_t id) {
   return id ? atomic_load_explicit(&g_pool.handle[id - 1], memory_order_acquire) : NULL;
 }
 int gr_reg_pool_device(uint16_t id) { return reg_device(&g_pool, id); }
+
+int gr_reg_async_device(CUmemoryPool pool, CUstream s) {
+  if (pool) {
+    int d = gr_reg_pool_device(gr_reg_pool(pool, -1, false));
+    if (d >= 0)
+      return d;
+  }
+  gr_where_t w = gr_reg_stream_where(s);
+  return w.ok && w.device != GR_DEVICE_NONE ? w.device : -1;
+}
 void gr_reg_pool_destroyed(CUmemoryPool pool) {
   uint16_t id = reg_find(&g_pool, pool);
   reg_dead(&g_pool, id);

@@ -746,6 +746,39 @@ GR_HOT_INLINE void gr_track_alloc(unsigned kind, uint64_t key, uint64_t size, un
   insert_ctx_pk(p, seq0, kind & 0xf, device & 0x7f, psize, scope); /* as gr_pk_w1 packs them */
 }
 
+GR_HOT_INLINE void gr_track_alloc_here(unsigned kind, uint64_t key, uint64_t size, unsigned driver_api, uintptr_t ra,
+                                       uint64_t seq0) {
+  gr_where_t w = gr_reg_here();
+  gr_track_alloc(kind, key, size, driver_api, ra, w.ctx_id, kind == GPURECLAIM_KIND_HOST ? GR_DEVICE_NONE : w.device, 0,
+                 seq0);
+}
+
+GR_HOT_INLINE void gr_track_alloc_async(uint64_t key, uint64_t size, CUmemoryPool pool, CUstream s,
+                                        unsigned driver_api, uintptr_t ra, uint64_t seq0) {
+  uint16_t pool_id;
+  gr_where_t w = gr_reg_stream_where(s);
+  uint16_t cid = w.ctx_id;
+  uint8_t dev = w.device;
+  unsigned device = dev;
+  if (pool) {
+    pool_id = gr_reg_pool(pool, -1, false);
+    int pd = gr_reg_pool_device(pool_id);
+    if (pd >= 0)
+      device = (unsigned)pd;
+  } else {
+    pool_id = GR_LIKELY(dev != GR_DEVICE_NONE) ? gr_reg_device_pool(dev) : 0;
+  }
+  gr_track_alloc(GPURECLAIM_KIND_ASYNC, key, size, driver_api, ra, cid, device, pool_id, seq0);
+}
+
+void gr_track_add(unsigned kind, uint64_t key, uint64_t size, unsigned driver_api, uintptr_t ra, int device) {
+  gr_rec_t r;
+  gr_track_fill(&r, kind, key, size, driver_api, ra);
+  if (device >= 0)
+    r.device = (uint8_t)device;
+  gr_track_insert(&r);
+}
+
 typedef struct {
   uint16_t ctx_id;
   bool destroyed; /* commit: the driver destroyed the context */

@@ -24,6 +24,14 @@ void gr_track_freed_pk(const gr_packed_t *p);
  * gives them) and inserted as gr_track_insert_ctx does. seq0: gr_track_ctx_seq() before the driver call. */
 void gr_track_alloc(unsigned kind, uint64_t key, uint64_t size, unsigned driver_api, uintptr_t ra, unsigned ctx_id,
                     unsigned device, unsigned pool_id, uint64_t seq0);
+/* The hooks' allocations, recorded after the driver call succeeded (seq0 as for gr_track_alloc):
+ * _here: a block of the calling thread's current context (cuMemAlloc, Pitch, Managed; host memory: no device);
+ * _async: a stream-ordered block, in the context and device of its stream, the device of its pool (NULL: the
+ * device's current pool); gr_track_add: a VMM handle or address reservation, on device (-1: none known). */
+void gr_track_alloc_here(unsigned kind, uint64_t key, uint64_t size, unsigned driver_api, uintptr_t ra, uint64_t seq0);
+void gr_track_alloc_async(uint64_t key, uint64_t size, CUmemoryPool pool, CUstream s, unsigned driver_api,
+                          uintptr_t ra, uint64_t seq0);
+void gr_track_add(unsigned kind, uint64_t key, uint64_t size, unsigned driver_api, uintptr_t ra, int device);
 /* Whether freeing (ks, key), which is not live, is a late free of a block (or VMM handle) a release freed or
  * is freeing: then it is counted and the caller returns CUDA_SUCCESS without calling the driver. */
 bool gr_track_late_free(unsigned ks, uint64_t key);
