@@ -667,6 +667,53 @@ out:
     gr_track_linger_check();
 }
 
+/* ---- refused frees ---- */
+
+/* The kinds of device memory, which cuMemGetAddressRange knows. */
+static const unsigned k_device_kinds = (1u << GPURECLAIM_KIND_DEVICE) | (1u << GPURECLAIM_KIND_PITCH) |
+                                       (1u << GPURECLAIM_KIND_MANAGED) | (1u << GPURECLAIM_KIND_ASYNC);
+
+/* Whether a tracked block whose free the driver answered with CUDA_ERROR_INVALID_VALUE is gone: for device memory
+ * that answer means "no such block" (two threads freed one pointer at once, and the other free, finding no
+ * record, reached the driver first), unless the driver still has a block based at that address, which it refused
+ * to free for another reason (asked with cuMemGetAddressRange, in the current context; no answer counts as gone).
+ * Put back when gone, the record would outlive its block, and a release could later free the address for whoever
+ * has it then. Other kinds keep their record: the driver also answers INVALID_VALUE for a reservation that is
+ * still mapped or freed with another size (cuMemAddressFree), and has no cheap question for host memory. */
+GR_COLD static bool free_found_nothing(const gr_packed_t *p) {
+  if (!((k_device_kinds >> gr_pk_kind(p)) & 1))
+    return false;
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  return !gr_drv.cuMemGetAddressRange ||
+         gr_drv.cuMemGetAddressRange(&base, &size, (CUdeviceptr)p->key) != CUDA_SUCCESS || base != p->key;
+}
+
+/* After a free answered CUDA_ERROR_INVALID_VALUE, of any address kind (pinned host memory too): whether the table
+ * holds a block at the address again. The driver gave the address to a new block, so this one is gone: another
+ * thread's free of the same pointer reached the driver first, and an allocation got the address before this
+ * free returned. Put back, the record would sit beside the new block's, outlive its block, and a release could
+ * free the new block in its place. (An allocation that has the address from the driver but has not inserted its
+ * record yet is not seen: that window stays, for a program that frees one pointer on two threads at once.) */
+GR_COLD static bool address_given_again(const gr_packed_t *p) {
+  gr_rec_t o;
+  return gr_kind_keyspace(gr_pk_kind(p)) == GR_KS_ADDR &&
+         gr_table_lookup(GR_KS_ADDR, p->key, GR_STMASK(GR_ST_LIVE) | GR_STMASK(GR_ST_ORPHAN), &o) == 0;
+}
+
+/* A free the driver refused (rc) (the hooks' free body, driver.c): the record goes back, unless the driver found no such block or gave its address
+ * to a new one; a destroy of the block's context that overlapped decides first (gr_track_restore_ctx: the block
+ * is then counted as the destroy's). */
+GR_COLD void gr_track_free_refused(const gr_packed_t *p, uint64_t seq0, CUresult rc) {
+  gr_rec_t r;
+  gr_pk_unpack(p, &r);
+  bool overlapped = r.aux == GR_AUX_DETACHING || gr_track_ctx_seq() != seq0 || (seq0 & 1);
+  if (rc == CUDA_ERROR_INVALID_VALUE && !overlapped && (free_found_nothing(p) || address_given_again(p)))
+    gr_track_freed(&r);
+  else
+    gr_track_restore_ctx(&r, seq0);
+}
+
 GR_COLD static bool precheck_copy(gr_packed_t p, uint64_t *seq0) {
   gr_rec_t r;
   gr_pk_unpack(&p, &r);

@@ -19,6 +19,9 @@ int gr_track_take(unsigned ks, uint64_t key, unsigned kind_mask, gr_rec_t *out);
 /* The same, the record as the slot held it (a free's hot path); gr_track_freed_pk after a successful free. */
 int gr_track_take_pk(unsigned ks, uint64_t key, unsigned kind_mask, gr_packed_t *out);
 void gr_track_freed_pk(const gr_packed_t *p);
+/* A free the driver refused with rc, of the record p taken by gr_track_take_pk after seq0 was read: the record
+ * goes back, unless the driver found no such block or gave its address to a new one (track.c, "Refused frees"). */
+void gr_track_free_refused(const gr_packed_t *p, uint64_t seq0, CUresult rc);
 /* A block the driver just allocated in context ctx_id (0: none) of device (GR_DEVICE_NONE: none), from pool
  * pool_id (0: none): its record is built as the slot holds it (time, thread, site, scope as gr_track_fill
  * gives them) and inserted as gr_track_insert_ctx does. seq0: gr_track_ctx_seq() before the driver call. */
