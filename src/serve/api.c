@@ -5,8 +5,6 @@
  */
 #include "registry.h"
 #include "stats.h"
-#include "stacks.h"
-#include "scope.h"
 #include "state.h"
 #include "report.h"
 
