@@ -28,6 +28,32 @@
  * see table.c): either the marking sees the record, or the allocation sees the change. Until an allocation
  * that the marking missed has dropped its record, the destroy's watch stays raised ("Lingering" below), so
  * that an allocation that gets the same address meanwhile takes the stale record out first.
+ *
+ * Lingering. A destroy's watch (gr_track_watch) makes every allocation look for a stale record at the address
+ * the driver gave it (key_reused). An insert the destroy's marking missed leaves a record for a freed
+ * block until its own thread finds and drops it (settle_slow); were the watch lowered before that, a thread of
+ * another context that gets the address from the driver would insert beside the stale record, and its free
+ * could take the stale one and leave its own for freed memory. So each insert of an address record publishes
+ * the sequence number it read before its driver call in its thread's record (track_op) while it runs, and a
+ * destroy that commits while an insert that began before it is under way keeps its watch (g_linger); the
+ * first allocation after the last such insert ended lowers it (gr_track_linger_check).
+ * Why the destroy sees every insert it must: an insert its marking missed came after the barrier that follows
+ * the destroy's increment (gr_track_ctx_begin). Had the insert's publication come after that barrier too, the
+ * insert's check before the table insert would have seen the increment and waited for the destroy instead.
+ * So the publication came before the barrier, which makes it visible to the commit.
+ * An insert reads gr_epoch_asym once (asym) and uses that answer for every step (its publication, its log
+ * operation, the read after it): it changes only when membarrier stops working (epoch.c), and an insert already
+ * under way then is as safe as the fence of that change makes it, whichever steps it had taken.
+ *
+ * Stale records and young logs. The search for a stale record at a new block's address (key_reused_slow) runs
+ * on every allocation while tombstones exist, and must not drain the logs of young records each time
+ * (GR_NOT_YOUNG). Tombstones, RECLAIMING and DETACHING records are never young (a release and a destroy drain
+ * the logs before they claim or mark); a stale live record still in a log (a block freed where no hook saw it)
+ * is left as it would be were the watch down. Except while a destroy runs or lingers: a record its marking
+ * missed (Lingering) is young, in its allocating thread's log until that thread drops it, and must leave before
+ * the new block's record goes in, or a free of the new block that drains the logs may take the stale record and
+ * leave its own for freed memory. The sequence is read first (acquire): a commit stores g_linger before it makes
+ * the sequence even. Destroys are rare; a drain sets the owners' cool-down.
  */
 #include "track.h"
 #include "registry.h"
@@ -90,14 +116,7 @@ void gr_track_tombstone_gone(unsigned ks) {
 static _Atomic uint64_t g_linger;
 
 GR_COLD static void key_reused_slow(unsigned ks, uint64_t key) {
-  /* GR_NOT_YOUNG: this runs on every allocation while tombstones exist, and must not drain the logs of young
-   * records each time. Tombstones, RECLAIMING and DETACHING records are never young (a release and a destroy
-   * drain the logs before they claim or mark); a stale live record still in a log (a block freed where no hook
-   * saw it) is left as it would be were the watch down. Except while a destroy runs or lingers: a record its
-   * marking missed ("Lingering" below) is young, in its allocating thread's log until that thread drops it,
-   * and must leave before this block's record goes in, or a free of this block that drains the logs may take
-   * the stale record and leave this one for freed memory. The sequence first (acquire): a commit stores
-   * g_linger before it makes the sequence even. Destroys are rare; a drain sets the owners' cool-down. */
+  /* GR_NOT_YOUNG unless a destroy runs or lingers: "Stale records and young logs", file head. */
   bool destroying = (atomic_load_explicit(&gr_track_seq, memory_order_acquire) & 1) ||
                     atomic_load_explicit(&g_linger, memory_order_acquire) != 0;
   const unsigned stale = GR_STMASK(GR_ST_RECLAIMED) | GR_STMASK(GR_ST_RECLAIMING) | GR_STMASK(GR_ST_LIVE) |
@@ -516,22 +535,9 @@ static bool destroyed_since(uint16_t ctx_id, uint64_t seq0, uint64_t *now) {
   return d != 0 && d >= seq0;
 }
 
-/* Lingering. A destroy's watch (gr_track_watch) makes every allocation look for a stale record at the address
- * the driver gave it (key_reused). An insert the destroy's marking missed leaves a record for a freed
- * block until its own thread finds and drops it (settle_slow); were the watch lowered before that, a thread of
- * another context that gets the address from the driver would insert beside the stale record, and its free
- * could take the stale one and leave its own for freed memory. So each insert of an address record publishes
- * the sequence number it read before its driver call in its thread's record (track_op) while it runs, and a
- * destroy that commits while an insert that began before it is under way keeps its watch (g_linger); the
- * first allocation after the last such insert ended lowers it (gr_track_linger_check).
- * Why the destroy sees every insert it must: an insert its marking missed came after the barrier that follows
- * the destroy's increment (gr_track_ctx_begin). Had the insert's publication come after that barrier too, the
- * insert's check before the table insert would have seen the increment and waited for the destroy instead.
- * So the publication came before the barrier, which makes it visible to the commit.
- * An insert reads gr_epoch_asym once (asym) and uses that answer for every step (its publication, its log
- * operation, the read after it): it changes only when membarrier stops working (epoch.c), and an insert already
- * under way then is as safe as the fence of that change makes it, whichever steps it had taken. t: the thread's
- * record as read, NULL to take one now. */
+/* An insert publishes the sequence it read before its driver call while it runs, for a destroy that commits
+ * meanwhile ("Lingering", file head); it reads gr_epoch_asym once and uses that answer for every step. t: the
+ * thread's record as read, NULL to take one now. */
 static inline bool asym_now(void) { return atomic_load_explicit(&gr_epoch_asym, memory_order_relaxed) != 0; }
 
 static inline gr_thread_rec_t *op_begin(gr_thread_rec_t *t, uint64_t seq0, bool asym) {
@@ -701,9 +707,9 @@ GR_COLD static bool address_given_again(const gr_packed_t *p) {
          gr_table_lookup(GR_KS_ADDR, p->key, GR_STMASK(GR_ST_LIVE) | GR_STMASK(GR_ST_ORPHAN), &o) == 0;
 }
 
-/* A free the driver refused (rc) (the hooks' free body, driver.c): the record goes back, unless the driver found no such block or gave its address
- * to a new one; a destroy of the block's context that overlapped decides first (gr_track_restore_ctx: the block
- * is then counted as the destroy's). */
+/* A free the driver refused (rc; the hooks' free body, driver.c): the record goes back, unless the driver found
+ * no such block or gave its address to a new one; a destroy of the block's context that overlapped decides first
+ * (gr_track_restore_ctx: the block is then counted as the destroy's). */
 GR_COLD void gr_track_free_refused(const gr_packed_t *p, uint64_t seq0, CUresult rc) {
   gr_rec_t r;
   gr_pk_unpack(p, &r);
@@ -910,7 +916,7 @@ void gr_track_ctx_commit(gr_detached_t *d, bool destroyed) {
   if (destroyed)
     atomic_store_explicit(&g_destroyed[d->ctx_id & 0xfff], d->seq, memory_order_relaxed);
   /* An insert that began before this destroy and is still under way may hold a record the marking missed, for
-   * a block the driver has now freed: the watch stays raised until it is gone ("Lingering" above). */
+   * a block the driver has now freed: the watch stays raised until it is gone ("Lingering", file head). */
   if (destroyed && gr_epoch_track_op_before(d->seq)) {
     if (atomic_exchange_explicit(&g_linger, d->seq, memory_order_acq_rel) != 0)
       gr_track_watch(-1); /* one held watch is enough: the inserts the earlier one waited for began before this */
