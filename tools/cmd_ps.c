@@ -265,16 +265,15 @@ static bool figures(ps_view_t *v, ps_row_t *r, const ps_filter_t *f) {
 /* Whether pid is stopped (SIGSTOP, ^Z, a debugger): it would answer nothing until it continues, and asking it
  * would cost ps its 2 s (top: each frame). */
 static bool stopped(pid_t pid) {
-  char path[64], buf[512];
+  char path[64];
   snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-  FILE *fp = fopen(path, "re");
-  if (!fp)
+  char *buf = gr_read_file(path);
+  if (!buf)
     return false;
-  size_t n = fread(buf, 1, sizeof buf - 1, fp);
-  fclose(fp);
-  buf[n] = '\0';
   const char *p = strrchr(buf, ')');
-  return p && p[1] == ' ' && (p[2] == 'T' || p[2] == 't');
+  bool st = p && p[1] == ' ' && (p[2] == 'T' || p[2] == 't');
+  free(buf);
+  return st;
 }
 
 static void ask_stats(void *arg) {

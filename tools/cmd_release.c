@@ -10,7 +10,6 @@
 
 #include <errno.h>
 #include <getopt.h>
-#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -18,7 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -47,20 +45,17 @@ static const char *signal_report_key(const jnode_t *status) {
 static bool catches(pid_t pid, int sig, const char **why) {
   char path[64];
   snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-  FILE *f = fopen(path, "re");
-  if (!f) {
+  char *text = gr_read_file(path);
+  if (!text) {
     *why = errno == ENOENT ? "the process exited" : "cannot read its /proc status to check that it catches its "
                                                     "release signal";
     return false;
   }
-  char line[256];
-  bool found = false, caught = false;
-  while (!found && fgets(line, sizeof line, f))
-    if (!strncmp(line, "SigCgt:", 7)) {
-      found = true;
-      caught = sig >= 1 && sig <= 64 && (strtoull(line + 7, NULL, 16) >> (sig - 1) & 1);
-    }
-  fclose(f);
+  const char *line = strstr(text, "\nSigCgt:");
+  bool found = line != NULL, caught = false;
+  if (found)
+    caught = sig >= 1 && sig <= 64 && (strtoull(line + 8, NULL, 16) >> (sig - 1) & 1);
+  free(text);
   if (!caught)
     *why = found ? "it does not catch its release signal: it no longer runs gpureclaim (exec?) or ignores the "
                    "signal; not sent"
@@ -163,51 +158,6 @@ static jnode_t *release_by_signal(const proc_t *p, double timeout, bool explicit
   }
 }
 
-/* A deadline timeout seconds from now (CLOCK_MONOTONIC). */
-static struct timespec deadline_in(double timeout) {
-  struct timespec d;
-  clock_gettime(CLOCK_MONOTONIC, &d);
-  d.tv_sec += (time_t)timeout;
-  d.tv_nsec += (long)((timeout - (double)(time_t)timeout) * 1e9);
-  if (d.tv_nsec >= 1000000000L) {
-    d.tv_sec++;
-    d.tv_nsec -= 1000000000L;
-  }
-  return d;
-}
-
-/* Reads from fd into *buf (grown as needed) until the peer closes (1), the deadline passes (0), or an error
- * (-1). With stop_at_line, returns 2 as soon as a whole line is there. */
-static int read_until(int fd, char **buf, size_t *n, size_t *cap, const struct timespec *deadline, bool stop_at_line) {
-  for (;;) {
-    if (stop_at_line && memchr(*buf, '\n', *n))
-      return 2;
-    struct pollfd pfd = {fd, POLLIN, 0};
-    int wait = gr_ms_until(deadline);
-    int pr = wait ? poll(&pfd, 1, wait) : 0;
-    if (pr < 0 && errno == EINTR)
-      continue;
-    if (pr == 0)
-      return 0;
-    if (*n + 1 >= *cap) {
-      char *t = realloc(*buf, *cap * 2);
-      if (!t)
-        return -1;
-      *buf = t;
-      *cap *= 2;
-    }
-    ssize_t r = pr < 0 ? -1 : read(fd, *buf + *n, *cap - *n - 1);
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r < 0)
-      return -1;
-    if (r == 0)
-      return 1;
-    *n += (size_t)r;
-    (*buf)[*n] = '\0';
-  }
-}
-
 /* Whether buf starts with the line the process sends when it begins a release ({"ok":true,"begun":true}); if so
  * it is removed from buf. */
 static bool take_begun_line(char *buf, size_t *n) {
@@ -248,38 +198,13 @@ static const char why_unknown_verb[] = "(an older library)";
  * library predates release-begun (ask with cmd_ask() and "release" then). */
 static jnode_t *ask_release(const proc_t *p, const char *what, double timeout, const char **why, bool *no_listener,
                             _Atomic int *begun) {
-  *no_listener = false;
-  const char *sock = jstr(p->status, "socket", NULL);
-  struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  if (!sock) {
-    *why = "the process has no control socket";
-    *no_listener = true;
+  struct timespec deadline = cmd_deadline_in(timeout);
+  int fd = cmd_sock_connect(p, timeout, why, no_listener);
+  if (fd < 0)
     return NULL;
-  }
-  if (strlen(sock) >= sizeof sa.sun_path) {
-    *why = "socket path too long";
-    return NULL;
-  }
-  strcpy(sa.sun_path, sock);
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    *why = strerror(errno);
-    return NULL;
-  }
-  struct timespec deadline = deadline_in(timeout);
-  struct timeval tv = {(time_t)timeout, (suseconds_t)((timeout - (double)(time_t)timeout) * 1e6)};
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv); /* bounds a connect to a full backlog */
-  if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
-    int e = errno;
-    *why = e == EAGAIN || e == EINPROGRESS ? "timed out connecting to its control socket" : strerror(e);
-    *no_listener = e == ENOENT || e == ECONNREFUSED;
-    close(fd);
-    return NULL;
-  }
   char line[160];
   snprintf(line, sizeof line, what ? "release-begun %s\n" : "release-begun\n", what ? what : "");
-  if (send(fd, line, strlen(line), MSG_NOSIGNAL) < 0) {
-    *why = strerror(errno);
+  if (cmd_sock_send(fd, line, why) != 0) {
     close(fd);
     return NULL;
   }
@@ -293,19 +218,19 @@ static jnode_t *ask_release(const proc_t *p, const char *what, double timeout, c
   buf[0] = '\0';
   int r;
   for (;;) { /* the "begun" line first (or the whole answer, from a request it refused) */
-    r = read_until(fd, &buf, &n, &cap, &deadline, !atomic_load(begun));
+    r = cmd_sock_read(fd, &buf, &n, &cap, &deadline, !atomic_load(begun));
     if (r == 2 && take_begun_line(buf, &n)) {
       atomic_store(begun, 1);
       continue;
     }
     if (r == 2) /* a line that is not "begun": the answer; read it to its end */
-      r = read_until(fd, &buf, &n, &cap, &deadline, false);
+      r = cmd_sock_read(fd, &buf, &n, &cap, &deadline, false);
     break;
   }
   if (r == 0) { /* timed out: withdraw, then see whether the process had begun */
     shutdown(fd, SHUT_WR);
-    struct timespec grace = deadline_in(1);
-    while (!atomic_load(begun) && read_until(fd, &buf, &n, &cap, &grace, true) == 2 && take_begun_line(buf, &n))
+    struct timespec grace = cmd_deadline_in(1);
+    while (!atomic_load(begun) && cmd_sock_read(fd, &buf, &n, &cap, &grace, true) == 2 && take_begun_line(buf, &n))
       atomic_store(begun, 1);
   }
   close(fd);

@@ -14,8 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -60,24 +58,13 @@ static double jnum(const jnode_t *o, const char *key, double dflt) {
 
 /* One request; progress lines shown as they come (on a terminal), the last line parsed and returned. */
 static jnode_t *exchange(const proc_t *p, const char *request, double timeout, double more, const char **why) {
-  const char *sock = jstr(p->status, "socket", NULL);
-  struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  if (!sock || strlen(sock) >= sizeof sa.sun_path) {
-    *why = "the process has no control socket";
+  bool no_listener;
+  int fd = cmd_sock_connect(p, timeout, why, &no_listener);
+  if (fd < 0)
     return NULL;
-  }
-  strcpy(sa.sun_path, sock);
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
-    *why = strerror(errno);
-    if (fd >= 0)
-      close(fd);
-    return NULL;
-  }
   char line[300];
   snprintf(line, sizeof line, "%s\n", request);
-  if (write(fd, line, strlen(line)) < 0) {
-    *why = strerror(errno);
+  if (cmd_sock_send(fd, line, why) != 0) {
     close(fd);
     return NULL;
   }

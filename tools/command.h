@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <sys/types.h>
+#include <time.h>
 
 /* Exit statuses (documented in --help). */
 enum { EX_OK = 0, EX_FAILED = 1, EX_USAGE = 2, EX_NOPROC = 3 };
@@ -58,6 +59,17 @@ void cmd_free(proc_t *p);
 bool cmd_exiting(pid_t pid);
 /* Whether the process of p's status file still runs: its pid has its start time, and is not a zombie. */
 bool cmd_alive(const proc_t *p);
+/* sock.c: the control socket's client. A deadline timeout seconds from now (CLOCK_MONOTONIC). */
+struct timespec cmd_deadline_in(double timeout);
+/* Connects to p's control socket (the connect bounded by timeout): the socket, or -1 with *why, and
+ * *no_listener set when nobody listens there at all (no socket named, no socket file, or nobody accepting). */
+int cmd_sock_connect(const proc_t *p, double timeout, const char **why, bool *no_listener);
+/* Sends a request line: 0, or -1 with *why (never SIGPIPE). */
+int cmd_sock_send(int fd, const char *line, const char **why);
+/* Reads from fd into *buf (of *cap bytes, grown as needed, kept NUL-terminated) until the peer closes (1), the
+ * deadline passes (0), or an error (-1; errno ENOMEM when *buf could not grow). With stop_at_line, returns 2
+ * as soon as a whole line is there. */
+int cmd_sock_read(int fd, char **buf, size_t *n, size_t *cap, const struct timespec *deadline, bool stop_at_line);
 /* Connects to p's control socket and hangs up at once: 0 when something listens, 1 when the status file names
  * no socket, else the negative errno (-ECONNREFUSED: the socket file is there but nobody listens, so the
  * gpureclaim that wrote the status file no longer runs in the process: it exec'd; -ENOENT: the file is gone). */

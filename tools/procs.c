@@ -1,7 +1,8 @@
 /*
- * procs.c -- how the gpureclaim command finds and reaches processes (docs/PROTOCOL.md): status files in the
- * user's private run directory, the control socket, the signal. Nothing of another user is read or triggered:
- * only our own run directory is looked at, and a pid given explicitly is checked against /proc first.
+ * procs.c -- how the gpureclaim command finds processes (docs/PROTOCOL.md): status files in the user's private
+ * run directory and in the directories of their control sockets (the client of those sockets is sock.c).
+ * Nothing of another user is read or triggered: only our own run directory is looked at, and a pid given
+ * explicitly is checked against /proc first.
  */
 #include "command.h"
 #include "common.h"
@@ -10,7 +11,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <pthread.h>
 #include <pwd.h>
 #include <stdarg.h>
@@ -18,9 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/auxv.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -767,124 +765,11 @@ bool cmd_alive(const proc_t *p) {
   return ticks > 0 && proc_start(p->pid, NULL) == (uint64_t)ticks;
 }
 
-int cmd_connect_check(const proc_t *p) {
-  const char *sock = jstr(p->status, "socket", NULL);
-  struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  if (!sock || strlen(sock) >= sizeof sa.sun_path)
-    return 1;
-  strcpy(sa.sun_path, sock);
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0)
-    return -errno;
-  int rc = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0 ? 0 : -errno;
-  close(fd); /* the server reads end of file at once, and drops the connection */
-  return rc;
-}
-
 void cmd_free(proc_t *p) {
   if (p->status) {
     jdelete(p->status);
   }
   p->status = NULL;
-}
-
-/* Seconds left until deadline (CLOCK_MONOTONIC), as a poll timeout in milliseconds; 0 once it passed. */
-const char cmd_why_timed_out[] = "timed out waiting for its answer";
-
-jnode_t *cmd_ask(const proc_t *p, const char *request, double timeout, const char **why, bool *no_listener) {
-  if (no_listener)
-    *no_listener = false;
-  const char *sock = jstr(p->status, "socket", NULL);
-  if (!sock) {
-    *why = "the process has no control socket";
-    if (no_listener)
-      *no_listener = true;
-    return NULL;
-  }
-  struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  if (strlen(sock) >= sizeof sa.sun_path) {
-    *why = "socket path too long";
-    return NULL;
-  }
-  strcpy(sa.sun_path, sock);
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    *why = strerror(errno);
-    return NULL;
-  }
-  /* The whole exchange, connect included, shares one deadline: a process that stopped serving (stopped with
-   * SIGSTOP, stuck in a release) must not hold the command longer than --timeout. */
-  struct timespec deadline;
-  clock_gettime(CLOCK_MONOTONIC, &deadline);
-  deadline.tv_sec += (time_t)timeout;
-  deadline.tv_nsec += (long)((timeout - (double)(time_t)timeout) * 1e9);
-  if (deadline.tv_nsec >= 1000000000L) {
-    deadline.tv_sec++;
-    deadline.tv_nsec -= 1000000000L;
-  }
-  struct timeval tv = {(time_t)timeout, (suseconds_t)((timeout - (double)(time_t)timeout) * 1e6)};
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv); /* bounds a connect to a full backlog */
-  char line[300];
-  snprintf(line, sizeof line, "%s\n", request);
-  if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
-    int e = errno;
-    *why = e == EAGAIN || e == EINPROGRESS ? "timed out connecting to its control socket" : strerror(e);
-    if (no_listener)
-      *no_listener = e == ENOENT || e == ECONNREFUSED;
-    close(fd);
-    return NULL;
-  }
-  if (write(fd, line, strlen(line)) < 0) {
-    *why = strerror(errno);
-    close(fd);
-    return NULL;
-  }
-  size_t cap = 65536, n = 0;
-  char *buf = malloc(cap);
-  bool timed_out = false;
-  while (buf) {
-    struct pollfd pfd = {fd, POLLIN, 0};
-    int wait = gr_ms_until(&deadline);
-    int pr = wait ? poll(&pfd, 1, wait) : 0;
-    if (pr < 0 && errno == EINTR)
-      continue;
-    if (pr == 0) {
-      timed_out = true;
-      break;
-    }
-    ssize_t r = pr < 0 ? -1 : read(fd, buf + n, cap - n - 1);
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r <= 0)
-      break;
-    n += (size_t)r;
-    if (n + 1 == cap) {
-      char *t = realloc(buf, cap *= 2);
-      if (!t) {
-        free(buf);
-        buf = NULL;
-      } else {
-        buf = t;
-      }
-    }
-  }
-  close(fd);
-  if (!buf) {
-    *why = "out of memory";
-    return NULL;
-  }
-  if (timed_out || n == 0) {
-    *why = timed_out ? cmd_why_timed_out : "it closed the connection without answering";
-    free(buf);
-    return NULL;
-  }
-  buf[n] = '\0';
-  const char *perr = NULL;
-  jnode_t *j = jparse_object(buf, &perr);
-  free(buf);
-  if (!j)
-    *why = "its answer is not a JSON object";
-  return j;
 }
 
 const char *cmd_command_of(const proc_t *p, char *buf, size_t len) {
