@@ -199,15 +199,11 @@ static const char why_unknown_verb[] = "(an older library)";
 static jnode_t *ask_release(const proc_t *p, const char *what, double timeout, const char **why, bool *no_listener,
                             _Atomic int *begun) {
   struct timespec deadline = cmd_deadline_in(timeout);
-  int fd = cmd_sock_connect(p, timeout, why, no_listener);
+  char request[160];
+  snprintf(request, sizeof request, what ? "release-begun %s" : "release-begun", what ? what : "");
+  int fd = cmd_sock_request(p, request, timeout, why, no_listener);
   if (fd < 0)
     return NULL;
-  char line[160];
-  snprintf(line, sizeof line, what ? "release-begun %s\n" : "release-begun\n", what ? what : "");
-  if (cmd_sock_send(fd, line, why) != 0) {
-    close(fd);
-    return NULL;
-  }
   size_t cap = 65536, n = 0;
   char *buf = malloc(cap);
   if (!buf) {

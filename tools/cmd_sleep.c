@@ -59,15 +59,9 @@ static double jnum(const jnode_t *o, const char *key, double dflt) {
 /* One request; progress lines shown as they come (on a terminal), the last line parsed and returned. */
 static jnode_t *exchange(const proc_t *p, const char *request, double timeout, double more, const char **why) {
   bool no_listener;
-  int fd = cmd_sock_connect(p, timeout, why, &no_listener);
+  int fd = cmd_sock_request(p, request, timeout, why, &no_listener);
   if (fd < 0)
     return NULL;
-  char line[300];
-  snprintf(line, sizeof line, "%s\n", request);
-  if (cmd_sock_send(fd, line, why) != 0) {
-    close(fd);
-    return NULL;
-  }
   /* The process answers at once with the first progress line (a sleep's release begins): until then the wait is
    * timeout + 1 s; each line after that gives it `more` seconds again (a sleep's copy to host memory may take
    * long, and reports its progress as it goes). A stopped or hung process is given up on after the first. */

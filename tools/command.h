@@ -66,6 +66,8 @@ struct timespec cmd_deadline_in(double timeout);
 int cmd_sock_connect(const proc_t *p, double timeout, const char **why, bool *no_listener);
 /* Sends a request line: 0, or -1 with *why (never SIGPIPE). */
 int cmd_sock_send(int fd, const char *line, const char **why);
+/* cmd_sock_connect, then the request (up to 298 bytes) and its newline: the socket, or -1 as those two. */
+int cmd_sock_request(const proc_t *p, const char *request, double timeout, const char **why, bool *no_listener);
 /* Reads from fd into *buf (of *cap bytes, grown as needed, kept NUL-terminated) until the peer closes (1), the
  * deadline passes (0), or an error (-1; errno ENOMEM when *buf could not grow). With stop_at_line, returns 2
  * as soon as a whole line is there. */

@@ -1,6 +1,6 @@
 /*
  * sock.c -- the command's client of a process's control socket (docs/PROTOCOL.md): one connect with a deadline,
- * one send of a request line, one read loop. cmd_ask() (one request, one answer) is built on them here; release's
+ * one send of a request line (cmd_sock_request: both), one read loop. cmd_ask() (one request, one answer) is built on them here; release's
  * release-begun exchange (cmd_release.c) and sleep's and wake's progress lines (cmd_sleep.c) use the same pieces.
  */
 #include "command.h"
@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -66,6 +67,19 @@ int cmd_sock_send(int fd, const char *line, const char **why) {
   return 0;
 }
 
+int cmd_sock_request(const proc_t *p, const char *request, double timeout, const char **why, bool *no_listener) {
+  int fd = cmd_sock_connect(p, timeout, why, no_listener);
+  if (fd < 0)
+    return -1;
+  char line[300];
+  snprintf(line, sizeof line, "%s\n", request);
+  if (cmd_sock_send(fd, line, why) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 int cmd_sock_read(int fd, char **buf, size_t *n, size_t *cap, const struct timespec *deadline, bool stop_at_line) {
   for (;;) {
     if (stop_at_line && memchr(*buf, '\n', *n))
@@ -117,17 +131,11 @@ jnode_t *cmd_ask(const proc_t *p, const char *request, double timeout, const cha
   /* The whole exchange, connect included, shares one deadline: a process that stopped serving (stopped with
    * SIGSTOP, stuck in a release) must not hold the command longer than --timeout. */
   struct timespec deadline = cmd_deadline_in(timeout);
-  int fd = cmd_sock_connect(p, timeout, why, &none);
+  int fd = cmd_sock_request(p, request, timeout, why, &none);
   if (no_listener)
     *no_listener = none;
   if (fd < 0)
     return NULL;
-  char line[300];
-  snprintf(line, sizeof line, "%s\n", request);
-  if (cmd_sock_send(fd, line, why) != 0) {
-    close(fd);
-    return NULL;
-  }
   size_t cap = 65536, n = 0;
   char *buf = malloc(cap);
   int r = buf ? (buf[0] = '\0', cmd_sock_read(fd, &buf, &n, &cap, &deadline, false)) : -1;
