@@ -24,7 +24,7 @@
  * freed; a thread that exits gives its record back for the next new thread. */
 /* Room for stats.c's per-thread counters in each thread record (stats.c checks that they fit). */
 #define GR_THREAD_STATS_BYTES 16384
-/* Room for table.c's log of the thread's young records (table.c checks that it fits). */
+/* Room for young.c's log of the thread's young records (young.c checks that it fits). */
 #define GR_THREAD_YOUNG_BYTES 704
 
 typedef struct gr_thread_rec {
@@ -43,8 +43,8 @@ typedef struct gr_thread_rec {
    * exits, summed as before, and the next thread that takes the record goes on from them. One record per thread
    * for both. */
   _Alignas(64) unsigned char stats[GR_THREAD_STATS_BYTES];
-  /* table.c's log of records this thread inserted and has not freed yet (gr_table_insert_young): written by the
-   * owner, or by a thread draining it into the table (table.c says how they take turns). It stays with the
+  /* young.c's log of records this thread inserted and has not freed yet (gr_table_insert_young): written by the
+   * owner, or by a thread draining it into the table (young.c says how they take turns). It stays with the
    * record when its thread exits: its records are still live, found by the next drain. */
   _Alignas(64) unsigned char young[GR_THREAD_YOUNG_BYTES];
 } __attribute__((aligned(64))) gr_thread_rec_t;

@@ -1,5 +1,6 @@
 /*
- * table.c -- the lock-free block table.
+ * table.c -- the lock-free block table. The threads' logs of young records in front of it are young.c
+ * (table_young.h: what the two ask of each other); a record's layout is record.h.
  *
  * Data structure
  *   An open-addressing hash table with linear probing whose slots hold the records themselves, 40 bytes each in
@@ -110,6 +111,7 @@
  * operation): up to 160 bytes per record at the peak of a growth.
  */
 #include "table.h"
+#include "table_young.h"
 #include "common.h" /* GR_ASSERT */
 
 #include <errno.h>
@@ -171,9 +173,6 @@ static inline _Atomic uint64_t *slot_w2(gen_t *g, const slot_t *s) {
 #define W3_TIME_SHIFT GR_PK_TIME_SHIFT
 #define META_MASK (~((SGEN_MASK << SGEN_SHIFT) | ST_MASK | F_PENDING | F_MOVED))
 
-#define GR_TABLE_UNLIKELY(x) __builtin_expect(!!(x), 0)
-#define GR_TABLE_LIKELY(x) __builtin_expect(!!(x), 1)
-#define GR_TABLE_COLD __attribute__((noinline, cold))
 
 #define MIN_CAP 1024u
 /* An insert that probed this far checks the load at once (else every 32nd insert of a thread does). */
@@ -329,12 +328,11 @@ static _Atomic(gen_t *) g_spare;
 
 static size_t gen_bytes(uint64_t cap) { return sizeof(gen_t) + cap * (sizeof(slot_t) + sizeof(uint64_t)); }
 
-static void count_bytes(ptrdiff_t bytes);
 
 static void unmap_now(gen_t *g) {
   size_t bytes = g->bytes;
   munmap(g, bytes);
-  count_bytes(-(ptrdiff_t)bytes);
+  gr_table_count_bytes(-(ptrdiff_t)bytes);
 }
 
 static void unmap_gen(void *p, size_t bytes) {
@@ -349,7 +347,7 @@ static void unmap_gen(void *p, size_t bytes) {
 }
 
 /* Counts bytes mapped (negative: unmapped) for the table, its peak included. */
-static void count_bytes(ptrdiff_t bytes) {
+void gr_table_count_bytes(ptrdiff_t bytes) {
   size_t now = atomic_fetch_add_explicit(&g_bytes, (size_t)bytes, memory_order_relaxed) + (size_t)bytes;
   size_t pk = atomic_load_explicit(&g_bytes_peak, memory_order_relaxed);
   while (bytes > 0 && now > pk &&
@@ -376,7 +374,7 @@ static gen_t *new_gen(uint64_t cap, uint64_t mult, uint64_t records) {
       return NULL;
     g = p; /* mmap gives zeroes: every slot EMPTY, counters 0 */
     g->bytes = bytes;
-    count_bytes((ptrdiff_t)bytes);
+    gr_table_count_bytes((ptrdiff_t)bytes);
   }
   g->cap = cap;
   g->mult = mult;
@@ -601,14 +599,13 @@ static uint64_t cap_for(uint64_t records, unsigned permille) {
   return cap < MIN_CAP ? MIN_CAP : cap;
 }
 
-static uint64_t young_total(void);
 
 /* Records a generation must carry: those in the table (tombstones, claimed and released records included: the
  * per-thread counts count every record until it is DELETED) and those in the threads' young logs, which the
  * next drain moves into it. */
 static uint64_t records_to_carry(void) {
   int64_t live = gr_epoch_live_sum();
-  return (live > 0 ? (uint64_t)live : 0) + young_total();
+  return (live > 0 ? (uint64_t)live : 0) + gr_young_total();
 }
 
 /* Starts a migration of g (the root) to a generation of cap slots hashing with mult, unless one runs; returns
@@ -732,6 +729,16 @@ static void check_size(gen_t *t, uint64_t probes, uint64_t counted) {
     atomic_store_explicit(&t->win_peak, records, memory_order_relaxed); /* the next window starts from now */
 }
 
+/* Young inserts count towards the table's size windows (check_size), though their records are not in it: n of
+ * them, from young.c. */
+GR_TABLE_COLD void gr_table_young_inserts(unsigned n) {
+  gr_epoch_enter();
+  gen_t *g = load_root();
+  if (g)
+    check_size(g, 0, n);
+  gr_epoch_exit();
+}
+
 /* ---- probing ---- */
 
 /* From slot s of generation *g, whose ctl is *cp, follows forwards to the slot that holds the record that had
@@ -847,428 +854,6 @@ static bool settle(gen_t *t, uint64_t i, uint32_t sg) {
     if (!migrate_slot(t, n, i, &fenced))
       return true; /* no room in n yet: a later sweep moves it, and sees it written */
   }
-}
-
-/* ---- young records: a per-thread log in front of the table ----
- * Most blocks are freed by the thread that allocated them. An allocation's record therefore goes into a log in
- * its thread's record (gr_table_insert_young), with plain stores, and a free by the same thread takes it from
- * there: no compare-and-swap, no epoch section. The log is a small open-addressing table of the thread's own
- * (linear probing, deletion by moving later records back, so a miss stops at the first empty slot): 16 slots
- * in the thread record, then a mapping that doubles while three quarters of it are used, up to
- * YOUNG_MAX_SLOTS (GR_YOUNG_MAX records, 320 KiB); a full log of that size moves into the table. So a thread
- * that keeps K blocks live and frees them itself (K = 64, 1,024, 4,096: a training step's activations, a
- * server's requests) does it all in its log, at the cost of the one-block pair, where a log of the 16 newest
- * sent every record past the 16th through the table and made each free of one search the log first. The log
- * counts as table memory (gr_table_bytes).
- *
- * Everyone else sees the logs through a drain (gr_table_drain): gr_table_visit drains first, and a take or a
- * lookup of an address that finds nothing in the table drains and looks again (a block freed by another
- * thread while young, or a free of an address never tracked). Owner and drainer take turns on a log:
- *   owner:   op = 1; [fence]; if drain is raised: op = 0 and use the table instead; else read or write the
- *            log; op = 0 (release).
- *   drainer: (one at a time, g_drain_mu) drain = 1; gr_epoch_heavy_barrier(); wait until op == 0 (acquire);
- *            move the log's records into the table; n = 0; drain = 0 (release).
- * With asymmetric barriers (epoch.c) the owner's fence is a compiler fence and the drainer's barrier is
- * membarrier: either the owner's op = 1 is visible to the drainer, which then waits for the op to end, or the
- * owner's load sees drain raised. Without them both sides use sequentially consistent operations. An owner
- * never waits and a drainer waits only for log operations, which never wait: no cycle (the longest, an insert
- * that finds the largest log full, moves its 6,144 records into the table first). A drainer that is an owner
- * itself moves its own log directly (it is outside any log operation when it drains).
- * A reader that drains sees every record whose insert returned before the drain began; a record inserted
- * meanwhile is one the reader may or may not see, as with an insert into the table that races a visit. The
- * context-destroy protocol (track.c) relies on exactly that: its visit drains after the destroy's barrier, so
- * an allocation whose record the drain missed sees the destroy's sequence change after its insert. */
-
-#define YOUNG_INLINE 16      /* slots in the thread record, where a log begins */
-#define YOUNG_MAX_SLOTS 8192 /* slots a log grows to at most */
-#define YOUNG_PERIOD 1024    /* young inserts of a thread between two of its size checks of the table */
-/* Inserts that bypass a log after a free by another thread had to drain it (see drain()). */
-#define YOUNG_COOL 1024
-/* The log's hash: the high bits of key * this multiplier, one of the table's (hash_in): the one that spreads
- * arithmetic progressions best over a log's sizes (12 to 6,144 keys in 16 to 8,192 slots, the strides of
- * hash_in's wider set: at most 6 slots of displacement on average, against 35 for the table's first). */
-#define YOUNG_MULT UINT64_C(0x5115dce9f8b83e81)
-
-typedef struct young {
-  _Atomic uint32_t op;        /* 1 while the owner is inside a log operation */
-  _Atomic uint32_t drain;     /* raised by a drainer */
-  _Atomic uint32_t n;         /* records in the log */
-  _Atomic uint32_t cool;      /* inserts left that go straight to the table */
-  _Atomic uint32_t countdown; /* inserts left before the next one takes young_insert_slow (0 at first) */
-  /* The slots (empty: ctl 0; a young record is LIVE), written by whoever holds the log: */
-  uint32_t lim;      /* records they may hold: three quarters of them */
-  uint32_t mask;     /* slots - 1 */
-  uint32_t shift;    /* 64 - log2(slots) */
-  gr_packed_t *slot; /* NULL before the first insert, then inl, or a mapping of `mapped` bytes */
-  size_t mapped;
-  gr_packed_t inl[YOUNG_INLINE];
-} young_t;
-
-_Static_assert(sizeof(young_t) <= GR_THREAD_YOUNG_BYTES, "epoch.h: GR_THREAD_YOUNG_BYTES");
-_Static_assert(GR_YOUNG_MAX == YOUNG_MAX_SLOTS / 4 * 3, "table.h: GR_YOUNG_MAX");
-_Static_assert((YOUNG_MAX_SLOTS & (YOUNG_MAX_SLOTS - 1)) == 0 && (YOUNG_INLINE & (YOUNG_INLINE - 1)) == 0,
-               "a log's slots are a power of two");
-
-static pthread_mutex_t g_drain_mu = PTHREAD_MUTEX_INITIALIZER;
-
-static inline young_t *young_of(gr_thread_rec_t *r) { return (young_t *)(void *)r->young; }
-
-/* Begins a log operation of the owner: false when a drainer holds the log (then use the table). asym:
- * gr_epoch_asym as the operation read it. */
-static inline bool young_enter(young_t *y, bool asym) {
-  if (GR_TABLE_LIKELY(asym)) {
-    atomic_store_explicit(&y->op, 1, memory_order_relaxed);
-    atomic_signal_fence(memory_order_seq_cst); /* the drainer's membarrier supplies the hardware fence */
-    if (GR_TABLE_UNLIKELY(atomic_load_explicit(&y->drain, memory_order_acquire) != 0)) {
-      atomic_store_explicit(&y->op, 0, memory_order_release);
-      return false;
-    }
-    return true;
-  }
-  atomic_exchange_explicit(&y->op, 1, memory_order_seq_cst);
-  if (atomic_load_explicit(&y->drain, memory_order_seq_cst) != 0) {
-    atomic_store_explicit(&y->op, 0, memory_order_release);
-    return false;
-  }
-  return true;
-}
-
-static inline void young_exit(young_t *y) { atomic_store_explicit(&y->op, 0, memory_order_release); }
-
-static inline uint32_t young_home(const young_t *y, uint64_t key) {
-  return (uint32_t)((key * YOUNG_MULT) >> y->shift);
-}
-
-/* Empties slot i of y's log, moving back the records after it in its run that may take its place, so that no
- * probe ever has to pass an empty slot. */
-GR_TABLE_COLD static void young_del_run(young_t *y, uint32_t i) {
-  gr_packed_t *s = y->slot;
-  uint32_t mask = y->mask;
-  for (uint32_t j = (i + 1) & mask; s[j].ctl != 0; j = (j + 1) & mask)
-    if (((j - young_home(y, s[j].key)) & mask) >= ((j - i) & mask)) { /* its home is not after i */
-      s[i] = s[j];
-      i = j;
-    }
-  s[i].ctl = 0;
-}
-
-static inline void young_del(young_t *y, uint32_t i) {
-  if (GR_TABLE_UNLIKELY(y->slot[(i + 1) & y->mask].ctl != 0))
-    young_del_run(y, i);
-  else
-    y->slot[i].ctl = 0;
-}
-
-/* Puts p into y's log, which has room. newest: p is the newest record of its key, so it goes before any other
- * of that key in probe order (a record of a block freed where no hook saw it), and a lookup finds it first, as
- * the first match in the table decides; a growth puts records back in their order instead. */
-static void young_place(young_t *y, gr_packed_t p, bool newest) {
-  gr_packed_t *s = y->slot;
-  for (uint32_t i = young_home(y, p.key);; i = (i + 1) & y->mask) {
-    if (s[i].ctl == 0) {
-      s[i] = p;
-      return;
-    }
-    if (newest && s[i].key == p.key) {
-      gr_packed_t older = s[i];
-      s[i] = p;
-      p = older;
-    }
-  }
-}
-
-/* The first slot of y's log after an empty one: walking the slots from there meets each run in probe order. */
-static uint32_t young_run_start(const young_t *y) {
-  uint32_t e = 0;
-  while (y->slot[e].ctl != 0) /* there is an empty slot: n < lim < slots */
-    e++;
-  return (e + 1) & y->mask;
-}
-
-/* Doubles y's log (by its owner, inside a log operation): false when it is as large as it gets or no memory. */
-GR_TABLE_COLD static bool young_grow(young_t *y) {
-  uint32_t slots = y->mask + 1;
-  if (slots >= YOUNG_MAX_SLOTS)
-    return false;
-  size_t bytes = (size_t)slots * 2 * sizeof(gr_packed_t);
-  void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-  if (m == MAP_FAILED)
-    return false;
-  count_bytes((ptrdiff_t)bytes);
-  gr_packed_t *old = y->slot;
-  uint32_t omask = y->mask, i = young_run_start(y);
-  size_t omapped = y->mapped;
-  y->slot = m; /* zeroes: every slot empty */
-  y->mapped = bytes;
-  y->mask = 2 * slots - 1;
-  y->shift--;
-  y->lim = 2 * slots / 4 * 3;
-  for (uint32_t k = 0; k < slots; k++, i = (i + 1) & omask)
-    if (old[i].ctl != 0)
-      young_place(y, old[i], false);
-  if (omapped) {
-    munmap(old, omapped);
-    count_bytes(-(ptrdiff_t)omapped);
-  }
-  return true;
-}
-
-/* Moves y's records into the table (by its owner inside a log operation, or by a drainer that holds it), each
- * run of slots in probe order. A record the table has no memory for stays in the log. Returns the number
- * moved. */
-static size_t young_move(young_t *y) {
-  uint32_t n = atomic_load_explicit(&y->n, memory_order_relaxed), moved = 0;
-  if (n == 0)
-    return 0;
-  gr_packed_t *s = y->slot;
-  uint32_t start = young_run_start(y), k = 0, i = start;
-  gr_epoch_enter(); /* one section for all the inserts (each one's own then only counts its depth) */
-  for (; k <= y->mask && moved < n; k++, i = (i + 1) & y->mask) {
-    if (s[i].ctl == 0)
-      continue;
-    if (gr_table_insert_ks(&s[i], GR_KS_ADDR) != 0)
-      break;
-    s[i].ctl |= GR_ST_DELETED; /* marked moved: a young record is LIVE (state 2, now 7), never 0 (empty) */
-    moved++;
-  }
-  gr_epoch_exit();
-  if (moved == n) { /* the usual case: every record moved, every slot empties */
-    for (uint32_t j = 0, m = 0; m < moved; j++)
-      if (s[j].ctl != 0)
-        s[j].ctl = 0, m++;
-  } else { /* the table ran out of memory: the records moved leave one by one, the others stay reachable */
-    for (uint32_t j = start, left = moved; left > 0;) {
-      if (gr_pk_state(&s[j]) == GR_ST_DELETED) {
-        young_del(y, j); /* a later record of the run may take slot j: it is looked at next */
-        left--;
-      } else {
-        j = (j + 1) & y->mask;
-      }
-    }
-  }
-  /* Release: a reader that sees the smaller count (gr_table_drain's first look) sees the records in the table. */
-  atomic_store_explicit(&y->n, n - moved, memory_order_release);
-  return moved;
-}
-
-/* The table's insert of a record held by value: its own copy escapes, not the caller's, which can then stay in
- * registers. The young path below stores it straight into the log: no copy through the stack, where a struct
- * copy's 16-byte loads straddling the hook's 8-byte stores could not be forwarded (perf once found that stall
- * taking a fifth of the allocation hook's time). */
-GR_COLD static int insert_ks_copy(gr_packed_t p) { return gr_table_insert_ks(&p, GR_KS_ADDR); }
-
-/* An insert into y's log that the straight path leaves (inside a log operation): the log is full (it grows, or
- * moves into the table), or p meets an older record of its key. False when p must go to the table after all. */
-GR_TABLE_COLD static bool young_put(young_t *y, gr_packed_t p) {
-  if (atomic_load_explicit(&y->n, memory_order_relaxed) >= y->lim && !young_grow(y)) {
-    young_move(y);
-    if (atomic_load_explicit(&y->n, memory_order_relaxed) >= y->lim)
-      return false; /* the table has no room: as a direct insert would fail */
-  }
-  young_place(y, p, true);
-  atomic_store_explicit(&y->n, atomic_load_explicit(&y->n, memory_order_relaxed) + 1, memory_order_relaxed);
-  return true;
-}
-
-/* Young inserts count towards the table's size windows (check_size), though their records are not in it. */
-GR_TABLE_COLD static void young_period(void) {
-  gr_epoch_enter();
-  gen_t *g = load_root();
-  if (g)
-    check_size(g, 0, YOUNG_PERIOD);
-  gr_epoch_exit();
-}
-
-/* The insert whose countdown ran out: one of a cool-down (straight to the table, see drain()), or the end of a
- * period of YOUNG_PERIOD (the size check), or the thread's first (the log is set up). */
-GR_TABLE_COLD static int young_insert_slow(young_t *y, gr_packed_t p, bool asym) {
-  uint32_t cool = atomic_load_explicit(&y->cool, memory_order_relaxed);
-  if (cool != 0) {
-    atomic_store_explicit(&y->cool, cool - 1, memory_order_relaxed); /* a heuristic: a lost update is harmless */
-    return insert_ks_copy(p);
-  }
-  atomic_store_explicit(&y->countdown, YOUNG_PERIOD, memory_order_relaxed);
-  if (y->slot)
-    young_period();
-  if (!young_enter(y, asym))
-    return insert_ks_copy(p);
-  if (!y->slot) {
-    y->slot = y->inl;
-    y->mask = YOUNG_INLINE - 1;
-    y->shift = 64 - 4;
-    y->lim = YOUNG_INLINE / 4 * 3;
-  }
-  bool placed = young_put(y, p);
-  young_exit(y);
-  return placed ? 0 : insert_ks_copy(p);
-}
-
-GR_HOT_INLINE int gr_table_insert_young(const gr_packed_t *p) {
-  return gr_table_insert_young_v(gr_epoch_t_rec, *p, atomic_load_explicit(&gr_epoch_asym, memory_order_relaxed) != 0);
-}
-
-GR_HOT_INLINE int gr_table_insert_young_v(gr_thread_rec_t *me, gr_packed_t p, bool asym) {
-  if (GR_TABLE_UNLIKELY(!me))
-    return insert_ks_copy(p);
-  young_t *y = young_of(me);
-  uint32_t cd = atomic_load_explicit(&y->countdown, memory_order_relaxed);
-  if (GR_TABLE_UNLIKELY(cd == 0))
-    return young_insert_slow(y, p, asym);
-  atomic_store_explicit(&y->countdown, cd - 1, memory_order_relaxed);
-  if (GR_TABLE_UNLIKELY(!young_enter(y, asym)))
-    return insert_ks_copy(p);
-  uint32_t n = atomic_load_explicit(&y->n, memory_order_relaxed);
-  if (GR_TABLE_LIKELY(n < y->lim)) {
-    gr_packed_t *s = y->slot;
-    for (uint32_t i = young_home(y, p.key);; i = (i + 1) & y->mask) {
-      if (GR_TABLE_LIKELY(s[i].ctl == 0)) {
-        gr_packed_t *d = &s[i];
-        d->ctl = p.ctl, d->key = p.key, d->w1 = p.w1, d->w2 = p.w2, d->w3 = p.w3;
-        atomic_store_explicit(&y->n, n + 1, memory_order_relaxed);
-        young_exit(y);
-        return 0;
-      }
-      if (GR_TABLE_UNLIKELY(s[i].key == p.key))
-        break;
-    }
-  }
-  bool placed = young_put(y, p);
-  young_exit(y);
-  return placed ? 0 : insert_ks_copy(p);
-}
-
-/* Copies a young record out word by word. Its allocation wrote it moments ago with 8-byte stores, which may still
- * be in the store buffer; the 16-byte loads a struct copy compiles to straddle two of them and cannot take their
- * values from there (the processor waits until the stores reach the cache). The empty asm keeps each word in a
- * general register, so the copy stays 8-byte loads. */
-static inline void copy_out(gr_packed_t *d, const gr_packed_t *s) {
-  uint64_t a = s->ctl, b = s->key, c = s->w1, e = s->w2, f = s->w3;
-  __asm__("" : "+r"(a), "+r"(b), "+r"(c), "+r"(e), "+r"(f));
-  d->ctl = a, d->key = b, d->w1 = c, d->w2 = e, d->w3 = f;
-}
-
-/* A take (take != 0) or lookup of key in the calling thread's own log: 0 with the record, -ENOENT when the log
- * has no record for key whose state and kind the masks accept. */
-static GR_HOT_INLINE int young_find(uint64_t key, unsigned state_mask, unsigned kind_mask, bool take,
-                                    gr_packed_t *out) {
-  gr_thread_rec_t *me = gr_epoch_t_rec;
-  if (GR_TABLE_UNLIKELY(!me))
-    return -ENOENT;
-  young_t *y = young_of(me);
-  if (atomic_load_explicit(&y->n, memory_order_relaxed) == 0 ||
-      !young_enter(y, atomic_load_explicit(&gr_epoch_asym, memory_order_relaxed) != 0))
-    return -ENOENT;
-  int rc = -ENOENT;
-  /* A drain may have emptied the log since the look above: then the probe meets an empty slot at once (a log,
-   * once set up, keeps its slots). */
-  gr_packed_t *s = y->slot;
-  /* The first record of key in probe order is its newest (young_place): it decides, as the first match in the
-   * table does. */
-  uint32_t i = young_home(y, key);
-  for (;; i = (i + 1) & y->mask) {
-    if (GR_TABLE_UNLIKELY(s[i].ctl == 0))
-      goto out;
-    if (GR_TABLE_LIKELY(s[i].key == key))
-      break;
-  }
-  gr_packed_t *q = &s[i];
-  /* A young record is LIVE: only its owner writes the log, and every state change (a release's claim or orphan
-   * mark, a destroy's detach) is made in the table, after a drain. */
-  GR_ASSERT(gr_pk_state(q) == GR_ST_LIVE);
-  if (GR_TABLE_LIKELY(((state_mask >> GR_ST_LIVE) & 1) && ((kind_mask >> gr_pk_kind(q)) & 1))) {
-    if (out)
-      copy_out(out, q);
-    if (take) {
-      young_del(y, i);
-      atomic_store_explicit(&y->n, atomic_load_explicit(&y->n, memory_order_relaxed) - 1, memory_order_relaxed);
-    }
-    rc = 0;
-  }
-out:
-  young_exit(y);
-  return rc;
-}
-
-/* Drains every log; with cool, each other thread whose log held records sends its next YOUNG_COOL inserts
- * straight to the table. A take or lookup that found nothing drains with cool: a thread whose blocks another
- * thread frees while they are young (a producer and its consumer) would otherwise make every such free pay a
- * drain (an asymmetric barrier, 30-45 us of the freeing thread's time on a 2-vCPU VM while the owner runs; see
- * bench_young); cooled, it pays one per YOUNG_COOL of the owner's allocations. */
-static size_t drain(bool cool);
-
-size_t gr_table_drain(void) { return drain(false); }
-
-static uint64_t young_total(void) {
-  uint64_t n = 0;
-  for (gr_thread_rec_t *r = gr_epoch_first(); r; r = r->next)
-    n += atomic_load_explicit(&young_of(r)->n, memory_order_relaxed);
-  return n;
-}
-
-static size_t drain(bool cool) {
-  gr_thread_rec_t *self = gr_epoch_t_rec, *first = gr_epoch_first();
-  bool any = false;
-  for (gr_thread_rec_t *r = first; r && !any; r = r->next)
-    any = atomic_load_explicit(&young_of(r)->n, memory_order_acquire) != 0;
-  if (!any)
-    return 0;
-  int old;
-  (void)pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old); /* never leave g_drain_mu locked */
-  pthread_mutex_lock(&g_drain_mu);
-  size_t moved = 0;
-  bool raised = false;
-  for (gr_thread_rec_t *r = first; r; r = r->next) {
-    young_t *y = young_of(r);
-    if (r != self && atomic_load_explicit(&y->n, memory_order_relaxed) != 0) {
-      atomic_store_explicit(&y->drain, 1, memory_order_seq_cst);
-      raised = true;
-    }
-  }
-  if (raised)
-    gr_epoch_heavy_barrier();
-  for (gr_thread_rec_t *r = first; r; r = r->next) {
-    young_t *y = young_of(r);
-    if (r == self) {
-      moved += young_move(y);
-      continue;
-    }
-    if (atomic_load_explicit(&y->drain, memory_order_relaxed) == 0)
-      continue;
-    for (unsigned spins = 0; atomic_load_explicit(&y->op, memory_order_seq_cst) != 0; spins++)
-      if (spins > 64)
-        sched_yield();
-    atomic_thread_fence(memory_order_acquire);
-    moved += young_move(y);
-    if (cool) {
-      atomic_store_explicit(&y->cool, YOUNG_COOL, memory_order_relaxed);
-      atomic_store_explicit(&y->countdown, 0, memory_order_relaxed); /* the next insert reads cool */
-    }
-    atomic_store_explicit(&y->drain, 0, memory_order_release);
-  }
-  pthread_mutex_unlock(&g_drain_mu);
-  (void)pthread_setcancelstate(old, NULL);
-  return moved;
-}
-
-/* In the child after fork(): the table is emptied, and so are the logs (their owners may be gone mid-operation);
- * each starts over in its thread record. */
-static void young_atfork_child(void) {
-  for (gr_thread_rec_t *r = gr_epoch_first(); r; r = r->next) {
-    young_t *y = young_of(r);
-    atomic_store_explicit(&y->op, 0, memory_order_relaxed);
-    atomic_store_explicit(&y->drain, 0, memory_order_relaxed);
-    atomic_store_explicit(&y->n, 0, memory_order_relaxed);
-    atomic_store_explicit(&y->cool, 0, memory_order_relaxed);
-    atomic_store_explicit(&y->countdown, 0, memory_order_relaxed);
-    if (y->mapped) {
-      munmap(y->slot, y->mapped);
-      count_bytes(-(ptrdiff_t)y->mapped);
-    }
-    y->slot = NULL;
-    y->mapped = 0;
-    memset(y->inl, 0, sizeof y->inl);
-  }
-  pthread_mutex_init(&g_drain_mu, NULL);
 }
 
 int gr_table_insert(const gr_rec_t *r) {
@@ -1435,7 +1020,7 @@ GR_HOT_INLINE int gr_table_take_kind_pk(unsigned ks, uint64_t key, unsigned stat
   if (GR_TABLE_UNLIKELY(rc != 0) && young) {
     /* Young in another thread's log, or in the own one while a drainer held it: once the drain returns, it is
      * in the table (moved by this drain or by the one that held the log). */
-    drain(true);
+    gr_young_drain(true);
     rc = take_kind_pk(ks, key, state_mask, kind_mask, out);
   }
   return rc;
@@ -1517,7 +1102,7 @@ int gr_table_lookup(unsigned ks, uint64_t key, unsigned state_mask, gr_rec_t *ou
   }
   int rc = lookup(ks, key, state_mask, out);
   if (rc != 0 && young) {
-    drain(true); /* as a take that found nothing */
+    gr_young_drain(true); /* as a take that found nothing */
     rc = lookup(ks, key, state_mask, out);
   }
   return rc;
@@ -1702,7 +1287,7 @@ int gr_table_check(void) {
 }
 
 void gr_table_atfork_child(void) {
-  young_atfork_child();
+  gr_young_atfork_child();
   /* Other threads are gone and cannot be inside the table: drop everything. */
   gen_t *g = load_root();
   atomic_store_explicit(&g_root, NULL, memory_order_seq_cst);

@@ -3,6 +3,7 @@
  * the build, so that this test runs in every configuration (as test_assert.c does for track.c and scope.c). */
 #define GR_DEBUG 1
 #include "../../src/table/table.c"
+#include "../../src/table/young.c"
 #include "gpureclaim.h"
 
 #include <criterion/criterion.h>

@@ -9,6 +9,7 @@
 void *test_mmap(void *a, size_t n, int prot, int flags, int fd, off_t off);
 #define mmap test_mmap
 #include "../../src/table/table.c"
+#include "../../src/table/young.c"
 #undef mmap
 
 #include <criterion/criterion.h>
