@@ -83,9 +83,9 @@ jnode_t *cmd_ask(const proc_t *p, const char *request, double timeout, const cha
 /* cmd_ask()'s *why when the timeout passed (the connection is closed then: the process drops a release request
  * whose asker hung up). */
 extern const char cmd_why_timed_out[];
-/* procs.c again. Calls fn(item) for each of n items of `stride` bytes, up to 32 at a time in threads of their own (here when
- * a thread cannot be started), and returns when every call has. For asking several processes at once: one
- * that does not answer then costs its timeout once, not once per process. */
+/* procs.c again. Calls fn(item) for each of n items of `stride` bytes, up to 32 at a time in threads of their
+ * own (here when a thread cannot be started), and returns when every call has. For asking several processes at
+ * once: one that does not answer then costs its timeout once, not once per process. */
 void cmd_each_at_once(void *items, size_t n, size_t stride, void (*fn)(void *item));
 /* Re-reads a process's status file. */
 jnode_t *cmd_read_status(const proc_t *p);
