@@ -1,7 +1,8 @@
 /*
  * sock.c -- the command's client of a process's control socket (docs/PROTOCOL.md): one connect with a deadline,
- * one send of a request line (cmd_sock_request: both), one read loop. cmd_ask() (one request, one answer) is built on them here; release's
- * release-begun exchange (cmd_release.c) and sleep's and wake's progress lines (cmd_sleep.c) use the same pieces.
+ * one send of a request line (cmd_sock_request: both), one read loop. cmd_ask() (one request, one answer) is
+ * built on them here; release's release-begun exchange (cmd_release.c) and sleep's and wake's progress lines
+ * (cmd_sleep.c) use the same pieces.
  */
 #include "command.h"
 #include "common.h"
