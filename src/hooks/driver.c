@@ -8,8 +8,9 @@
  *     for that (symbol, version, flags).
  * Both pass the sleep gate first (gate.h: one flag test; while the process sleeps, the call wakes it).
  * A body calls the real function first and records what it did only when it succeeded; it never changes the
- * result, except for the out-of-memory retry (GPURECLAIM_OOM_RETRY) and a late free of a block a release
- * already freed (gpureclaim.h, scopes).
+ * result, except for the out-of-memory retry (GPURECLAIM_OOM_RETRY), a late free of a block a release
+ * already freed (gpureclaim.h, scopes), and GPURECLAIM_LIMIT: an allocation past the process's limit fails with
+ * CUDA_ERROR_OUT_OF_MEMORY without reaching the driver, and cuMemGetInfo reports the limit (limit.c).
  */
 /* cuCtxDetach is deprecated in cuda.h, and this file defines it (an interposer wraps what programs still call). */
 #define CUDA_ENABLE_DEPRECATED 1
@@ -18,6 +19,7 @@
 #include "hooks.h"
 #include "registry.h"
 #include "stats.h"
+#include "limit.h"
 #include "track.h"
 #include "release.h"
 #include "peer.h"
@@ -41,6 +43,7 @@
 #undef cuDevicePrimaryCtxReset
 #undef cuIpcOpenMemHandle
 #undef cuStreamBeginCapture
+#undef cuMemGetInfo
 
 /* Real pointers: the export route resolves the symbol in libcuda once; the procaddr route keeps the pointer
  * cuGetProcAddress returned (procaddr.c fills it). */
@@ -106,6 +109,52 @@ static int async_device(CUmemoryPool pool, CUstream s) {
   gr_where_t w = gr_reg_stream_where(s);
   return w.ok && w.device != GR_DEVICE_NONE ? w.device : -1;
 }
+
+/* GPURECLAIM_LIMIT (limit.c): whether an allocation of bytes on device (-1: unknown) is refused because the
+ * process would pass its limit there. Before refusing, it releases what is safe from this thread, as an
+ * out-of-memory does (GPURECLAIM_OOM_RETRY rounds at most), and admits the allocation if that made room. It
+ * asks no peer and does not wait: memory other processes give cannot bring this one back under its own limit.
+ * Admitted, the allocation holds its bytes until gr_limit_end (LIMIT_END). */
+GR_COLD static bool limit_refused(int device, uint64_t bytes) {
+  if (gr_limit_admit(device, bytes))
+    return false;
+  for (unsigned attempt = 0; attempt < gr_opt()->oom_retry; attempt++) {
+    if (gr_release_for_oom() == 0)
+      break;
+    bool ok = gr_limit_admit(device, bytes) != 0;
+    gr_stats_oom_retry(ok);
+    if (ok)
+      return false;
+  }
+  char a[32], b[32], c[32];
+  gr_warn_once(w_limit, "an allocation of %s on GPU %d fails with CUDA_ERROR_OUT_OF_MEMORY: this process holds %s "
+                        "there and its limit is %s (GPURECLAIM_LIMIT; raise it, or free memory first); further "
+                        "refusals are not reported",
+               gr_log_bytes(bytes, a, sizeof a), device, gr_log_bytes(gr_limit_held(device), b, sizeof b),
+               gr_log_bytes(gr_limit_bytes(device), c, sizeof c));
+  return true;
+}
+
+/* The device of the calling thread's current context, -1 for none. */
+static int here_device(void) {
+  gr_where_t w = gr_reg_here();
+  return w.device == GR_DEVICE_NONE ? -1 : (int)w.device;
+}
+
+/* In an allocating body, before the driver call: refused by the limit, the body returns out-of-memory. */
+#define LIMIT_ADMIT(device_expr, bytes)                                                                    \
+  do {                                                                                                     \
+    if (GR_UNLIKELY(gr_limit_on()) && limit_refused((device_expr), (bytes))) {                             \
+      gr_tls.hook_depth--;                                                                                 \
+      return CUDA_ERROR_OUT_OF_MEMORY;                                                                     \
+    }                                                                                                      \
+  } while (0)
+/* After the driver call and the tracking: what the allocation held is the block's now, or given back. */
+#define LIMIT_END()                                                                                        \
+  do {                                                                                                     \
+    if (GR_UNLIKELY(gr_limit_on()))                                                                        \
+      gr_limit_end();                                                                                      \
+  } while (0)
 
 /* RETRIES, one function per allocating body, out of line: only a failed allocation pays for them, and the hot
  * bodies keep a small frame (a peer reclaim's state is over a kilobyte). */
@@ -258,12 +307,14 @@ static GR_HOT_INLINE CUresult b_mem_alloc(void *realp, uintptr_t ra, CUdeviceptr
   if (!gr_core_active())
     return real(dptr, bytesize);
   gr_tls.hook_depth++;
+  LIMIT_ADMIT(here_device(), bytesize);
   uint64_t seq0 = gr_track_ctx_seq();
   CUresult rc = real(dptr, bytesize);
   if (GR_UNLIKELY(rc != CUDA_SUCCESS) && rc == CUDA_ERROR_OUT_OF_MEMORY) /* success tested first: the usual case */
     rc = retry_mem_alloc(real, dptr, bytesize, rc);
   if (GR_LIKELY(rc == CUDA_SUCCESS))
     track_in_current_ctx(GPURECLAIM_KIND_DEVICE, *dptr, bytesize, GR_API_cuMemAlloc, ra, seq0);
+  LIMIT_END();
   gr_tls.hook_depth--;
   return rc;
 }
@@ -275,12 +326,14 @@ static CUresult b_mem_alloc_pitch(void *realp, uintptr_t ra, CUdeviceptr *dptr, 
   if (!gr_core_active())
     return real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
   gr_tls.hook_depth++;
+  LIMIT_ADMIT(here_device(), (uint64_t)WidthInBytes * Height); /* the rows' padding counts once the block is */
   uint64_t seq0 = gr_track_ctx_seq();
   CUresult rc = real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
   if (GR_UNLIKELY(rc == CUDA_ERROR_OUT_OF_MEMORY))
     rc = retry_mem_alloc_pitch(real, dptr, pPitch, WidthInBytes, Height, ElementSizeBytes, rc);
   if (rc == CUDA_SUCCESS)
     track_in_current_ctx(GPURECLAIM_KIND_PITCH, *dptr, (uint64_t)*pPitch * Height, GR_API_cuMemAllocPitch, ra, seq0);
+  LIMIT_END();
   gr_tls.hook_depth--;
   return rc;
 }
@@ -292,12 +345,14 @@ static CUresult b_mem_alloc_managed(void *realp, uintptr_t ra, CUdeviceptr *dptr
   if (!gr_core_active())
     return real(dptr, bytesize, flags);
   gr_tls.hook_depth++;
+  LIMIT_ADMIT(here_device(), bytesize);
   uint64_t seq0 = gr_track_ctx_seq();
   CUresult rc = real(dptr, bytesize, flags);
   if (GR_UNLIKELY(rc == CUDA_ERROR_OUT_OF_MEMORY))
     rc = retry_mem_alloc_managed(real, dptr, bytesize, flags, rc);
   if (rc == CUDA_SUCCESS)
     track_in_current_ctx(GPURECLAIM_KIND_MANAGED, *dptr, bytesize, GR_API_cuMemAllocManaged, ra, seq0);
+  LIMIT_END();
   gr_tls.hook_depth--;
   return rc;
 }
@@ -335,12 +390,14 @@ static GR_HOT_INLINE CUresult b_mem_alloc_async(void *realp, uintptr_t ra, CUdev
   if (!gr_core_active())
     return real(dptr, bytesize, hStream);
   gr_tls.hook_depth++;
+  LIMIT_ADMIT(async_device(NULL, hStream), bytesize);
   uint64_t seq0 = gr_track_ctx_seq();
   CUresult rc = real(dptr, bytesize, hStream);
   if (GR_UNLIKELY(rc != CUDA_SUCCESS) && rc == CUDA_ERROR_OUT_OF_MEMORY) /* success tested first: the usual case */
     rc = retry_mem_alloc_async(real, dptr, bytesize, hStream, rc);
   if (GR_LIKELY(rc == CUDA_SUCCESS))
     track_async(*dptr, bytesize, NULL, hStream, ra, GR_API_cuMemAllocAsync, seq0);
+  LIMIT_END();
   gr_tls.hook_depth--;
   return rc;
 }
@@ -352,12 +409,14 @@ static GR_HOT_INLINE CUresult b_mem_alloc_from_pool(void *realp, uintptr_t ra, C
   if (!gr_core_active())
     return real(dptr, bytesize, pool, hStream);
   gr_tls.hook_depth++;
+  LIMIT_ADMIT(async_device(pool, hStream), bytesize);
   uint64_t seq0 = gr_track_ctx_seq();
   CUresult rc = real(dptr, bytesize, pool, hStream);
   if (GR_UNLIKELY(rc != CUDA_SUCCESS) && rc == CUDA_ERROR_OUT_OF_MEMORY) /* success tested first: the usual case */
     rc = retry_mem_alloc_from_pool(real, dptr, bytesize, pool, hStream, rc);
   if (GR_LIKELY(rc == CUDA_SUCCESS))
     track_async(*dptr, bytesize, pool, hStream, ra, GR_API_cuMemAllocFromPoolAsync, seq0);
+  LIMIT_END();
   gr_tls.hook_depth--;
   return rc;
 }
@@ -406,6 +465,40 @@ static CUresult b_mem_free_host(void *realp, uintptr_t ra, void *p) {
   if (!p || !gr_core_active())
     return real(p);
   FREE_BODY(GR_KS_ADDR, (uint64_t)(uintptr_t)p, 1u << GPURECLAIM_KIND_HOST, real(p));
+}
+
+/* ---- cuMemGetInfo: the one answer GPURECLAIM_LIMIT changes (gpureclaim.h) ---- */
+
+/* With a limit on the current context's device: total = min(limit, total), free = min(free, limit - held). */
+GR_COLD static void limited_info(uint64_t *free_b, uint64_t *total) {
+  if (gr_core_active())
+    gr_limit_mem_info(here_device(), free_b, total);
+}
+
+static CUresult b_mem_get_info(void *realp, uintptr_t ra, size_t *free_b, size_t *total) {
+  (void)ra;
+  NEED_REAL(realp);
+  CUresult rc = ((PFN_cuMemGetInfo_v3020)realp)(free_b, total);
+  if (GR_UNLIKELY(gr_limit_on()) && rc == CUDA_SUCCESS && free_b && total) {
+    uint64_t f = *free_b, t = *total;
+    limited_info(&f, &t);
+    *free_b = (size_t)f, *total = (size_t)t;
+  }
+  return rc;
+}
+
+/* The 32-bit ABI: the driver saturates its figures at 4 GiB; the smaller of two saturated figures is the
+ * saturated smaller one. */
+static CUresult b_mem_get_info_v1(void *realp, uintptr_t ra, unsigned int *free_b, unsigned int *total) {
+  (void)ra;
+  NEED_REAL(realp);
+  CUresult rc = ((CUresult(CUDAAPI *)(unsigned int *, unsigned int *))realp)(free_b, total);
+  if (GR_UNLIKELY(gr_limit_on()) && rc == CUDA_SUCCESS && free_b && total) {
+    uint64_t f = *free_b, t = *total;
+    limited_info(&f, &t);
+    *free_b = (unsigned int)f, *total = (unsigned int)t;
+  }
+  return rc;
 }
 
 /* ---- IPC: memory shared with another process cannot be moved away under it (sleep.c refuses) ---- */
@@ -510,6 +603,7 @@ static CUresult b_mem_create(void *realp, uintptr_t ra, CUmemGenericAllocationHa
   if (!gr_core_active())
     return real(handle, size, prop, flags);
   gr_tls.hook_depth++;
+  LIMIT_ADMIT(prop_device(prop), size); /* physical memory: a limit counts it once, however often it is mapped */
   CUresult rc = real(handle, size, prop, flags);
   if (GR_UNLIKELY(rc == CUDA_ERROR_OUT_OF_MEMORY))
     rc = retry_mem_create(real, handle, size, prop, flags, rc);
@@ -521,6 +615,7 @@ static CUresult b_mem_create(void *realp, uintptr_t ra, CUmemGenericAllocationHa
       r.device = (uint8_t)d;
     gr_track_insert(&r);
   }
+  LIMIT_END();
   gr_tls.hook_depth--;
   return rc;
 }
