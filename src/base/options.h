@@ -32,8 +32,7 @@
  */
 #define GR_OPT_YESNO "1/0/yes/no/on/off"
 #define GR_OPT_SIZE_EXPECTED                                                                                     \
-  "a size above 0 (bytes, or with K, M, G or T, binary: 8G, 1.5GiB) or a fraction of the device above 0 and at " \
-  "most 1 (0.5, or 50%); unset it for no limit"
+  "a size (bytes, or K, M, G, T: 8G, 1.5GiB) or a fraction of the device in (0, 1] (0.5, 50%); unset: no limit"
 #define GR_OPTIONS(X)                                                                                             \
   X(SIGNAL, signal, signal, 0, "USR1", "USR1, USR2, RTMIN+n or off",                                              \
     ('s', "signal", GR_RUN_VALUE, NULL, "SIG", "release signal: USR1 (default), USR2, RTMIN+n, off"))             \
