@@ -1363,7 +1363,7 @@ static void prom_rows(FILE *f, const ps_row_t *rows, size_t n, const ps_filter_t
       {"gpureclaim_guarantee_bytes", "guarantee_bytes", "The process's guarantee on the GPU (GPURECLAIM_GUARANTEE)."},
   };
   for (size_t k = 0; k < sizeof share / sizeof share[0]; k++) {
-    fprintf(f, "# HELP %s %s\n# TYPE %s gauge\n", share[k].name, share[k].help, share[k].name);
+    bool declared = false; /* a family only where some process has one (every family declared has samples) */
     for (size_t i = 0; i < n; i++) {
       const jnode_t *pg = rows[i].stats ? arr(jget(rows[i].p.status, "peer"), "gpus") : NULL;
       for (size_t j = 0; pg && j < pg->n; j++) {
@@ -1371,6 +1371,9 @@ static void prom_rows(FILE *f, const ps_row_t *rows, size_t n, const ps_filter_t
         int dn = (int)jint(x, "device", -1);
         if (!val || val->type != JN_NUM || !selected(flt, dn, uuid_of(&rows[i], dn)))
           continue;
+        if (!declared)
+          fprintf(f, "# HELP %s %s\n# TYPE %s gauge\n", share[k].name, share[k].help, share[k].name);
+        declared = true;
         fputs(share[k].name, f);
         prom_labels(f, &rows[i], dn);
         fprintf(f, " %llu\n", (unsigned long long)u64(x, share[k].field));
