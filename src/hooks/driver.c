@@ -149,10 +149,12 @@ static int here_device(void) {
       return CUDA_ERROR_OUT_OF_MEMORY;                                                                     \
     }                                                                                                      \
   } while (0)
-/* After the driver call and the tracking: what the allocation held is the block's now, or given back. */
-#define LIMIT_END()                                                                                        \
+/* After the driver call: a failed allocation gives back what it held. A successful one's reservation became its
+ * block's count when the block was tracked (gr_limit_counted), or was given back by track.c when the block could
+ * not be (no test of the limit on the success path). */
+#define LIMIT_END(rc)                                                                                      \
   do {                                                                                                     \
-    if (GR_UNLIKELY(gr_limit_on()))                                                                        \
+    if (GR_UNLIKELY((rc) != CUDA_SUCCESS) && GR_UNLIKELY(gr_limit_on()))                                   \
       gr_limit_end();                                                                                      \
   } while (0)
 
@@ -314,7 +316,7 @@ static GR_HOT_INLINE CUresult b_mem_alloc(void *realp, uintptr_t ra, CUdeviceptr
     rc = retry_mem_alloc(real, dptr, bytesize, rc);
   if (GR_LIKELY(rc == CUDA_SUCCESS))
     track_in_current_ctx(GPURECLAIM_KIND_DEVICE, *dptr, bytesize, GR_API_cuMemAlloc, ra, seq0);
-  LIMIT_END();
+  LIMIT_END(rc);
   gr_tls.hook_depth--;
   return rc;
 }
@@ -333,7 +335,7 @@ static CUresult b_mem_alloc_pitch(void *realp, uintptr_t ra, CUdeviceptr *dptr, 
     rc = retry_mem_alloc_pitch(real, dptr, pPitch, WidthInBytes, Height, ElementSizeBytes, rc);
   if (rc == CUDA_SUCCESS)
     track_in_current_ctx(GPURECLAIM_KIND_PITCH, *dptr, (uint64_t)*pPitch * Height, GR_API_cuMemAllocPitch, ra, seq0);
-  LIMIT_END();
+  LIMIT_END(rc);
   gr_tls.hook_depth--;
   return rc;
 }
@@ -352,7 +354,7 @@ static CUresult b_mem_alloc_managed(void *realp, uintptr_t ra, CUdeviceptr *dptr
     rc = retry_mem_alloc_managed(real, dptr, bytesize, flags, rc);
   if (rc == CUDA_SUCCESS)
     track_in_current_ctx(GPURECLAIM_KIND_MANAGED, *dptr, bytesize, GR_API_cuMemAllocManaged, ra, seq0);
-  LIMIT_END();
+  LIMIT_END(rc);
   gr_tls.hook_depth--;
   return rc;
 }
@@ -397,7 +399,7 @@ static GR_HOT_INLINE CUresult b_mem_alloc_async(void *realp, uintptr_t ra, CUdev
     rc = retry_mem_alloc_async(real, dptr, bytesize, hStream, rc);
   if (GR_LIKELY(rc == CUDA_SUCCESS))
     track_async(*dptr, bytesize, NULL, hStream, ra, GR_API_cuMemAllocAsync, seq0);
-  LIMIT_END();
+  LIMIT_END(rc);
   gr_tls.hook_depth--;
   return rc;
 }
@@ -416,7 +418,7 @@ static GR_HOT_INLINE CUresult b_mem_alloc_from_pool(void *realp, uintptr_t ra, C
     rc = retry_mem_alloc_from_pool(real, dptr, bytesize, pool, hStream, rc);
   if (GR_LIKELY(rc == CUDA_SUCCESS))
     track_async(*dptr, bytesize, pool, hStream, ra, GR_API_cuMemAllocFromPoolAsync, seq0);
-  LIMIT_END();
+  LIMIT_END(rc);
   gr_tls.hook_depth--;
   return rc;
 }
@@ -615,7 +617,7 @@ static CUresult b_mem_create(void *realp, uintptr_t ra, CUmemGenericAllocationHa
       r.device = (uint8_t)d;
     gr_track_insert(&r);
   }
-  LIMIT_END();
+  LIMIT_END(rc);
   gr_tls.hook_depth--;
   return rc;
 }

@@ -18,9 +18,9 @@ void gr_limit_start(void);
  * it fits under the limit, which then holds the bytes for it (reserved atomically: concurrent allocations never
  * overshoot together) until gr_limit_end; 0 when it does not fit (nothing held). */
 int gr_limit_admit(int device, uint64_t bytes);
-/* After the driver call and the tracking of its block, on the thread that was admitted: the reservation becomes
- * the block's count when the block was tracked (gr_limit_counted took it), and is given back otherwise (the
- * driver failed, or the block is not tracked). */
+/* On the thread that was admitted, when its allocation will not be counted: the driver failed it (the hooks), or
+ * its block could not be tracked (track.c). A tracked block's count takes the reservation over (gr_limit_counted);
+ * without a reservation this does nothing. */
 void gr_limit_end(void);
 
 /* stats.c: a block of device memory of bytes on device (its packed device field) is counted as live, or no

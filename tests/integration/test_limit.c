@@ -15,6 +15,8 @@
 #include <stdatomic.h>
 #include <string.h>
 
+CUresult cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice);
+
 #define OK(call) cr_assert_eq((call), CUDA_SUCCESS, "%s", #call)
 #define OOM(call) cr_assert_eq((call), CUDA_ERROR_OUT_OF_MEMORY, "%s", #call)
 #define MiB (1024ull * 1024)
@@ -160,6 +162,28 @@ Test(limit, every_allocation_route_counts) {
   room_back();
   OK(cuMemAddressFree(va, 128 * MiB));
   OK(cuMemFreeHost(host));
+}
+
+Test(limit, a_failed_allocation_gives_back_what_it_held) {
+  CUdeviceptr a;
+  for (int i = 0; i < 3; i++) {
+    cr_assert_eq(simcuda_inject("cuMemAlloc_v2", CUDA_ERROR_INVALID_VALUE, 1), 0);
+    cr_assert_eq(cuMemAlloc(&a, 40 * MiB), CUDA_ERROR_INVALID_VALUE, "the driver's answer, unchanged");
+  }
+  OK(cuMemAlloc(&a, LIMIT)); /* nothing of the three failures is still held */
+  OK(cuMemFree(a));
+}
+
+Test(limit, blocks_that_go_with_their_context_give_room_back) {
+  CUcontext ctx;
+  CUdeviceptr a;
+  OK(cuCtxCreate_v2(&ctx, 0, 0));
+  OK(cuMemAlloc(&a, 48 * MiB));
+  OOM(cuMemAlloc(&a, 32 * MiB));
+  OK(cuCtxDestroy(ctx)); /* frees its blocks: the driver's, not a free the hooks see */
+  OK(cuCtxSetCurrent(g_ctx));
+  OK(cuMemAlloc(&a, LIMIT));
+  OK(cuMemFree(a));
 }
 
 Test(limit, cuMemGetInfo_reports_the_limit_on_every_route) {
