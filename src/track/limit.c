@@ -13,6 +13,11 @@
  * turns it into the block's own count (correcting it by what the driver allocated: a pitch allocation's rows
  * are padded), on the same thread and before the hook returns; gr_limit_end gives back a reservation nobody
  * took (the driver failed). Frees, releases and context destroys take the block's bytes off again.
+ *
+ * Ordering: each device's count is one atomic, and nothing else is published through it, so relaxed operations
+ * suffice: the compare-and-swap makes admissions a total order on the count (no two pass the limit together),
+ * and a free's subtraction is seen by the next admission that reads the count after it. The count is exact:
+ * an admitted block is counted once (its reservation, corrected), never twice.
  */
 #include "limit.h"
 #include "real.h"
