@@ -166,6 +166,39 @@ static dev_figs_t dev_figures(const ps_row_t *r, int d) {
   return x;
 }
 
+/* Limits, guarantees and a wait for memory, from the status file (whether it answers or not): its `peer` rows'
+ * limit_bytes and guarantee_bytes (null: none) on the GPUs shown, and its `wait` (null: not waiting). */
+static void sharing(ps_row_t *r, const jnode_t *peer_gpus, const ps_filter_t *f) {
+  for (size_t k = 0; peer_gpus && k < peer_gpus->n; k++) {
+    const jnode_t *g = &peer_gpus->kids[k], *l = jget(g, "limit_bytes"), *gu = jget(g, "guarantee_bytes");
+    int d = (int)jint(g, "device", -1);
+    if (!selected(f, d, jstr(g, "uuid", "")))
+      continue;
+    if (l && l->type == JN_NUM) {
+      r->has_limit = true;
+      r->limit += u64(g, "limit_bytes");
+    }
+    if (gu && gu->type == JN_NUM) {
+      r->has_guarantee = true;
+      r->guarantee += u64(g, "guarantee_bytes");
+    }
+  }
+  const jnode_t *w = jget(r->p.status, "wait");
+  int wd = -1; /* its own ordinal of the GPU it waits on, when its rows have that UUID */
+  for (size_t k = 0; w && peer_gpus && k < peer_gpus->n; k++)
+    if (!strcmp(jstr(&peer_gpus->kids[k], "uuid", ""), jstr(w, "uuid", "?")))
+      wd = (int)jint(&peer_gpus->kids[k], "device", -1);
+  if (w && w->type == JN_OBJ && selected(f, wd, jstr(w, "uuid", ""))) {
+    r->waiting = true;
+    r->wait_bytes = u64(w, "bytes");
+    r->wait_since_ms = jint(w, "since_ms", 0);
+    snprintf(r->wait_for, sizeof r->wait_for, "%s", jstr(w, "for", "?"));
+    snprintf(r->wait_uuid, sizeof r->wait_uuid, "%s", jstr(w, "uuid", ""));
+    cmd_printable(r->wait_for);
+    cmd_printable(r->wait_uuid);
+  }
+}
+
 /* Sums a process's figures over the GPUs shown, and adds them to those GPUs' totals. false when it uses none
  * of them (one whose GPUs are unknown is shown, as it may). A sleeping process keeps nothing on its GPUs: its
  * memory is counted on the host. */
@@ -175,6 +208,7 @@ static bool figures(ps_view_t *v, ps_row_t *r, const ps_filter_t *f) {
   r->pinned = u64(jget(r->stats, "total"), "host_pinned_bytes");
   /* Not answering: its status file's last figures, when it has them (`peer`, rewritten as they change). */
   const jnode_t *peer_gpus = arr(jget(r->p.status, "peer"), "gpus");
+  sharing(r, peer_gpus, f);
   r->stale = !r->stats && peer_gpus;
   if (r->stale)
     r->figures_ms = jint(r->p.status, "updated_ms", 0);
@@ -577,11 +611,13 @@ void ps_gpu_line(const ps_gpu_t *g, char *buf, size_t len, int width) {
 static bool narrow(int width) { return width > 0 && width < 100; }
 static bool tiny(int width) { return width > 0 && width < 70; }
 
-/* What the process is doing, in STATE: its sleep state (awake, sleeping, waking), or, not answering, stopped
- * (SIGSTOP, ^Z, a debugger) or silent. */
+/* What the process is doing, in STATE: its sleep state (awake, sleeping, waking), waiting (for memory: its
+ * status file's `wait`), or, not answering, stopped (SIGSTOP, ^Z, a debugger) or silent. */
 static const char *row_state(const ps_row_t *r) {
   if (r->stopped)
     return "stopped";
+  if (r->waiting)
+    return "waiting";
   if (!r->stats && !r->asleep)
     return "silent";
   return sleep_state(r);
@@ -679,6 +715,59 @@ void ps_print_frameworks(FILE *f, const ps_row_t *r, const ps_filter_t *flt, int
   }
 }
 
+/* "GPU 0" as the tables number it, for the GPU of a status file's row (device d, uuid). */
+static void gpu_words(int d, const char *uuid, char *buf, size_t len) {
+  int num = gpu_number(d, uuid);
+  if (num >= 0)
+    snprintf(buf, len, "GPU %d", num);
+  else if (d >= 0)
+    snprintf(buf, len, "its cuda:%d", d);
+  else
+    snprintf(buf, len, "GPU %s", uuid && *uuid ? uuid : "?");
+}
+
+static void put_cut(FILE *f, char *line, size_t len, int width) {
+  cut(line, len, width);
+  fprintf(f, "%s\n", line);
+}
+
+void ps_print_sharing(FILE *f, const ps_row_t *r, const ps_filter_t *flt, int width) {
+  const jnode_t *pg = arr(jget(r->p.status, "peer"), "gpus");
+  char line[400], gpu[PS_UUID_LEN + 16], b1[32], b2[32], b3[32];
+  for (size_t k = 0; pg && k < pg->n; k++) {
+    const jnode_t *g = &pg->kids[k], *l = jget(g, "limit_bytes"), *gu = jget(g, "guarantee_bytes");
+    int d = (int)jint(g, "device", -1);
+    char uuid[PS_UUID_LEN];
+    snprintf(uuid, sizeof uuid, "%s", jstr(g, "uuid", ""));
+    cmd_printable(uuid);
+    bool lim = l && l->type == JN_NUM, gua = gu && gu->type == JN_NUM;
+    if ((!lim && !gua) || !selected(flt, d, uuid))
+      continue;
+    gpu_words(d, uuid, gpu, sizeof gpu);
+    size_t n = (size_t)snprintf(line, sizeof line, "%8son %s:", "", gpu);
+    if (lim)
+      n += (size_t)snprintf(line + n, n < sizeof line ? sizeof line - n : 0, " limit %s (holds %s)",
+                            b(u64(g, "limit_bytes"), b1, sizeof b1), b(u64(g, "held_bytes"), b2, sizeof b2));
+    if (gua)
+      snprintf(line + n, n < sizeof line ? sizeof line - n : 0, "%s guarantee %s", lim ? "," : "",
+               b(u64(g, "guarantee_bytes"), b3, sizeof b3));
+    put_cut(f, line, sizeof line, width);
+  }
+  if (r->waiting) {
+    int64_t age = r->wait_since_ms > 0 ? (int64_t)gr_wall_ms() - r->wait_since_ms : -1;
+    char since[48] = "";
+    if (age >= 0)
+      snprintf(since, sizeof since, " %.1f s", (double)age / 1000);
+    gpu_words(-1, r->wait_uuid, gpu, sizeof gpu);
+    for (size_t i = 0; pg && i < pg->n; i++) /* its own ordinal for that UUID, when its rows have it */
+      if (!strcmp(jstr(&pg->kids[i], "uuid", ""), r->wait_uuid))
+        gpu_words((int)jint(&pg->kids[i], "device", -1), r->wait_uuid, gpu, sizeof gpu);
+    snprintf(line, sizeof line, "%8swaiting%s for %s on %s (%s)", "", since, b(r->wait_bytes, b1, sizeof b1), gpu,
+             !strcmp(r->wait_for, "wake") ? "to wake up" : !strcmp(r->wait_for, "alloc") ? "an allocation" : r->wait_for);
+    put_cut(f, line, sizeof line, width);
+  }
+}
+
 static int term_width(void) {
   struct winsize ws;
   if (!isatty(STDOUT_FILENO) || ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) != 0 || ws.ws_col == 0)
@@ -704,6 +793,7 @@ void ps_print_table(FILE *f, const ps_view_t *v, const ps_filter_t *flt, bool fo
     ps_row_line(&v->rows[i], line, sizeof line, width);
     fprintf(f, "%s\n", line);
     ps_print_frameworks(f, &v->rows[i], flt, width);
+    ps_print_sharing(f, &v->rows[i], flt, width);
   }
   if (!v->n) {
     /* Where it looked: a job started elsewhere has another run directory (docs/COMMAND.md, "Where processes are found"). */
@@ -762,6 +852,9 @@ static const field_t g_fields[] = {
     {"last_release", "LAST RELEASE", F_BYTES, false},
     {"signal", "SIGNAL", F_STR, false},
     {"state", "STATE", F_STR, false},
+    {"limit", "LIMIT", F_BYTES, false},
+    {"guarantee", "GUARANTEE", F_BYTES, false},
+    {"waiting", "WAITING", F_BYTES, false},
     {"host", "HOST", F_BYTES, false},
     {"error", "ERROR", F_STR, false},
     {"timestamp", "TIMESTAMP", F_STR, false},
@@ -804,6 +897,9 @@ static const char *field_value(const ps_view_t *v, const ps_row_t *r, int i, uin
     *num = u64(lr, "cached_bytes") + u64(lr, "orphaned_bytes") + u64(lr, "all_bytes");
   } else if (!strcmp(name, "signal")) return jstr(r->p.status, "signal", "?");
   else if (!strcmp(name, "state")) return sleep_state(r);
+  else if (!strcmp(name, "limit")) *num = r->limit;
+  else if (!strcmp(name, "guarantee")) *num = r->guarantee;
+  else if (!strcmp(name, "waiting")) *num = r->waiting ? r->wait_bytes : 0;
   else if (!strcmp(name, "host")) *num = r->host;
   else if (!strcmp(name, "error")) return r->stats ? "" : r->why;
   else if (!strcmp(name, "timestamp")) return cmd_iso_time(v->time_ms, buf, len);
@@ -850,6 +946,15 @@ static void print_query(FILE *f, const ps_view_t *v, const int *q, size_t nq, in
       uint64_t n;
       const char *s = field_value(v, r, q[k], &n, buf, sizeof buf);
       bool unknown = fd->from_stats && !r->stats;
+      /* no limit, no guarantee: null, empty, or "-" in a table */
+      bool none = (!strcmp(fd->name, "limit") && !r->has_limit) || (!strcmp(fd->name, "guarantee") && !r->has_guarantee);
+      if (none && fmt != OUT_JSON) {
+        if (k)
+          fputs(fmt == OUT_CSV ? "," : " ", f);
+        fputs(fmt == OUT_CSV ? "" : "         -", f);
+        continue;
+      }
+      unknown = unknown || none;
       if (fmt == OUT_JSON) {
         fprintf(f, "%s\"%s\":", k ? "," : "", fd->name);
         if (unknown)
@@ -1005,6 +1110,25 @@ static void json_process(FILE *f, const ps_row_t *r, const ps_filter_t *flt) {
   fputs(",\"state\":", f);
   cmd_json_str(f, sleep_state(r));
   fprintf(f, ",\"host_bytes\":%llu", (unsigned long long)r->host);
+  /* Sharing a GPU: from the status file, whether it answered or not. */
+  if (r->has_limit)
+    fprintf(f, ",\"limit_bytes\":%llu", (unsigned long long)r->limit);
+  else
+    fputs(",\"limit_bytes\":null", f);
+  if (r->has_guarantee)
+    fprintf(f, ",\"guarantee_bytes\":%llu", (unsigned long long)r->guarantee);
+  else
+    fputs(",\"guarantee_bytes\":null", f);
+  if (r->waiting) {
+    fputs(",\"wait\":{\"uuid\":", f);
+    cmd_json_str(f, r->wait_uuid);
+    fprintf(f, ",\"bytes\":%llu,\"since_ms\":%lld,\"for\":", (unsigned long long)r->wait_bytes,
+            (long long)r->wait_since_ms);
+    cmd_json_str(f, r->wait_for);
+    fputc('}', f);
+  } else {
+    fputs(",\"wait\":null", f);
+  }
   fprintf(f, ",\"releases\":%lld,\"signal\":", (long long)jint(r->p.status, "releases", 0));
   cmd_json_str(f, jstr(r->p.status, "signal", "?"));
   fputs(",\"last_release\":", f);
@@ -1228,6 +1352,50 @@ static void prom_rows(FILE *f, const ps_row_t *rows, size_t n, const ps_filter_t
     fputs("gpureclaim_sleep_host_bytes", f);
     prom_labels(f, &rows[i], -1);
     fprintf(f, " %llu\n", (unsigned long long)sleep_host(&rows[i]));
+  }
+  /* Sharing a GPU, from the status files of the processes that answer (as every sample but gpureclaim_up): per
+   * GPU with one, the limit and the guarantee; per process, whether it waits for memory and for how much. */
+  static const struct {
+    const char *name, *field, *help;
+  } share[] = {
+      {"gpureclaim_limit_bytes", "limit_bytes", "The process's limit on the GPU (GPURECLAIM_LIMIT)."},
+      {"gpureclaim_guarantee_bytes", "guarantee_bytes", "The process's guarantee on the GPU (GPURECLAIM_GUARANTEE)."},
+  };
+  for (size_t k = 0; k < sizeof share / sizeof share[0]; k++) {
+    bool declared = false; /* a family only where some process has one (every family declared has samples) */
+    for (size_t i = 0; i < n; i++) {
+      const jnode_t *pg = rows[i].stats ? arr(jget(rows[i].p.status, "peer"), "gpus") : NULL;
+      for (size_t j = 0; pg && j < pg->n; j++) {
+        const jnode_t *x = &pg->kids[j], *val = jget(x, share[k].field);
+        int dn = (int)jint(x, "device", -1);
+        if (!val || val->type != JN_NUM || !selected(flt, dn, uuid_of(&rows[i], dn)))
+          continue;
+        if (!declared)
+          fprintf(f, "# HELP %s %s\n# TYPE %s gauge\n", share[k].name, share[k].help, share[k].name);
+        declared = true;
+        fputs(share[k].name, f);
+        prom_labels(f, &rows[i], dn);
+        fprintf(f, " %llu\n", (unsigned long long)u64(x, share[k].field));
+      }
+    }
+  }
+  fputs("# HELP gpureclaim_waiting Whether the process waits for memory (an allocation or a wake).\n"
+        "# TYPE gpureclaim_waiting gauge\n", f);
+  for (size_t i = 0; i < n; i++) {
+    if (!rows[i].stats)
+      continue;
+    fputs("gpureclaim_waiting", f);
+    prom_labels(f, &rows[i], -1);
+    fprintf(f, " %d\n", rows[i].waiting ? 1 : 0);
+  }
+  fputs("# HELP gpureclaim_waiting_bytes The memory the process waits for (0 when not waiting).\n"
+        "# TYPE gpureclaim_waiting_bytes gauge\n", f);
+  for (size_t i = 0; i < n; i++) {
+    if (!rows[i].stats)
+      continue;
+    fputs("gpureclaim_waiting_bytes", f);
+    prom_labels(f, &rows[i], -1);
+    fprintf(f, " %llu\n", (unsigned long long)(rows[i].waiting ? rows[i].wait_bytes : 0));
   }
   fputs("# HELP gpureclaim_up Whether the process answered on its control socket.\n# TYPE gpureclaim_up gauge\n", f);
   for (size_t i = 0; i < n; i++) {

@@ -188,9 +188,10 @@ static const char *const g_help_lines[] = {
     "  q, ^C               quit",
     "",
     "STATE: awake, sleeping (its memory is on the host: gpureclaim wake PID),",
-    "waking, stopped (SIGSTOP, ^Z, a debugger), silent (not answering); the last",
-    "two show their status file's last figures. GPUs are numbered as nvidia-smi",
-    "numbers them. gpureclaim top --help and man gpureclaim say more.",
+    "waking, waiting (for memory), stopped (SIGSTOP, ^Z, a debugger), silent (not",
+    "answering); the last two show their status file's last figures. Under the",
+    "table, the selected process's limit, guarantee and wait. GPUs are numbered",
+    "as nvidia-smi numbers them. gpureclaim top --help and man gpureclaim say more.",
     NULL};
 
 static void draw(screen_t *s, const top_opts_t *o) {
@@ -235,6 +236,7 @@ static void draw(screen_t *s, const top_opts_t *o) {
     FILE *m = open_memstream(&fw, &fwlen);
     if (m) {
       ps_print_frameworks(m, &s->v.rows[s->sel], &o->filter, COLS);
+      ps_print_sharing(m, &s->v.rows[s->sel], &o->filter, COLS);
       fclose(m);
     }
     for (size_t i = 0; fw && i < fwlen; i++)

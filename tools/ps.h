@@ -26,6 +26,14 @@ typedef struct ps_row {
   uint64_t releasable; /* cached + orphan: what `release` (cached,orphaned) gives back */
   uint64_t host;       /* asleep: the device memory it keeps in host memory */
   int64_t figures_ms;  /* stale: when the status file was written (CLOCK_REALTIME ms) */
+  /* Sharing a GPU (the status file's `peer` rows and `wait`, on the GPUs shown): */
+  bool has_limit, has_guarantee;
+  uint64_t limit, guarantee; /* GPURECLAIM_LIMIT and GPURECLAIM_GUARANTEE, summed over the GPUs that have one */
+  bool waiting;              /* it waits for memory (`wait`) on a GPU shown */
+  uint64_t wait_bytes;       /* ... for this much */
+  int64_t wait_since_ms;     /* ... since then (CLOCK_REALTIME ms) */
+  char wait_for[8];          /* ... for an allocation ("alloc") or a wake ("wake") */
+  char wait_uuid[PS_UUID_LEN];
 } ps_row_t;
 
 /* One GPU: the driver's figures (NVML's, as nvidia-smi shows them; else those of a process that uses it) and
@@ -95,6 +103,9 @@ void ps_print_table(FILE *f, const ps_view_t *v, const ps_filter_t *flt, bool fo
  * limit): reserved = in use + releasable + non-releasable (as torch.cuda.memory_summary() splits them). Nothing
  * when it has none. */
 void ps_print_frameworks(FILE *f, const ps_row_t *r, const ps_filter_t *flt, int width);
+/* Its limit and guarantee per GPU shown, and what it waits for, one indented line each (nothing when it has
+ * none of them). */
+void ps_print_sharing(FILE *f, const ps_row_t *r, const ps_filter_t *flt, int width);
 void ps_print_json(FILE *f, const ps_view_t *v, const ps_filter_t *flt);
 
 #endif

@@ -10,6 +10,7 @@
 #include "names.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -188,6 +189,82 @@ int gr_opt_parse_seconds_ms(const char *s, unsigned *out) {
   return 0;
 }
 
+/* A decimal number of at most 20 whole digits and 6 decimals ("1.5"), as whole * 10^6 + millionths; -EINVAL
+ * for anything else, or a value that does not fit. *end: the first character after it. */
+static int parse_decimal_e6(const char *s, unsigned long long *out, const char **end) {
+  unsigned long long whole = 0, frac = 0;
+  const char *p = s;
+  int nw = 0, nf = 0;
+  for (; *p >= '0' && *p <= '9'; p++, nw++) {
+    if (whole > (ULLONG_MAX - 9) / 10)
+      return -EINVAL;
+    whole = whole * 10 + (unsigned long long)(*p - '0');
+  }
+  if (*p == '.') {
+    for (p++; *p >= '0' && *p <= '9'; p++, nf++) {
+      if (nf >= 6)
+        return -EINVAL; /* more decimals than a millionth */
+      frac = frac * 10 + (unsigned long long)(*p - '0');
+    }
+    if (nf == 0)
+      return -EINVAL; /* "1." */
+  }
+  if (nw == 0 || whole > ULLONG_MAX / 1000000)
+    return -EINVAL;
+  for (int i = nf; i < 6; i++)
+    frac *= 10;
+  *out = whole * 1000000 + frac;
+  *end = p;
+  return 0;
+}
+
+int gr_opt_parse_size(const char *s, gr_opt_size_t *out) {
+  unsigned long long e6;
+  const char *u;
+  if (!s || parse_decimal_e6(s, &e6, &u) != 0)
+    return -EINVAL;
+  bool has_point = strchr(s, '.') && strchr(s, '.') < u;
+  if (*u == '%' && u[1] == '\0') { /* a percentage: above 0, at most 100 */
+    if (e6 == 0 || e6 > 100ull * 1000000 || e6 % 100 != 0)
+      return -EINVAL; /* 0, above 100, or finer than a millionth of the device */
+    *out = (gr_opt_size_t){.bytes = 0, .ppm = (uint32_t)(e6 / 100)};
+    return 0;
+  }
+  if (*u == '\0' && has_point) { /* a fraction: above 0, at most 1 */
+    if (e6 == 0 || e6 > 1000000)
+      return -EINVAL;
+    *out = (gr_opt_size_t){.bytes = 0, .ppm = (uint32_t)e6};
+    return 0;
+  }
+  unsigned shift = 0;
+  if (*u) {
+    static const char units[] = "kmgt";
+    const char *k = strchr(units, *u >= 'A' && *u <= 'Z' ? *u + 32 : *u);
+    if (!k || !*k)
+      return -EINVAL;
+    shift = 10 * (unsigned)(k - units + 1);
+    u++;
+    if (!strcmp(u, "iB") || !strcmp(u, "ib") || !strcmp(u, "B") || !strcmp(u, "b"))
+      u += strlen(u);
+    if (*u)
+      return -EINVAL;
+  }
+  if (!shift && has_point)
+    return -EINVAL; /* unreachable: a point without a unit is a fraction */
+  /* e6 / 10^6 << shift, in 128 bits: no overflow on the way */
+  unsigned __int128 b = ((unsigned __int128)e6 << shift) / 1000000;
+  if (b == 0 || b > UINT64_MAX)
+    return -EINVAL;
+  *out = (gr_opt_size_t){.bytes = (uint64_t)b, .ppm = 0};
+  return 0;
+}
+
+uint64_t gr_opt_size_bytes(const gr_opt_size_t *size, uint64_t total) {
+  if (size->bytes)
+    return size->bytes;
+  return (uint64_t)(((unsigned __int128)total * size->ppm) / 1000000);
+}
+
 const char *gr_opt_what_name(unsigned what, char *buf, size_t len) {
   size_t n = 0;
   if (len)
@@ -301,6 +378,11 @@ static int parse_seconds(const char *v, unsigned *dst, unsigned long long bound,
   return gr_opt_parse_seconds_ms(v, dst);
 }
 
+static int parse_size(const char *v, gr_opt_size_t *dst, unsigned long long bound, gr_options_t *o) {
+  (void)bound, (void)o;
+  return gr_opt_parse_size(v, dst);
+}
+
 /* One parser per option, and the table. */
 typedef int (*parse_fn)(const char *value, gr_options_t *o);
 #define PARSER_(ID, field, kind, bound, ...) \
@@ -373,8 +455,8 @@ static void load(void) {
     else if (g_table[i].parse == p_RUNDIR)
       rundir_refused = true; /* below, once GPURECLAIM_STATUS is read too */
     else
-      gr_warn("%s=\"%.200s\" is not valid (expected %s); using the default", g_table[i].name, v,
-              g_table[i].expected);
+      gr_warn("%s=\"%.200s\" is not valid (expected %s); %s", g_table[i].name, v, g_table[i].expected,
+              g_table[i].parse == p_LIMIT ? "this process runs WITHOUT a memory limit" : "using the default");
   }
   /* A run directory given but refused is not replaced by the default: the user meant another directory (one
    * per job, say), and the default one may hold other jobs' files. No status file and no socket, then. */

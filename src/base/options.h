@@ -19,7 +19,7 @@
  *               on/off, any case), uint and level (a whole number from 0 to bound, into unsigned / int), signal,
  *               what (a list of cached, orphaned, all, or sleep), log (stderr or a path), dir (an absolute path),
  *               peers (a list of ask, give, sleep, or off), seconds (0.001 to 60 into milliseconds), autobool
- *               (auto, or yes/no as -1, 1, 0)
+ *               (auto, or yes/no as -1, 1, 0), size (bytes or a fraction of the device: gr_opt_parse_size)
  *     bound     the largest value of uint and level (else 0)
  *     default   the value as one would write it, parsed as the variable's (NULL: none, or computed: RUNDIR)
  *     expected  what the warning about a malformed value says the variable takes
@@ -31,6 +31,8 @@
  * completions) tests/cli/test_names_docs.py checks against this list, as tests/cli/layout.c prints it.
  */
 #define GR_OPT_YESNO "1/0/yes/no/on/off"
+#define GR_OPT_SIZE_EXPECTED                                                                                     \
+  "a size (bytes, or K, M, G, T: 8G, 1.5GiB) or a fraction of the device in (0, 1] (0.5, 50%); unset: no limit"
 #define GR_OPTIONS(X)                                                                                             \
   X(SIGNAL, signal, signal, 0, "USR1", "USR1, USR2, RTMIN+n or off",                                              \
     ('s', "signal", GR_RUN_VALUE, NULL, "SIG", "release signal: USR1 (default), USR2, RTMIN+n, off"))             \
@@ -66,13 +68,19 @@
   X(PYTHON, python, yesno, 0, "1", GR_OPT_YESNO, GR_RUN_NO)                                                       \
   X(SLEEP, sleep, autobool, 0, "auto", "auto, 1/yes/on or 0/no/off", GR_RUN_NO)                                   \
   X(WAKE_TIMEOUT, wake_timeout, uint, 86400, "10", "seconds from 0 to 86400", GR_RUN_NO)                          \
-  X(SLEEP_IDLE, sleep_idle, uint, 30 * 86400, "0", "seconds from 0 (off) to 2592000", GR_RUN_NO)
+  X(SLEEP_IDLE, sleep_idle, uint, 30 * 86400, "0", "seconds from 0 (off) to 2592000", GR_RUN_NO)                  \
+  X(LIMIT, limit, size, 0, NULL, GR_OPT_SIZE_EXPECTED, GR_RUN_NO)
 
 enum { GR_RUN_NONE, GR_RUN_VALUE, GR_RUN_FLAG, GR_RUN_OPTIONAL };
 #define GR_RUN_NO (0, NULL, GR_RUN_NONE, NULL, NULL, NULL)
 
 /* The member types, by kind. */
 typedef char gr_opt_path_t[4096];
+/* A size (GPURECLAIM_LIMIT): bytes, or a fraction of the device in millionths; both 0: unset. */
+typedef struct gr_opt_size {
+  uint64_t bytes;
+  uint32_t ppm; /* 1 to 1,000,000 for a fraction */
+} gr_opt_size_t;
 #define GR_OPT_T_yesno bool
 #define GR_OPT_T_uint unsigned
 #define GR_OPT_T_level int
@@ -83,6 +91,7 @@ typedef char gr_opt_path_t[4096];
 #define GR_OPT_T_peers unsigned   /* GR_PEERS_ASK | ... */
 #define GR_OPT_T_seconds unsigned /* milliseconds */
 #define GR_OPT_T_autobool int     /* -1 auto, 0 off, 1 on */
+#define GR_OPT_T_size gr_opt_size_t
 
 #define GR_OPT_MEMBER_(ID, field, kind, ...) GR_OPT_T_##kind field;
 typedef struct gr_options {
@@ -125,6 +134,12 @@ int gr_opt_parse_peers(const char *s, unsigned *out);
 /* GPURECLAIM_PEER_TIMEOUT: seconds, 0.001 to 60, at most 3 decimals ("2", "0.5"); *out in milliseconds. */
 int gr_opt_parse_seconds_ms(const char *s, unsigned *out);
 int gr_opt_parse_uint(const char *s, unsigned long long max, unsigned long long *out);
+/* GPURECLAIM_LIMIT: a whole number of bytes ("8589934592"), a size with a binary unit K, M, G or T (any case,
+ * "iB" or "B" after it allowed: "8G", "1.5GiB"), or a fraction of the device: a number with a decimal point and
+ * no unit, above 0 and at most 1 ("0.5"), or a percentage above 0 and at most 100 ("50%"). 0 is refused. */
+int gr_opt_parse_size(const char *s, gr_opt_size_t *out);
+/* The bytes of size on a device of total bytes (a fraction rounded down; 0 for an unset size). */
+uint64_t gr_opt_size_bytes(const gr_opt_size_t *size, uint64_t total);
 /* Whether a GPURECLAIM_LOG value names standard error ("stderr" in any case, or "-") rather than a file. */
 bool gr_opt_log_is_stderr(const char *s);
 /* The default of variable name as written in GR_OPTIONS ("cached,orphaned"); NULL: none, computed, or no such

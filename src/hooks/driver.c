@@ -8,8 +8,9 @@
  *     for that (symbol, version, flags).
  * Both pass the sleep gate first (gate.h: one flag test; while the process sleeps, the call wakes it).
  * A body calls the real function first and records what it did only when it succeeded; it never changes the
- * result, except for the out-of-memory retry (GPURECLAIM_OOM_RETRY) and a late free of a block a release
- * already freed (gpureclaim.h, scopes).
+ * result, except for the out-of-memory retry (GPURECLAIM_OOM_RETRY), a late free of a block a release
+ * already freed (gpureclaim.h, scopes), and GPURECLAIM_LIMIT: an allocation past the process's limit fails with
+ * CUDA_ERROR_OUT_OF_MEMORY without reaching the driver, and cuMemGetInfo reports the limit (limit.c).
  */
 /* cuCtxDetach is deprecated in cuda.h, and this file defines it (an interposer wraps what programs still call). */
 #define CUDA_ENABLE_DEPRECATED 1
@@ -18,6 +19,7 @@
 #include "hooks.h"
 #include "registry.h"
 #include "stats.h"
+#include "limit.h"
 #include "track.h"
 #include "release.h"
 #include "peer.h"
@@ -41,6 +43,7 @@
 #undef cuDevicePrimaryCtxReset
 #undef cuIpcOpenMemHandle
 #undef cuStreamBeginCapture
+#undef cuMemGetInfo
 
 /* Real pointers: the export route resolves the symbol in libcuda once; the procaddr route keeps the pointer
  * cuGetProcAddress returned (procaddr.c fills it). */
@@ -96,6 +99,37 @@ static inline void *pa_real(int id) { return atomic_load_explicit(&gr_pa_real[id
     }                                                                                                      \
   } while (0)
 
+/* GPURECLAIM_LIMIT (limit.c): whether an allocation of bytes on device (-1: unknown) is refused because the
+ * process would pass its limit there. Before refusing, it releases what is safe from this thread, as an
+ * out-of-memory does (GPURECLAIM_OOM_RETRY rounds at most), and admits the allocation if that made room. It
+ * asks no peer and does not wait: memory other processes give cannot bring this one back under its own limit.
+ * Admitted, the allocation holds its bytes until gr_limit_end (LIMIT_END). */
+GR_COLD static bool limit_refused(int device, uint64_t bytes) {
+  if (gr_limit_admit(device, bytes))
+    return false;
+  for (unsigned attempt = 0; attempt < gr_opt()->oom_retry; attempt++) {
+    if (gr_release_for_oom() == 0)
+      break;
+    bool ok = gr_limit_admit(device, bytes) != 0;
+    gr_stats_oom_retry(ok);
+    if (ok)
+      return false;
+  }
+  char a[32], b[32], c[32];
+  gr_warn_once(w_limit, "an allocation of %s on GPU %d fails with CUDA_ERROR_OUT_OF_MEMORY: this process holds %s "
+                        "there and its limit is %s (GPURECLAIM_LIMIT; raise it, or free memory first); further "
+                        "refusals are not reported",
+               gr_log_bytes(bytes, a, sizeof a), device, gr_log_bytes(gr_limit_held(device), b, sizeof b),
+               gr_log_bytes(gr_limit_bytes(device), c, sizeof c));
+  return true;
+}
+
+/* The device of the calling thread's current context, -1 for none. */
+static int here_device(void) {
+  gr_where_t w = gr_reg_here();
+  return w.device == GR_DEVICE_NONE ? -1 : (int)w.device;
+}
+
 /* RETRIES, one function per allocating body, out of line: only a failed allocation pays for them, and the hot
  * bodies keep a small frame (a peer reclaim's state is over a kilobyte). */
 GR_COLD static CUresult retry_mem_alloc(PFN_cuMemAlloc_v3020 real, CUdeviceptr *dptr, size_t bytesize, CUresult rc) {
@@ -150,12 +184,17 @@ GR_COLD static CUresult retry_mem_create(PFN_cuMemCreate_v10020 real, CUmemGener
  * rc_; no_retry where there is none); after a success, track (its record, which may read seq0_:
  * gr_track_ctx_seq() before the driver call, as a destroy of the context may overlap, track.c). A check that every
  * allocation makes before it reaches the driver (a limit, a wait for memory) belongs here, once, before the
- * first call. */
-#define ALLOC_BODY(call, retry, track)                                                                     \
+ * first call: GPURECLAIM_LIMIT's admission (limit_dev: the device the bytes count on, -1 for none; evaluated only
+ * with a limit set). */
+#define ALLOC_BODY(limit_dev, limit_bytes, call, retry, track)                                              \
   do {                                                                                                     \
     if (!gr_core_active())                                                                                 \
       return (call);                                                                                       \
     gr_tls.hook_depth++;                                                                                   \
+    if (GR_UNLIKELY(gr_limit_on()) && limit_refused((limit_dev), (limit_bytes))) {                         \
+      gr_tls.hook_depth--;                                                                                 \
+      return CUDA_ERROR_OUT_OF_MEMORY; /* past GPURECLAIM_LIMIT, its own cache released: no driver call */  \
+    }                                                                                                      \
     uint64_t seq0_ = gr_track_ctx_seq(); /* a context destroy may overlap (track.c) */                     \
     (void)seq0_; /* a body whose record does not need it (cuMemCreate) */                                  \
     CUresult rc_ = (call);                                                                                 \
@@ -163,9 +202,14 @@ GR_COLD static CUresult retry_mem_create(PFN_cuMemCreate_v10020 real, CUmemGener
       rc_ = (retry);                                                                                       \
     if (GR_LIKELY(rc_ == CUDA_SUCCESS))                                                                    \
       track;                                                                                               \
+    else if (GR_UNLIKELY(gr_limit_on()))                                                                   \
+      gr_limit_end(); /* failed: what it held under the limit goes back (a tracked block's count took it) */ \
     gr_tls.hook_depth--;                                                                                   \
     return rc_;                                                                                            \
   } while (0)
+
+/* ALLOC_BODY's limit_dev for what no limit counts (pinned host memory). */
+#define NOT_LIMITED (-1)
 
 /* Pinned host memory is not retried: a release frees device memory. */
 static inline CUresult no_retry(CUresult rc) { return rc; }
@@ -219,7 +263,7 @@ static CUresult b_init(void *realp, uintptr_t ra, unsigned int Flags) {
 static GR_HOT_INLINE CUresult b_mem_alloc(void *realp, uintptr_t ra, CUdeviceptr *dptr, size_t bytesize) {
   NEED_REAL(realp);
   PFN_cuMemAlloc_v3020 real = (PFN_cuMemAlloc_v3020)realp;
-  ALLOC_BODY(real(dptr, bytesize), retry_mem_alloc(real, dptr, bytesize, rc_),
+  ALLOC_BODY(here_device(), bytesize, real(dptr, bytesize), retry_mem_alloc(real, dptr, bytesize, rc_),
              gr_track_alloc_here(GPURECLAIM_KIND_DEVICE, *dptr, bytesize, GR_API_cuMemAlloc, ra, seq0_));
 }
 
@@ -227,7 +271,8 @@ static CUresult b_mem_alloc_pitch(void *realp, uintptr_t ra, CUdeviceptr *dptr, 
                                   size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes) {
   NEED_REAL(realp);
   PFN_cuMemAllocPitch_v3020 real = (PFN_cuMemAllocPitch_v3020)realp;
-  ALLOC_BODY(real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes),
+  ALLOC_BODY(here_device(), (uint64_t)WidthInBytes * Height, /* the rows' padding counts once the block is */
+             real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes),
              retry_mem_alloc_pitch(real, dptr, pPitch, WidthInBytes, Height, ElementSizeBytes, rc_),
              gr_track_alloc_here(GPURECLAIM_KIND_PITCH, *dptr, (uint64_t)*pPitch * Height, GR_API_cuMemAllocPitch, ra,
                                  seq0_));
@@ -237,7 +282,7 @@ static CUresult b_mem_alloc_managed(void *realp, uintptr_t ra, CUdeviceptr *dptr
                                     unsigned int flags) {
   NEED_REAL(realp);
   PFN_cuMemAllocManaged_v6000 real = (PFN_cuMemAllocManaged_v6000)realp;
-  ALLOC_BODY(real(dptr, bytesize, flags), retry_mem_alloc_managed(real, dptr, bytesize, flags, rc_),
+  ALLOC_BODY(here_device(), bytesize, real(dptr, bytesize, flags), retry_mem_alloc_managed(real, dptr, bytesize, flags, rc_),
              gr_track_alloc_here(GPURECLAIM_KIND_MANAGED, *dptr, bytesize, GR_API_cuMemAllocManaged, ra, seq0_));
 }
 
@@ -254,7 +299,7 @@ static GR_HOT_INLINE CUresult b_mem_alloc_async(void *realp, uintptr_t ra, CUdev
                                                 CUstream hStream) {
   NEED_REAL(realp);
   PFN_cuMemAllocAsync_v11020 real = (PFN_cuMemAllocAsync_v11020)realp;
-  ALLOC_BODY(real(dptr, bytesize, hStream), retry_mem_alloc_async(real, dptr, bytesize, hStream, rc_),
+  ALLOC_BODY(gr_reg_async_device(NULL, hStream), bytesize, real(dptr, bytesize, hStream), retry_mem_alloc_async(real, dptr, bytesize, hStream, rc_),
              gr_track_alloc_async(*dptr, bytesize, NULL, hStream, GR_API_cuMemAllocAsync, ra, seq0_));
 }
 
@@ -262,7 +307,8 @@ static GR_HOT_INLINE CUresult b_mem_alloc_from_pool(void *realp, uintptr_t ra, C
                                                     CUmemoryPool pool, CUstream hStream) {
   NEED_REAL(realp);
   PFN_cuMemAllocFromPoolAsync_v11020 real = (PFN_cuMemAllocFromPoolAsync_v11020)realp;
-  ALLOC_BODY(real(dptr, bytesize, pool, hStream), retry_mem_alloc_from_pool(real, dptr, bytesize, pool, hStream, rc_),
+  ALLOC_BODY(gr_reg_async_device(pool, hStream), bytesize, real(dptr, bytesize, pool, hStream),
+             retry_mem_alloc_from_pool(real, dptr, bytesize, pool, hStream, rc_),
              gr_track_alloc_async(*dptr, bytesize, pool, hStream, GR_API_cuMemAllocFromPoolAsync, ra, seq0_));
 }
 
@@ -278,7 +324,7 @@ static GR_HOT_INLINE CUresult b_mem_free_async(void *realp, uintptr_t ra, CUdevi
 static CUresult b_mem_host_alloc(void *realp, uintptr_t ra, void **pp, size_t bytesize, unsigned int Flags) {
   NEED_REAL(realp);
   PFN_cuMemHostAlloc_v2020 real = (PFN_cuMemHostAlloc_v2020)realp;
-  ALLOC_BODY(real(pp, bytesize, Flags), no_retry(rc_),
+  ALLOC_BODY(NOT_LIMITED, 0, real(pp, bytesize, Flags), no_retry(rc_),
              gr_track_alloc_here(GPURECLAIM_KIND_HOST, (uint64_t)(uintptr_t)*pp, bytesize, GR_API_cuMemHostAlloc, ra,
                                  seq0_));
 }
@@ -286,7 +332,7 @@ static CUresult b_mem_host_alloc(void *realp, uintptr_t ra, void **pp, size_t by
 static CUresult b_mem_alloc_host(void *realp, uintptr_t ra, void **pp, size_t bytesize) {
   NEED_REAL(realp);
   PFN_cuMemAllocHost_v3020 real = (PFN_cuMemAllocHost_v3020)realp;
-  ALLOC_BODY(real(pp, bytesize), no_retry(rc_),
+  ALLOC_BODY(NOT_LIMITED, 0, real(pp, bytesize), no_retry(rc_),
              gr_track_alloc_here(GPURECLAIM_KIND_HOST, (uint64_t)(uintptr_t)*pp, bytesize, GR_API_cuMemAllocHost, ra,
                                  seq0_));
 }
@@ -298,6 +344,40 @@ static CUresult b_mem_free_host(void *realp, uintptr_t ra, void *p) {
   if (!p || !gr_core_active())
     return real(p);
   FREE_BODY(GR_KS_ADDR, (uint64_t)(uintptr_t)p, 1u << GPURECLAIM_KIND_HOST, real(p));
+}
+
+/* ---- cuMemGetInfo: the one answer GPURECLAIM_LIMIT changes (gpureclaim.h) ---- */
+
+/* With a limit on the current context's device: total = min(limit, total), free = min(free, limit - held). */
+GR_COLD static void limited_info(uint64_t *free_b, uint64_t *total) {
+  if (gr_core_active())
+    gr_limit_mem_info(here_device(), free_b, total);
+}
+
+static CUresult b_mem_get_info(void *realp, uintptr_t ra, size_t *free_b, size_t *total) {
+  (void)ra;
+  NEED_REAL(realp);
+  CUresult rc = ((PFN_cuMemGetInfo_v3020)realp)(free_b, total);
+  if (GR_UNLIKELY(gr_limit_on()) && rc == CUDA_SUCCESS && free_b && total) {
+    uint64_t f = *free_b, t = *total;
+    limited_info(&f, &t);
+    *free_b = (size_t)f, *total = (size_t)t;
+  }
+  return rc;
+}
+
+/* The 32-bit ABI: the driver saturates its figures at 4 GiB; the smaller of two saturated figures is the
+ * saturated smaller one. */
+static CUresult b_mem_get_info_v1(void *realp, uintptr_t ra, unsigned int *free_b, unsigned int *total) {
+  (void)ra;
+  NEED_REAL(realp);
+  CUresult rc = ((CUresult(CUDAAPI *)(unsigned int *, unsigned int *))realp)(free_b, total);
+  if (GR_UNLIKELY(gr_limit_on()) && rc == CUDA_SUCCESS && free_b && total) {
+    uint64_t f = *free_b, t = *total;
+    limited_info(&f, &t);
+    *free_b = (unsigned int)f, *total = (unsigned int)t;
+  }
+  return rc;
 }
 
 /* ---- IPC: memory shared with another process cannot be moved away under it (sleep.c refuses) ---- */
@@ -399,7 +479,8 @@ static CUresult b_mem_create(void *realp, uintptr_t ra, CUmemGenericAllocationHa
                              const CUmemAllocationProp *prop, unsigned long long flags) {
   NEED_REAL(realp);
   PFN_cuMemCreate_v10020 real = (PFN_cuMemCreate_v10020)realp;
-  ALLOC_BODY(real(handle, size, prop, flags), retry_mem_create(real, handle, size, prop, flags, rc_),
+  ALLOC_BODY(prop_device(prop), size, /* physical memory: counted once, however often it is mapped */
+             real(handle, size, prop, flags), retry_mem_create(real, handle, size, prop, flags, rc_),
              gr_track_add(GPURECLAIM_KIND_VMM, (uint64_t)*handle, size, GR_API_cuMemCreate, ra, prop_device(prop)));
 }
 

@@ -9,7 +9,8 @@
  *     body     the function in driver.c that does the work, called with the real pointer and return address
  *
  * Names that cuda.h #defines to a later version (cuCtxCreate -> cuCtxCreate_v4, ...) are #undef'd before this
- * list is expanded, so each line defines exactly the symbol it names.
+ * list is expanded, so each line defines exactly the symbol it names (cuMemGetInfo included: its 32-bit
+ * variant is the one of that name).
  */
 #define GR_DRIVER_HOOKS(X)                                                                                   \
   X(cuInit, "cuInit", 2000, 0, b_init, (unsigned int Flags), (Flags))                                        \
@@ -32,6 +33,9 @@
     (dptr, hStream))                                                                                         \
   X(cuMemFreeAsync_ptsz, "cuMemFreeAsync", 11020, 1, b_mem_free_async, (CUdeviceptr dptr, CUstream hStream), \
     (dptr, hStream))                                                                                         \
+  X(cuMemGetInfo, "cuMemGetInfo", 2000, 0, b_mem_get_info_v1, (unsigned int *free_b, unsigned int *total),    \
+    (free_b, total))                                                                                         \
+  X(cuMemGetInfo_v2, "cuMemGetInfo", 3020, 0, b_mem_get_info, (size_t * free_b, size_t * total), (free_b, total)) \
   X(cuMemHostAlloc, "cuMemHostAlloc", 2020, 0, b_mem_host_alloc, (void **pp, size_t bytesize, unsigned int Flags), \
     (pp, bytesize, Flags))                                                                                   \
   X(cuMemAllocHost_v2, "cuMemAllocHost", 3020, 0, b_mem_alloc_host, (void **pp, size_t bytesize), (pp, bytesize)) \

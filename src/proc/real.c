@@ -106,6 +106,7 @@ int gr_real_resolve_drv(void) {
   R(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
   R(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2");
   R(cuMemGetInfo, "cuMemGetInfo_v2");
+  R(cuDeviceTotalMem, "cuDeviceTotalMem_v2");
   R(cuMemPoolTrimTo, "cuMemPoolTrimTo");
   R(cuMemPoolGetAttribute, "cuMemPoolGetAttribute");
   R(cuMemFree, "cuMemFree_v2");

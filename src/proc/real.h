@@ -36,6 +36,7 @@ typedef struct gr_drv {
   CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
   CUresult (*cuDevicePrimaryCtxRelease)(CUdevice);
   CUresult (*cuMemGetInfo)(size_t *, size_t *);
+  CUresult (*cuDeviceTotalMem)(size_t *, CUdevice);
   CUresult (*cuMemPoolTrimTo)(CUmemoryPool, size_t);
   CUresult (*cuMemPoolGetAttribute)(CUmemoryPool, CUmemPool_attribute, void *);
   CUresult (*cuMemFree)(CUdeviceptr);

@@ -17,6 +17,7 @@
  * the asking thread may hold), and its status file says it is handling an out-of-memory, so peers skip it.
  */
 #include "peer.h"
+#include "limit.h"
 #include "registry.h"
 #include "stats.h"
 #include "release.h"
@@ -109,6 +110,11 @@ void gr_peer_status_json(jbuf_t *b) {
     jb_u64(b, "pool_cached_bytes", h[i].pool_cached);
     jb_u64(b, "orphan_bytes", h[i].orphan);
     jb_u64(b, "framework_bytes", h[i].framework);
+    uint64_t limit = gr_limit_bytes(h[i].device); /* GPURECLAIM_LIMIT, null for none */
+    if (limit)
+      jb_u64(b, "limit_bytes", limit);
+    else
+      jb_null(b, "limit_bytes");
     jb_obj_end(b);
     uint64_t v[] = {(uint64_t)h[i].device, h[i].held, h[i].pool_cached, h[i].orphan, h[i].framework};
     for (size_t k = 0; k < GR_ARRAY_LEN(v); k++)

@@ -13,6 +13,7 @@
 #include "real.h"
 #include "registry.h"
 #include "stats.h"
+#include "limit.h"
 #include "track.h"
 #include "scope.h"
 #include "release.h"
@@ -146,6 +147,7 @@ static void atfork_child(void) {
   gr_table_atfork_child();
   gr_track_atfork_child();
   gr_stats_atfork_child();
+  gr_limit_atfork_child();
   gr_reg_atfork_child();
   gr_scope_atfork_child();
   gr_release_atfork_child();
@@ -227,6 +229,7 @@ bool gr_core_start_slow(void) {
     return false;
   }
   gr_state_set_start_time_ms(gr_wall_ms());
+  gr_limit_start(); /* before the first block is tracked: every block counts against a limit */
   atomic_store_explicit(&gr_state_run, 1, memory_order_release);
   if (o->signal && gr_sig_install() != 0)
     gr_warn("could not install the release signal handler");

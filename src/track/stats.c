@@ -23,6 +23,7 @@
  *   (with one device, that device's peak is the process's).
  */
 #include "stats.h"
+#include "limit.h"
 #include "real.h"
 #include "registry.h"
 #include "gate.h"
@@ -186,6 +187,8 @@ GR_HOT_INLINE void gr_stats_alloc_t(gr_thread_rec_t *t, const gr_packed_t *p, un
   shard_t *s;
   if (GR_LIKELY(dev_fast(t, kind, &s))) {
     int d = dev_index(device);
+    if (GR_UNLIKELY(gr_limit_on()))
+      gr_limit_counted((unsigned)d, size);
     atomic_store_explicit(&s->d[d].c[C_DEV_ALLOCS], atomic_load_explicit(&s->d[d].c[C_DEV_ALLOCS], memory_order_relaxed) + 1,
                           memory_order_relaxed);
     int64_t v = atomic_load_explicit(&s->d[d].pending, memory_order_relaxed) + (int64_t)size;
@@ -210,6 +213,8 @@ GR_HOT_INLINE void gr_stats_free_t(gr_thread_rec_t *t, const gr_packed_t *p) {
   if (GR_LIKELY(dev_fast(t, gr_pk_kind(p), &s)) &&
       GR_LIKELY(!((GR_STMASK(GR_ST_ORPHAN) | GR_STMASK(GR_ST_RECLAIMING)) >> st & 1))) {
     int d = dev_index(gr_pk_device(p));
+    if (GR_UNLIKELY(gr_limit_on()))
+      gr_limit_uncounted((unsigned)d, gr_pk_size(p));
     atomic_store_explicit(&s->d[d].c[C_DEV_FREES], atomic_load_explicit(&s->d[d].c[C_DEV_FREES], memory_order_relaxed) + 1,
                           memory_order_relaxed);
     int64_t v = atomic_load_explicit(&s->d[d].pending, memory_order_relaxed) - (int64_t)gr_pk_size(p);
@@ -243,6 +248,8 @@ void gr_stats_alloc(const gr_rec_t *r) {
     break;
   default:
     add(d, C_DEV_ALLOCS, 1);
+    if (GR_UNLIKELY(gr_limit_on()))
+      gr_limit_counted((unsigned)d, r->size);
     live_add(d, r->size);
   }
 }
@@ -267,6 +274,8 @@ static void gone(const gr_rec_t *r, bool counted_as_free) {
   default:
     if (counted_as_free)
       add(d, C_DEV_FREES, 1);
+    if (GR_UNLIKELY(gr_limit_on()))
+      gr_limit_uncounted((unsigned)d, r->size);
     live_sub(d, r->size);
   }
 }

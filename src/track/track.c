@@ -57,6 +57,7 @@
  */
 #include "track.h"
 #include "registry.h"
+#include "limit.h"
 #include "real.h"
 #include "stats.h"
 #include "stacks.h"
@@ -207,6 +208,8 @@ static GR_HOT_INLINE void insert_pk_v(gr_thread_rec_t *t, gr_packed_t p, unsigne
   if (GR_UNLIKELY(rc != 0)) {
     gr_warn_once(w_nomem, "no memory for the block table: new blocks are not tracked until memory frees up");
     gr_scope_unref((uint16_t)scope);
+    if (gr_limit_on())
+      gr_limit_end(); /* not counted: what its allocation held under GPURECLAIM_LIMIT goes back */
     return;
   }
   if (GR_UNLIKELY(scope))
@@ -739,8 +742,11 @@ static GR_HOT_INLINE void insert_ctx_with(gr_thread_rec_t *t, bool asym, gr_pack
   bool slow = false;
   if (GR_UNLIKELY(seq_before_insert() != seq0 || (seq0 & 1))) {
     slow = true;
-    if (!precheck_copy(p, &seq0))
+    if (!precheck_copy(p, &seq0)) {
+      if (gr_limit_on())
+        gr_limit_end(); /* the block went with its context, not counted: what it held goes back */
       goto out;
+    }
   }
   insert_pk_v(t, p, kind, device, size, scope, true, asym);
   if (GR_UNLIKELY(seq_after_insert(asym) != seq0) && gr_pk_ctx(&p)) {

@@ -9,6 +9,7 @@ refusals without the library, and to make it misbehave in ways the library never
                                [--other-release-first] [--old-status] [--die-on-signal] [--barrier N]
                                [--framework] [--scale N] [--sleeping]
                                [--log-connects] [--goes-to-sleep] [--die-on-release]
+                               [--sharing [--wait-for alloc|wake]]
 
 Prints "ready PID" once the status file and the socket exist; exits when stdin closes. Every request line and
 every signal it receives is appended to --log, so a test can tell that nothing reached it.
@@ -147,6 +148,18 @@ class Fake:
                  "orphan_bytes": 512 * MiB * n, "framework_bytes": 0},
                 {"uuid": GPUS[1]["uuid"], "device": 1, "held_bytes": 512 * MiB * n, "pool_cached_bytes": 0,
                  "orphan_bytes": 0, "framework_bytes": 0}]}
+        if self.args.sharing and not self.args.old_status:
+            # GPURECLAIM_LIMIT (6 GiB) and GPURECLAIM_GUARANTEE (2 GiB) on device 0, a guarantee only (1 GiB) on
+            # device 1, and a wait for 768 MiB on device 1 for an allocation, begun 2.5 s ago.
+            rows = st["peer"]["gpus"]
+            rows[0].update(limit_bytes=6 * GiB, guarantee_bytes=2 * GiB)
+            rows[1].update(limit_bytes=None, guarantee_bytes=GiB)
+            st["wait"] = {"uuid": GPUS[1]["uuid"], "bytes": 768 * MiB, "since_ms": int(time.time() * 1000) - 2500,
+                          "for": self.args.wait_for}
+        elif not self.args.old_status:
+            for row in st["peer"]["gpus"]:
+                row.update(limit_bytes=None, guarantee_bytes=None)
+            st["wait"] = None
         if self.args.sleeping:  # asleep, 3 GiB of it on the host (the stats still answer: canned)
             st["sleep"] = {"state": "sleeping", "host_bytes": 3 * GiB, "sleeps": 1, "wakes": 0, "available": True}
         tmp = self.status_path + ".tmp"
@@ -300,6 +313,9 @@ def main():
     ap.add_argument("--goes-to-sleep", action="store_true",
                     help="awake in its status file, asleep when asked to release (it went to sleep meanwhile)")
     ap.add_argument("--die-on-release", action="store_true", help="exit when asked to release, answering nothing")
+    ap.add_argument("--sharing", action="store_true",
+                    help="a limit and a guarantee on device 0, a guarantee on device 1, waiting for memory there")
+    ap.add_argument("--wait-for", default="alloc", help="with --sharing: what it waits for (alloc or wake)")
     ap.add_argument("--log")
     Fake(ap.parse_args()).run()
 

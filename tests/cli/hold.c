@@ -10,6 +10,8 @@
  * prints how many signals that handler counted.
  * "touch" writes the first live block through a pointer from cuGetProcAddress (behind a sleep gate: a sleeping
  * process wakes) and prints "touched <CUresult>".
+ * "alloc N" allocates N MiB with cuMemAlloc (kept) and prints "alloc <CUresult>"; "info" prints what cuMemGetInfo
+ * answers, "info <CUresult> <free> <total>" (a limit, GPURECLAIM_LIMIT, shows in both).
  * With GR_HOLD_GATE=PATH in the environment, a releaser ("gate") makes every release of cached memory wait
  * while PATH exists: a release that is slow for as long as a test wants, without timing.
  */
@@ -106,6 +108,20 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(line, "signals\n")) {
       answer(line);
+      continue;
+    }
+    unsigned mib;
+    if (sscanf(line, "alloc %u", &mib) == 1) {
+      CUdeviceptr p;
+      printf("alloc %d\n", (int)cuMemAlloc(&p, mib * MiB));
+      fflush(stdout);
+      continue;
+    }
+    if (!strcmp(line, "info\n")) {
+      size_t fr = 0, tot = 0;
+      CUresult r = cuMemGetInfo(&fr, &tot);
+      printf("info %d %zu %zu\n", (int)r, fr, tot);
+      fflush(stdout);
       continue;
     }
     if (!strcmp(line, "touch\n")) {

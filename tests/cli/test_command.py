@@ -76,6 +76,12 @@ class Held:
         parts = self.p.stdout.readline().split()
         return tuple(int(x) for x in parts[1:])
 
+    def ask(self, line):
+        """Sends a line to hold and returns its answer's words after the first."""
+        self.p.stdin.write(line + "\n")
+        self.p.stdin.flush()
+        return self.p.stdout.readline().split()[1:]
+
     def close(self):
         self.p.stdin.close()
         self.p.wait(timeout=30)
@@ -115,6 +121,37 @@ class CommandTest(unittest.TestCase):
         s.settimeout(20)
         s.connect(path)
         return s
+
+    def test_a_limit_end_to_end(self):
+        """GPURECLAIM_LIMIT in a real process on the simulator: cuMemGetInfo reports it, an allocation past it
+        releases the process's own cache (its 5 MiB orphan) and succeeds when that makes room, and fails with
+        out-of-memory when nothing does; ps shows it (table, --json), a process without one shows none, and run
+        refuses a malformed value naming what it takes."""
+        env = dict(self.env, GPURECLAIM_LIMIT="80M")  # hold's 64 MiB pool block (freed at once) fits
+        h = Held(env)
+        self.held.append(h)
+        rc, fr, tot = (int(x) for x in h.ask("info"))
+        self.assertEqual((rc, tot), (0, 80 * MiB), "total: the limit")
+        self.assertEqual(fr, 72 * MiB, "free: 80 MiB less 3 MiB live and the 5 MiB orphan (the pool's cache does not count)")
+        other = self.hold()  # no limit: the driver's figures
+        self.assertGreater(int(other.ask("info")[2]), 1 << 30)
+        self.assertEqual(h.ask("alloc 74"), ["0"], "8 + 74 > 80: the orphan goes first, then it fits")
+        self.assertEqual(h.sim()[0], 77 * MiB, "3 MiB live + the new 74 MiB, the orphan freed")
+        self.assertEqual(h.ask("alloc 4"), ["2"], "77 + 4 > 80 and nothing of its own to release: out of memory")
+        self.assertEqual(h.sim()[0], 77 * MiB)
+        self.assertEqual(h.ask("info")[1:], [str(3 * MiB), str(80 * MiB)])
+        js = {p["pid"]: p for p in ps_json(env=self.env)}
+        self.assertEqual(js[h.pid]["limit_bytes"], 80 * MiB)
+        self.assertIsNone(js[other.pid]["limit_bytes"])
+        with open(os.path.join(self.rundir, "%d.json" % h.pid)) as f:
+            rows = json.load(f)["peer"]["gpus"]
+        self.assertEqual([r["limit_bytes"] for r in rows], [80 * MiB])
+        self.assertIn("on GPU 0: limit 80.0 MiB", run("ps", env=self.env, check=0).stdout)
+        bad = subprocess.run([CMD, "run", "--", HOLD], env=dict(self.env, GPURECLAIM_LIMIT="1.5"), capture_output=True,
+                             text=True, stdin=subprocess.DEVNULL, timeout=60)
+        self.assertEqual(bad.returncode, 2)
+        self.assertIn("bad value in the environment: GPURECLAIM_LIMIT=1.5 (expected a size (bytes, or K, M, G, T: 8G, 1.5GiB) or a "
+                      "fraction of the device in (0, 1] (0.5, 50%); unset: no limit)", bad.stderr)
 
     def test_ps_lists_the_process_with_its_memory(self):
         h = self.hold()

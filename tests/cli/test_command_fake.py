@@ -352,7 +352,8 @@ class FakeTest(unittest.TestCase):
                             "in_use_bytes": GiB + 256 * MiB, "releasable_bytes": 512 * MiB,
                             "non_releasable_bytes": 256 * MiB}],
             "gpus": [0, 1], "rundir": self.rundir, "stopped": False,
-            "state": "awake", "host_bytes": 0, "releases": 1, "signal": "USR2"})
+            "state": "awake", "host_bytes": 0, "releases": 1, "signal": "USR2",
+            "limit_bytes": None, "guarantee_bytes": None, "wait": None})
         self.assertEqual((js[z.pid]["state"], js[z.pid]["host_bytes"], js[z.pid]["held_bytes"]), ("sleeping", 3 * GiB, 0))
 
         # --prometheus: every sample of the process, each its own figure.
@@ -373,8 +374,79 @@ class FakeTest(unittest.TestCase):
             "host_pinned_bytes": 2 * MiB, "releases_total": 1, "released_bytes_total": GiB + 768 * MiB,
             "peer_reclaims_total": 3, "peer_reclaim_successes_total": 2, "peer_received_bytes_total": 5 * MiB,
             "peer_gives_total": 4, "peer_given_bytes_total": 7 * MiB, "up": 1, "sleeping": 0,
-            "sleep_host_bytes": 0}.items()})
+            "sleep_host_bytes": 0, "waiting": 0, "waiting_bytes": 0}.items()})
         self.assertEqual(samples, expect)
+
+    def test_limit_guarantee_and_wait_shown_everywhere(self):
+        """A process's limit and guarantee per GPU and its wait for memory (its status file's `peer` rows and
+        `wait`): the table's STATE and the lines under the row, ps --json, --query (table, CSV, JSON), Prometheus,
+        top's frame, and -i (a GPU filter) keeping only what is on the GPUs selected."""
+        import csv, io
+        f = self.fake("--sharing")
+        plain = self.fake()  # none of them: null, empty, "-", 0
+        table = self.cmd("ps", check=0).stdout
+        row = next(l for l in table.splitlines() if l.lstrip().startswith(str(f.pid) + " "))
+        self.assertIn(" waiting ", row)
+        self.assertIn("on GPU 0: limit 6.0 GiB (holds 4.0 GiB), guarantee 2.0 GiB", table)
+        self.assertIn("on GPU 1: guarantee 1.0 GiB", table)
+        m = re.search(r"waiting (\d+\.\d) s for 768\.0 MiB on GPU 1 \(an allocation\)", table)
+        self.assertIsNotNone(m, table)
+        self.assertGreaterEqual(float(m.group(1)), 2.4)
+        prow = next(l for l in table.splitlines() if l.lstrip().startswith(str(plain.pid) + " "))
+        self.assertNotIn("waiting", prow)
+        self.assertEqual(table.count("limit "), 1, table)
+
+        js = {r["pid"]: r for r in self.ps_json()}
+        self.assertEqual((js[f.pid]["limit_bytes"], js[f.pid]["guarantee_bytes"]), (6 * GiB, 3 * GiB))
+        w = js[f.pid]["wait"]
+        self.assertEqual((w["uuid"], w["bytes"], w["for"]), ("GPU-aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee", 768 * MiB, "alloc"))
+        self.assertLess(abs(w["since_ms"] - (time.time() * 1000 - 2500)), 60000)
+        self.assertEqual((js[plain.pid]["limit_bytes"], js[plain.pid]["guarantee_bytes"], js[plain.pid]["wait"]),
+                         (None, None, None))
+        # GPU 0 only: its limit and guarantee, and no wait (that is on GPU 1)
+        g0 = {r["pid"]: r for r in self.ps_json("-i", "0")}
+        self.assertEqual((g0[f.pid]["limit_bytes"], g0[f.pid]["guarantee_bytes"], g0[f.pid]["wait"]),
+                         (6 * GiB, 2 * GiB, None))
+        g1 = {r["pid"]: r for r in self.ps_json("-i", "1")}
+        self.assertEqual((g1[f.pid]["limit_bytes"], g1[f.pid]["guarantee_bytes"], g1[f.pid]["wait"]["bytes"]),
+                         (None, GiB, 768 * MiB))
+
+        out = self.cmd("ps", "--query", "pid,limit,guarantee,waiting,state", "--format", "csv", check=0).stdout
+        rows = {int(r["pid"]): r for r in csv.DictReader(io.StringIO(out))}
+        self.assertEqual(rows[f.pid], {"pid": str(f.pid), "limit": str(6 * GiB), "guarantee": str(3 * GiB),
+                                       "waiting": str(768 * MiB), "state": "awake"})
+        self.assertEqual(rows[plain.pid], {"pid": str(plain.pid), "limit": "", "guarantee": "", "waiting": "0",
+                                           "state": "awake"})
+        q = {r["pid"]: r for r in json.loads(self.cmd("ps", "--query", "pid,limit,guarantee,waiting", "--format",
+                                                      "json", check=0).stdout)}
+        self.assertEqual(q[plain.pid], {"pid": plain.pid, "limit": None, "guarantee": None, "waiting": 0})
+        self.assertEqual(q[f.pid]["limit"], 6 * GiB)
+        qt = self.cmd("ps", "--query", "pid,limit", check=0).stdout
+        self.assertRegex(qt, r"(?m)^\s*%d\s+6\.0 GiB$" % f.pid)
+        self.assertRegex(qt, r"(?m)^\s*%d\s+-$" % plain.pid)
+
+        text = self.cmd("ps", "--prometheus", "-", check=0).stdout
+        def sample(name, pid, device=None):
+            m = re.search(r'(?m)^%s\{pid="%d"%s[^}]*\} (\d+)$' % (name, pid, ',device="%d"' % device if device is not None else ""), text)
+            return int(m.group(1)) if m else None
+        self.assertEqual(sample("gpureclaim_limit_bytes", f.pid, 0), 6 * GiB)
+        self.assertIsNone(sample("gpureclaim_limit_bytes", f.pid, 1))
+        self.assertEqual(sample("gpureclaim_guarantee_bytes", f.pid, 0), 2 * GiB)
+        self.assertEqual(sample("gpureclaim_guarantee_bytes", f.pid, 1), GiB)
+        self.assertEqual((sample("gpureclaim_waiting", f.pid), sample("gpureclaim_waiting_bytes", f.pid)), (1, 768 * MiB))
+        self.assertEqual((sample("gpureclaim_waiting", plain.pid), sample("gpureclaim_waiting_bytes", plain.pid)), (0, 0))
+        self.assertIsNone(sample("gpureclaim_limit_bytes", plain.pid, 0))
+
+        frame = json.loads(self.cmd("top", "--json", "--iterations", "1", check=0).stdout.splitlines()[0])
+        self.assertRegex(self.cmd("top", "--iterations", "1", check=0).stdout, r"waiting \d+\.\d s for 768\.0 MiB on GPU 1")
+        tp = {r["pid"]: r for r in frame["processes"]}
+        self.assertEqual(tp[f.pid]["wait"]["bytes"], 768 * MiB)
+
+    def test_a_process_waiting_to_wake(self):
+        f = self.fake("--sharing", "--wait-for", "wake")
+        table = self.cmd("ps", check=0).stdout
+        self.assertRegex(table, r"waiting \d+\.\d s for 768\.0 MiB on GPU 1 \(to wake up\)")
+        self.assertEqual(self.ps_json()[0]["wait"]["for"], "wake")
 
     def test_ps_json(self):
         f = self.fake()

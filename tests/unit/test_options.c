@@ -204,3 +204,45 @@ Test(options, what_names) {
                    "cached,orphaned,all");
   cr_assert_str_eq(gr_opt_what_name(0, buf, sizeof buf), "");
 }
+
+/* GPURECLAIM_LIMIT: bytes, binary units, a fraction of the device, a percentage; and what is refused. */
+Test(options, limit_sizes_and_fractions) {
+  static const struct {
+    const char *v;
+    uint64_t bytes;
+    uint32_t ppm;
+  } good[] = {{"8589934592", 8589934592ull, 0}, {"8G", 8ull << 30, 0},           {"8GiB", 8ull << 30, 0},
+              {"8gb", 8ull << 30, 0},           {"1.5G", 3ull << 29, 0},         {"512M", 512ull << 20, 0},
+              {"64k", 64ull << 10, 0},          {"2T", 2ull << 40, 0},           {"1", 1, 0},
+              {"0.5", 0, 500000},               {"1.0", 0, 1000000},             {"0.000001", 0, 1},
+              {"50%", 0, 500000},               {"100%", 0, 1000000},            {"12.5%", 0, 125000}};
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+    gr_opt_size_t s = {7, 7};
+    cr_assert_eq(gr_opt_parse_size(good[i].v, &s), 0, "%s", good[i].v);
+    cr_assert_eq(s.bytes, good[i].bytes, "%s: %llu bytes", good[i].v, (unsigned long long)s.bytes);
+    cr_assert_eq(s.ppm, good[i].ppm, "%s: %u ppm", good[i].v, s.ppm);
+  }
+  static const char *const bad[] = {"",     "0",     "0.0",  "0%",  "1.5",   "1.000001", "101%", "-1",  "8X",
+                                    "8GG",  "8 G",   "G",    ".5",  "1.",    "0.0000001", "16E", "99999999999T",
+                                    "0.5G%", "1e9",  "0x10", "8Gi", "50 %",  "0.0000001%"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    gr_opt_size_t s;
+    const char *expected;
+    cr_assert_eq(gr_opt_parse_size(bad[i], &s), -EINVAL, "\"%s\" refused", bad[i]);
+    cr_assert_eq(gr_opt_check("GPURECLAIM_LIMIT", bad[i], &expected), -EINVAL);
+    cr_assert_not_null(strstr(expected, "unset: no limit"), "the warning says the fix: %s", expected);
+  }
+  gr_opt_size_t half = {0, 500000}, eight = {8ull << 30, 0};
+  cr_assert_eq(gr_opt_size_bytes(&half, 80ull << 30), 40ull << 30);
+  cr_assert_eq(gr_opt_size_bytes(&eight, 80ull << 30), 8ull << 30);
+  /* A malformed limit says the process runs without one, not "the default". */
+  const char *err = reload_with("GPURECLAIM_LIMIT", "1.5");
+  cr_assert_not_null(strstr(err, "GPURECLAIM_LIMIT=\"1.5\" is not valid (expected a size (bytes, or K, M, G, T: 8G"), "%s", err);
+  cr_assert_not_null(strstr(err, "this process runs WITHOUT a memory limit"), "%s", err);
+  cr_assert_eq(gr_opt()->limit.bytes, 0);
+  cr_assert_eq(gr_opt()->limit.ppm, 0);
+  reload_with("GPURECLAIM_LIMIT", "0.25");
+  cr_assert_eq(gr_opt()->limit.ppm, 250000);
+  reload_with(NULL, NULL);
+  cr_assert_eq(gr_opt()->limit.bytes, 0, "unset: no limit");
+}
