@@ -134,6 +134,7 @@ class HardenedTest(Base):
             except OSError:
                 pass
             p.wait()
+            p.stdout.close()
         super().tearDown()
 
     def cached_peer(self):
