@@ -362,7 +362,7 @@ class HardenedTest(Base):
                 except ValueError:
                     pass
             time.sleep(0.005)
-        time.sleep(0.2)
+        time.sleep(0.5)  # (of its 4 s share: A has met the full backlog by then, under any load)
         busy.go.set()
         self.assertEqual(a.p.stdout.readline().split()[0], "oom")  # (it gives nothing: an honest 0)
         p = self.peer_entry(self.one_event(a), busy.pid)
