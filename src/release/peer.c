@@ -481,8 +481,8 @@ static uint64_t field_bytes(const jnode_t *g, const char *key) {
 }
 
 /* One request to one peer, within `until` (its share of the deadline, which the request carries: the peer gives
- * nothing after it). Fills r; returns the bytes it counts as given: what the peer says, at most what the GPU's
- * free memory grew by meanwhile when the driver shows it (a peer's word is checked, not trusted). */
+ * nothing after it). Fills r; returns the bytes it counts as given: what the peer says, or what the GPU's free
+ * memory grew by meanwhile when the driver shows clearly less (a peer's word is checked, not trusted). */
 static uint64_t ask_one(gr_peer_op_t *op, cand_t *c, uint64_t want, bool sleep, const struct timespec *until,
                         gr_peer_result_t *r) {
   memset(r, 0, sizeof *r);
@@ -555,7 +555,8 @@ static uint64_t ask_one(gr_peer_op_t *op, cand_t *c, uint64_t want, bool sleep, 
   if (known && gpu_free(op->device, &free1)) {
     r->seen_known = true;
     r->seen = free1 > free0 ? free1 - free0 : 0;
-    if (r->claimed > r->seen) {
+    /* (a slack for the driver's own rounding: pages of 2 MiB, its bookkeeping) */
+    if (r->claimed > r->seen + (2u << 20) + r->claimed / 32) {
       char cl[32], se[32];
       gr_info("peer reclaim on %s: pid %d says it gave %s, the GPU's free memory grew by %s meanwhile: %s counted",
               op->uuid, c->pid, gr_log_bytes(r->claimed, cl, sizeof cl), gr_log_bytes(r->seen, se, sizeof se), se);
