@@ -365,7 +365,7 @@ static size_t find_peers(gr_peer_op_t *op, const char *dir, cand_t *out, size_t 
     snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
     char *text = gr_read_file_max(path, GR_PEER_STATUS_MAX);
     if (!text) {
-      op->skipped += errno == EFBIG || errno == EINVAL;
+      op->skipped += errno == EFBIG || errno == EINVAL || errno == ELOOP; /* too large, not regular, a link */
       continue;
     }
     op->scanned++;

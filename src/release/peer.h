@@ -46,7 +46,7 @@ typedef struct gr_peer_op {
   bool asked;
   const char *broke; /* the GPU's lock was taken from a holder that could not keep it: why (NULL: it was not) */
   int broke_pid;
-  /* discovery (the run directory's status files): files read, skipped as too large or not regular, and whether
+  /* discovery (the run directory's status files): files read, skipped as too large, not regular or links, and whether
    * the deadline cut the scan short */
   unsigned scanned, skipped;
   bool scan_cut;

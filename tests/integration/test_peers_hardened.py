@@ -152,8 +152,9 @@ class HardenedTest(Base):
     # ---- a: discovery bounded in bytes and time ----
 
     def test_discovery_skips_stale_and_huge_status_files(self):
-        """20,000 status files of processes that are gone and a 512 MiB one of a live process: neither is read
-        (the first are not opened, the second is over the cap), and the honest peer is still asked in time."""
+        """20,000 status files of processes that are gone, a 512 MiB one of a live process, a FIFO and a link: none
+        is read (the first are not opened, the others are over the cap or no regular file), and the honest peer is
+        still asked in time."""
         b = self.cached_peer()
         a = Proc(self, "a", {"GPURECLAIM_PEER_TIMEOUT": "1"})
         stale = json.dumps({"pid": 0, "uid": os.geteuid(), "socket": os.path.join(self.rundir, "x.sock"),
@@ -174,12 +175,17 @@ class HardenedTest(Base):
         with open(huge, "w") as f:
             f.write('{"pid": %d, ' % live.pid)
         os.truncate(huge, 512 * MiB)  # sparse: no disk, but 512 MiB for a reader that reads it all
+        # Two more live processes' names: a FIFO nobody writes (it would block a reader) and a link to B's file.
+        more = [subprocess.Popen(["sleep", "600"]) for _ in range(2)]
+        self.addCleanup(lambda: [(m.kill(), m.wait()) for m in more])
+        os.mkfifo(os.path.join(self.rundir, "%d.json" % more[0].pid), 0o600)
+        os.symlink(os.path.join(self.rundir, "%d.json" % b.pid), os.path.join(self.rundir, "%d.json" % more[1].pid))
         t0 = time.monotonic()
         self.assertEqual(self.timed_alloc(a, 128, timeout=1.0), "ok")
         took = time.monotonic() - t0
         ev = self.one_event(a)
         disc = ev["discovery"]
-        self.assertEqual(disc["skipped"], 1, disc)  # the huge one (a real peer's is read: B)
+        self.assertEqual(disc["skipped"], 3, disc)  # the huge one, the FIFO, the link (a real peer's is read: B)
         self.assertFalse(disc["cut_by_deadline"], disc)
         self.assertLess(disc["read"], 100, "a stale status file was read: %r" % disc)
         self.assertEqual(self.peer_entry(ev, b.pid)["given"]["pool_bytes"] >= 128 * MiB, True, ev)
