@@ -9,9 +9,12 @@
  *     rewrites it when those figures change (gr_peer_tick); the "give" requests of the control socket are served
  *     by give.c (gr_peer_serve_give -> gr_release_give in release.c, trigger `peer`).
  *   - asking: an allocation whose own release-and-retry failed (hooks/driver.c, RETRIES) takes the GPU's lock
- *     in the run directory (one peer reclaim per GPU at a time; a thread that had to wait retries first), reads
- *     the other status files, and asks the peers on the same UUID in order (cheapest to give first, recent
- *     givers last) until the allocation's size is covered or the deadline passes; then the hook retries once.
+ *     in the run directory (one peer reclaim per GPU at a time; a thread that had to wait retries first; the
+ *     lock is a lease that a stopped, gone or expired holder loses), reads the other status files (bounded:
+ *     live processes' only, 64 KiB each, until the deadline), and asks the peers on the same UUID in order
+ *     (cheapest to give first, recent givers last), then every other live one of the user, until the
+ *     allocation's size is covered or the deadline passes, each request within an even share of what is left;
+ *     a peer's answer counts as far as the driver's free memory confirms it. Then the hook retries once.
  * Deadlock freedom: the asking thread only ever waits on sockets and a file lock, both bounded by the deadline;
  * its own worker still answers peers meanwhile, but gives no framework cache then (that needs the GIL, which
  * the asking thread may hold), and its status file says it is handling an out-of-memory, so peers skip it.
