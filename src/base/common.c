@@ -67,7 +67,9 @@ uint64_t gr_stat_start_ticks(const char *stat_text) {
   return p ? strtoull(p + 1, NULL, 10) : 0;
 }
 
-char *gr_read_file(const char *path) {
+char *gr_read_file(const char *path) { return gr_read_file_max(path, SIZE_MAX); }
+
+char *gr_read_file_max(const char *path, size_t max) {
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
   if (fd < 0)
     return NULL;
@@ -77,11 +79,22 @@ char *gr_read_file(const char *path) {
     errno = EINVAL;
     return NULL;
   }
+  if (max != SIZE_MAX && (uint64_t)st.st_size > max) {
+    close(fd);
+    errno = EFBIG;
+    return NULL;
+  }
   size_t cap = 4096, n = 0;
   char *buf = malloc(cap);
   ssize_t r;
   while (buf && (r = read(fd, buf + n, cap - n - 1)) > 0) {
     n += (size_t)r;
+    if (max != SIZE_MAX && n > max) { /* it grew while read */
+      free(buf);
+      close(fd);
+      errno = EFBIG;
+      return NULL;
+    }
     if (n + 1 == cap) {
       char *t = realloc(buf, cap *= 2);
       if (!t) {

@@ -103,6 +103,8 @@ static inline bool gr_dir_is_private(const struct stat *st) {
  * Opened without following a link and without blocking: a FIFO or a device named like a status file in the run
  * directory must not hang its reader (errno EINVAL for anything but a regular file). */
 char *gr_read_file(const char *path);
+/* The same, refused (NULL, errno EFBIG) when the file holds more than max bytes, before any is read. */
+char *gr_read_file_max(const char *path, size_t max);
 /* The start time of a process (field 22 of its /proc/PID/stat, clock ticks since boot) from that file's text;
  * 0 where the text has no such field. With the pid it names one process for good: pids are reused, start
  * times of one pid never. */

@@ -13,6 +13,7 @@
 #include "gate.h"
 #include "json.h"
 #include "options.h"
+#include "registry.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -78,11 +79,13 @@ void gr_give_serve(const char *args, int pid, jbuf_t *b) {
   }
   uint64_t mask = 0;
   int count = 0;
-  /* Asleep, the driver is not asked (the device holds nothing of this process then: nothing to give). */
+  /* Asleep, the driver is not asked (the device holds nothing of this process then: nothing to give). Nor is a
+   * device without a context of ours: nothing of ours is there (an asker short of memory asks every peer, also
+   * those whose status file does not list its GPU: they answer on_gpu false at once). */
   if (!gr_gate_driver_off() && gr_drv.cuDeviceGetCount && gr_drv.cuDeviceGetCount(&count) == CUDA_SUCCESS)
     for (int d = 0; d < count && d < 64; d++) {
       char u[64];
-      if (gr_report_gpu_uuid(d, u, sizeof u) && !strcmp(u, uuid))
+      if (gr_reg_ctx_on_device(d) && gr_report_gpu_uuid(d, u, sizeof u) && !strcmp(u, uuid))
         mask |= 1ull << d;
     }
   gpureclaim_report_t rep;

@@ -19,11 +19,20 @@ bool gr_peer_busy(void);
 bool gr_peer_on(unsigned bit);
 /* The asking side, called by the hooks after their own retry failed (driver.c, RETRIES). */
 #define GR_PEER_MAX 16 /* peers asked in one peer reclaim, at most */
+/* A status file larger than this is not read (a peer's is a few KiB): discovery stays bounded in bytes. */
+#define GR_PEER_STATUS_MAX (64 * 1024)
 typedef struct gr_peer_result {
   int pid;
   const char *error; /* NULL: it answered */
   uint64_t orphaned, pool, framework, releaser, all;
   uint64_t slept; /* what its sleep freed on the GPU (GPURECLAIM_PEERS sleep); 0 when not asked to sleep */
+  uint64_t claimed; /* the answer's total_bytes, as sent (0 when refused) */
+  uint64_t seen;    /* what the GPU's free memory grew by meanwhile (cuMemGetInfo), when known (seen_known) */
+  bool seen_known;
+  bool on_gpu;      /* it said it has the GPU (an unlisted peer's answer may say it has not) */
+  bool listed;      /* its status file listed the GPU; false: asked because the advertised bytes fell short */
+  bool sleep_asked;
+  unsigned connect_tries; /* connects refused for a full backlog before it was reached (or the share ended) */
   double ms;
 } gr_peer_result_t;
 typedef struct gr_peer_op {
@@ -33,6 +42,13 @@ typedef struct gr_peer_op {
   int lock_fd;
   bool waited;   /* another peer reclaim of this GPU ran meanwhile: retry first */
   bool asked;
+  const char *broke; /* the GPU's lock was taken from a holder that could not keep it: why (NULL: it was not) */
+  int broke_pid;
+  /* discovery (the run directory's status files): files read, skipped as too large, not regular or links, and whether
+   * the deadline cut the scan short */
+  unsigned scanned, skipped;
+  bool scan_cut;
+  double scan_ms;
   uint64_t given;
   uint64_t t0_ns;
   struct timespec deadline;

@@ -50,7 +50,10 @@ int gr_control_open(void) {
   if (fd < 0)
     return -errno;
   unlink(sa.sun_path); /* a leftover of an earlier process with this pid */
-  if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || chmod(sa.sun_path, 0600) != 0 || listen(fd, 8) != 0) {
+  /* The kernel's largest backlog: the worker serves one client at a time, and a busy process (a peer reclaim of
+   * many peers, `gpureclaim top` polling) must not look unreachable to the next connection. */
+  if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || chmod(sa.sun_path, 0600) != 0 ||
+      listen(fd, SOMAXCONN) != 0) {
     int e = errno;
     gr_warn("cannot open the control socket %s: %s", sa.sun_path, strerror(e));
     close(fd);

@@ -74,6 +74,23 @@ Test(read_file, refuses_a_fifo_without_blocking, .timeout = 10) {
   cr_assert_eq(errno, EINVAL, "errno %d", errno);
 }
 
+/* gr_read_file_max: a file over the cap is refused before a byte is read (EFBIG), whatever its size (a sparse
+ * 512 MiB one here: the peer asker's cap keeps a planted file from costing it seconds); at the cap, it is read. */
+Test(read_file, max_refuses_a_file_over_the_cap_unread) {
+  put(at(0, "f"), "0123456789", 10);
+  char *got = gr_read_file_max(at(0, "f"), 10);
+  cr_assert_not_null(got);
+  cr_assert_str_eq(got, "0123456789");
+  free(got);
+  errno = 0;
+  cr_assert_null(gr_read_file_max(at(0, "f"), 9));
+  cr_assert_eq(errno, EFBIG, "errno %d", errno);
+  cr_assert_eq(truncate(at(0, "f"), 512l << 20), 0);
+  errno = 0;
+  cr_assert_null(gr_read_file_max(at(0, "f"), 64 << 10));
+  cr_assert_eq(errno, EFBIG, "errno %d", errno);
+}
+
 /* A link is not followed, even to a regular file of this user's (status files are never links). */
 Test(read_file, refuses_a_symlink_even_to_a_regular_file) {
   put(at(0, "f"), "status", 6);
