@@ -72,7 +72,7 @@ CUresult gr_gate_check_slow(void);
  * does, in C. gr_gate_enter marks the thread in flight and returns CUDA_SUCCESS when the call may go on (the
  * caller then calls gr_gate_leave once the driver returned), or, unmarked, the error the call returns. */
 CUresult gr_gate_enter_slow(void);
-static inline CUresult gr_gate_enter(void) {
+static inline __attribute__((always_inline)) CUresult gr_gate_enter(void) {
   gr_gate_rec_t *r = gr_gate_tls;
   if (__builtin_expect(r != NULL, 1)) {
     atomic_store_explicit(&r->inflight, atomic_load_explicit(&r->inflight, memory_order_relaxed) + 1,
@@ -87,7 +87,7 @@ static inline CUresult gr_gate_enter(void) {
   }
   return gr_gate_enter_slow();
 }
-static inline void gr_gate_leave(void) {
+static inline __attribute__((always_inline)) void gr_gate_leave(void) {
   gr_gate_rec_t *r = gr_gate_tls;
   atomic_store_explicit(&r->inflight, atomic_load_explicit(&r->inflight, memory_order_relaxed) - 1,
                         memory_order_release);
