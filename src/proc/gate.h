@@ -75,13 +75,17 @@ CUresult gr_gate_enter_slow(void);
 static inline __attribute__((always_inline)) CUresult gr_gate_enter(void) {
   gr_gate_rec_t *r = gr_gate_tls;
   if (__builtin_expect(r != NULL, 1)) {
-    atomic_store_explicit(&r->inflight, atomic_load_explicit(&r->inflight, memory_order_relaxed) + 1,
-                          memory_order_relaxed);
-    atomic_signal_fence(memory_order_seq_cst); /* the mark before the read of the flag (membarrier: gate.c) */
-    if (__builtin_expect(atomic_load_explicit(&gr_gate_fence, memory_order_relaxed) != 0, 0))
-      atomic_thread_fence(memory_order_seq_cst);
-    if (__builtin_expect(atomic_load_explicit(&gr_gate_flag, memory_order_relaxed) == 0, 1))
-      return CUDA_SUCCESS;
+    if (__builtin_expect(atomic_load_explicit(&gr_gate_fence, memory_order_relaxed) == 0, 1)) {
+      atomic_store_explicit(&r->inflight, atomic_load_explicit(&r->inflight, memory_order_relaxed) + 1,
+                            memory_order_relaxed);
+      atomic_signal_fence(memory_order_seq_cst); /* the mark before the read of the flag (membarrier: gate.c) */
+      if (__builtin_expect(atomic_load_explicit(&gr_gate_flag, memory_order_relaxed) == 0, 1))
+        return CUDA_SUCCESS;
+    } else { /* no membarrier: the mark and the read in the one order every thread agrees on */
+      atomic_fetch_add_explicit(&r->inflight, 1, memory_order_seq_cst);
+      if (atomic_load_explicit(&gr_gate_flag, memory_order_seq_cst) == 0)
+        return CUDA_SUCCESS;
+    }
     atomic_store_explicit(&r->inflight, atomic_load_explicit(&r->inflight, memory_order_relaxed) - 1,
                           memory_order_relaxed); /* the slow path is entered unmarked */
   }
