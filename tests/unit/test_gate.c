@@ -192,7 +192,8 @@ static void quiesce_waits(int fence) {
   if (fence)
     cr_assert_eq(atomic_load(&gr_gate_fence), 1, "the gates fence as where membarrier is missing");
   else if (atomic_load(&gr_gate_fence))
-    fprintf(stderr, "the gates fence here: membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) is missing, or this is a ThreadSanitizer build (it models no membarrier)\n");
+    fprintf(stderr, "the gates fence here: membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) is missing, or this is "
+                    "a ThreadSanitizer build (it models no membarrier)\n");
   atomic_store(&gr_gate_flag, GR_GATE_AWAKE);
   g_blocker_gate = (long (*)(long))gr_gate_wrap((void *)blocker);
   pthread_t t = gr_thread_start(call_blocker, (void *)(intptr_t)41);
