@@ -17,7 +17,12 @@
  * The flag's raising reaches every thread's next read of it through membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED),
  * registered when gates are first decided on: a sleep's one system call orders, on every thread that runs, the
  * gate's mark before its read of the flag, so the gates themselves need no fence. Where the kernel lacks it (or a
- * seccomp filter forbids it), gr_gate_fence is set and every gate fences, as gr_gate_quiesce does.
+ * seccomp filter forbids it, or under ThreadSanitizer), gr_gate_fence is set: gate.S fences between mark and read,
+ * and gr_gate_enter makes the mark a seq_cst read-modify-write and the read seq_cst, against the sleep's seq_cst
+ * store of the flag (admit.c) and seq_cst reads of the marks. Either way: a gate that read the flag down has its
+ * mark seen by the sleep that raised it, which waits for it; a gate that read it up waits at the gate.
+ * Invariants: only its thread writes a record's count; a call's count is up from before its read of the flag to
+ * after its return; the slow path is entered and left with its own call uncounted.
  */
 #include "export.h"
 #include "real.h"

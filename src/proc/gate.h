@@ -11,8 +11,8 @@
  * without the call.
  *
  * So a call that passed its gate is counted until it returns: a sleep raises the flag, makes the raising
- * visible to every thread (gr_gate_quiesce: membarrier, or a full fence on both sides where the kernel lacks
- * it), and waits for the counters to fall to 0 before it takes the driver's checkpoint lock; a call that comes
+ * visible to every thread (gr_gate_quiesce: membarrier, or seq_cst operations and fences on both sides where
+ * the kernel lacks it), and waits for the counters to fall to 0 before it takes the driver's checkpoint lock; a call that comes
  * later meets the flag and waits at its gate. The counter is written by its own thread only (no atomic
  * read-modify-write on the fast path); with membarrier, the gate's store and its read of the flag need no fence.
  */
