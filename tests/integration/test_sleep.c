@@ -498,7 +498,8 @@ Test(sleep, a_sleep_whose_client_hung_up_before_it_began_is_not_run, .timeout = 
 }
 
 /* Threads calling CUDA and releasing while other sleeps and wakes come and go: every call either runs awake
- * or wakes the process first (the simulator aborts on one that reaches it while checkpointed). */
+ * or wakes the process first (the simulator aborts on one that reaches it while checkpointed, and counts one
+ * that reaches it while locked). */
 static _Atomic int g_stop;
 static void *worker_calls(void *arg) {
   unsigned char buf[256];
@@ -544,6 +545,8 @@ Test(sleep, races_with_calls_and_releases) {
   cr_assert_null(ra, "a memcpy failed");
   cr_assert_null(rb, "a release failed");
   cr_assert_gt(slept, 0, "some of the sleeps happened");
+  /* none reached the driver locked either, before the checkpoint (it would wait there, not abort) */
+  cr_assert_eq(simcuda_checkpoint_late_calls(), 0, "a call reached the driver while the process was locked");
   check(live, pat);
   free(pat);
 }
