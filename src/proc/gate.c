@@ -313,6 +313,15 @@ CUresult gr_gate_enter_slow(void) {
   }
 }
 
+bool gr_gate_driver_begin(void) {
+  gr_gate_rec_t *r = rec_get();
+  atomic_fetch_add_explicit(&r->inflight, 1, memory_order_seq_cst);
+  if (atomic_load_explicit(&gr_gate_flag, memory_order_seq_cst) != GR_GATE_SLEEP)
+    return true;
+  atomic_fetch_sub_explicit(&r->inflight, 1, memory_order_release);
+  return false;
+}
+
 /* Called by a gate, unmarked, whose flag was set or whose thread had no record; the argument registers are
  * saved. The target to call, the thread marked in flight; NULL: return CUDA_ERROR_OUT_OF_MEMORY, unmarked. */
 void *gr_gate_slow(unsigned idx) {

@@ -116,6 +116,11 @@ static inline CUresult gr_gate_check(void) {
   return gr_gate_check_slow();
 }
 
+/* For gpureclaim's own driver calls outside any gate (reports, stats): true, with the thread counted in flight
+ * (gr_gate_leave() once the driver returned), when the driver may be asked; false, uncounted, while the process
+ * sleeps or the lock is about to be taken. So a sleep waits for such a call as for one past a gate. */
+bool gr_gate_driver_begin(void);
+
 /* True while gpureclaim must not call the driver itself (asleep, waking, or the lock is about to be taken):
  * reports leave out what only the driver knows (releases are refused by admit.c, which reads the flag too). */
 static inline bool gr_gate_driver_off(void) {

@@ -249,6 +249,8 @@ static void ck_wait(int id) {
     if (!late) {
       late = 1;
       atomic_fetch_add(&g_ck_late, 1);
+      fprintf(stderr, "simcuda: %s called by thread %d while the process is %s: it waits for the unlock\n",
+              g_fn_names[id], self_tid(), st == CU_PROCESS_STATE_LOCKED ? "locked" : "checkpointed");
     }
     if (st == CU_PROCESS_STATE_CHECKPOINTED && !g_ck_block) ck_slipped(id);
     in_call_add(c, -1);
