@@ -288,14 +288,16 @@ typedef struct gpureclaim_sleep_report {
   char reason[192];              /* "" when it slept; else why not, in words */
 } gpureclaim_sleep_report_t;
 
-/* Puts the process to sleep (see above) and fills out (may be NULL). The lock waits up to 10 s for threads
- * inside CUDA calls (`gpureclaim sleep --timeout` chooses). Returns 0 when it sleeps; -EALREADY when it already
+/* Puts the process to sleep (see above) and fills out (may be NULL). It waits up to 10 s for threads inside CUDA
+ * calls (`gpureclaim sleep --timeout` chooses) before the driver's lock: a call that passed its gate before the
+ * sleep began completes first, and later calls wait at their gate. Returns 0 when it sleeps; -EALREADY when it already
  * did; -EBUSY when a thread stayed inside a CUDA call past the timeout, device memory is shared over IPC
  * (exported with cuIpcGetMemHandle, or another process's opened and not closed), or a CUDA graph is being
  * captured (cuStreamBeginCapture* until cuStreamEndCapture); -ENOSPC when the host lacks the memory;
  * -ENOTSUP when the checkpoint API is missing (driver older than 570, GPURECLAIM_SLEEP=0, no NVML to check room
  * before a wake) or the driver refused (MIG, managed memory, ...): what the release
- * gave back stays given back. -EDEADLK when called from inside an intercepted call or a releaser. */
+ * gave back stays given back. -ENOMEM when a thread could get no record of its CUDA calls (no memory: its calls
+ * cannot be waited for). -EDEADLK when called from inside an intercepted call or a releaser. */
 GPURECLAIM_API int gpureclaim_sleep(gpureclaim_sleep_report_t *out);
 
 /* Wakes the process now. Returns 0 (also when it was awake), or -ENOMEM when the device had no room within

@@ -845,16 +845,20 @@ static CUresult b_primary_release(void *realp, uintptr_t ra, CUdevice dev) {
 #define DEFINE_WRAPPERS(sym, base, ver, ptsz, body, params, args)                                           \
   GR_INTERPOSE CUresult CUDAAPI sym params;                                                                \
   GR_INTERPOSE CUresult CUDAAPI sym params {                                                               \
-    CUresult gate_ = gr_gate_check();                                                                      \
+    CUresult gate_ = gr_gate_enter(); /* in flight until the driver returned: a sleep waits for it */      \
     if (GR_UNLIKELY(gate_ != CUDA_SUCCESS))                                                                \
       return gate_;                                                                                        \
-    return body(ex_real(GR_H_##sym), (uintptr_t)__builtin_return_address(0), GR_EXPAND args);              \
+    gate_ = body(ex_real(GR_H_##sym), (uintptr_t)__builtin_return_address(0), GR_EXPAND args);             \
+    gr_gate_leave();                                                                                       \
+    return gate_;                                                                                          \
   }                                                                                                        \
   static CUresult CUDAAPI gr_pa_##sym params {                                                             \
-    CUresult gate_ = gr_gate_check();                                                                      \
+    CUresult gate_ = gr_gate_enter();                                                                      \
     if (GR_UNLIKELY(gate_ != CUDA_SUCCESS))                                                                \
       return gate_;                                                                                        \
-    return body(pa_real(GR_H_##sym), (uintptr_t)__builtin_return_address(0), GR_EXPAND args);              \
+    gate_ = body(pa_real(GR_H_##sym), (uintptr_t)__builtin_return_address(0), GR_EXPAND args);             \
+    gr_gate_leave();                                                                                       \
+    return gate_;                                                                                          \
   }
 GR_DRIVER_HOOKS(DEFINE_WRAPPERS)
 #undef DEFINE_WRAPPERS

@@ -8,9 +8,11 @@
  *      when it would not fit, because the driver keeps the checkpoint in this process's own memory;
  *   3. every context synchronised (work in flight finishes);
  *   4. the gates' flag goes up (gate.h, through admit.c): from now on every call a gate sees waits here instead of
- *      entering the driver; releases already running on other threads are waited for, new ones refused;
- *   5. cuCheckpointProcessLock on our own pid with the timeout (a thread inside a CUDA call that does not return
- *      in time: refused, saying so); a sleep whose asker stopped waiting meanwhile (a command's client that hung
+ *      entering the driver; releases already running on other threads are waited for, new ones refused; calls
+ *      that passed their gate before are waited for too (gr_gate_quiesce), up to the timeout (a thread inside a
+ *      CUDA call that does not return in time: refused, saying so), so that none reaches the driver locked;
+ *   5. cuCheckpointProcessLock on our own pid with what is left of the timeout; a sleep whose asker stopped
+ *      waiting meanwhile (a command's client that hung
  *      up) is withdrawn here, unlocked again; then cuCheckpointProcessCheckpoint: the driver moves the process's
  *      device memory, contexts included, to host memory. From that call on the sleep is begun.
  * The free memory of each device the process used is read through NVML before and after (a checkpointed
@@ -44,7 +46,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -358,24 +359,37 @@ int gr_sleep_run_progress(int trigger, unsigned timeout_ms, gpureclaim_sleep_rep
   /* 3. work in flight finishes */
   gr_reg_foreach_ctx(sync_ctx, NULL);
 
-  /* 4. gates closed; releases that call the driver are waited for */
+  /* 4. gates closed; releases that call the driver are waited for, and so are the calls that passed their gate
+   * before it closed (gate.h): one that reached the driver only after the lock would wait there for an unlock
+   * that nothing makes. */
   gr_admit_close();
-  /* A thread that passed its gate just before the flag went up is about to enter the driver: give it the
-   * moment to get there, so that the lock waits for its call instead of holding it until the next wake. */
-  sched_yield();
-  nanosleep(&(struct timespec){0, 1000000}, NULL);
+  if (progress) /* the wait for calls in flight is the first part of the moving (a client may hang up there) */
+    progress("moving", 0, total, arg);
+  unsigned lock_ms = timeout_ms ? timeout_ms : DEFAULT_LOCK_TIMEOUT_MS;
+  uint64_t tq = gr_mono_ns();
+  int busy_tid = 0;
+  int q = gr_gate_quiesce(lock_ms, &busy_tid);
+  if (q == -EBUSY)
+    return refuse(out, &r, t0, -EBUSY, "a thread is inside a CUDA call that did not return within %.1f s (thread "
+                                       "%d); sleep once it returned", lock_ms / 1000.0, busy_tid);
+  if (q == -ENOMEM)
+    return refuse(out, &r, t0, -ENOMEM, "a thread runs without a record of its CUDA calls (there was no memory "
+                                        "for one), so a call of its could reach the driver after the lock; "
+                                        "restart the process to sleep it");
+  if (q != 0)
+    return refuse(out, &r, t0, -ENOTSUP, "membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) failed after it was "
+                                         "registered: the calls in flight cannot be told");
+  uint64_t waited_ms = (gr_mono_ns() - tq) / 1000000u;
 
   /* 5. lock and checkpoint (the driver moves everything in one call: no progress inside it) */
-  if (progress)
-    progress("moving", 0, total, arg);
   CUcheckpointLockArgs la;
   memset(&la, 0, sizeof la);
-  la.timeoutMs = timeout_ms ? timeout_ms : DEFAULT_LOCK_TIMEOUT_MS;
+  la.timeoutMs = waited_ms + 1 < lock_ms ? lock_ms - (unsigned)waited_ms : 1;
   char eb[32];
   CUresult cr = A.lock(getpid(), &la);
   if (cr == CUDA_ERROR_NOT_READY || cr == CUDA_ERROR_TIMEOUT)
     return refuse(out, &r, t0, -EBUSY, "a thread is inside a CUDA call that did not return within "
-                                     "%.1f s", la.timeoutMs / 1000.0);
+                                     "%.1f s", lock_ms / 1000.0);
   if (cr != CUDA_SUCCESS)
     return refuse(out, &r, t0, -ENOTSUP, "the driver refused to lock the process: %s",
                                      err_name(cr, eb, sizeof eb));

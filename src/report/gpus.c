@@ -57,7 +57,7 @@ static _Atomic int g_count_seen; /* the last device count read: asleep, the driv
 
 void gr_report_gpus_json(jbuf_t *b, bool memory) {
   int count = 0;
-  bool off = gr_gate_driver_off();
+  bool off = !gr_gate_driver_begin(); /* awake: counted in flight to the end, a sleep locks only after */
   if (off)
     count = atomic_load_explicit(&g_count_seen, memory_order_relaxed);
   else if (!gr_drv.cuDeviceGetCount || gr_drv.cuDeviceGetCount(&count) != CUDA_SUCCESS)
@@ -95,4 +95,6 @@ void gr_report_gpus_json(jbuf_t *b, bool memory) {
     jb_obj_end(b);
   }
   jb_arr_end(b);
+  if (!off)
+    gr_gate_leave();
 }

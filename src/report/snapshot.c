@@ -77,9 +77,10 @@ static void pool_json(uint16_t id, CUmemoryPool pool, int device, void *arg) {
   (void)id;
   jbuf_t *b = arg;
   cuuint64_t reserved = 0, used = 0;
-  if (gr_drv.cuMemPoolGetAttribute && !gr_gate_driver_off()) { /* asleep: the driver cannot be asked */
+  if (gr_drv.cuMemPoolGetAttribute && gr_gate_driver_begin()) { /* asleep: the driver cannot be asked */
     gr_drv.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved);
     gr_drv.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used);
+    gr_gate_leave(); /* counted in flight meanwhile: a sleep locks only after */
   }
   jb_key(b, NULL);
   jb_obj(b);

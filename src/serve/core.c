@@ -139,6 +139,7 @@ __attribute__((constructor)) static void gr_core_ctor(void) {
 
 static void atfork_child(void) {
   gr_state_tls_atfork_child();
+  gr_gate_atfork_child(); /* the parent's other threads, in flight or not, do not live on */
   /* Registered as a start begins: a parent that had not got past it (0), or runs as a pass-through (-1), has
    * nothing to hand down. A parent half-started (2) is reset as a running one: the child starts over. */
   if (atomic_load_explicit(&gr_state_run, memory_order_relaxed) <= 0)

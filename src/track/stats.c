@@ -360,7 +360,7 @@ static void add_pool(uint16_t id, CUmemoryPool pool, int device, void *arg) {
   if (ps->device >= 0 && device != ps->device)
     return;
   ps->count++;
-  if (gr_gate_driver_off())
+  if (!gr_gate_driver_begin())
     return; /* asleep: the pools hold nothing on the device, and the driver cannot be asked */
   cuuint64_t v = 0;
   if (gr_drv.cuMemPoolGetAttribute &&
@@ -370,6 +370,7 @@ static void add_pool(uint16_t id, CUmemoryPool pool, int device, void *arg) {
   if (gr_drv.cuMemPoolGetAttribute &&
       gr_drv.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &v) == CUDA_SUCCESS)
     ps->used += v;
+  gr_gate_leave(); /* counted in flight meanwhile: a sleep locks only after */
 }
 
 /* Committed plus every thread's pending change. */

@@ -425,7 +425,7 @@ Test(sleep, refused_while_a_thread_is_stuck_in_a_call) {
 }
 
 /* A sleep whose client hung up before the sleep began is never run. The client sends `sleep` on the control socket,
- * reads the progress line `moving` (the sleep then waits in the driver's lock for a thread the test holds inside
+ * reads the progress line `moving` (the sleep then waits for a thread the test holds inside
  * a CUDA call) and closes; only then is that call let go: the lock is had, and the sleep, asking at its last moment
  * whether its client still waits, is withdrawn and the process unlocked. The client used to be looked at once,
  * when its line was read, and one that closed just after sending had its sleep run. */
@@ -498,7 +498,8 @@ Test(sleep, a_sleep_whose_client_hung_up_before_it_began_is_not_run, .timeout = 
 }
 
 /* Threads calling CUDA and releasing while other sleeps and wakes come and go: every call either runs awake
- * or wakes the process first (the simulator aborts on one that reaches it while checkpointed). */
+ * or wakes the process first (the simulator aborts on one that reaches it while checkpointed, and counts one
+ * that reaches it while locked). */
 static _Atomic int g_stop;
 static void *worker_calls(void *arg) {
   unsigned char buf[256];
@@ -544,6 +545,8 @@ Test(sleep, races_with_calls_and_releases) {
   cr_assert_null(ra, "a memcpy failed");
   cr_assert_null(rb, "a release failed");
   cr_assert_gt(slept, 0, "some of the sleeps happened");
+  /* none reached the driver locked either, before the checkpoint (it would wait there, not abort) */
+  cr_assert_eq(simcuda_checkpoint_late_calls(), 0, "a call reached the driver while the process was locked");
   check(live, pat);
   free(pat);
 }
@@ -750,4 +753,120 @@ Test(sleep, sleep_and_wake_from_a_releaser_return_edeadlk, .timeout = 60) {
   check(live, pat);
   free(pat);
   cr_assert_eq(gpureclaim_unregister_releaser(id), 0);
+}
+
+/* The sleep window: a call that has passed its gate and not yet reached the driver when a sleep begins either
+ * completes before the driver's checkpoint lock (the sleep waits for it) or waits at its gate; it never reaches
+ * the driver while the process is locked, where NVIDIA's driver would hold it until an unlock that nothing makes
+ * (docs/DRIVER.md). The simulator holds the call at its entry (simcuda_on_enter), before the driver sees it; a
+ * sleep is asked for on another thread; the call is let go once the process is locked or the sleep returned or
+ * 1 s passed, whichever comes first. Before the window was closed, the sleep took the lock at once and the call
+ * reached the driver under it (the simulator counts it: simcuda_checkpoint_late_calls). Three routes: a driver
+ * function the runtime got through cuGetProcAddress (a gate in front of the driver's own function), a hooked one
+ * the same way (a gate in front of gpureclaim's wrapper), and a hooked one called by its exported name (the
+ * wrapper alone, no gate). */
+static pthread_mutex_t g_win_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_win_cv = PTHREAD_COND_INITIALIZER;
+static int g_win_held, g_win_go;
+static void win_hold(void *arg) {
+  (void)arg;
+  pthread_mutex_lock(&g_win_mu);
+  g_win_held = 1;
+  pthread_cond_broadcast(&g_win_cv);
+  while (!g_win_go)
+    pthread_cond_wait(&g_win_cv, &g_win_mu);
+  pthread_mutex_unlock(&g_win_mu);
+}
+typedef struct {
+  int route;
+  void *dev;
+  CUcontext ctx;
+  _Atomic int done;
+  int rc;
+} win_call_t;
+static void *win_call(void *arg) {
+  win_call_t *c = arg;
+  if (c->route == 0) {
+    c->rc = cudaMemset(c->dev, 5, 4096);
+  } else if (c->route == 1) {
+    void *p = NULL;
+    c->rc = cudaMalloc(&p, 4096);
+  } else {
+    CUdeviceptr p = 0;
+    c->rc = cuCtxSetCurrent(c->ctx); /* the driver API: this thread's context first */
+    if (c->rc == CUDA_SUCCESS)
+      c->rc = cuMemAlloc_v2(&p, 4096);
+  }
+  atomic_store(&c->done, 1);
+  return NULL;
+}
+typedef struct {
+  int rc;
+  _Atomic int done;
+  gpureclaim_sleep_report_t r;
+} win_sleep_t;
+static void *win_sleep(void *arg) {
+  win_sleep_t *s = arg;
+  s->r.size = sizeof s->r;
+  s->rc = gpureclaim_sleep(&s->r);
+  atomic_store(&s->done, 1);
+  return NULL;
+}
+
+static void sleep_window(int route, const char *fn) {
+  RT_OK(cudaSetDevice(0));
+  void *dev;
+  RT_OK(cudaMalloc(&dev, 4096));
+  RT_OK(cudaMemset(dev, 1, 4096));
+  win_call_t c = {.route = route, .dev = dev};
+  OK(cuCtxGetCurrent(&c.ctx));
+  win_sleep_t s = {.rc = 1};
+  cr_assert_eq(simcuda_on_enter(fn, win_hold, NULL), 0);
+  pthread_t ct = gr_thread_start(win_call, &c);
+  pthread_mutex_lock(&g_win_mu);
+  while (!g_win_held)
+    pthread_cond_wait(&g_win_cv, &g_win_mu);
+  pthread_mutex_unlock(&g_win_mu);
+  /* held: past every gate gpureclaim has, unseen by the driver */
+  uint64_t calls0 = simcuda_calls(fn);
+  pthread_t st = gr_thread_start(win_sleep, &s);
+  struct timespec t0, now;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (;;) {
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (simcuda_checkpoint_locked() || atomic_load(&s.done) || (now.tv_sec - t0.tv_sec) * 1000000000L +
+                                                           (now.tv_nsec - t0.tv_nsec) >= 1000000000L)
+      break;
+    nanosleep(&(struct timespec){0, 200000}, NULL);
+  }
+  pthread_mutex_lock(&g_win_mu);
+  g_win_go = 1;
+  pthread_cond_broadcast(&g_win_cv);
+  pthread_mutex_unlock(&g_win_mu);
+  /* the call goes on: it completes, or it reached the driver under the lock (and waits there for an unlock) */
+  while (!atomic_load(&c.done) && simcuda_checkpoint_late_calls() == 0)
+    nanosleep(&(struct timespec){0, 200000}, NULL);
+  cr_assert_eq(simcuda_checkpoint_late_calls(), 0, "%s reached the driver while the process was locked", fn);
+  gr_thread_join(ct);
+  gr_thread_join(st);
+  cr_assert_eq(c.rc, 0, "%s -> %d", fn, c.rc);
+  cr_assert_eq(simcuda_calls(fn), calls0 + 1, "the held call reached the driver once");
+  /* the sleep waited for the call and went on (or, had it not returned in time, would have refused) */
+  cr_assert_eq(s.rc, 0, "gpureclaim_sleep -> %d: %s", s.rc, s.r.reason);
+  cr_assert_eq(state(NULL), GPURECLAIM_STATE_SLEEPING);
+  unsigned char back[4096], want[4096];
+  memset(want, route == 0 ? 5 : 1, sizeof want);
+  RT_OK(cudaMemcpy(back, dev, sizeof back, cudaMemcpyDeviceToHost)); /* wakes it */
+  cr_assert(memcmp(back, want, sizeof back) == 0, "the held call's work survived the sleep");
+  cr_assert_eq(simcuda_checkpoint_late_calls(), 0);
+}
+
+Test(sleep, window_a_call_past_its_gate_completes_before_the_lock_runtime_route, .timeout = 60) {
+  sleep_window(0, "cuMemsetD8_v2");
+}
+Test(sleep, window_a_call_past_its_gate_completes_before_the_lock_hooked_by_procaddr, .timeout = 60) {
+  sleep_window(1, "cuMemAlloc_v2");
+}
+Test(sleep, window_a_call_past_its_gate_completes_before_the_lock_hooked_by_name, .timeout = 60) {
+  sleep_window(2, "cuMemAlloc_v2");
 }

@@ -199,6 +199,7 @@ static void trace_call(int id, CUresult r) {
 static _Atomic int g_ck_state;  /* CUprocessState */
 static _Atomic int g_ck_owner;  /* thread id of the locking thread, 0 when unlocked */
 static int g_ck_block;          /* SIMCUDA_CHECKPOINT_BLOCK, set once by the constructor */
+static _Atomic uint64_t g_ck_late; /* calls of other threads that reached the driver while it was locked */
 /* What a checkpoint and a restore cost: NVIDIA's driver moved 1.55 GiB (1 GiB allocated and the context) in
  * 0.85 s out and 0.54 s back on an H200 (docs/DRIVER.md), so 1.8 and 2.9 GiB/s; SIMCUDA_CHECKPOINT_RATE (bytes
  * per second, K/M/G suffixes; 0: no wait) sets both. The moving itself is a memcpy here: the rest is slept. */
@@ -237,12 +238,19 @@ static void ck_wait(int id) {
   sim_counts_t *c = t_counts;
   if (ck_query_only(id)) return; /* observed on driver 580: another thread's cuDeviceGetCount returns while the
                                   * process is checkpointed (docs/DRIVER.md) */
+  int late = 0;
   for (;;) {
     int st = atomic_load(&g_ck_state);
     if (st == CU_PROCESS_STATE_RUNNING) return;
     if (atomic_load(&g_ck_owner) == self_tid()) {
       if (st == CU_PROCESS_STATE_CHECKPOINTED && !ck_query_only(id)) ck_slipped(id);
       return;
+    }
+    if (!late) {
+      late = 1;
+      atomic_fetch_add(&g_ck_late, 1);
+      fprintf(stderr, "simcuda: %s called by thread %d while the process is %s: it waits for the unlock\n",
+              g_fn_names[id], self_tid(), st == CU_PROCESS_STATE_LOCKED ? "locked" : "checkpointed");
     }
     if (st == CU_PROCESS_STATE_CHECKPOINTED && !g_ck_block) ck_slipped(id);
     in_call_add(c, -1);
@@ -253,8 +261,12 @@ static void ck_wait(int id) {
   }
 }
 
+static void run_on_enter(int id); /* simcuda_on_enter(), at the end of this file */
+static _Atomic int g_on_enter_armed;
+
 /* Counts the call and applies an injected fault; non-zero when the call must return *r at once. */
 static inline int sim_enter(int id, CUresult *r) {
+  if (__builtin_expect(atomic_load_explicit(&g_on_enter_armed, memory_order_acquire) != 0, 0)) run_on_enter(id);
   count_call(id);
   in_call_add(t_counts, 1);
   if (__builtin_expect(atomic_load(&g_ck_state) != CU_PROCESS_STATE_RUNNING, 0)) ck_wait(id);
@@ -3142,6 +3154,8 @@ SIM_API cuCheckpointProcessGetState(int pid, CUprocessState *state) {
  * NVML (dlmopen) is not held, as on the real driver. */
 SIM_EXPORT int simcuda_checkpoint_locked(void);
 SIM_EXPORT int simcuda_checkpoint_locked(void) { return atomic_load(&g_ck_state) != CU_PROCESS_STATE_RUNNING; }
+SIM_EXPORT uint64_t simcuda_checkpoint_late_calls(void);
+SIM_EXPORT uint64_t simcuda_checkpoint_late_calls(void) { return atomic_load(&g_ck_late); }
 
 /* ---- cuGetProcAddress */
 
@@ -3566,6 +3580,35 @@ SIM_EXPORT int simcuda_on_return(const char *fn, void (*cb)(void *arg), void *ar
     int delta = (want.cb != NULL) - (g_on_return[i].cb != NULL);
     g_on_return[i] = want;
     atomic_fetch_add_explicit(&g_on_return_armed, delta, memory_order_release);
+  }
+  pthread_mutex_unlock(&g_on_return_lock);
+  return 0;
+}
+
+/* The same for the entry: the callback runs before the driver counts or sees the call (a thread held there has
+ * passed whatever gpureclaim put in front of the driver and is not yet inside it). */
+static on_return_t g_on_enter[SIMFN_COUNT]; /* guarded by g_on_return_lock */
+
+static void run_on_enter(int id) {
+  pthread_mutex_lock(&g_on_return_lock);
+  on_return_t o = g_on_enter[id];
+  if (o.cb) {
+    g_on_enter[id].cb = NULL;
+    atomic_fetch_sub_explicit(&g_on_enter_armed, 1, memory_order_relaxed);
+  }
+  pthread_mutex_unlock(&g_on_return_lock);
+  if (o.cb) o.cb(o.arg);
+}
+
+SIM_EXPORT int simcuda_on_enter(const char *fn, void (*cb)(void *arg), void *arg) {
+  int id = fn ? fn_id(fn) : 0;
+  if (id < 0) return -1;
+  pthread_mutex_lock(&g_on_return_lock);
+  for (int i = fn ? id : 0; i < (fn ? id + 1 : SIMFN_COUNT); i++) {
+    on_return_t want = {fn ? cb : NULL, fn ? arg : NULL};
+    int delta = (want.cb != NULL) - (g_on_enter[i].cb != NULL);
+    g_on_enter[i] = want;
+    atomic_fetch_add_explicit(&g_on_enter_armed, delta, memory_order_release);
   }
   pthread_mutex_unlock(&g_on_return_lock);
   return 0;

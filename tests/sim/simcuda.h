@@ -138,6 +138,12 @@ int simcuda_inject(const char *fn, CUresult err, int count);
  * Returns 0, or -1 for an unknown name. */
 int simcuda_on_return(const char *fn, void (*cb)(void *arg), void *arg);
 
+/* The same at the entry: the next call of fn runs cb(arg) first, before the driver counts it or sees it (the
+ * checkpoint lock does not wait for it, and a lock taken meanwhile holds it as it goes on). A test holds a thread
+ * there: it has passed gpureclaim's gate and not yet reached the driver. One-shot; cb NULL disarms fn, fn NULL
+ * every entry point. Returns 0, or -1 for an unknown name. */
+int simcuda_on_enter(const char *fn, void (*cb)(void *arg), void *arg);
+
 /* Number of calls made to the driver entry point with that exported name since start (every route). */
 uint64_t simcuda_calls(const char *fn);
 
@@ -186,6 +192,11 @@ int simcuda_arena(int device, uint64_t *base, uint64_t *size);
  * NVML (libnvidia-ml.so.1, a library of its own) blocks its calls meanwhile, as NVIDIA's does; a private copy
  * of it loaded with dlmopen asks its own namespace, where no driver is locked, and answers. */
 int simcuda_checkpoint_locked(void);
+
+/* Calls of threads other than the locking one that reached the driver while it held the process locked or
+ * checkpointed (device queries that need no context aside): each waited there for the unlock, as on NVIDIA's
+ * driver, or aborted the process when it came while checkpointed (SIMCUDA_CHECKPOINT_BLOCK unset). */
+uint64_t simcuda_checkpoint_late_calls(void);
 
 #ifdef __cplusplus
 }

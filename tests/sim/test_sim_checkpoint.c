@@ -321,3 +321,60 @@ Test(sim_checkpoint, moving_takes_the_time_the_rate_says) {
   cr_assert_geq(in, 0.25, "64 MiB at 256 MiB/s back: %.3f s", in);
   OK(cuMemFree(a));
 }
+
+/* simcuda_on_enter: the callback runs before the driver counts or sees the call, once; the checkpoint lock does
+ * not wait for a thread held there, and that call, let go, reaches the driver locked: simcuda_checkpoint_late_calls
+ * counts it (the locking thread's own calls are not late). */
+static uint64_t g_calls_in_cb;
+static void note_calls(void *arg) {
+  (void)arg;
+  g_calls_in_cb = simcuda_calls("cuMemAlloc_v2");
+}
+static int g_held, g_let_go;
+static void hold_entry(void *arg) {
+  (void)arg;
+  pthread_mutex_lock(&g_mu);
+  g_held = 1;
+  pthread_cond_broadcast(&g_cv);
+  while (!g_let_go) pthread_cond_wait(&g_cv, &g_mu);
+  pthread_mutex_unlock(&g_mu);
+}
+
+Test(sim_checkpoint, on_enter_runs_before_the_driver_sees_the_call) {
+  CUcontext c = sim_primary(0);
+  (void)c;
+  CUdeviceptr p;
+  uint64_t n0 = simcuda_calls("cuMemAlloc_v2");
+  cr_assert_eq(simcuda_on_enter("cuMemAlloc_v2", note_calls, NULL), 0);
+  OK(cuMemAlloc(&p, 4096));
+  cr_assert_eq(g_calls_in_cb, n0, "the callback ran before the call was counted");
+  cr_assert_eq(simcuda_calls("cuMemAlloc_v2"), n0 + 1);
+  g_calls_in_cb = 0;
+  OK(cuMemAlloc(&p, 4096));
+  cr_assert_eq(g_calls_in_cb, 0, "once");
+  cr_assert_eq(simcuda_on_enter("cuNoSuchFunction", note_calls, NULL), -1);
+}
+
+Test(sim_checkpoint, a_call_held_at_its_entry_reaches_the_driver_late) {
+  CUcontext c = sim_primary(0);
+  cr_assert_eq(simcuda_on_enter("cuMemAlloc_v2", hold_entry, NULL), 0);
+  pthread_t th = gr_thread_start(other_thread, c);
+  pthread_mutex_lock(&g_mu);
+  while (!g_held) pthread_cond_wait(&g_cv, &g_mu);
+  pthread_mutex_unlock(&g_mu);
+  CUcheckpointLockArgs la = {.timeoutMs = 60000};
+  OK(cuCheckpointProcessLock(getpid(), &la)); /* the held call is not in the driver: nothing to wait for */
+  CUdeviceptr p;
+  OK(cuMemAlloc(&p, 4096)); /* the locking thread's own call */
+  cr_assert_eq(simcuda_checkpoint_late_calls(), 0);
+  pthread_mutex_lock(&g_mu);
+  g_let_go = 1;
+  pthread_cond_broadcast(&g_cv);
+  pthread_mutex_unlock(&g_mu);
+  while (simcuda_checkpoint_late_calls() == 0) nanosleep(&(struct timespec){0, 200000}, NULL);
+  cr_assert_eq(atomic_load(&g_done), 0, "the late call waits in the driver while locked");
+  OK(cuCheckpointProcessUnlock(getpid(), NULL));
+  gr_thread_join(th);
+  cr_assert_eq(atomic_load(&g_done), 1);
+  cr_assert_eq(simcuda_checkpoint_late_calls(), 1, "counted once");
+}

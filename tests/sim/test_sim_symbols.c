@@ -40,7 +40,8 @@ static const char *const k_expected[] = {
     "cuStreamEndCapture_ptsz", "cuStreamIsCapturing", "cuStreamIsCapturing_ptsz", "cuGraphDestroy",
     /* inspection interface */
     "simcuda_stats", "simcuda_foreach_block", "simcuda_inject", "simcuda_calls", "simcuda_procaddr_requests",
-    "simcuda_set_capacity", "simcuda_arena", "simcuda_on_return", "simcuda_checkpoint_locked",
+    "simcuda_set_capacity", "simcuda_arena", "simcuda_on_return", "simcuda_checkpoint_locked", "simcuda_on_enter",
+    "simcuda_checkpoint_late_calls",
 };
 #define NEXPECTED (sizeof k_expected / sizeof k_expected[0])
 
