@@ -188,6 +188,32 @@ int gr_opt_parse_seconds_ms(const char *s, unsigned *out) {
   return 0;
 }
 
+int gr_opt_parse_size(const char *s, uint64_t *out) {
+  char num[24];
+  size_t n = strspn(s, "0123456789");
+  if (n == 0 || n >= sizeof num)
+    return -EINVAL;
+  memcpy(num, s, n);
+  num[n] = '\0';
+  const char *suf = s + n;
+  unsigned shift = 0;
+  if (*suf) {
+    static const char units[] = "KMGT";
+    const char *u = strchr(units, suf[0] >= 'a' && suf[0] <= 'z' ? suf[0] - 32 : suf[0]);
+    if (!u || !*u)
+      return -EINVAL;
+    shift = 10u * (unsigned)(u - units + 1);
+    suf++;
+    if (!streq_ci(suf, "") && !streq_ci(suf, "ib") && !streq_ci(suf, "b"))
+      return -EINVAL;
+  }
+  unsigned long long v;
+  if (gr_opt_parse_uint(num, (1ull << 60) >> shift, &v) != 0)
+    return -EINVAL;
+  *out = (uint64_t)v << shift;
+  return 0;
+}
+
 const char *gr_opt_what_name(unsigned what, char *buf, size_t len) {
   size_t n = 0;
   if (len)
@@ -299,6 +325,11 @@ static int parse_peers(const char *v, unsigned *dst, unsigned long long bound, g
 static int parse_seconds(const char *v, unsigned *dst, unsigned long long bound, gr_options_t *o) {
   (void)bound, (void)o;
   return gr_opt_parse_seconds_ms(v, dst);
+}
+
+static int parse_size(const char *v, uint64_t *dst, unsigned long long bound, gr_options_t *o) {
+  (void)bound, (void)o;
+  return gr_opt_parse_size(v, dst);
 }
 
 /* One parser per option, and the table. */

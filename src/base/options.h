@@ -19,7 +19,7 @@
  *               on/off, any case), uint and level (a whole number from 0 to bound, into unsigned / int), signal,
  *               what (a list of cached, orphaned, all, or sleep), log (stderr or a path), dir (an absolute path),
  *               peers (a list of ask, give, sleep, or off), seconds (0.001 to 60 into milliseconds), autobool
- *               (auto, or yes/no as -1, 1, 0)
+ *               (auto, or yes/no as -1, 1, 0), size (bytes, with an optional binary K, M, G or T)
  *     bound     the largest value of uint and level (else 0)
  *     default   the value as one would write it, parsed as the variable's (NULL: none, or computed: RUNDIR)
  *     expected  what the warning about a malformed value says the variable takes
@@ -66,7 +66,11 @@
   X(PYTHON, python, yesno, 0, "1", GR_OPT_YESNO, GR_RUN_NO)                                                       \
   X(SLEEP, sleep, autobool, 0, "auto", "auto, 1/yes/on or 0/no/off", GR_RUN_NO)                                   \
   X(WAKE_TIMEOUT, wake_timeout, uint, 86400, "10", "seconds from 0 to 86400", GR_RUN_NO)                          \
-  X(SLEEP_IDLE, sleep_idle, uint, 30 * 86400, "0", "seconds from 0 (off) to 2592000", GR_RUN_NO)
+  X(SLEEP_IDLE, sleep_idle, uint, 30 * 86400, "0", "seconds from 0 (off) to 2592000", GR_RUN_NO)             \
+  X(SLEEP_MIN_AWAKE, sleep_min_awake, uint, 86400, "5", "seconds from 0 to 86400", GR_RUN_NO)                     \
+  X(WAIT, wait, uint, 86400, "30", "seconds from 0 (never wait) to 86400", GR_RUN_NO)                             \
+  X(GUARANTEE, guarantee, size, 0, "0", "a size in bytes, with an optional K, M, G or T (KiB, MiB, GiB, TiB)",    \
+    GR_RUN_NO)
 
 enum { GR_RUN_NONE, GR_RUN_VALUE, GR_RUN_FLAG, GR_RUN_OPTIONAL };
 #define GR_RUN_NO (0, NULL, GR_RUN_NONE, NULL, NULL, NULL)
@@ -83,6 +87,7 @@ typedef char gr_opt_path_t[4096];
 #define GR_OPT_T_peers unsigned   /* GR_PEERS_ASK | ... */
 #define GR_OPT_T_seconds unsigned /* milliseconds */
 #define GR_OPT_T_autobool int     /* -1 auto, 0 off, 1 on */
+#define GR_OPT_T_size uint64_t    /* bytes */
 
 #define GR_OPT_MEMBER_(ID, field, kind, ...) GR_OPT_T_##kind field;
 typedef struct gr_options {
@@ -125,6 +130,9 @@ int gr_opt_parse_peers(const char *s, unsigned *out);
 /* GPURECLAIM_PEER_TIMEOUT: seconds, 0.001 to 60, at most 3 decimals ("2", "0.5"); *out in milliseconds. */
 int gr_opt_parse_seconds_ms(const char *s, unsigned *out);
 int gr_opt_parse_uint(const char *s, unsigned long long max, unsigned long long *out);
+/* GPURECLAIM_GUARANTEE: a whole number of bytes, or of KiB, MiB, GiB, TiB with a suffix K, M, G, T (any case,
+ * optionally followed by "iB" or "B": "512M", "8GiB", "1t"); at most 2^60 bytes. */
+int gr_opt_parse_size(const char *s, uint64_t *out);
 /* Whether a GPURECLAIM_LOG value names standard error ("stderr" in any case, or "-") rather than a file. */
 bool gr_opt_log_is_stderr(const char *s);
 /* The default of variable name as written in GR_OPTIONS ("cached,orphaned"); NULL: none, computed, or no such

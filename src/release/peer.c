@@ -26,6 +26,7 @@
 #include "jsonread.h"
 #include "options.h"
 #include "state.h"
+#include "wait.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -46,6 +47,7 @@ static _Atomic uint64_t g_fingerprint;    /* of the figures the status file show
 static GR_TLS int t_in_peer;
 
 bool gr_peer_busy(void) { return atomic_load_explicit(&g_busy, memory_order_acquire) > 0; }
+bool gr_peer_busy_here(void) { return t_in_peer != 0; }
 
 bool gr_peer_on(unsigned bit) {
   const gr_options_t *o = gr_opt();
@@ -109,6 +111,10 @@ void gr_peer_status_json(jbuf_t *b) {
     jb_u64(b, "pool_cached_bytes", h[i].pool_cached);
     jb_u64(b, "orphan_bytes", h[i].orphan);
     jb_u64(b, "framework_bytes", h[i].framework);
+    if (o->guarantee)
+      jb_u64(b, "guarantee_bytes", o->guarantee);
+    else
+      jb_null(b, "guarantee_bytes");
     jb_obj_end(b);
     uint64_t v[] = {(uint64_t)h[i].device, h[i].held, h[i].pool_cached, h[i].orphan, h[i].framework};
     for (size_t k = 0; k < GR_ARRAY_LEN(v); k++)
@@ -116,6 +122,7 @@ void gr_peer_status_json(jbuf_t *b) {
   }
   jb_arr_end(b);
   jb_obj_end(b);
+  gr_wait_status_json(b); /* the top-level "wait" */
   atomic_store_explicit(&g_fingerprint, fp, memory_order_relaxed);
 }
 
@@ -158,6 +165,7 @@ bool gr_peer_begin(gr_peer_op_t *op, uint64_t bytes, int device) {
     return false;
   t_in_peer = 1;
   op->t0_ns = gr_mono_ns();
+  op->above = !gr_wait_within_guarantee(op->device, bytes);
   clock_gettime(CLOCK_MONOTONIC, &op->deadline);
   unsigned ms = gr_opt()->peer_timeout_ms;
   op->deadline.tv_sec += ms / 1000;
@@ -196,11 +204,18 @@ typedef struct cand {
   int pid;
   char sock[sizeof(((struct sockaddr_un *)0)->sun_path)];
   uint64_t cheap, fw, last_gave_ms;
+  uint64_t idle_since_ms; /* 0: not idle (it works, or says nothing) */
+  bool above;             /* it holds more than its guarantee on the GPU (no guarantee: anything) */
   bool sleep; /* it may be asked to sleep (GPURECLAIM_PEERS sleep on its side) */
 } cand_t;
 
+/* Who gives first (issue 31, "who gives, in order"): the peers above their guarantee before those within it;
+ * then, for caches and orphans, the cheapest to give first (recent givers last); for sleeping
+ * (by_idle), the least recently used first. Never live memory of a peer that did not opt in to sleep. */
 static int by_cost(const void *a, const void *b) {
   const cand_t *x = a, *y = b;
+  if (x->above != y->above)
+    return x->above ? -1 : 1;
   uint64_t now = gr_wall_ms();
   bool rx = x->last_gave_ms && now - x->last_gave_ms < 10000, ry = y->last_gave_ms && now - y->last_gave_ms < 10000;
   if (rx != ry)
@@ -212,6 +227,19 @@ static int by_cost(const void *a, const void *b) {
   return x->pid - y->pid;
 }
 
+
+/* The order of the second round, asking idle peers that opted in to sleep: above their guarantee first, then
+ * the idle ones, least recently used (idle longest) first; those that work last (they would refuse). */
+static int by_idle(const void *a, const void *b) {
+  const cand_t *x = a, *y = b;
+  if (x->above != y->above)
+    return x->above ? -1 : 1;
+  if ((x->idle_since_ms != 0) != (y->idle_since_ms != 0))
+    return x->idle_since_ms ? -1 : 1;
+  if (x->idle_since_ms != y->idle_since_ms)
+    return x->idle_since_ms < y->idle_since_ms ? -1 : 1;
+  return x->pid - y->pid;
+}
 
 /* The peers that may give on op's GPU, best first. */
 static size_t find_peers(const gr_peer_op_t *op, const char *dir, cand_t *out, size_t max) {
@@ -251,6 +279,10 @@ static size_t find_peers(const gr_peer_op_t *op, const char *dir, cand_t *out, s
         c->fw = (uint64_t)jint(g, "framework_bytes", 0);
         c->last_gave_ms = (uint64_t)jint(peer, "last_gave_ms", 0);
         c->sleep = jbool(peer, "sleep", false);
+        int64_t idle = jint(jget(st, "sleep"), "idle_since_ms", 0); /* least recently used sleeps first */
+        c->idle_since_ms = idle > 0 ? (uint64_t)idle : 0;
+        int64_t held = jint(g, "held_bytes", 0), guar = jint(g, "guarantee_bytes", 0);
+        c->above = held > (guar > 0 ? guar : 0);
         break;
       }
     }
@@ -277,10 +309,12 @@ static uint64_t ask_one(gr_peer_op_t *op, const cand_t *c, uint64_t want, bool s
   sa.sun_family = AF_UNIX;
   snprintf(sa.sun_path, sizeof sa.sun_path, "%s", c->sock);
   char line[256];
-  int len = snprintf(line, sizeof line, "give bytes=%llu uuid=%s deadline_ms=%llu pid=%d%s\n", (unsigned long long)want,
-                     op->uuid,
+  /* above=1: the asker is above its guarantee (GPURECLAIM_GUARANTEE), and a peer within its own refuses to sleep
+   * for it (give.c) */
+  int len = snprintf(line, sizeof line, "give bytes=%llu uuid=%s deadline_ms=%llu pid=%d%s%s\n",
+                     (unsigned long long)want, op->uuid,
                      (unsigned long long)op->deadline.tv_sec * 1000 + (unsigned long long)op->deadline.tv_nsec / 1000000,
-                     (int)getpid(), sleep ? " sleep=1" : "");
+                     (int)getpid(), sleep ? " sleep=1" : "", sleep && op->above ? " above=1" : "");
   char buf[16384];
   size_t got = 0;
   uint64_t given = 0;
@@ -347,8 +381,11 @@ uint64_t gr_peer_ask(gr_peer_op_t *op) {
     if (op->nresults < GR_PEER_MAX)
       op->nresults++;
   }
-  /* Still short after every cache: the peers that opted in are asked to sleep if idle (they decide), in the
-   * same order; each is asked once more for caches too, which costs it nothing when they are gone. */
+  /* Still short after every cache: the peers that opted in are asked to sleep if idle (they decide), above
+   * their guarantee first, least recently used first (by_idle); each is asked once more for caches too, which
+   * costs it nothing when they are gone. */
+  if (n > 1)
+    qsort(c, n, sizeof *c, by_idle);
   for (size_t i = 0; i < n && op->given < op->bytes && gr_ms_until(&op->deadline) > 0; i++) {
     if (!c[i].sleep)
       continue;

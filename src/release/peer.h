@@ -17,6 +17,8 @@ void gr_peer_tick(void);
 void gr_peer_serve_give(const char *args, int pid, struct jbuf *b);
 /* Whether a thread of this process is handling an out-of-memory with its peers now. */
 bool gr_peer_busy(void);
+/* Whether the calling thread is inside a peer reclaim (between gr_peer_begin and gr_peer_end). */
+bool gr_peer_busy_here(void);
 /* Whether GPURECLAIM_PEERS names this role (GR_PEERS_ASK, _GIVE, _SLEEP) and status files are on. */
 bool gr_peer_on(unsigned bit);
 /* The asking side, called by the hooks after their own retry failed (driver.c, RETRIES). */
@@ -35,6 +37,7 @@ typedef struct gr_peer_op {
   int lock_fd;
   bool waited;   /* another peer reclaim of this GPU ran meanwhile: retry first */
   bool asked;
+  bool above;    /* this process is above its guarantee on the GPU, counting the request (GPURECLAIM_GUARANTEE) */
   uint64_t given;
   uint64_t t0_ns;
   struct timespec deadline;

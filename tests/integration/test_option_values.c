@@ -3,6 +3,7 @@
 #include "../common/rng.h"
 
 #include <criterion/criterion.h>
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -58,7 +59,8 @@ static const char *const g_options[] = {"GPURECLAIM_DISABLE", "GPURECLAIM_SIGNAL
                                         "GPURECLAIM_LEAK_REPORT", "GPURECLAIM_BACKTRACE", "GPURECLAIM_PYTHON",
                                         "GPURECLAIM_STATUS", "GPURECLAIM_VERBOSE", "GPURECLAIM_PEERS",
                                         "GPURECLAIM_PEER_TIMEOUT", "GPURECLAIM_SLEEP", "GPURECLAIM_WAKE_TIMEOUT",
-                                        "GPURECLAIM_SLEEP_IDLE"};
+                                        "GPURECLAIM_SLEEP_IDLE", "GPURECLAIM_SLEEP_MIN_AWAKE", "GPURECLAIM_WAIT",
+                                        "GPURECLAIM_GUARANTEE"};
 
 static const char *const g_malformed[] = {"", "maybe", "2x", "-1", "99999999999999999999999", "1,", ",",
                                           "cached,,all", "RTMIN+999", "USR3", "SIG", "yes please", "\t",
@@ -102,7 +104,24 @@ static bool valid(const char *opt, const char *v) {
   }
   if (!strcmp(opt, "GPURECLAIM_VERBOSE"))
     return !strcmp(v, "0") || !strcmp(v, "1") || !strcmp(v, "2");
-  if (!strcmp(opt, "GPURECLAIM_WAKE_TIMEOUT") || !strcmp(opt, "GPURECLAIM_SLEEP_IDLE")) { /* whole seconds */
+  if (!strcmp(opt, "GPURECLAIM_GUARANTEE")) { /* digits, then K, M, G or T with iB or B, any case; < 2^60 */
+    size_t d = strspn(v, "0123456789");
+    const char *u = v + d;
+    int shift = 0;
+    if (*u && strchr("kKmMgGtT", *u)) {
+      shift = 10 * (int)((strchr("KMGT", toupper((unsigned char)*u)) - "KMGT") + 1);
+      u++;
+      if (*u && strcasecmp(u, "ib") && strcasecmp(u, "b"))
+        return false;
+    } else if (*u) {
+      return false;
+    }
+    const char *z = v + strspn(v, "0");
+    return d > 0 && d < 24 && (z >= v + d || (size_t)(v + d - z) < 19) &&
+           strtoull(v, NULL, 10) <= (1ull << 60) >> shift;
+  }
+  if (!strcmp(opt, "GPURECLAIM_WAKE_TIMEOUT") || !strcmp(opt, "GPURECLAIM_SLEEP_IDLE") ||
+      !strcmp(opt, "GPURECLAIM_SLEEP_MIN_AWAKE") || !strcmp(opt, "GPURECLAIM_WAIT")) { /* whole seconds */
     const char *d = v + strspn(v, "0");                                                   /* leading zeros */
     return *v && strspn(v, "0123456789") == strlen(v) && strlen(d) < 9 &&
            atol(d) <= (!strcmp(opt, "GPURECLAIM_SLEEP_IDLE") ? 30 * 86400 : 86400);

@@ -60,6 +60,9 @@ Test(options, defaults_are_what_they_always_were) {
   cr_assert_eq(o->sleep, -1);
   cr_assert_eq(o->wake_timeout, 10);
   cr_assert_eq(o->sleep_idle, 0);
+  cr_assert_eq(o->sleep_min_awake, 5);
+  cr_assert_eq(o->wait, 30);
+  cr_assert_eq(o->guarantee, 0);
   cr_assert_eq(o->rundir[0], '/', "the run directory's default is computed: %s", o->rundir);
 }
 
@@ -90,7 +93,9 @@ Test(options, whole_numbers_at_their_bounds) {
   } b[] = {{"GPURECLAIM_OOM_RETRY", "16", "17"},
            {"GPURECLAIM_VERBOSE", "2", "3"},
            {"GPURECLAIM_WAKE_TIMEOUT", "86400", "86401"},
-           {"GPURECLAIM_SLEEP_IDLE", "2592000", "2592001"}};
+           {"GPURECLAIM_SLEEP_IDLE", "2592000", "2592001"},
+           {"GPURECLAIM_SLEEP_MIN_AWAKE", "86400", "86401"},
+           {"GPURECLAIM_WAIT", "86400", "86401"}};
   for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) {
     cr_assert_eq(check(b[i].name, "0"), 0, "%s=0", b[i].name);
     cr_assert_eq(check(b[i].name, b[i].max), 0, "%s=%s", b[i].name, b[i].max);
@@ -106,6 +111,36 @@ Test(options, whole_numbers_at_their_bounds) {
   cr_assert_eq(gr_opt()->wake_timeout, 0);
   reload_with("GPURECLAIM_VERBOSE", "2");
   cr_assert_eq(gr_opt()->verbose, 2);
+  reload_with("GPURECLAIM_WAIT", "0");
+  cr_assert_eq(gr_opt()->wait, 0);
+}
+
+/* GPURECLAIM_GUARANTEE: bytes, or binary K, M, G, T (any case, with an optional iB or B), at most 2^60. */
+Test(options, sizes) {
+  static const struct {
+    const char *s;
+    uint64_t v;
+  } good[] = {{"0", 0},        {"4096", 4096},      {"1K", 1024},          {"512m", 512ull << 20},
+              {"8GiB", 8ull << 30}, {"2gb", 2ull << 30}, {"1T", 1ull << 40}, {"1048576T", 1ull << 60}};
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+    uint64_t v = 7;
+    cr_assert_eq(gr_opt_parse_size(good[i].s, &v), 0, "%s", good[i].s);
+    cr_assert_eq(v, good[i].v, "%s: %llu", good[i].s, (unsigned long long)v);
+  }
+  static const char *const bad[] = {"", "G", "1.5G", "-1", "1X", "1Gi", "1GiBs", "1 G", "1048577T",
+                                    "1152921504606846977", "99999999999999999999999"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    uint64_t v = 7;
+    cr_assert_eq(gr_opt_parse_size(bad[i], &v), -EINVAL, "%s", bad[i]);
+    cr_assert_eq(v, 7, "%s left *out alone", bad[i]);
+  }
+  reload_with("GPURECLAIM_GUARANTEE", "3G");
+  cr_assert_eq(gr_opt()->guarantee, 3ull << 30);
+  cr_assert_str_empty(reload_with("GPURECLAIM_GUARANTEE", "256M"));
+  cr_assert_eq(gr_opt()->guarantee, 256ull << 20);
+  cr_assert_str_neq(reload_with("GPURECLAIM_GUARANTEE", "lots"), "");
+  cr_assert_eq(gr_opt()->guarantee, 0);
+  reload_with(NULL, NULL);
 }
 
 Test(options, sleep_is_auto_or_a_yes_or_no) {
