@@ -10,12 +10,16 @@ import json
 import os
 import select
 import sys
+import tempfile
 import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_peers import Base, Proc, MiB  # noqa: E402
 
+# Every test's files (its simulated machine, its run directory, the logs) under the run directory run_test.sh
+# gave this test (Base.setUp then points GPURECLAIM_RUNDIR at its own inner one).
+tempfile.tempdir = os.environ["GPURECLAIM_RUNDIR"]
 HANG = 25  # seconds: a hang guard, never reached by a working implementation
 
 
