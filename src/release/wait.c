@@ -92,15 +92,18 @@ static uint64_t held_on(int device) {
 
 bool gr_wait_within_guarantee(int device, uint64_t extra) {
   uint64_t g = gr_opt()->guarantee, h = device >= 0 ? held_on(device) : 0;
-  return h <= g && extra <= g - h;
+  return g && h <= g && extra <= g - h;
 }
 
-/* Whether another live process of this user has memory on the GPU, by its status file. */
-static bool others_on_gpu(const char *dir, const char *uuid) {
+/* Whether waiting can help: another live process of this user has memory on the GPU, by its status file, and
+ * one of them is not waiting itself; or, when every such process waits (each for the others: nothing would
+ * come), this waiter holds nothing there (it takes part in no cycle) or is the head of the queue (the others,
+ * which hold memory, give up instead and go on, to free, sleep or exit). */
+static bool others_on_gpu(const char *dir, const char *uuid, int device, bool head) {
   DIR *d = opendir(dir);
   if (!d)
     return false;
-  bool found = false;
+  bool found = false, stuck = false; /* another holder that does not wait / one that waits */
   struct dirent *e;
   int self = (int)getpid();
   while (!found && (e = readdir(d))) {
@@ -117,16 +120,20 @@ static bool others_on_gpu(const char *dir, const char *uuid) {
     const char *err;
     jnode_t *js = text ? jparse(text, &err) : NULL;
     free(text);
-    const jnode_t *gpus = jget(jget(js, "peer"), "gpus");
+    const jnode_t *gpus = jget(jget(js, "peer"), "gpus"), *wait = jget(js, "wait");
+    bool waits = wait && wait->type == JN_OBJ;
     if (js && jint(js, "pid", 0) == pid && gpus && gpus->type == JN_ARR)
-      for (size_t i = 0; i < gpus->n && !found; i++) {
+      for (size_t i = 0; i < gpus->n; i++) {
         const char *u = jstr(&gpus->kids[i], "uuid", NULL);
-        found = u && !strcmp(u, uuid) && jint(&gpus->kids[i], "held_bytes", 0) > 0;
+        if (u && !strcmp(u, uuid) && jint(&gpus->kids[i], "held_bytes", 0) > 0) {
+          found |= !waits;
+          stuck |= waits;
+        }
       }
     jdelete(js);
   }
   closedir(d);
-  return found;
+  return found || (stuck && (head || device < 0 || held_on(device) == 0));
 }
 
 /* ---- the queue file ---- */
@@ -222,7 +229,8 @@ bool gr_wait_begin(gr_wait_t *w, uint64_t bytes, int device, int why, uint64_t b
   w->device = device;
   w->why = why;
   w->bytes = bytes;
-  if (!gr_report_gpu_uuid(device, w->uuid, sizeof w->uuid) || !others_on_gpu(dir, w->uuid))
+  if (!gr_report_gpu_uuid(device, w->uuid, sizeof w->uuid) ||
+      !others_on_gpu(dir, w->uuid, why == GR_WAIT_WAKE ? -1 : device, false))
     return false;
   w->within = gr_wait_within_guarantee(why == GR_WAIT_WAKE ? -1 : device, bytes);
   char path[4200];
@@ -281,6 +289,7 @@ static void nap(uint64_t ns) {
 bool gr_wait_turn(gr_wait_t *w) {
   if (w->last)
     return false; /* its one last try was made */
+  qfile_t q;
   for (;;) {
     uint64_t now = gr_mono_ns();
     if (now >= w->deadline_ns)
@@ -288,12 +297,17 @@ bool gr_wait_turn(gr_wait_t *w) {
     if (now - w->last_peer_check_ns >= PEER_CHECK_NS) {
       w->last_peer_check_ns = now;
       const char *dir = gr_report_rundir();
-      if (!dir || !others_on_gpu(dir, w->uuid)) {
+      bool head = false;
+      qfile_t h;
+      if (q_lock_read(w->fd, &h)) {
+        head = q_head(&h, now) == w->slot;
+        flock(w->fd, LOCK_UN);
+      }
+      if (!dir || !others_on_gpu(dir, w->uuid, w->why == GR_WAIT_WAKE ? -1 : w->device, head)) {
         w->last = true; /* nobody left to free anything: one last try (the last one may just have exited) */
         return true;
       }
     }
-    qfile_t q;
     int head = -1;
     if (q_lock_read(w->fd, &q)) {
       q_sweep(&q);
@@ -319,6 +333,7 @@ bool gr_wait_turn(gr_wait_t *w) {
         continue; /* look again: a waiter within its guarantee may have come meanwhile */
       }
       w->head_once = true;
+      gr_debug("wait: turn of ticket %llu (slot %d, head %d)", (unsigned long long)w->ticket, w->slot, head);
       w->tries++;
       w->last_try_ns = gr_mono_ns();
       return true;
@@ -351,7 +366,9 @@ void gr_wait_end(gr_wait_t *w, bool served) {
   pthread_mutex_unlock(&g_mu);
   atomic_fetch_sub_explicit(&g_active, 1, memory_order_acq_rel);
   double ms = (double)(gr_mono_ns() - w->t0_ns) / 1e6;
-  const char *ended = served ? "served" : gr_mono_ns() >= w->deadline_ns ? "timeout" : "no other process on the GPU";
+  const char *ended = served                             ? "served"
+                      : gr_mono_ns() >= w->deadline_ns ? "timeout"
+                                                       : "no other process on the GPU that could free memory";
   jbuf_t b;
   jb_init(&b);
   jb_obj(&b);

@@ -50,6 +50,11 @@ class WaitTest(Base):
     def answered(self, pr, within=0.0):
         return bool(select.select([pr.p.stdout], [], [], within)[0])
 
+    def still_waiting(self, pr, secs, why):
+        """That pr did not answer within secs (what it answered, and its wait events, if it did)."""
+        if self.answered(pr, secs):
+            self.fail("%s: it answered %r; its waits: %r; every wait: %r" % (why, pr.p.stdout.readline(), pr.events("wait"), [(p.pid, p.events("wait")) for p in self.procs]))
+
     def reply(self, pr, guard=HANG):
         self.assertTrue(self.answered(pr, float(guard)), "no answer within the hang guard")
         return pr.p.stdout.readline().split()
@@ -74,7 +79,7 @@ class WaitTest(Base):
         w = self.waiting(a)
         self.assertEqual((w["uuid"], w["bytes"], w["for"]), (b.uuid, 128 * MiB, "alloc"), w)
         self.assertLessEqual(abs(w["since_ms"] - time.time() * 1000), 60000, w)
-        self.assertFalse(self.answered(a, 0.5), "the allocation returned while nothing was freed")
+        self.still_waiting(a, 0.5, "the allocation returned while nothing was freed")
         self.assertEqual(b.ask("free"), "freed")
         self.assertEqual(self.reply(a)[0], "ok")
         ev = a.events("wait")
@@ -103,7 +108,7 @@ class WaitTest(Base):
         t0 = time.monotonic()
         while time.monotonic() - t0 < 2.0:  # B busy: it must not be put to sleep, A must not be served
             self.assertEqual(b.ask("cache 1"), "cached")
-            self.assertFalse(self.answered(a, 0.1), "A got memory while B was busy")
+            self.still_waiting(a, 0.1, "A got memory while B was busy")
         self.assertEqual(self.status(b)["sleep"]["state"], "awake")
         self.assertEqual(self.reply(a)[0], "ok")
         self.assertEqual(self.status(b)["sleep"]["state"], "sleeping")
@@ -133,6 +138,31 @@ class WaitTest(Base):
         self.assertLess(time.monotonic() - t0, HANG, "it waited with nobody to free anything")
         self.assertEqual(a.events("wait"), [])
 
+    def test_two_holders_waiting_for_each_other_do_not_both_wait(self):
+        """X and Y hold 100 MiB each. X waits for 100 MiB more (the head). Y, asking for as much, would wait for
+        X, which waits for Y: Y gives up at once (out-of-memory long before its bound), X waits on, and gets Y's
+        memory when Y frees it."""
+        x = self.holder("x", 100)
+        y = self.holder("y", 100)
+        for pr in (x, y):
+            pr.p.stdin.close()  # (holder made them with GPURECLAIM_WAIT=0: these two wait)
+            pr.p.wait(timeout=HANG)
+        x = self.proc("x2", GPURECLAIM_WAIT=HANG)
+        y = self.proc("y2", GPURECLAIM_WAIT=HANG)
+        self.assertEqual(x.ask("alloc 100 alloc").split()[0], "ok")
+        self.assertEqual(y.ask("alloc 100 alloc").split()[0], "ok")
+        self.wait_holding(y, y.uuid, 100 * MiB)
+        self.send(x, "alloc 100 alloc")
+        self.waiting(x)
+        self.wait_holding(x, x.uuid, 100 * MiB)
+        t0 = time.monotonic()
+        self.assertEqual(y.ask("alloc 100 alloc").split()[0], "oom")
+        self.assertLess(time.monotonic() - t0, HANG - 5, "Y waited for X, who waits for Y")
+        self.assertEqual(y.events("wait"), [])
+        self.still_waiting(x, 0.2, "X got memory nobody freed")
+        self.assertEqual(y.ask("free"), "freed")
+        self.assertEqual(self.reply(x)[0], "ok")
+
     def test_waiters_are_served_first_come_first_served(self):
         """A1 waits for 100 MiB, then A2 for 60 MiB. B1 frees 60 MiB: A2 would fit, A1 not; A2 must not pass A1
         (it is still waiting a second later). B2 frees the rest: A1 first, then A2."""
@@ -145,7 +175,7 @@ class WaitTest(Base):
         self.send(a2, "alloc 60 alloc")
         self.waiting(a2)
         self.assertEqual(b1.ask("free"), "freed")
-        self.assertFalse(self.answered(a2, 1.0), "A2 took memory ahead of A1, who waited first")
+        self.still_waiting(a2, 1.0, "A2 took memory ahead of A1, who waited first")
         self.assertEqual(b2.ask("free"), "freed")
         self.assertEqual(self.reply(a1)[0], "ok")
         self.assertEqual(self.reply(a2)[0], "ok")
@@ -168,7 +198,7 @@ class WaitTest(Base):
         self.assertIsNone(self.status(a1)["peer"]["gpus"][0]["guarantee_bytes"])
         self.assertEqual(b1.ask("free"), "freed")
         self.assertEqual(self.reply(a2)[0], "ok")
-        self.assertFalse(self.answered(a1, 0.2))
+        self.still_waiting(a1, 0.2, "A1 got memory meanwhile")
         self.assertEqual(b2.ask("free"), "freed")
         self.assertEqual(self.reply(a1)[0], "ok")
         e1, e2 = a1.events("wait")[0], a2.events("wait")[0]
