@@ -67,7 +67,7 @@
   X(SLEEP, sleep, autobool, 0, "auto", "auto, 1/yes/on or 0/no/off", GR_RUN_NO)                                   \
   X(WAKE_TIMEOUT, wake_timeout, uint, 86400, "10", "seconds from 0 to 86400", GR_RUN_NO)                          \
   X(SLEEP_IDLE, sleep_idle, uint, 30 * 86400, "0", "seconds from 0 (off) to 2592000", GR_RUN_NO)             \
-  X(SLEEP_MIN_AWAKE, sleep_min_awake, uint, 86400, "5", "seconds from 0 to 86400", GR_RUN_NO)                     \
+  X(SLEEP_MIN_AWAKE, sleep_min_awake, uint, 86400, "2", "seconds from 0 to 86400", GR_RUN_NO)                     \
   X(WAIT, wait, uint, 86400, "30", "seconds from 0 (never wait) to 86400", GR_RUN_NO)                             \
   X(GUARANTEE, guarantee, size, 0, "0", "a size in bytes, with an optional K, M, G or T (KiB, MiB, GiB, TiB)",    \
     GR_RUN_NO)

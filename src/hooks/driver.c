@@ -100,7 +100,7 @@ static inline void *pa_real(int id) { return atomic_load_explicit(&gr_pa_real[id
      * and ask the peers again now and then. own_limit false: the process's own limit never reaches here. */  \
     gr_wait_t w_;                                                                                          \
     if ((rc) == CUDA_ERROR_OUT_OF_MEMORY && !gr_peer_busy_here() &&                                        \
-        gr_wait_begin(&w_, (bytes), (device), GR_WAIT_ALLOC, 0, false)) {                                  \
+        gr_wait_begin(&w_, (bytes), (device), NULL, GR_WAIT_ALLOC, 0, false)) {                            \
       while ((rc) == CUDA_ERROR_OUT_OF_MEMORY && gr_wait_turn(&w_)) {                                      \
         (rc) = (call);                                                                                     \
         if ((rc) == CUDA_ERROR_OUT_OF_MEMORY && gr_wait_ask_due(&w_) && gr_peer_begin(&op_, (bytes), (device))) { \

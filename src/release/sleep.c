@@ -480,6 +480,8 @@ int gr_sleep_wake(int trigger) {
   int ndev = g_ndev_used;
   pthread_mutex_unlock(&g_mu);
 
+  /* The bound: GPURECLAIM_WAKE_TIMEOUT; in the GPU's queue, GPURECLAIM_WAIT when longer, as for an allocation */
+  unsigned bound_s = gr_opt()->wake_timeout > gr_opt()->wait ? gr_opt()->wake_timeout : gr_opt()->wait;
   uint64_t t0 = gr_mono_ns(), deadline = t0 + (uint64_t)gr_opt()->wake_timeout * 1000000000u, now;
   int short_dev = -1;
   bool ok;
@@ -491,8 +493,9 @@ int gr_sleep_wake(int trigger) {
      * (wait.c: first come, first served, within their guarantee first); at its turn it looks for room again,
      * and asks the other gpureclaim processes of the GPU for the shortfall every GR_WAIT_ASK_MS (peer reclaim,
      * GPURECLAIM_PEERS, bounded by GPURECLAIM_PEER_TIMEOUT), until GPURECLAIM_WAKE_TIMEOUT. */
-    if (queued < 0)
-      queued = gr_wait_begin(&w, need[short_dev], short_dev, GR_WAIT_WAKE, (deadline - now) / 1000000 + 1, false);
+    if (queued < 0 && (queued = gr_wait_begin(&w, need[short_dev], short_dev, uuid[short_dev], GR_WAIT_WAKE,
+                                              (uint64_t)bound_s * 1000 - (now - t0) / 1000000, false)) == 1)
+      deadline = t0 + (uint64_t)bound_s * 1000000000u;
     bool ask = false;
     if (queued == 1) {
       if (!gr_wait_turn(&w)) {
@@ -532,8 +535,8 @@ int gr_sleep_wake(int trigger) {
   if (!ok || cr != CUDA_SUCCESS) {
     char why[160], eb[32], nb[32];
     if (!ok)
-      snprintf(why, sizeof why, "no room on device %d for %s within %u s: the process stays asleep", short_dev,
-               gr_log_bytes(need[short_dev], nb, sizeof nb), gr_opt()->wake_timeout);
+      snprintf(why, sizeof why, "no room on device %d for %s within %.0f s: the process stays asleep", short_dev,
+               gr_log_bytes(need[short_dev], nb, sizeof nb), (double)(gr_mono_ns() - t0) / 1e9);
     else
       snprintf(why, sizeof why, "the driver refused the restore: %s", err_name(cr, eb, sizeof eb));
     pthread_mutex_lock(&g_mu);

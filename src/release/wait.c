@@ -207,9 +207,10 @@ void gr_wait_status_json(jbuf_t *b) {
   pthread_mutex_unlock(&g_mu);
 }
 
-bool gr_wait_begin(gr_wait_t *w, uint64_t bytes, int device, int why, uint64_t bound_ms, bool own_limit) {
+bool gr_wait_begin(gr_wait_t *w, uint64_t bytes, int device, const char *uuid, int why, uint64_t bound_ms,
+                   bool own_limit) {
   const gr_options_t *o = gr_opt();
-  if (own_limit || !o->wait || !o->status || gr_tls.hook_depth > 1 || gr_admit_held() ||
+  if (own_limit || (!o->wait && why == GR_WAIT_ALLOC) || !o->status || gr_tls.hook_depth > 1 || gr_admit_held() ||
       gr_capture_running(NULL))
     return false;
   const char *dir = gr_report_rundir();
@@ -229,7 +230,9 @@ bool gr_wait_begin(gr_wait_t *w, uint64_t bytes, int device, int why, uint64_t b
   w->device = device;
   w->why = why;
   w->bytes = bytes;
-  if (!gr_report_gpu_uuid(device, w->uuid, sizeof w->uuid) ||
+  if (uuid)
+    snprintf(w->uuid, sizeof w->uuid, "%s", uuid);
+  if ((!uuid && !gr_report_gpu_uuid(device, w->uuid, sizeof w->uuid)) || !w->uuid[0] ||
       !others_on_gpu(dir, w->uuid, why == GR_WAIT_WAKE ? -1 : device, false))
     return false;
   w->within = gr_wait_within_guarantee(why == GR_WAIT_WAKE ? -1 : device, bytes);

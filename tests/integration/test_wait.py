@@ -11,6 +11,7 @@ import os
 import select
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -204,6 +205,30 @@ class WaitTest(Base):
         e1, e2 = a1.events("wait")[0], a2.events("wait")[0]
         self.assertLess(e1["ticket"], e2["ticket"], "A1 came first")
         self.assertTrue(e2["within_guarantee"] and not e1["within_guarantee"], (e1, e2))
+
+    def test_a_wake_short_of_room_waits_in_the_queue(self):
+        """A sleeps; B takes the room A needs. A's wake joins the GPU's queue (its status file shows the wait, for
+        a wake) and completes once B frees, A's data intact."""
+        a = self.proc("a", GPURECLAIM_WAKE_TIMEOUT=HANG)
+        self.assertEqual(a.ask("live 96"), "live")
+        self.assertTrue(self.request(a, "sleep 10000")["ok"])
+        b = self.holder("b", 192)
+        woke = []
+        t = threading.Thread(target=lambda: woke.append(self.request(a, "wake")))
+        t.start()
+        try:
+            w = self.until("A's wake waits", lambda: (self.status(a)["wait"] or {}).get("for") == "wake" and
+                           self.status(a)["wait"])
+            self.assertEqual((w["uuid"], w["bytes"]), (a.uuid, 96 * MiB), w)
+            time.sleep(0.3)
+            self.assertEqual(woke, [], "the wake ended without room")
+            self.assertEqual(b.ask("free"), "freed")
+        finally:
+            t.join(HANG)
+        self.assertTrue(woke and woke[0]["ok"], woke)
+        ev = a.events("wait")
+        self.assertEqual([(e["for"], e["served"]) for e in ev], [("wake", True)], ev)
+        self.assertEqual(a.ask("check"), "intact")
 
     # ---- who gives ----
 

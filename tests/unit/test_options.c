@@ -60,7 +60,7 @@ Test(options, defaults_are_what_they_always_were) {
   cr_assert_eq(o->sleep, -1);
   cr_assert_eq(o->wake_timeout, 10);
   cr_assert_eq(o->sleep_idle, 0);
-  cr_assert_eq(o->sleep_min_awake, 5);
+  cr_assert_eq(o->sleep_min_awake, 2);
   cr_assert_eq(o->wait, 30);
   cr_assert_eq(o->guarantee, 0);
   cr_assert_eq(o->rundir[0], '/', "the run directory's default is computed: %s", o->rundir);
