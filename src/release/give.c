@@ -101,9 +101,9 @@ void gr_peer_serve_give(const char *args, int pid, jbuf_t *b) {
       dl.tv_sec++;
       dl.tv_nsec -= 1000000000L;
     }
-    /* No framework cache while a thread of ours handles an out-of-memory: it may hold the GIL the framework's
-     * release needs, and it waits for peers, maybe for the one asking us. */
-    gr_release_give(bytes, mask, pid, !gr_peer_busy(), &dl, &rep);
+    /* No framework cache while a thread of ours handles an out-of-memory or waits for memory: it may hold the
+     * GIL the framework's release needs, and it waits for peers, maybe for the one asking us. */
+    gr_release_give(bytes, mask, pid, !gr_peer_busy() && !gr_wait_active(), &dl, &rep);
     /* Short after the caches: an idle process that opted in sleeps (its whole device memory goes to the host),
      * within what is left of the asker's deadline for the lock on calls in flight. */
     uint64_t gave = rep.cached_bytes + rep.orphaned_bytes + rep.all_bytes;

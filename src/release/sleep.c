@@ -487,15 +487,21 @@ int gr_sleep_wake(int trigger) {
   bool ok;
   bool asked[GR_MAX_DEV] = {false};
   gr_wait_t w;
-  int queued = -1; /* -1: not tried yet; 1: in the GPU's queue of waiters (wait.c); 0: not */
+  int queued = 0;        /* 1: in the GPU's queue of waiters (wait.c) */
+  uint64_t next_join = 0; /* when to try to join it again: every second while not in it */
   while (!(ok = room(need, uuid, ndev, &short_dev)) && (now = gr_mono_ns()) < deadline) {
     /* Short on a GPU: the wake joins the GPU's queue of waiters, as an allocation that found no memory does
      * (wait.c: first come, first served, within their guarantee first); at its turn it looks for room again,
      * and asks the other gpureclaim processes of the GPU for the shortfall every GR_WAIT_ASK_MS (peer reclaim,
-     * GPURECLAIM_PEERS, bounded by GPURECLAIM_PEER_TIMEOUT), until GPURECLAIM_WAKE_TIMEOUT. */
-    if (queued < 0 && (queued = gr_wait_begin(&w, need[short_dev], short_dev, uuid[short_dev], GR_WAIT_WAKE,
-                                              (uint64_t)bound_s * 1000 - (now - t0) / 1000000, false)) == 1)
-      deadline = t0 + (uint64_t)bound_s * 1000000000u;
+     * GPURECLAIM_PEERS, bounded by GPURECLAIM_PEER_TIMEOUT), until GPURECLAIM_WAKE_TIMEOUT, or GPURECLAIM_WAIT
+     * when longer. Not in the queue (no other process held memory there a moment ago: they may be waking
+     * themselves), it tries again every second. */
+    if (queued != 1 && now >= next_join) {
+      next_join = now + 1000000000ull;
+      if ((queued = gr_wait_begin(&w, need[short_dev], short_dev, uuid[short_dev], GR_WAIT_WAKE,
+                                  (uint64_t)bound_s * 1000 - (now - t0) / 1000000, false)) == 1)
+        deadline = t0 + (uint64_t)bound_s * 1000000000u;
+    }
     bool ask = false;
     if (queued == 1) {
       if (!gr_wait_turn(&w)) {
