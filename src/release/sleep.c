@@ -528,14 +528,16 @@ int gr_sleep_wake(int trigger) {
     if (queued != 1)
       nanosleep(&(struct timespec){0, 20000000}, NULL);
   }
-  if (queued == 1)
-    gr_wait_end(&w, ok);
   CUresult cr = CUDA_SUCCESS;
   if (ok) {
     cr = A.restore(getpid(), NULL);
     if (cr == CUDA_SUCCESS)
       cr = A.unlock(getpid(), NULL);
   }
+  /* Out of the queue only now: at its head until the restore took the room, so that the next waiter does not
+   * take the same room meanwhile (the driver then refused the restore for lack of memory) */
+  if (queued == 1)
+    gr_wait_end(&w, ok && cr == CUDA_SUCCESS);
   uint64_t host = atomic_load_explicit(&g_host_bytes, memory_order_relaxed);
   double ms = (double)(gr_mono_ns() - t0) / 1e6;
   if (!ok || cr != CUDA_SUCCESS) {
