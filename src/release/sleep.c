@@ -489,7 +489,15 @@ int gr_sleep_wake(int trigger) {
   gr_wait_t w;
   int queued = 0;        /* 1: in the GPU's queue of waiters (wait.c) */
   uint64_t next_join = 0; /* when to try to join it again: every second while not in it */
-  while (!(ok = room(need, uuid, ndev, &short_dev)) && (now = gr_mono_ns()) < deadline) {
+  for (;;) {
+    ok = room(need, uuid, ndev, &short_dev);
+    /* Room, but others wait in the GPU's queue (for memory a peer just gave up, maybe by sleeping for them):
+     * the wake queues behind them rather than take it first. At the head of the queue, room is enough. */
+    for (int d = 0; ok && queued != 1 && d < ndev; d++)
+      if (need[d] && gr_wait_queue_busy(uuid[d]))
+        ok = false, short_dev = d;
+    if (ok || (now = gr_mono_ns()) >= deadline)
+      break;
     /* Short on a GPU: the wake joins the GPU's queue of waiters, as an allocation that found no memory does
      * (wait.c: first come, first served, within their guarantee first); at its turn it looks for room again,
      * and asks the other gpureclaim processes of the GPU for the shortfall every GR_WAIT_ASK_MS (peer reclaim,

@@ -398,6 +398,30 @@ void gr_wait_end(gr_wait_t *w, bool served) {
   gr_info("wait for %s on %s ended after %.1f ms: %s", gr_log_bytes(w->bytes, bb, sizeof bb), w->uuid, ms, ended);
 }
 
+bool gr_wait_queue_busy(const char *uuid) {
+  const char *dir = gr_report_rundir();
+  if (!dir || !gr_opt()->status)
+    return false;
+  char path[4200];
+  snprintf(path, sizeof path, "%s/gpu-%s.wait", dir, uuid);
+  int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0)
+    return false;
+  qfile_t q;
+  bool busy = false;
+  if (q_lock_read(fd, &q)) {
+    uint64_t now = gr_mono_ns();
+    for (int i = 0; i < GR_WAIT_SLOTS && !busy; i++) {
+      const qslot_t *s = &q.s[i];
+      busy = s->ticket && s->pid != (int32_t)getpid() && !(now > s->beat_ns && now - s->beat_ns > s->stale_ns) &&
+             !(kill(s->pid, 0) != 0 && errno == ESRCH);
+    }
+    flock(fd, LOCK_UN);
+  }
+  close(fd);
+  return busy;
+}
+
 void gr_wait_atfork_child(void) {
   pthread_mutex_init(&g_mu, NULL);
   atomic_store_explicit(&g_active, 0, memory_order_relaxed);

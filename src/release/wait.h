@@ -42,6 +42,8 @@ bool gr_wait_turn(gr_wait_t *w);
 bool gr_wait_ask_due(gr_wait_t *w);
 /* Leaves the queue; logs the "wait" event (served or not). */
 void gr_wait_end(gr_wait_t *w, bool served);
+/* Whether another process waits in the GPU's queue now (a wake that finds room then queues behind it). */
+bool gr_wait_queue_busy(const char *uuid);
 /* Whether a thread of this process waits for memory now (such a process is not idle: it is not put to sleep). */
 bool gr_wait_active(void);
 /* The status file's top-level "wait": null, or {uuid, bytes, since_ms, for} of the oldest wait under way. */
