@@ -230,6 +230,30 @@ class WaitTest(Base):
         self.assertEqual([(e["for"], e["served"]) for e in ev], [("wake", True)], ev)
         self.assertEqual(a.ask("check"), "intact")
 
+    def test_a_wake_with_room_queues_behind_waiters(self):
+        """C sleeps (60 MiB). B then holds 192 MiB, and A waits for 100 MiB in the queue. C wakes: 64 MiB are
+        free, room for C but not for A; C queues behind A instead of taking it. B frees: A first, then C."""
+        c = self.proc("c", GPURECLAIM_WAKE_TIMEOUT=HANG)
+        self.assertEqual(c.ask("live 60"), "live")
+        self.assertTrue(self.request(c, "sleep 10000")["ok"])
+        b = self.holder("b", 192)
+        a = self.proc("a", GPURECLAIM_WAIT=HANG)
+        self.send(a, "alloc 100 alloc")
+        self.waiting(a)
+        woke = []
+        t = threading.Thread(target=lambda: woke.append(self.request(c, "wake")))
+        t.start()
+        try:
+            self.until("C's wake queues", lambda: (self.status(c)["wait"] or {}).get("for") == "wake")
+            time.sleep(0.3)
+            self.assertEqual(woke, [], "C took the room ahead of A, who waited first")
+            self.assertEqual(b.ask("free"), "freed")
+            self.assertEqual(self.reply(a)[0], "ok")
+        finally:
+            t.join(HANG)
+        self.assertTrue(woke and woke[0]["ok"], woke)
+        self.assertEqual(c.ask("check"), "intact")
+
     # ---- who gives ----
 
     def idle(self, pr):
