@@ -5,6 +5,7 @@
  * so an out-of-memory is relieved by idle peers going to sleep, and a sleeper wakes on its next call.
  *
  *   bench_share [-n N] [-g GIB] [-d DEVICE_GIB] [-r ROUNDS] [-w WORK_MS] [-i IDLE_MS] [-s STAGGER_MS] [-e VAR=VAL]...
+ *   bench_share --help
  *
  * defaults: 4 processes of 3 GiB on an 8 GiB device, 4 rounds of 500 ms work and 3,000 ms idle, 500 ms apart.
  * -e sets a variable for every worker (GPURECLAIM_..., SIMCUDA_...); the simulator's checkpoint moves at the rate
@@ -15,7 +16,10 @@
  * allocation of GIB included: a process whose allocation failed tries again at its next round), the time each
  * call took (p50, p99, max: a call that waited for room, for a wake or for a peer's sleep shows here), its
  * sleeps and wakes (from its GPURECLAIM_LOG), and its share: the calls that succeeded while it held its memory
- * over those it set out to make (a round without its memory does no work). Figures, not a test: the smoke test (bench_share_runs) checks that every figure is printed.
+ * over those it set out to make (a round without its memory does no work). Then the wait distribution: the
+ * waits for memory the library logged ("wait" events, GPURECLAIM_WAIT: how many, served or not, p50/p99/max of
+ * how long they took) and how many calls took 10 ms, 100 ms, 1 s and 10 s or more. Figures, not a test: the
+ * smoke test (bench_share_runs) checks that every figure is printed.
  *
  * Needs LD_LIBRARY_PATH with the simulated libcuda.so.1 and GR_PRELOAD naming libgpureclaim.so (the CMake
  * target's defaults are set at build time). Everything it writes is under a fresh directory in $TMPDIR, removed
@@ -175,12 +179,21 @@ static double pct(stats_t *s, double p) {
   return s->v[i];
 }
 
-/* Sleeps and wakes in a worker's GPURECLAIM_LOG. */
-static void count_events(const char *path, int *sleeps, int *wakes, int *wake_failed) {
+/* Sleeps, wakes and waits in a worker's GPURECLAIM_LOG (each wait's milliseconds into waits, the unserved
+ * counted in *unserved). */
+static void count_events(const char *path, int *sleeps, int *wakes, int *wake_failed, stats_t *waits,
+                         int *unserved) {
   FILE *f = fopen(path, "r");
   char line[8192];
   *sleeps = *wakes = *wake_failed = 0;
   while (f && fgets(line, sizeof line, f)) {
+    if (strstr(line, "\"event\":\"wait\"")) {
+      const char *ms = strstr(line, "\"ms\":");
+      push(waits, ms ? strtod(ms + 5, NULL) : NAN);
+      if (!strstr(line, "\"served\":true"))
+        ++*unserved;
+      continue;
+    }
     if (strstr(line, "\"event\":\"sleep\"") && strstr(line, "\"slept\":true"))
       ++*sleeps;
     else if (strstr(line, "\"event\":\"wake\""))
@@ -192,14 +205,26 @@ static void count_events(const char *path, int *sleeps, int *wakes, int *wake_fa
     fclose(f);
 }
 
+static const char g_usage[] =
+    "usage: bench_share [-n N] [-g GIB] [-d DEVICE_GIB] [-r ROUNDS] [-w WORK_MS] [-i IDLE_MS] [-s STAGGER_MS]\n"
+    "                   [-e VAR=VALUE]...\n"
+    "N processes (default 4) each hold GIB (3) of a simulated DEVICE_GIB (8) GPU in use, then for ROUNDS (4)\n"
+    "rounds work (a CUDA call every ms for WORK_MS, 500) and idle (IDLE_MS, 3000), started STAGGER_MS (500)\n"
+    "apart, under libgpureclaim.so with GPURECLAIM_PEERS=ask,give,sleep; -e sets a variable for every worker.\n"
+    "Prints per process and for all: calls made and failed, p50/p99/max of the time a call took, sleeps and\n"
+    "wakes, share; then the waits for memory (GPURECLAIM_WAIT) and the calls over 10 ms, 100 ms, 1 s, 10 s.\n";
+
 static int usage(void) {
-  fprintf(stderr, "usage: bench_share [-n N] [-g GIB] [-d DEVICE_GIB] [-r ROUNDS] [-w WORK_MS] [-i IDLE_MS] "
-                  "[-s STAGGER_MS] [-e VAR=VALUE]...\n");
+  fputs(g_usage, stderr);
   return 2;
 }
 
 int main(int argc, char **argv) {
   opts_t o = {.n = 4, .rounds = 4, .work_ms = 500, .idle_ms = 3000, .stagger_ms = 500, .gib = 3, .device_gib = 8};
+  if (argc == 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+    fputs(g_usage, stdout);
+    return 0;
+  }
   if (argc == 4 && !strcmp(argv[1], "--worker")) {
     opts_t w;
     if (sscanf(argv[3], "%d %d %d %d %lf", &w.rounds, &w.work_ms, &w.idle_ms, &w.n, &w.gib) != 5)
@@ -280,7 +305,8 @@ int main(int argc, char **argv) {
     }
   }
   double wall = now_s() - t0;
-  stats_t all = {0};
+  stats_t all = {0}, waits = {0};
+  int unserved = 0;
   long tcalls = 0, tfailed = 0;
   int tsleeps = 0, twakes = 0, twf = 0;
   double min_share = 1, max_share = 0;
@@ -311,7 +337,7 @@ int main(int argc, char **argv) {
     qsort(s.v, s.n, sizeof *s.v, cmp_d);
     int sl, wk, wf;
     snprintf(path, sizeof path, "%s/log-%d", dir, i);
-    count_events(path, &sl, &wk, &wf);
+    count_events(path, &sl, &wk, &wf, &waits, &unserved);
     double share = planned ? (double)ok / (double)planned : 0;
     min_share = share < min_share ? share : min_share;
     max_share = share > max_share ? share : max_share;
@@ -325,7 +351,17 @@ int main(int argc, char **argv) {
          "minute (%d wakes failed); share %.0f%% to %.0f%%; %.1f s\n",
          tcalls, tfailed, pct(&all, 0.5), pct(&all, 0.99), all.n ? all.v[all.n - 1] : NAN, tsleeps * 60 / wall,
          twakes * 60 / wall, twf, min_share * 100, max_share * 100, wall);
+  long over[4] = {0};
+  for (size_t k = 0; k < all.n; k++)
+    for (int j = 0; j < 4; j++)
+      over[j] += all.v[k] >= 10.0 * pow(10, j);
+  qsort(waits.v, waits.n, sizeof *waits.v, cmp_d);
+  printf("waits: %zu (%d not served); p50 %.1f ms, p99 %.1f ms, max %.1f ms; calls of 10 ms or more: %ld, "
+         "100 ms: %ld, 1 s: %ld, 10 s: %ld\n",
+         waits.n, unserved, pct(&waits, 0.5), pct(&waits, 0.99), waits.n ? waits.v[waits.n - 1] : NAN, over[0],
+         over[1], over[2], over[3]);
   free(all.v);
+  free(waits.v);
   char cmd[4200];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   if (system(cmd) != 0)

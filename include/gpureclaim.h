@@ -15,7 +15,9 @@
  *    min(size, its own sizeof) bytes, so a program built against an older header keeps working, and sets
  *    `size` to that number (a program built against a newer header learns which fields were filled).
  *  - gpureclaim never changes what a CUDA call returns, except for the out-of-memory retry (GPURECLAIM_OOM_RETRY,
- *    then GPURECLAIM_PEERS), a free of a pointer that a release already freed (see gpureclaim_scope_end), and
+ *    then GPURECLAIM_PEERS, then a wait for memory, GPURECLAIM_WAIT: an allocation that fails with
+ *    out-of-memory may first wait up to that many seconds while another gpureclaim process shares the GPU), a
+ *    free of a pointer that a release already freed (see gpureclaim_scope_end), and
  *    GPURECLAIM_LIMIT (a size, or a fraction of the device: the device memory the process may hold on each
  *    device). With a limit set, an allocation that would pass it fails with CUDA_ERROR_OUT_OF_MEMORY (after the
  *    process's own cache was released, as for an out-of-memory) without reaching the driver, and cuMemGetInfo
@@ -264,7 +266,7 @@ GPURECLAIM_API int gpureclaim_unregister_releaser(int id);
  * to host memory. The process then sleeps: the first CUDA call of any thread that gpureclaim sees (every entry
  * point handed out through cuGetProcAddress or dlsym, and gpureclaim's own exported ones) wakes it before the
  * call goes on, as does gpureclaim_wake(). A wake first waits, up to GPURECLAIM_WAKE_TIMEOUT seconds, for the
- * device to have room for what comes back; without room the process stays asleep and intact, and the waiting
+ * device to have room for what comes back (in the GPU's queue of waiters, asking its peers at its turn); without room the process stays asleep and intact, and the waiting
  * call returns CUDA_ERROR_OUT_OF_MEMORY (cudaErrorMemoryAllocation through the runtime); the next call tries
  * again. docs/LIBRARY.md, "Sleep and wake", says which calls gpureclaim cannot see.
  * ---------------------------------------------------------------------------------------------------------- */

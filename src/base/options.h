@@ -31,8 +31,8 @@
  * completions) tests/cli/test_names_docs.py checks against this list, as tests/cli/layout.c prints it.
  */
 #define GR_OPT_YESNO "1/0/yes/no/on/off"
-#define GR_OPT_SIZE_EXPECTED                                                                                     \
-  "a size (bytes, or K, M, G, T: 8G, 1.5GiB) or a fraction of the device in (0, 1] (0.5, 50%); unset: no limit"
+#define GR_OPT_SIZE_EXPECTED(unset)                                                                              \
+  "a size (bytes, or K, M, G, T: 8G, 1.5GiB) or a fraction of the device in (0, 1] (0.5, 50%); unset: " unset
 #define GR_OPTIONS(X)                                                                                             \
   X(SIGNAL, signal, signal, 0, "USR1", "USR1, USR2, RTMIN+n or off",                                              \
     ('s', "signal", GR_RUN_VALUE, NULL, "SIG", "release signal: USR1 (default), USR2, RTMIN+n, off"))             \
@@ -69,7 +69,10 @@
   X(SLEEP, sleep, autobool, 0, "auto", "auto, 1/yes/on or 0/no/off", GR_RUN_NO)                                   \
   X(WAKE_TIMEOUT, wake_timeout, uint, 86400, "10", "seconds from 0 to 86400", GR_RUN_NO)                          \
   X(SLEEP_IDLE, sleep_idle, uint, 30 * 86400, "0", "seconds from 0 (off) to 2592000", GR_RUN_NO)                  \
-  X(LIMIT, limit, size, 0, NULL, GR_OPT_SIZE_EXPECTED, GR_RUN_NO)
+  X(SLEEP_MIN_AWAKE, sleep_min_awake, uint, 86400, "2", "seconds from 0 to 86400", GR_RUN_NO)                     \
+  X(WAIT, wait, uint, 86400, "30", "seconds from 0 (never wait) to 86400", GR_RUN_NO)                             \
+  X(LIMIT, limit, size, 0, NULL, GR_OPT_SIZE_EXPECTED("no limit"), GR_RUN_NO)                                      \
+  X(GUARANTEE, guarantee, size, 0, NULL, GR_OPT_SIZE_EXPECTED("no guarantee"), GR_RUN_NO)
 
 enum { GR_RUN_NONE, GR_RUN_VALUE, GR_RUN_FLAG, GR_RUN_OPTIONAL };
 #define GR_RUN_NO (0, NULL, GR_RUN_NONE, NULL, NULL, NULL)
@@ -134,7 +137,7 @@ int gr_opt_parse_peers(const char *s, unsigned *out);
 /* GPURECLAIM_PEER_TIMEOUT: seconds, 0.001 to 60, at most 3 decimals ("2", "0.5"); *out in milliseconds. */
 int gr_opt_parse_seconds_ms(const char *s, unsigned *out);
 int gr_opt_parse_uint(const char *s, unsigned long long max, unsigned long long *out);
-/* GPURECLAIM_LIMIT: a whole number of bytes ("8589934592"), a size with a binary unit K, M, G or T (any case,
+/* GPURECLAIM_LIMIT and GPURECLAIM_GUARANTEE: a whole number of bytes ("8589934592"), a size with a binary unit K, M, G or T (any case,
  * "iB" or "B" after it allowed: "8G", "1.5GiB"), or a fraction of the device: a number with a decimal point and
  * no unit, above 0 and at most 1 ("0.5"), or a percentage above 0 and at most 100 ("50%"). 0 is refused. */
 int gr_opt_parse_size(const char *s, gr_opt_size_t *out);

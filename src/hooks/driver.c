@@ -23,6 +23,7 @@
 #include "track.h"
 #include "release.h"
 #include "peer.h"
+#include "wait.h"
 #include "sleep.h"
 #include "admit.h"
 #include "capture.h"
@@ -78,8 +79,9 @@ static inline void *pa_real(int id) { return atomic_load_explicit(&gr_pa_real[id
 /* What a body does when its allocation ran out of memory (in its cold retry_ function below): first retries
  * after releasing what is safe from this thread (GPURECLAIM_OOM_RETRY times at most); then, if it still failed,
  * asks the other gpureclaim processes on the same GPU (peer.c) and retries once more: after a peer reclaim, or
- * when another thread or process ran one on this GPU while this one waited for it. device: the ordinal the
- * allocation is on (-1: the current context's). */
+ * when another thread or process ran one on this GPU while this one waited for it; then, still short, waits
+ * for memory to come (wait.c: GPURECLAIM_WAIT, while another gpureclaim process shares the GPU), retrying at
+ * its turn in the GPU's queue. device: the ordinal the allocation is on (-1: the current context's). */
 #define RETRIES(rc, bytes, device, call)                                                                   \
   do {                                                                                                     \
     for (unsigned attempt_ = 0; (rc) == CUDA_ERROR_OUT_OF_MEMORY && attempt_ < gr_opt()->oom_retry;        \
@@ -96,6 +98,21 @@ static inline void *pa_real(int id) { return atomic_load_explicit(&gr_pa_real[id
       if ((rc) == CUDA_ERROR_OUT_OF_MEMORY && gr_peer_ask(&op_) > 0)                                       \
         (rc) = (call);                                                                                     \
       gr_peer_end(&op_, (rc) == CUDA_SUCCESS);                                                             \
+    }                                                                                                      \
+    /* Still short: wait for memory to come (wait.c, GPURECLAIM_WAIT), in the GPU's queue; at each turn retry,  \
+     * and ask the peers again now and then. own_limit false: the process's own limit never reaches here. */  \
+    gr_wait_t w_;                                                                                          \
+    if ((rc) == CUDA_ERROR_OUT_OF_MEMORY && !gr_peer_busy_here() &&                                        \
+        gr_wait_begin(&w_, (bytes), (device), NULL, GR_WAIT_ALLOC, 0, false)) {                            \
+      while ((rc) == CUDA_ERROR_OUT_OF_MEMORY && gr_wait_turn(&w_)) {                                      \
+        (rc) = (call);                                                                                     \
+        if ((rc) == CUDA_ERROR_OUT_OF_MEMORY && gr_wait_ask_due(&w_) && gr_peer_begin(&op_, (bytes), (device))) { \
+          if (op_.waited || gr_peer_ask(&op_) > 0)                                                         \
+            (rc) = (call);                                                                                 \
+          gr_peer_end(&op_, (rc) == CUDA_SUCCESS);                                                         \
+        }                                                                                                  \
+      }                                                                                                    \
+      gr_wait_end(&w_, (rc) == CUDA_SUCCESS);                                                              \
     }                                                                                                      \
   } while (0)
 

@@ -9,6 +9,7 @@
 #include "give.h"
 #include "peer.h"
 #include "sleep.h"
+#include "wait.h"
 #include "report.h"
 #include "gate.h"
 #include "json.h"
@@ -50,18 +51,21 @@ static void error_answer(jbuf_t *b, const char *why) {
 }
 
 void gr_give_serve(const char *args, int pid, jbuf_t *b) {
-  /* give bytes=N uuid=GPU-... deadline_ms=N pid=N [sleep=1]: every field, in this order, nothing else. sleep=1:
-   * if what the caches give falls short, sleep (GPURECLAIM_PEERS names sleep, and this process is idle). */
-  char vbytes[24], uuid[48], vdeadline[24], vpid[16], vsleep[4] = "";
+  /* give bytes=N uuid=GPU-... deadline_ms=N pid=N [sleep=1 [above=1]]: every field, in this order, nothing else.
+   * sleep=1: if what the caches give falls short, sleep (GPURECLAIM_PEERS names sleep, and this process is
+   * idle). above=1: the asker is above its guarantee; a process within its own then does not sleep for it. */
+  char vbytes[24], uuid[48], vdeadline[24], vpid[16], vsleep[4] = "", vabove[4] = "";
   unsigned long long bytes = 0, deadline = 0, asker = 0;
   const char *p = args;
   if (!field(&p, "bytes", vbytes, sizeof vbytes) || !field(&p, "uuid", uuid, sizeof uuid) ||
       !field(&p, "deadline_ms", vdeadline, sizeof vdeadline) || !field(&p, "pid", vpid, sizeof vpid) ||
-      (*p && (!field(&p, "sleep", vsleep, sizeof vsleep) || strcmp(vsleep, "1") != 0)) || *p || p[-1] == ' ' ||
+      (*p && (!field(&p, "sleep", vsleep, sizeof vsleep) || strcmp(vsleep, "1") != 0)) ||
+      (*p && (!field(&p, "above", vabove, sizeof vabove) || strcmp(vabove, "1") != 0)) || *p || p[-1] == ' ' ||
       gr_opt_parse_uint(vbytes, UINT64_MAX >> 1, &bytes) != 0 || bytes == 0 || !uuid_ok(uuid) ||
       gr_opt_parse_uint(vdeadline, UINT64_MAX >> 1, &deadline) != 0 ||
       gr_opt_parse_uint(vpid, 0x7fffffff, &asker) != 0 || asker == 0) {
-    error_answer(b, "malformed give request (expected: give bytes=N uuid=GPU-... deadline_ms=N pid=N [sleep=1])");
+    error_answer(b, "malformed give request (expected: give bytes=N uuid=GPU-... deadline_ms=N pid=N [sleep=1 "
+                    "[above=1]])");
     return;
   }
   if ((int)asker != pid) {
@@ -101,13 +105,23 @@ void gr_give_serve(const char *args, int pid, jbuf_t *b) {
       dl.tv_sec++;
       dl.tv_nsec -= 1000000000L;
     }
-    /* No framework cache while a thread of ours handles an out-of-memory: it may hold the GIL the framework's
-     * release needs, and it waits for peers, maybe for the one asking us. */
-    gr_release_give(bytes, mask, pid, !gr_peer_busy(), &dl, &rep);
+    /* No framework cache while a thread of ours handles an out-of-memory or waits for memory: it may hold the
+     * GIL the framework's release needs, and it waits for peers, maybe for the one asking us. */
+    gr_release_give(bytes, mask, pid, !gr_peer_busy() && !gr_wait_active(), &dl, &rep);
     /* Short after the caches: an idle process that opted in sleeps (its whole device memory goes to the host),
      * within what is left of the asker's deadline for the lock on calls in flight. */
     uint64_t gave = rep.cached_bytes + rep.orphaned_bytes + rep.all_bytes;
-    if (vsleep[0] && gave < bytes && gr_peer_on(GR_PEERS_SLEEP) && !gr_peer_busy() && gr_sleep_idle_for_peer()) {
+    /* A process within its guarantee (GPURECLAIM_GUARANTEE) on the GPU of the request does not sleep for an
+     * asker above its own: the guarantee is what it keeps against those who burst (it still gave its caches). */
+    bool keep = false;
+    for (int d = 0; d < 64 && vabove[0]; d++)
+      if (((mask >> d) & 1) && gr_wait_within_guarantee(d, 0))
+        keep = true;
+    if (keep && vsleep[0] && gave < bytes)
+      gr_info("a peer (pid %d) above its guarantee is short of memory on %s: this process is within its own "
+              "guarantee and does not sleep for it", pid, uuid);
+    if (vsleep[0] && !keep && gave < bytes && gr_peer_on(GR_PEERS_SLEEP) && !gr_peer_busy() &&
+        gr_sleep_idle_for_peer()) {
       uint64_t t = gr_mono_ns() / 1000000;
       gpureclaim_sleep_report_t sr = {.size = sizeof sr};
       gr_info("a peer (pid %d) is short of memory on %s and this process is idle: going to sleep", pid, uuid);

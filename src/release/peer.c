@@ -31,6 +31,7 @@
 #include "options.h"
 #include "state.h"
 #include "real.h"
+#include "wait.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -52,6 +53,7 @@ static _Atomic uint64_t g_fingerprint;    /* of the figures the status file show
 static GR_TLS int t_in_peer;
 
 bool gr_peer_busy(void) { return atomic_load_explicit(&g_busy, memory_order_acquire) > 0; }
+bool gr_peer_busy_here(void) { return t_in_peer != 0; }
 
 bool gr_peer_on(unsigned bit) {
   const gr_options_t *o = gr_opt();
@@ -120,6 +122,11 @@ void gr_peer_status_json(jbuf_t *b) {
       jb_u64(b, "limit_bytes", limit);
     else
       jb_null(b, "limit_bytes");
+    uint64_t guarantee = gr_limit_guarantee_bytes(h[i].device); /* GPURECLAIM_GUARANTEE, null for none */
+    if (guarantee)
+      jb_u64(b, "guarantee_bytes", guarantee);
+    else
+      jb_null(b, "guarantee_bytes");
     jb_obj_end(b);
     uint64_t v[] = {(uint64_t)h[i].device, h[i].held, h[i].pool_cached, h[i].orphan, h[i].framework};
     for (size_t k = 0; k < GR_ARRAY_LEN(v); k++)
@@ -127,6 +134,7 @@ void gr_peer_status_json(jbuf_t *b) {
   }
   jb_arr_end(b);
   jb_obj_end(b);
+  gr_wait_status_json(b); /* the top-level "wait" */
   atomic_store_explicit(&g_fingerprint, fp, memory_order_relaxed);
 }
 
@@ -267,6 +275,7 @@ bool gr_peer_begin(gr_peer_op_t *op, uint64_t bytes, int device) {
     return false;
   t_in_peer = 1;
   op->t0_ns = gr_mono_ns();
+  op->above = !gr_wait_within_guarantee(op->device, bytes);
   clock_gettime(CLOCK_MONOTONIC, &op->deadline);
   add_ms(&op->deadline, gr_opt()->peer_timeout_ms);
   atomic_fetch_add_explicit(&g_busy, 1, memory_order_acq_rel);
@@ -326,13 +335,20 @@ typedef struct cand {
   int pid;
   char sock[sizeof(((struct sockaddr_un *)0)->sun_path)];
   uint64_t cheap, fw, last_gave_ms;
-  bool sleep;  /* it may be asked to sleep (GPURECLAIM_PEERS sleep on its side) */
-  bool listed; /* its status file lists the GPU */
-  bool on_gpu; /* its answer said it has the GPU */
+  uint64_t idle_since_ms; /* 0: not idle (it works, or says nothing) */
+  bool above;             /* it holds more than its guarantee on the GPU (no guarantee: anything) */
+  bool sleep;             /* it may be asked to sleep (GPURECLAIM_PEERS sleep on its side) */
+  bool listed;            /* its status file lists the GPU */
+  bool on_gpu;            /* its answer said it has the GPU */
 } cand_t;
 
+/* Who gives first (issue 31, "who gives, in order"): the peers above their guarantee before those within it;
+ * then, for caches and orphans, the cheapest to give first (recent givers last); for sleeping
+ * (by_idle), the least recently used first. Never live memory of a peer that did not opt in to sleep. */
 static int by_cost(const void *a, const void *b) {
   const cand_t *x = a, *y = b;
+  if (x->above != y->above)
+    return x->above ? -1 : 1;
   uint64_t now = gr_wall_ms();
   bool rx = x->last_gave_ms && now - x->last_gave_ms < 10000, ry = y->last_gave_ms && now - y->last_gave_ms < 10000;
   if (rx != ry)
@@ -341,6 +357,20 @@ static int by_cost(const void *a, const void *b) {
     return x->cheap > y->cheap ? -1 : 1;
   if (x->fw != y->fw)
     return x->fw > y->fw ? -1 : 1;
+  return x->pid - y->pid;
+}
+
+
+/* The order of the second round, asking idle peers that opted in to sleep: above their guarantee first, then
+ * the idle ones, least recently used (idle longest) first; those that work last (they would refuse). */
+static int by_idle(const void *a, const void *b) {
+  const cand_t *x = a, *y = b;
+  if (x->above != y->above)
+    return x->above ? -1 : 1;
+  if ((x->idle_since_ms != 0) != (y->idle_since_ms != 0))
+    return x->idle_since_ms ? -1 : 1;
+  if (x->idle_since_ms != y->idle_since_ms)
+    return x->idle_since_ms < y->idle_since_ms ? -1 : 1;
   return x->pid - y->pid;
 }
 
@@ -406,6 +436,10 @@ static size_t find_peers(gr_peer_op_t *op, const char *dir, cand_t *out, size_t 
         c->sleep = jbool(peer, "sleep", false);
         c->listed = g != NULL;
         c->on_gpu = g != NULL;
+        int64_t idle = jint(jget(st, "sleep"), "idle_since_ms", 0); /* least recently used sleeps first */
+        c->idle_since_ms = idle > 0 ? (uint64_t)idle : 0;
+        int64_t held = jint(g, "held_bytes", 0), guar = jint(g, "guarantee_bytes", 0);
+        c->above = held > (guar > 0 ? guar : 0);
       }
     }
     jdelete(st);
@@ -502,8 +536,11 @@ static uint64_t ask_one(gr_peer_op_t *op, cand_t *c, uint64_t want, bool sleep, 
   uint64_t free0 = 0;
   bool known = gpu_free(op->device, &free0);
   char line[256];
-  int len = snprintf(line, sizeof line, "give bytes=%llu uuid=%s deadline_ms=%llu pid=%d%s\n", (unsigned long long)want,
-                     op->uuid, (unsigned long long)ts_ms(until), (int)getpid(), sleep ? " sleep=1" : "");
+  /* above=1: the asker is above its guarantee (GPURECLAIM_GUARANTEE), and a peer within its own refuses to sleep
+   * for it (give.c) */
+  int len = snprintf(line, sizeof line, "give bytes=%llu uuid=%s deadline_ms=%llu pid=%d%s%s\n",
+                     (unsigned long long)want, op->uuid, (unsigned long long)ts_ms(until), (int)getpid(),
+                     sleep ? " sleep=1" : "", sleep && op->above ? " above=1" : "");
   char buf[16384];
   size_t got = 0;
   uint64_t given = 0;
@@ -606,9 +643,11 @@ uint64_t gr_peer_ask(gr_peer_op_t *op) {
     if (op->nresults < GR_PEER_MAX)
       op->nresults++;
   }
-  /* Still short after every cache: the peers that opted in are asked to sleep if idle (they decide), in the
-   * same order; each is asked once more for caches too, which costs it nothing when they are gone. An unlisted
-   * peer only when its answer said it has the GPU. */
+  /* Still short after every cache: the peers that opted in are asked to sleep if idle (they decide), above
+   * their guarantee first, least recently used first (by_idle); each is asked once more for caches too, which
+   * costs it nothing when they are gone. An unlisted peer only when its answer said it has the GPU. */
+  if (n > 1)
+    qsort(c, n, sizeof *c, by_idle);
   size_t left = 0;
   for (size_t i = 0; i < n; i++)
     left += c[i].sleep && c[i].on_gpu;

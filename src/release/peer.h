@@ -15,6 +15,8 @@ void gr_peer_status_json(struct jbuf *b);
 void gr_peer_tick(void);
 /* Whether a thread of this process is handling an out-of-memory with its peers now. */
 bool gr_peer_busy(void);
+/* Whether the calling thread is inside a peer reclaim (between gr_peer_begin and gr_peer_end). */
+bool gr_peer_busy_here(void);
 /* Whether GPURECLAIM_PEERS names this role (GR_PEERS_ASK, _GIVE, _SLEEP) and status files are on. */
 bool gr_peer_on(unsigned bit);
 /* The asking side, called by the hooks after their own retry failed (driver.c, RETRIES). */
@@ -49,6 +51,7 @@ typedef struct gr_peer_op {
   unsigned scanned, skipped;
   bool scan_cut;
   double scan_ms;
+  bool above;    /* this process is above its guarantee on the GPU, counting the request (GPURECLAIM_GUARANTEE) */
   uint64_t given;
   uint64_t t0_ns;
   struct timespec deadline;

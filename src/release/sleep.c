@@ -19,11 +19,13 @@
  * process has no context to ask cuMemGetInfo with): what the device gained is what a restore needs back.
  *
  * Wake (gpureclaim_wake, the `wake` request, or a gate: the first CUDA call of any thread), on the thread that
- * asked: waits up to GPURECLAIM_WAKE_TIMEOUT for every device to have room for what it gave (NVML), asking the
- * other gpureclaim processes on a GPU that is short once for the shortfall (peer reclaim), and only
- * then calls cuCheckpointProcessRestore and Unlock: a restore is never called when it could fail for lack of
+ * asked: waits up to GPURECLAIM_WAKE_TIMEOUT for every device to have room for what it gave (NVML), in the
+ * short GPU's queue of waiters (wait.c) when other gpureclaim processes share it, asking them for the shortfall
+ * at its turn (peer reclaim), and only then calls cuCheckpointProcessRestore and Unlock: a restore is never called when it could fail for lack of
  * memory. Without room the process stays asleep and intact, the waiting calls return CUDA_ERROR_OUT_OF_MEMORY,
- * and the next call tries again. One wake at a time; other callers wait for its outcome.
+ * and the next call tries again. One wake at a time; other callers wait for its outcome. A process that woke
+ * less than GPURECLAIM_SLEEP_MIN_AWAKE seconds ago, or one a thread of which waits for memory, is not idle for
+ * a peer's sleep request nor for the idle watch.
  *
  * States: AWAKE -> ENTERING (steps 1-5; calls pass until step 4) -> ASLEEP -> WAKING -> AWAKE. A refused sleep
  * goes back to AWAKE, a wake without room back to ASLEEP.
@@ -36,6 +38,7 @@
 #include "capture.h"
 #include "release.h"
 #include "peer.h"
+#include "wait.h"
 #include "report.h"
 #include "gate.h"
 #include "json.h"
@@ -67,6 +70,9 @@ static char g_uuid[GR_MAX_DEV][64];
 static int g_ndev_used;
 static _Atomic uint64_t g_sleeps, g_wakes;
 static _Atomic uint64_t g_idle_since_ms; /* idle watch: when the probe was armed */
+static _Atomic uint64_t g_idle_since_wall_ms; /* the same moment by the wall clock, for the status file */
+static _Atomic uint64_t g_idle_shown;        /* the idle_since_ms the status file shows (0: null) */
+static _Atomic uint64_t g_woke_ms;       /* gr_state_now_ms() of the last wake: GPURECLAIM_SLEEP_MIN_AWAKE */
 static _Atomic int g_ipc_exported;       /* cuIpcGetMemHandle succeeded once */
 static _Atomic long g_ipc_opened;        /* other processes' memory mapped now */
 
@@ -213,6 +219,13 @@ void gr_sleep_json(jbuf_t *b) {
   jb_u64(b, "sleeps", atomic_load_explicit(&g_sleeps, memory_order_relaxed));
   jb_u64(b, "wakes", atomic_load_explicit(&g_wakes, memory_order_relaxed));
   jb_bool(b, "available", gr_gate_enabled());
+  /* Idle since (wall-clock ms): no CUDA call seen for a second or more since then; null while it works (or
+   * waits for memory). A peer short after every cache asks the idle ones to sleep least recently used first. */
+  uint64_t idle = gr_sleep_idle_since_wall_ms();
+  if (idle)
+    jb_u64(b, "idle_since_ms", idle);
+  else
+    jb_null(b, "idle_since_ms");
   jb_obj_end(b);
 }
 
@@ -481,16 +494,50 @@ int gr_sleep_wake(int trigger) {
   int ndev = g_ndev_used;
   pthread_mutex_unlock(&g_mu);
 
-  uint64_t t0 = gr_mono_ns(), deadline = t0 + (uint64_t)gr_opt()->wake_timeout * 1000000000u;
+  /* The bound: GPURECLAIM_WAKE_TIMEOUT; in the GPU's queue, GPURECLAIM_WAIT when longer, as for an allocation */
+  unsigned bound_s = gr_opt()->wake_timeout > gr_opt()->wait ? gr_opt()->wake_timeout : gr_opt()->wait;
+  uint64_t t0 = gr_mono_ns(), deadline = t0 + (uint64_t)gr_opt()->wake_timeout * 1000000000u, now;
   int short_dev = -1;
   bool ok;
   bool asked[GR_MAX_DEV] = {false};
-  while (!(ok = room(need, uuid, ndev, &short_dev)) && gr_mono_ns() < deadline) {
-    /* Short on a GPU: its other gpureclaim processes are asked once per wake for the shortfall (peer reclaim,
-     * GPURECLAIM_PEERS, bounded by GPURECLAIM_PEER_TIMEOUT); then the wake waits for memory to appear. */
+  gr_wait_t w;
+  int queued = 0;        /* 1: in the GPU's queue of waiters (wait.c) */
+  uint64_t next_join = 0; /* when to try to join it again: every second while not in it */
+  for (;;) {
+    ok = room(need, uuid, ndev, &short_dev);
+    /* Room, but others wait in the GPU's queue (for memory a peer just gave up, maybe by sleeping for them):
+     * the wake queues behind them rather than take it first. At the head of the queue, room is enough. */
+    for (int d = 0; ok && queued != 1 && d < ndev; d++)
+      if (need[d] && gr_wait_queue_busy(uuid[d]))
+        ok = false, short_dev = d;
+    if (ok || (now = gr_mono_ns()) >= deadline)
+      break;
+    /* Short on a GPU: the wake joins the GPU's queue of waiters, as an allocation that found no memory does
+     * (wait.c: first come, first served, within their guarantee first); at its turn it looks for room again,
+     * and asks the other gpureclaim processes of the GPU for the shortfall every GR_WAIT_ASK_MS (peer reclaim,
+     * GPURECLAIM_PEERS, bounded by GPURECLAIM_PEER_TIMEOUT), until GPURECLAIM_WAKE_TIMEOUT, or GPURECLAIM_WAIT
+     * when longer. Not in the queue (no other process held memory there a moment ago: they may be waking
+     * themselves), it tries again every second. */
+    if (queued != 1 && now >= next_join) {
+      next_join = now + 1000000000ull;
+      if ((queued = gr_wait_begin(&w, need[short_dev], short_dev, uuid[short_dev], GR_WAIT_WAKE,
+                                  (uint64_t)bound_s * 1000 - (now - t0) / 1000000, false)) == 1)
+        deadline = t0 + (uint64_t)bound_s * 1000000000u;
+    }
+    bool ask = false;
+    if (queued == 1) {
+      if (!gr_wait_turn(&w)) {
+        gr_wait_end(&w, false);
+        queued = 0;
+        continue;
+      }
+      ask = gr_wait_ask_due(&w);
+    } else {
+      ask = !asked[short_dev]; /* no queue (nobody else on the GPU, GPURECLAIM_WAIT=0): asked once */
+    }
     uint64_t f = 0;
     gr_peer_op_t op;
-    if (!asked[short_dev] && dev_free(uuid[short_dev], &f) && f < need[short_dev] &&
+    if (ask && dev_free(uuid[short_dev], &f) && f < need[short_dev] &&
         gr_peer_begin(&op, need[short_dev] - f, short_dev)) {
       asked[short_dev] = true;
       if (!op.waited) /* another peer reclaim of this GPU ran meanwhile: look at the room first */
@@ -500,7 +547,8 @@ int gr_sleep_wake(int trigger) {
       continue;
     }
     asked[short_dev] = true;
-    nanosleep(&(struct timespec){0, 20000000}, NULL);
+    if (queued != 1)
+      nanosleep(&(struct timespec){0, 20000000}, NULL);
   }
   CUresult cr = CUDA_SUCCESS;
   if (ok) {
@@ -508,13 +556,17 @@ int gr_sleep_wake(int trigger) {
     if (cr == CUDA_SUCCESS)
       cr = A.unlock(getpid(), NULL);
   }
+  /* Out of the queue only now: at its head until the restore took the room, so that the next waiter does not
+   * take the same room meanwhile (the driver then refused the restore for lack of memory) */
+  if (queued == 1)
+    gr_wait_end(&w, ok && cr == CUDA_SUCCESS);
   uint64_t host = atomic_load_explicit(&g_host_bytes, memory_order_relaxed);
   double ms = (double)(gr_mono_ns() - t0) / 1e6;
   if (!ok || cr != CUDA_SUCCESS) {
     char why[160], eb[32], nb[32];
     if (!ok)
-      snprintf(why, sizeof why, "no room on device %d for %s within %u s: the process stays asleep", short_dev,
-               gr_log_bytes(need[short_dev], nb, sizeof nb), gr_opt()->wake_timeout);
+      snprintf(why, sizeof why, "no room on device %d for %s within %.0f s: the process stays asleep", short_dev,
+               gr_log_bytes(need[short_dev], nb, sizeof nb), (double)(gr_mono_ns() - t0) / 1e9);
     else
       snprintf(why, sizeof why, "the driver refused the restore: %s", err_name(cr, eb, sizeof eb));
     pthread_mutex_lock(&g_mu);
@@ -532,6 +584,7 @@ int gr_sleep_wake(int trigger) {
   pthread_mutex_unlock(&g_mu);
   atomic_fetch_add_explicit(&g_wakes, 1, memory_order_relaxed);
   atomic_store_explicit(&g_idle_since_ms, 0, memory_order_relaxed);
+  atomic_store_explicit(&g_woke_ms, gr_state_now_ms() | 1, memory_order_relaxed);
   char hb[32];
   static const char *const by[] = {"?", "the API", "the signal", "?", "the gpureclaim command", "?", "?",
                                    "a CUDA call"};
@@ -567,6 +620,24 @@ int gr_sleep_state_now(uint64_t *host_bytes) {
                                                                        : GPURECLAIM_STATE_AWAKE;
 }
 
+/* GPURECLAIM_SLEEP_MIN_AWAKE: whether the process woke less than that long ago (a peer's or the idle watch's
+ * sleep is then not honoured, so that two processes cannot take the device from each other in turn). */
+static bool just_woke(void) {
+  uint64_t woke = atomic_load_explicit(&g_woke_ms, memory_order_relaxed);
+  return woke && gr_state_now_ms() - woke < (uint64_t)gr_opt()->sleep_min_awake * 1000;
+}
+
+uint64_t gr_sleep_idle_since_wall_ms(void) {
+  if (!gr_gate_enabled() || atomic_load_explicit(&g_state_pub, memory_order_acquire) != ST_AWAKE ||
+      atomic_load(&gr_gate_flag) != GR_GATE_PROBE || gr_wait_active())
+    return 0;
+  uint64_t since = atomic_load_explicit(&g_idle_since_ms, memory_order_relaxed), now = gr_state_now_ms();
+  if (!since || now < since || now - since < 1000)
+    return 0;
+  uint64_t wall = atomic_load_explicit(&g_idle_since_wall_ms, memory_order_relaxed);
+  return wall ? wall : 1;
+}
+
 /* The idle watch, on the worker's tick: arms the probe (the first gated call clears it); once it stayed armed
  * GPURECLAIM_SLEEP_IDLE seconds, no thread made a call gpureclaim saw for that long, and the process sleeps.
  * With GPURECLAIM_PEERS naming sleep the probe is armed too, for gr_sleep_idle_for_peer(). */
@@ -577,15 +648,24 @@ int gr_sleep_idle_tick(void) {
     return 2000;
   if (atomic_load_explicit(&g_state_pub, memory_order_acquire) != ST_AWAKE)
     return 1000;
+  if (peer_sleep && gr_opt()->status) { /* the status file's idle_since_ms follows, within a tick */
+    uint64_t shown = gr_sleep_idle_since_wall_ms();
+    if (atomic_exchange_explicit(&g_idle_shown, shown, memory_order_relaxed) != shown)
+      gr_report_status_update();
+  }
   uint64_t now = gr_state_now_ms(), since = atomic_load_explicit(&g_idle_since_ms, memory_order_relaxed);
   unsigned char awake = GR_GATE_AWAKE;
   if (!since || atomic_load(&gr_gate_flag) != GR_GATE_PROBE) {
-    if (atomic_compare_exchange_strong(&gr_gate_flag, &awake, GR_GATE_PROBE))
+    if (atomic_compare_exchange_strong(&gr_gate_flag, &awake, GR_GATE_PROBE)) {
+      atomic_store_explicit(&g_idle_since_wall_ms, gr_wall_ms(), memory_order_relaxed);
       atomic_store_explicit(&g_idle_since_ms, now, memory_order_relaxed);
+    }
     return 1000;
   }
   if (!idle)
     return 1000; /* armed for peers only: this process does not sleep by itself */
+  if (gr_wait_active() || just_woke())
+    return 1000; /* a thread waits for memory (it is not idle), or it woke a moment ago */
   if (now - since < (uint64_t)idle * 1000)
     return (int)((uint64_t)idle * 1000 - (now - since) < 1000 ? (uint64_t)idle * 1000 - (now - since) : 1000);
   unsigned char probe = GR_GATE_PROBE;
@@ -602,6 +682,8 @@ bool gr_sleep_idle_for_peer(void) {
   if (!gr_gate_enabled() || atomic_load_explicit(&g_state_pub, memory_order_acquire) != ST_AWAKE ||
       atomic_load(&gr_gate_flag) != GR_GATE_PROBE)
     return false;
+  if (gr_wait_active() || just_woke())
+    return false;
   uint64_t since = atomic_load_explicit(&g_idle_since_ms, memory_order_relaxed);
   return since && gr_state_now_ms() - since >= 1000;
 }
@@ -615,6 +697,7 @@ void gr_sleep_atfork_child(void) {
   atomic_store(&g_state_pub, ST_AWAKE);
   atomic_store(&g_host_bytes, 0);
   atomic_store(&g_idle_since_ms, 0);
+  atomic_store(&g_woke_ms, 0);
   atomic_store(&g_ipc_exported, 0); /* the child's own CUDA use starts over */
   atomic_store(&g_ipc_opened, 0);
 }

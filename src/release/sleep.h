@@ -32,6 +32,9 @@ void gr_sleep_report_json(struct jbuf *b, const gpureclaim_sleep_report_t *r);
 /* Whether no thread made a CUDA call gpureclaim sees for a second or more (the idle probe armed and untouched):
  * a peer short of memory after every cache may then ask this process to sleep (GPURECLAIM_PEERS sleep). */
 bool gr_sleep_idle_for_peer(void);
+/* The wall-clock ms since which the process made no CUDA call gpureclaim sees (idle a second or more, awake,
+ * no thread waiting for memory); 0 when it is not idle. The status file's "idle_since_ms". */
+uint64_t gr_sleep_idle_since_wall_ms(void);
 int gr_sleep_idle_tick(void);
 void gr_sleep_atfork_child(void);
 /* IPC (hooks/driver.c): exported = 1 once memory was exported (cuIpcGetMemHandle); opened +1/-1 per handle of

@@ -20,6 +20,7 @@
 #include "worker.h"
 #include "sig.h"
 #include "peer.h"
+#include "wait.h"
 #include "sleep.h"
 #include "control.h"
 #include "core.h"
@@ -153,6 +154,7 @@ static void atfork_child(void) {
   gr_scope_atfork_child();
   gr_release_atfork_child();
   gr_peer_atfork_child();
+  gr_wait_atfork_child();
   gr_worker_atfork_child();
   gr_sig_atfork_child();
   gr_admit_atfork_child();

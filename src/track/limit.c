@@ -35,6 +35,7 @@ _Atomic int gr_limit_flag;
 static struct {
   _Atomic int64_t held;
   _Atomic uint64_t limit;
+  _Atomic uint64_t guarantee; /* GPURECLAIM_GUARANTEE given as a fraction, once resolved (0: not yet) */
 } __attribute__((aligned(64))) g_dev[GR_MAX_DEV];
 
 typedef struct {
@@ -91,6 +92,22 @@ static uint64_t limit_of(int device) {
     return NONE;
   uint64_t v = atomic_load_explicit(&g_dev[device].limit, memory_order_relaxed);
   return GR_LIKELY(v != 0) ? v : resolve(device);
+}
+
+uint64_t gr_limit_guarantee_bytes(int device) {
+  const gr_opt_size_t *g = &gr_opt()->guarantee;
+  if (g->bytes || !g->ppm)
+    return g->bytes; /* in bytes, or none */
+  if (device < 0 || device >= GR_MAX_DEV)
+    return 0;
+  uint64_t v = atomic_load_explicit(&g_dev[device].guarantee, memory_order_relaxed);
+  if (v)
+    return v;
+  uint64_t total = device_total(device); /* a fraction of a device the driver does not describe: none */
+  v = total ? gr_opt_size_bytes(g, total) : 0;
+  if (v)
+    atomic_store_explicit(&g_dev[device].guarantee, v, memory_order_relaxed);
+  return v;
 }
 
 uint64_t gr_limit_bytes(int device) {

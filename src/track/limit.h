@@ -38,4 +38,9 @@ void gr_limit_mem_info(int device, uint64_t *free_b, uint64_t *total);
 
 void gr_limit_atfork_child(void);
 
+/* GPURECLAIM_GUARANTEE on device (its ordinal), in bytes (a fraction of the device resolved with its total);
+ * 0 for none. The guarantee orders waiters and givers (wait.c, peer.c); it lives here beside the limit because
+ * both are what the process may hold on a device, read from the same kind of option. */
+uint64_t gr_limit_guarantee_bytes(int device);
+
 #endif /* GR_LIMIT_H */

@@ -3,6 +3,8 @@
 #include "../common/rng.h"
 
 #include <criterion/criterion.h>
+#include <ctype.h>
+#include <limits.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -58,7 +60,8 @@ static const char *const g_options[] = {"GPURECLAIM_DISABLE", "GPURECLAIM_SIGNAL
                                         "GPURECLAIM_LEAK_REPORT", "GPURECLAIM_BACKTRACE", "GPURECLAIM_PYTHON",
                                         "GPURECLAIM_STATUS", "GPURECLAIM_VERBOSE", "GPURECLAIM_PEERS",
                                         "GPURECLAIM_PEER_TIMEOUT", "GPURECLAIM_SLEEP", "GPURECLAIM_WAKE_TIMEOUT",
-                                        "GPURECLAIM_SLEEP_IDLE"};
+                                        "GPURECLAIM_SLEEP_IDLE", "GPURECLAIM_SLEEP_MIN_AWAKE", "GPURECLAIM_WAIT",
+                                        "GPURECLAIM_GUARANTEE"};
 
 static const char *const g_malformed[] = {"", "maybe", "2x", "-1", "99999999999999999999999", "1,", ",",
                                           "cached,,all", "RTMIN+999", "USR3", "SIG", "yes please", "\t",
@@ -102,7 +105,35 @@ static bool valid(const char *opt, const char *v) {
   }
   if (!strcmp(opt, "GPURECLAIM_VERBOSE"))
     return !strcmp(v, "0") || !strcmp(v, "1") || !strcmp(v, "2");
-  if (!strcmp(opt, "GPURECLAIM_WAKE_TIMEOUT") || !strcmp(opt, "GPURECLAIM_SLEEP_IDLE")) { /* whole seconds */
+  if (!strcmp(opt, "GPURECLAIM_GUARANTEE")) { /* a size or a fraction of the device, as GPURECLAIM_LIMIT */
+    size_t w = strspn(v, "0123456789"), f = 0;
+    const char *p = v + w;
+    if (w == 0 || w > 20)
+      return false;
+    if (*p == '.') {
+      f = strspn(p + 1, "0123456789");
+      if (f == 0 || f > 6)
+        return false;
+      p += 1 + f;
+    }
+    long double x = strtold(v, NULL);
+    if (x > (long double)(ULLONG_MAX / 1000000))
+      return false;
+    if (*p == '\0')
+      return f ? x > 0 && x <= 1 : x >= 1; /* a fraction, or whole bytes */
+    if (*p == '%')
+      return p[1] == '\0' && f <= 4 && x > 0 && x <= 100;
+    const char *u = strchr("kmgt", tolower((unsigned char)*p));
+    if (!u || !*u)
+      return false;
+    p++;
+    if (*p && strcmp(p, "iB") && strcmp(p, "ib") && strcmp(p, "B") && strcmp(p, "b"))
+      return false;
+    long double b = x * (long double)(1ull << (10 * (u - "kmgt" + 1)));
+    return b >= 1 && b <= (long double)UINT64_MAX;
+  }
+  if (!strcmp(opt, "GPURECLAIM_WAKE_TIMEOUT") || !strcmp(opt, "GPURECLAIM_SLEEP_IDLE") ||
+      !strcmp(opt, "GPURECLAIM_SLEEP_MIN_AWAKE") || !strcmp(opt, "GPURECLAIM_WAIT")) { /* whole seconds */
     const char *d = v + strspn(v, "0");                                                   /* leading zeros */
     return *v && strspn(v, "0123456789") == strlen(v) && strlen(d) < 9 &&
            atol(d) <= (!strcmp(opt, "GPURECLAIM_SLEEP_IDLE") ? 30 * 86400 : 86400);

@@ -74,7 +74,9 @@ class Proc:
 
     def __init__(self, test, name, env=None, argv=None, preexec=None, log=None):
         self.log = log or os.path.join(test.tmp, name + ".log")
-        e = dict(os.environ, GPURECLAIM_LOG=self.log, SIMCUDA_DEVICE_MEM=str(256 * MiB))
+        # GPURECLAIM_WAIT=0: an allocation that peers cannot relieve fails at once, as these tests expect (the
+        # waits are test_wait.py's).
+        e = dict(os.environ, GPURECLAIM_LOG=self.log, SIMCUDA_DEVICE_MEM=str(256 * MiB), GPURECLAIM_WAIT="0")
         e.pop("LD_PRELOAD", None)
         e.update(env or {})
         self.p = subprocess.Popen(argv or [PROG], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=e,

@@ -60,6 +60,9 @@ Test(options, defaults_are_what_they_always_were) {
   cr_assert_eq(o->sleep, -1);
   cr_assert_eq(o->wake_timeout, 10);
   cr_assert_eq(o->sleep_idle, 0);
+  cr_assert_eq(o->sleep_min_awake, 2);
+  cr_assert_eq(o->wait, 30);
+  cr_assert(o->guarantee.bytes == 0 && o->guarantee.ppm == 0, "no guarantee by default");
   cr_assert_eq(o->rundir[0], '/', "the run directory's default is computed: %s", o->rundir);
 }
 
@@ -90,7 +93,9 @@ Test(options, whole_numbers_at_their_bounds) {
   } b[] = {{"GPURECLAIM_OOM_RETRY", "16", "17"},
            {"GPURECLAIM_VERBOSE", "2", "3"},
            {"GPURECLAIM_WAKE_TIMEOUT", "86400", "86401"},
-           {"GPURECLAIM_SLEEP_IDLE", "2592000", "2592001"}};
+           {"GPURECLAIM_SLEEP_IDLE", "2592000", "2592001"},
+           {"GPURECLAIM_SLEEP_MIN_AWAKE", "86400", "86401"},
+           {"GPURECLAIM_WAIT", "86400", "86401"}};
   for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) {
     cr_assert_eq(check(b[i].name, "0"), 0, "%s=0", b[i].name);
     cr_assert_eq(check(b[i].name, b[i].max), 0, "%s=%s", b[i].name, b[i].max);
@@ -106,6 +111,23 @@ Test(options, whole_numbers_at_their_bounds) {
   cr_assert_eq(gr_opt()->wake_timeout, 0);
   reload_with("GPURECLAIM_VERBOSE", "2");
   cr_assert_eq(gr_opt()->verbose, 2);
+  reload_with("GPURECLAIM_WAIT", "0");
+  cr_assert_eq(gr_opt()->wait, 0);
+}
+
+/* GPURECLAIM_GUARANTEE is written as GPURECLAIM_LIMIT is (gr_opt_parse_size, tested with the limit below): a
+ * size or a fraction of the device; unset or malformed, none. */
+Test(options, guarantee_sizes_and_fractions) {
+  reload_with("GPURECLAIM_GUARANTEE", "3G");
+  cr_assert_eq(gr_opt()->guarantee.bytes, 3ull << 30);
+  cr_assert_str_empty(reload_with("GPURECLAIM_GUARANTEE", "256M"));
+  cr_assert_eq(gr_opt()->guarantee.bytes, 256ull << 20);
+  cr_assert_str_empty(reload_with("GPURECLAIM_GUARANTEE", "0.25"));
+  cr_assert(gr_opt()->guarantee.bytes == 0 && gr_opt()->guarantee.ppm == 250000, "a quarter of the device");
+  const char *warned = reload_with("GPURECLAIM_GUARANTEE", "lots");
+  cr_assert(strstr(warned, "GPURECLAIM_GUARANTEE") && strstr(warned, "unset: no guarantee"), "%s", warned);
+  cr_assert(gr_opt()->guarantee.bytes == 0 && gr_opt()->guarantee.ppm == 0, "malformed: none");
+  reload_with(NULL, NULL);
 }
 
 Test(options, sleep_is_auto_or_a_yes_or_no) {
