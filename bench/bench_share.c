@@ -207,10 +207,11 @@ static void count_events(const char *path, int *sleeps, int *wakes, int *wake_fa
 
 static const char g_usage[] =
     "usage: bench_share [-n N] [-g GIB] [-d DEVICE_GIB] [-r ROUNDS] [-w WORK_MS] [-i IDLE_MS] [-s STAGGER_MS]\n"
-    "                   [-e VAR=VALUE]...\n"
+    "                   [-e VAR=VALUE]... [-E I:VAR=VALUE]...\n"
     "N processes (default 4) each hold GIB (3) of a simulated DEVICE_GIB (8) GPU in use, then for ROUNDS (4)\n"
     "rounds work (a CUDA call every ms for WORK_MS, 500) and idle (IDLE_MS, 3000), started STAGGER_MS (500)\n"
-    "apart, under libgpureclaim.so with GPURECLAIM_PEERS=ask,give,sleep; -e sets a variable for every worker.\n"
+    "apart, under libgpureclaim.so with GPURECLAIM_PEERS=ask,give,sleep; -e sets a variable for every worker, -E for\n"
+    "worker I only (0 is the first started: -E 0:GPURECLAIM_LIMIT=2G -E 1:GPURECLAIM_GUARANTEE=3G).\n"
     "Prints per process and for all: calls made and failed, p50/p99/max of the time a call took, sleeps and\n"
     "wakes, share; then the waits for memory (GPURECLAIM_WAIT) and the calls over 10 ms, 100 ms, 1 s, 10 s.\n";
 
@@ -232,7 +233,7 @@ int main(int argc, char **argv) {
     return worker(&w, atoi(argv[2]), getenv("BENCH_SHARE_DIR"));
   }
   int c;
-  while ((c = getopt(argc, argv, "n:g:d:r:w:i:s:e:")) != -1) {
+  while ((c = getopt(argc, argv, "n:g:d:r:w:i:s:e:E:")) != -1) {
     switch (c) {
     case 'n': o.n = atoi(optarg); break;
     case 'g': o.gib = atof(optarg); break;
@@ -246,6 +247,14 @@ int main(int argc, char **argv) {
         return usage();
       o.env[o.nenv++] = optarg;
       break;
+    case 'E': { /* I:VAR=VALUE: kept whole, the worker's index checked as it starts */
+      char *end;
+      long w = strtol(optarg, &end, 10);
+      if (o.nenv == MAX_ENV || end == optarg || *end != ':' || w < 0 || w >= MAX_PROCS || !strchr(end, '='))
+        return usage();
+      o.env[o.nenv++] = optarg;
+      break;
+    }
     default: return usage();
     }
   }
@@ -289,8 +298,15 @@ int main(int argc, char **argv) {
       setenv("GPURECLAIM_PEERS", "ask,give,sleep", 1);
       setenv("GPURECLAIM_LOG", log, 1);
       setenv("BENCH_SHARE_DIR", dir, 1);
-      for (int k = 0; k < o.nenv; k++)
-        putenv((char *)o.env[k]);
+      for (int k = 0; k < o.nenv; k++) {
+        const char *e = o.env[k], *colon = strchr(e, ':'), *eq = strchr(e, '=');
+        if (colon && eq && colon < eq && e[0] >= '0' && e[0] <= '9') { /* -E I:VAR=VALUE */
+          if (atoi(e) == i)
+            putenv((char *)colon + 1);
+        } else {
+          putenv((char *)e);
+        }
+      }
       execl("/proc/self/exe", argv[0], "--worker", id, args, (char *)NULL);
       _exit(127);
     }
