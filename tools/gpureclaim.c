@@ -1,9 +1,10 @@
 /*
  * gpureclaim -- run programs under gpureclaim, list them, release their GPU memory, inspect it.
  *
- * One file per subcommand (cmd_run.c, cmd_ps.c for ps and top, cmd_release.c, cmd_snapshot.c, cmd_sleep.c for
- * sleep and wake); procs.c finds processes and sock.c reaches them, as docs/PROTOCOL.md describes; nvml.c numbers
- * GPUs as nvidia-smi does; output.c formats. Each subcommand's options are one table (help.c makes getopt's tables and every help text
+ * One file per subcommand (cmd_run.c, cmd_ps.c, cmd_top.c, cmd_release.c, cmd_snapshot.c, cmd_sleep.c for sleep
+ * and wake; ps and top share the view of ps_view.c, ps's formats for programs are ps_format.c's); procs.c finds
+ * processes and sock.c reaches them, as docs/PROTOCOL.md describes; nvml.c numbers GPUs as nvidia-smi does;
+ * output.c formats. Each subcommand's options are one table (help.c makes getopt's tables and every help text
  * from it). Option values are checked with the library's own parsers (src/base/options.c), so the command accepts
  * exactly what the library does. Options are parsed with getopt_long (cmd_getopt()), long and short as GNU
  * tools take them; `gpureclaim CMD --help` prints CMD's.

@@ -1,5 +1,6 @@
-/* ps.h -- what `gpureclaim ps` and `gpureclaim top` share (cmd_ps.c collects, sorts and formats; cmd_top.c
- * draws the same rows on a terminal). */
+/* ps.h -- what `gpureclaim ps` and `gpureclaim top` share (ps_view.c collects, sorts and makes the table's lines,
+ * ps_format.c writes the formats for programs, cmd_ps.c is the command; cmd_top.c draws the same rows on a
+ * terminal). */
 #ifndef GR_PS_H
 #define GR_PS_H
 
@@ -107,5 +108,42 @@ void ps_print_frameworks(FILE *f, const ps_row_t *r, const ps_filter_t *flt, int
  * none of them). */
 void ps_print_sharing(FILE *f, const ps_row_t *r, const ps_filter_t *flt, int width);
 void ps_print_json(FILE *f, const ps_view_t *v, const ps_filter_t *flt);
+
+/* ---- shared by ps_view.c (the view), ps_format.c (the formats for programs) and cmd_ps.c ---- */
+
+/* Reading a process's answers (ps_view.c): a member as an unsigned number (0 when absent), an array member (NULL
+ * when absent), the pools' unused memory of a stats object, whether GPU d (UUID) is one the filter selects, a
+ * row's UUID of its device d ("" when unknown), a GPU's number as nvidia-smi gives it (its NVML index when NVML
+ * answered, else the process's ordinal), whether NVML numbers the GPUs, a row's sleep state and host bytes. */
+uint64_t ps_u64(const jnode_t *o, const char *field);
+const jnode_t *ps_arr(const jnode_t *o, const char *key);
+uint64_t ps_pool_cached(const jnode_t *s);
+bool ps_selected(const ps_filter_t *f, int d, const char *uuid);
+const char *ps_uuid_of(const ps_row_t *r, int d);
+int ps_gpu_number(int d, const char *uuid);
+bool ps_nvml(void);
+const char *ps_sleep_state(const ps_row_t *r);
+uint64_t ps_sleep_host(const ps_row_t *r);
+
+/* The formats (ps_format.c). */
+enum { OUT_TABLE, OUT_CSV, OUT_JSON };
+enum { F_NUM, F_BYTES, F_STR, F_BOOL };
+typedef struct ps_field {
+  const char *name, *header;
+  int type;
+  bool from_stats; /* unknown (null, empty, ?) when the process did not answer */
+} ps_field_t;
+extern const ps_field_t ps_fields[]; /* every --query field, in the help's order */
+extern const size_t ps_nfields;
+#define PS_QUERY_MAX 128 /* fields one --query may name (a field may come twice) */
+/* The index of the field named by the n bytes at name, -1 for none. */
+int ps_field_index(const char *name, size_t n);
+/* The fields q[0..nq) of every row: fmt OUT_TABLE, OUT_CSV or OUT_JSON, as --format's header and units say. */
+void ps_print_query(FILE *f, const ps_view_t *v, const int *q, size_t nq, int fmt, bool header, bool units);
+/* --label NAME=VALUE (kept: arg must live on), 0 or an error already said; how many were given. */
+int ps_add_label(char *arg);
+size_t ps_label_count(void);
+/* node_exporter's textfile format to path ("-": standard output), atomically; 0 or -1 (said why). */
+int ps_write_prometheus(const char *path, const ps_view_t *v, const ps_filter_t *flt);
 
 #endif
