@@ -147,6 +147,18 @@ class CommandTest(unittest.TestCase):
             rows = json.load(f)["peer"]["gpus"]
         self.assertEqual([r["limit_bytes"] for r in rows], [80 * MiB])
         self.assertIn("on GPU 0: limit 80.0 MiB", run("ps", env=self.env, check=0).stdout)
+        # GPURECLAIM_GUARANTEE takes the limit's syntax: a fraction is of the device's memory (the simulator's 80 GiB).
+        g = Held(dict(self.env, GPURECLAIM_GUARANTEE="0.25"))
+        self.held.append(g)
+        rows, deadline = [], time.monotonic() + 20  # the worker lists the GPU in the status file within a tick
+        while not rows and time.monotonic() < deadline:
+            time.sleep(0.05)
+            with open(os.path.join(self.rundir, "%d.json" % g.pid)) as f:
+                rows = json.load(f)["peer"]["gpus"]
+        self.assertEqual([r["guarantee_bytes"] for r in rows], [20 << 30], "a quarter of 80 GiB")
+        js = {p["pid"]: p for p in ps_json(env=self.env)}
+        self.assertEqual(js[g.pid]["guarantee_bytes"], 20 << 30)
+        self.assertIsNone(js[h.pid]["guarantee_bytes"])
         bad = subprocess.run([CMD, "run", "--", HOLD], env=dict(self.env, GPURECLAIM_LIMIT="1.5"), capture_output=True,
                              text=True, stdin=subprocess.DEVNULL, timeout=60)
         self.assertEqual(bad.returncode, 2)
