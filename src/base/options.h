@@ -137,9 +137,10 @@ int gr_opt_parse_peers(const char *s, unsigned *out);
 /* GPURECLAIM_PEER_TIMEOUT: seconds, 0.001 to 60, at most 3 decimals ("2", "0.5"); *out in milliseconds. */
 int gr_opt_parse_seconds_ms(const char *s, unsigned *out);
 int gr_opt_parse_uint(const char *s, unsigned long long max, unsigned long long *out);
-/* GPURECLAIM_LIMIT and GPURECLAIM_GUARANTEE: a whole number of bytes ("8589934592"), a size with a binary unit K, M, G or T (any case,
- * "iB" or "B" after it allowed: "8G", "1.5GiB"), or a fraction of the device: a number with a decimal point and
- * no unit, above 0 and at most 1 ("0.5"), or a percentage above 0 and at most 100 ("50%"). 0 is refused. */
+/* GPURECLAIM_LIMIT and GPURECLAIM_GUARANTEE: a whole number of bytes ("8589934592"), a size with a binary unit
+ * K, M, G or T (any case, "iB" or "B" after it allowed: "8G", "1.5GiB"), or a fraction of the device: a number
+ * with a decimal point and no unit, above 0 and at most 1 ("0.5"), or a percentage above 0 and at most 100
+ * ("50%"). 0 is refused. */
 int gr_opt_parse_size(const char *s, gr_opt_size_t *out);
 /* The bytes of size on a device of total bytes (a fraction rounded down; 0 for an unset size). */
 uint64_t gr_opt_size_bytes(const gr_opt_size_t *size, uint64_t total);

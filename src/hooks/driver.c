@@ -141,11 +141,6 @@ GR_COLD static bool limit_refused(int device, uint64_t bytes) {
   return true;
 }
 
-/* The device of the calling thread's current context, -1 for none. */
-static int here_device(void) {
-  gr_where_t w = gr_reg_here();
-  return w.device == GR_DEVICE_NONE ? -1 : (int)w.device;
-}
 
 /* RETRIES, one function per allocating body, out of line: only a failed allocation pays for them, and the hot
  * bodies keep a small frame (a peer reclaim's state is over a kilobyte). */
@@ -280,7 +275,7 @@ static CUresult b_init(void *realp, uintptr_t ra, unsigned int Flags) {
 static GR_HOT_INLINE CUresult b_mem_alloc(void *realp, uintptr_t ra, CUdeviceptr *dptr, size_t bytesize) {
   NEED_REAL(realp);
   PFN_cuMemAlloc_v3020 real = (PFN_cuMemAlloc_v3020)realp;
-  ALLOC_BODY(here_device(), bytesize, real(dptr, bytesize), retry_mem_alloc(real, dptr, bytesize, rc_),
+  ALLOC_BODY(gr_reg_here_device(), bytesize, real(dptr, bytesize), retry_mem_alloc(real, dptr, bytesize, rc_),
              gr_track_alloc_here(GPURECLAIM_KIND_DEVICE, *dptr, bytesize, GR_API_cuMemAlloc, ra, seq0_));
 }
 
@@ -288,7 +283,7 @@ static CUresult b_mem_alloc_pitch(void *realp, uintptr_t ra, CUdeviceptr *dptr, 
                                   size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes) {
   NEED_REAL(realp);
   PFN_cuMemAllocPitch_v3020 real = (PFN_cuMemAllocPitch_v3020)realp;
-  ALLOC_BODY(here_device(), (uint64_t)WidthInBytes * Height, /* the rows' padding counts once the block is */
+  ALLOC_BODY(gr_reg_here_device(), (uint64_t)WidthInBytes * Height, /* the rows' padding counts once the block is */
              real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes),
              retry_mem_alloc_pitch(real, dptr, pPitch, WidthInBytes, Height, ElementSizeBytes, rc_),
              gr_track_alloc_here(GPURECLAIM_KIND_PITCH, *dptr, (uint64_t)*pPitch * Height, GR_API_cuMemAllocPitch, ra,
@@ -299,7 +294,8 @@ static CUresult b_mem_alloc_managed(void *realp, uintptr_t ra, CUdeviceptr *dptr
                                     unsigned int flags) {
   NEED_REAL(realp);
   PFN_cuMemAllocManaged_v6000 real = (PFN_cuMemAllocManaged_v6000)realp;
-  ALLOC_BODY(here_device(), bytesize, real(dptr, bytesize, flags), retry_mem_alloc_managed(real, dptr, bytesize, flags, rc_),
+  ALLOC_BODY(gr_reg_here_device(), bytesize, real(dptr, bytesize, flags),
+             retry_mem_alloc_managed(real, dptr, bytesize, flags, rc_),
              gr_track_alloc_here(GPURECLAIM_KIND_MANAGED, *dptr, bytesize, GR_API_cuMemAllocManaged, ra, seq0_));
 }
 
@@ -316,7 +312,8 @@ static GR_HOT_INLINE CUresult b_mem_alloc_async(void *realp, uintptr_t ra, CUdev
                                                 CUstream hStream) {
   NEED_REAL(realp);
   PFN_cuMemAllocAsync_v11020 real = (PFN_cuMemAllocAsync_v11020)realp;
-  ALLOC_BODY(gr_reg_async_device(NULL, hStream), bytesize, real(dptr, bytesize, hStream), retry_mem_alloc_async(real, dptr, bytesize, hStream, rc_),
+  ALLOC_BODY(gr_reg_async_device(NULL, hStream), bytesize, real(dptr, bytesize, hStream),
+             retry_mem_alloc_async(real, dptr, bytesize, hStream, rc_),
              gr_track_alloc_async(*dptr, bytesize, NULL, hStream, GR_API_cuMemAllocAsync, ra, seq0_));
 }
 
@@ -368,7 +365,7 @@ static CUresult b_mem_free_host(void *realp, uintptr_t ra, void *p) {
 /* With a limit on the current context's device: total = min(limit, total), free = min(free, limit - held). */
 GR_COLD static void limited_info(uint64_t *free_b, uint64_t *total) {
   if (gr_core_active())
-    gr_limit_mem_info(here_device(), free_b, total);
+    gr_limit_mem_info(gr_reg_here_device(), free_b, total);
 }
 
 static CUresult b_mem_get_info(void *realp, uintptr_t ra, size_t *free_b, size_t *total) {

@@ -259,14 +259,8 @@ bool gr_peer_begin(gr_peer_op_t *op, uint64_t bytes, int device) {
   const char *dir = gr_report_rundir();
   if (!dir)
     return false;
-  if (device < 0) {
-    uint16_t cid;
-    uint8_t dev;
-    CUcontext ctx;
-    if (!gr_reg_current(&cid, &dev, &ctx) || dev == GR_DEVICE_NONE)
-      return false;
-    device = dev;
-  }
+  if (device < 0 && (device = gr_reg_here_device()) < 0)
+    return false;
   memset(op, 0, sizeof *op);
   op->lock_fd = -1;
   op->device = device;

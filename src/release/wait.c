@@ -217,14 +217,8 @@ bool gr_wait_begin(gr_wait_t *w, uint64_t bytes, int device, const char *uuid, i
   const char *dir = gr_report_rundir();
   if (!dir)
     return false;
-  if (device < 0) {
-    uint16_t cid;
-    uint8_t dev;
-    CUcontext ctx;
-    if (!gr_reg_current(&cid, &dev, &ctx) || dev == GR_DEVICE_NONE)
-      return false;
-    device = dev;
-  }
+  if (device < 0 && (device = gr_reg_here_device()) < 0)
+    return false;
   memset(w, 0, sizeof *w);
   w->fd = -1;
   w->slot = -1;

@@ -322,6 +322,11 @@ GR_HOT_INLINE gr_where_t gr_reg_here(void) {
   return where_slow();
 }
 
+int gr_reg_here_device(void) {
+  gr_where_t w = gr_reg_here();
+  return w.device == GR_DEVICE_NONE ? -1 : (int)w.device;
+}
+
 /* A stream's own context (cuStreamGetCtx), no stream or a special handle: the current one. */
 static gr_where_t stream_where(CUstream s) {
   CUcontext ctx = NULL;

@@ -46,6 +46,8 @@ typedef struct gr_where {
 /* gr_reg_current and gr_reg_stream, by value (no context handle). */
 gr_where_t gr_reg_here(void);
 gr_where_t gr_reg_stream_where(CUstream s);
+/* The device of the calling thread's current context, -1 for none. */
+int gr_reg_here_device(void);
 /* The device of a stream-ordered allocation: its pool's (NULL: none), else its stream's; -1 for none known. */
 int gr_reg_async_device(CUmemoryPool pool, CUstream s);
 /* The calling thread's current context may have changed (it switched, pushed, popped, created or destroyed
