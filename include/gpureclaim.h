@@ -16,10 +16,10 @@
  *    `size` to that number (a program built against a newer header learns which fields were filled).
  *  - gpureclaim never changes what a CUDA call returns, except for the out-of-memory retry (GPURECLAIM_OOM_RETRY,
  *    then GPURECLAIM_PEERS, then a wait for memory, GPURECLAIM_WAIT: an allocation that fails with
- *    out-of-memory may first wait up to that many seconds while another gpureclaim process shares the GPU), a
- *    free of a pointer that a release already freed (see gpureclaim_scope_end), and
- *    GPURECLAIM_LIMIT (a size, or a fraction of the device: the device memory the process may hold on each
- *    device). With a limit set, an allocation that would pass it fails with CUDA_ERROR_OUT_OF_MEMORY (after the
+ *    out-of-memory may first wait up to that many seconds, 30 by default, while another gpureclaim process
+ *    shares the GPU), a free of a pointer that a release already freed (see gpureclaim_scope_end), and
+ *    GPURECLAIM_LIMIT (unset by default: no limit; a size, or a fraction of the device: the device memory the
+ *    process may hold on each device). With a limit set, an allocation that would pass it fails with CUDA_ERROR_OUT_OF_MEMORY (after the
  *    process's own cache was released, as for an out-of-memory) without reaching the driver, and cuMemGetInfo
  *    (so cudaMemGetInfo) reports total = min(limit, the device's total) and free = min(the driver's free, limit
  *    minus what the process holds), so that frameworks sizing themselves from it fit inside. Without a limit,

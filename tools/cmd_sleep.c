@@ -44,9 +44,11 @@ static const cmd_opt_t g_wake_opts[] = {
 const cmd_spec_t cmd_wake_spec = {
     .name = "wake",
     .usage = "wake [options] PID",
-    .summary = "wake a sleeping process now (it waits for room on the device, up to its GPURECLAIM_WAKE_TIMEOUT)",
+    .summary = "wake a sleeping process now (it waits for room on the device, up to its GPURECLAIM_WAKE_TIMEOUT,\n"
+               "      or its GPURECLAIM_WAIT when longer)",
     .text = "Wakes a sleeping process now: its device memory comes back once the device has room (the process waits\n"
-            "up to its GPURECLAIM_WAKE_TIMEOUT, and stays asleep and intact without room).\n",
+            "in the GPU's queue of waiters up to its GPURECLAIM_WAKE_TIMEOUT, or its GPURECLAIM_WAIT when that is\n"
+            "longer, and stays asleep and intact without room).\n",
     .opts = g_wake_opts,
     .tail = "",
 };
