@@ -100,10 +100,10 @@ static inline void *pa_real(int id) { return atomic_load_explicit(&gr_pa_real[id
       gr_peer_end(&op_, (rc) == CUDA_SUCCESS);                                                             \
     }                                                                                                      \
     /* Still short: wait for memory to come (wait.c, GPURECLAIM_WAIT), in the GPU's queue; at each turn retry,  \
-     * and ask the peers again now and then. own_limit false: the process's own limit never reaches here. */  \
+     * and ask the peers again now and then (an allocation past its own limit never reaches here). */        \
     gr_wait_t w_;                                                                                          \
     if ((rc) == CUDA_ERROR_OUT_OF_MEMORY && !gr_peer_busy_here() &&                                        \
-        gr_wait_begin(&w_, (bytes), (device), NULL, GR_WAIT_ALLOC, 0, false)) {                            \
+        gr_wait_begin(&w_, (bytes), (device), NULL, GR_WAIT_ALLOC, 0)) {                                   \
       while ((rc) == CUDA_ERROR_OUT_OF_MEMORY && gr_wait_turn(&w_)) {                                      \
         (rc) = (call);                                                                                     \
         if ((rc) == CUDA_ERROR_OUT_OF_MEMORY && gr_wait_ask_due(&w_) && gr_peer_begin(&op_, (bytes), (device))) { \
@@ -120,7 +120,8 @@ static inline void *pa_real(int id) { return atomic_load_explicit(&gr_pa_real[id
  * process would pass its limit there. Before refusing, it releases what is safe from this thread, as an
  * out-of-memory does (GPURECLAIM_OOM_RETRY rounds at most), and admits the allocation if that made room. It
  * asks no peer and does not wait: memory other processes give cannot bring this one back under its own limit.
- * Admitted, the allocation holds its bytes until gr_limit_end (LIMIT_END). */
+ * Admitted, the allocation holds its bytes until its block is counted, or the driver fails it (ALLOC_BODY:
+ * gr_limit_end). */
 GR_COLD static bool limit_refused(int device, uint64_t bytes) {
   if (gr_limit_admit(device, bytes))
     return false;

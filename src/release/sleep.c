@@ -521,7 +521,7 @@ int gr_sleep_wake(int trigger) {
     if (queued != 1 && now >= next_join) {
       next_join = now + 1000000000ull;
       if ((queued = gr_wait_begin(&w, need[short_dev], short_dev, uuid[short_dev], GR_WAIT_WAKE,
-                                  (uint64_t)bound_s * 1000 - (now - t0) / 1000000, false)) == 1)
+                                  (uint64_t)bound_s * 1000 - (now - t0) / 1000000)) == 1)
         deadline = t0 + (uint64_t)bound_s * 1000000000u;
     }
     bool ask = false;

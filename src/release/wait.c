@@ -208,10 +208,9 @@ void gr_wait_status_json(jbuf_t *b) {
   pthread_mutex_unlock(&g_mu);
 }
 
-bool gr_wait_begin(gr_wait_t *w, uint64_t bytes, int device, const char *uuid, int why, uint64_t bound_ms,
-                   bool own_limit) {
+bool gr_wait_begin(gr_wait_t *w, uint64_t bytes, int device, const char *uuid, int why, uint64_t bound_ms) {
   const gr_options_t *o = gr_opt();
-  if (own_limit || (!o->wait && why == GR_WAIT_ALLOC) || !o->status || gr_tls.hook_depth > 1 || gr_admit_held() ||
+  if ((!o->wait && why == GR_WAIT_ALLOC) || !o->status || gr_tls.hook_depth > 1 || gr_admit_held() ||
       gr_capture_running(NULL))
     return false;
   const char *dir = gr_report_rundir();

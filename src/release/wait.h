@@ -26,14 +26,14 @@ typedef struct gr_wait {
 } gr_wait_t;
 
 /* Whether an allocation that failed with out-of-memory after its own release and the peers' answer may wait
- * (GPURECLAIM_WAIT > 0, for an allocation; a wake waits its GPURECLAIM_WAKE_TIMEOUT; not inside a release, a graph capture or a nested hook (nor, the caller checks, a peer
- * reclaim: gr_peer_busy_here); not when
- * own_limit, the process's own limit, made it fail: nothing another process does can help then; and another
- * gpureclaim process of this user has memory on the GPU), and if so joins the GPU's queue. bound_ms: how long
+ * (GPURECLAIM_WAIT > 0, for an allocation; a wake waits its GPURECLAIM_WAKE_TIMEOUT; not inside a release, a
+ * graph capture or a nested hook (nor, the caller checks, a peer reclaim: gr_peer_busy_here); and another
+ * gpureclaim process of this user has memory on the GPU), and if so joins the GPU's queue. An allocation past
+ * the process's own GPURECLAIM_LIMIT never comes here: it is refused before the driver call (ALLOC_BODY), since
+ * nothing another process does can help it. bound_ms: how long
  * at most (0: GPURECLAIM_WAIT). device -1: the current context's. uuid: the GPU's, NULL to ask the driver (a
  * sleeping process cannot: its wake passes the one it noted). false: no wait (w is then unused). */
-bool gr_wait_begin(gr_wait_t *w, uint64_t bytes, int device, const char *uuid, int why, uint64_t bound_ms,
-                   bool own_limit);
+bool gr_wait_begin(gr_wait_t *w, uint64_t bytes, int device, const char *uuid, int why, uint64_t bound_ms);
 /* Blocks until it is this waiter's turn to try (the head of the queue: waiters within their guarantee first,
  * then first come, first served), at most ~20 ms after its previous try; false once the bound has passed or
  * no other process of the user is left on the GPU (after one last try). */
